@@ -1,0 +1,133 @@
+// Python binding of BlockPool: converts ids and byte keys, nothing more.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "block_pool.h"
+
+namespace py = pybind11;
+
+namespace prefixcache {
+namespace {
+
+std::optional<py::bytes> to_bytes(const std::optional<std::string>& key) {
+  if (!key) return std::nullopt;
+  return py::bytes(*key);
+}
+
+// Block ids from any sequence of ints. Lists (the common case) take a fast path
+// that skips pybind11's generic sequence caster; it costs most of a small call.
+std::vector<int64_t> to_ids(py::handle obj) {
+  PyObject* seq = obj.ptr();
+  if (!PyList_Check(seq)) return py::cast<std::vector<int64_t>>(obj);
+  Py_ssize_t n = PyList_GET_SIZE(seq);
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    long long v = PyLong_AsLongLong(PyList_GET_ITEM(seq, i));
+    if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+    ids[i] = v;
+  }
+  return ids;
+}
+
+py::list to_list(const std::vector<int32_t>& ids) {
+  py::list out(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) PyList_SET_ITEM(out.ptr(), i, PyLong_FromLong(ids[i]));
+  return out;
+}
+
+// A view of a bytes object's buffer; valid while the caller holds the object.
+std::string_view key_view(py::handle obj) {
+  if (!PyBytes_Check(obj.ptr())) {
+    throw py::type_error(std::string("keys must be bytes, got ") + Py_TYPE(obj.ptr())->tp_name);
+  }
+  return std::string_view(PyBytes_AS_STRING(obj.ptr()), PyBytes_GET_SIZE(obj.ptr()));
+}
+
+std::string to_key(py::handle obj) { return std::string(key_view(obj)); }
+
+std::vector<std::string_view> key_views(py::handle obj) {
+  std::vector<std::string_view> keys;
+  for (py::handle item : obj) keys.push_back(key_view(item));
+  return keys;
+}
+
+std::vector<std::string> to_keys(py::handle obj) {
+  std::vector<std::string> keys;
+  for (py::handle item : obj) keys.push_back(to_key(item));
+  return keys;
+}
+
+}  // namespace
+
+void bind_block_pool(py::module_& m) {
+  static py::exception<InvariantError> invariant_error(m, "InvariantError", PyExc_AssertionError);
+
+  py::class_<BlockPool>(m, "BlockPool", R"doc(
+Fixed pool of KV blocks shared by every prefix-cache strategy.
+
+Per-block reference counts, an O(1) intrusive free queue (front is reused
+first; keyless blocks are freed to the front, keyed blocks to the tail), and a
+key -> blocks index of cached blocks. Bad arguments raise IndexError/ValueError
+and leave the pool unchanged. Not thread-safe: call it from one thread.
+)doc")
+      .def(py::init<int64_t>(), py::arg("num_blocks"))
+      .def_property_readonly("num_blocks", &BlockPool::num_blocks)
+      .def_property_readonly("num_free", &BlockPool::num_free, "Blocks in the free queue (ref 0).")
+      .def_property_readonly("num_pinned", &BlockPool::num_pinned, "Blocks with ref > 0.")
+      .def_property_readonly("num_cached", &BlockPool::num_cached, "Blocks holding a key.")
+      .def_property_readonly("num_evicted", &BlockPool::num_evicted,
+                             "Cached blocks whose key allocate() dropped, since construction.")
+      .def(
+          "allocate",
+          [](BlockPool& p, int64_t n) -> py::object {
+            auto ids = p.allocate(n);
+            if (!ids) return py::none();
+            return to_list(*ids);
+          },
+          py::arg("n"),
+           "Take n blocks (ref 1) from the front of the free queue; None if fewer are free.")
+      .def(
+          "free", [](BlockPool& p, py::handle ids) { p.free(to_ids(ids)); }, py::arg("ids"),
+           "Drop one reference from each block; at zero keyless go to the front, keyed to the tail.")
+      .def(
+          "touch", [](BlockPool& p, py::handle ids) { p.touch(to_ids(ids)); }, py::arg("ids"),
+           "Add one reference to each block; a free block leaves the queue.")
+      .def(
+          "cache", [](BlockPool& p, int64_t id, py::handle key) { p.cache(id, to_key(key)); }, py::arg("id"),
+          py::arg("key"), "Record that in-use, keyless block `id` holds `key`.")
+      .def(
+          "cache_many",
+          [](BlockPool& p, py::handle ids, py::handle keys) { p.cache_many(to_ids(ids), to_keys(keys)); },
+          py::arg("ids"), py::arg("keys"), "cache(ids[i], keys[i]) for each i, all or nothing.")
+      .def(
+          "uncache", [](BlockPool& p, int64_t id) { return to_bytes(p.uncache(id)); }, py::arg("id"),
+          "Drop block `id`'s key; return it (None if it had none).")
+      .def("uncache_all", &BlockPool::uncache_all, "Drop every key; return how many blocks lost one.")
+      .def(
+          "lookup", [](const BlockPool& p, py::handle key) { return p.lookup(key_view(key)); }, py::arg("key"),
+          "Earliest-cached block still holding `key`, or None.")
+      .def(
+          "lookup_chain",
+          [](const BlockPool& p, py::handle keys) { return to_list(p.lookup_chain(key_views(keys))); },
+          py::arg("keys"), "Blocks for the keys in order, stopping at the first miss.")
+      .def(
+          "last_removed",
+          [](const BlockPool& p) {
+            py::list out;
+            for (const auto& k : p.last_removed()) out.append(py::bytes(k));
+            return out;
+          },
+          "Keys dropped by the most recent allocate() call.")
+      .def("ref_count", &BlockPool::ref_count, py::arg("id"))
+      .def(
+          "key", [](const BlockPool& p, int64_t id) { return to_bytes(p.key(id)); }, py::arg("id"))
+      .def(
+          "free_queue", [](const BlockPool& p) { return to_list(p.free_queue()); }, "Free queue from front (reused first) to tail.")
+      .def(
+          "blocks_for", [](const BlockPool& p, py::handle key) { return to_list(p.blocks_for(key_view(key))); },
+          py::arg("key"))
+      .def("check_invariants", &BlockPool::check_invariants,
+           "Raise InvariantError naming the first broken invariant.");
+}
+
+}  // namespace prefixcache

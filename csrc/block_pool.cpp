@@ -1,0 +1,267 @@
+// BlockPool implementation. See block_pool.h for what it owns and its invariants.
+#include "block_pool.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace prefixcache {
+
+namespace {
+constexpr int32_t kMaxBlocks = (1 << 30);  // ids and sentinels fit in int32
+
+std::string block_str(int64_t id) { return "block " + std::to_string(id); }
+}  // namespace
+
+BlockPool::BlockPool(int64_t num_blocks) {
+  if (num_blocks < 1 || num_blocks > kMaxBlocks) {
+    throw std::invalid_argument("num_blocks must be in [1, " + std::to_string(kMaxBlocks) +
+                                "], got " + std::to_string(num_blocks));
+  }
+  num_blocks_ = static_cast<int32_t>(num_blocks);
+  head_ = num_blocks_;
+  tail_ = num_blocks_ + 1;
+  ref_.assign(num_blocks_, 0);
+  prev_.assign(num_blocks_ + 2, -1);
+  next_.assign(num_blocks_ + 2, -1);
+  entry_.assign(num_blocks_, nullptr);
+  seen_.assign(num_blocks_, 0);
+  // The queue starts in id order: block 0 is reused first.
+  int32_t prev = head_;
+  for (int32_t b = 0; b < num_blocks_; ++b) {
+    next_[prev] = b;
+    prev_[b] = prev;
+    prev = b;
+  }
+  next_[prev] = tail_;
+  prev_[tail_] = prev;
+  num_free_ = num_blocks_;
+}
+
+int32_t BlockPool::check_id(int64_t id, const char* what) const {
+  if (id < 0 || id >= num_blocks_) {
+    throw std::out_of_range(std::string(what) + ": block id " + std::to_string(id) +
+                            " is out of range [0, " + std::to_string(num_blocks_) + ")");
+  }
+  return static_cast<int32_t>(id);
+}
+
+void BlockPool::check_unique(const std::vector<int64_t>& ids, const char* what) const {
+  for (int64_t id : ids) check_id(id, what);
+  std::optional<int64_t> dup;
+  for (int64_t id : ids) {
+    if (seen_[id]) {
+      dup = id;
+      break;
+    }
+    seen_[id] = 1;
+  }
+  for (int64_t id : ids) seen_[id] = 0;
+  if (dup) {
+    throw std::invalid_argument(std::string(what) + ": " + block_str(*dup) +
+                                " appears more than once in one call");
+  }
+}
+
+void BlockPool::unlink(int32_t b) {
+  next_[prev_[b]] = next_[b];
+  prev_[next_[b]] = prev_[b];
+  prev_[b] = next_[b] = -1;
+}
+
+void BlockPool::link_before(int32_t b, int32_t next) {
+  int32_t prev = prev_[next];
+  next_[prev] = b;
+  prev_[b] = prev;
+  next_[b] = next;
+  prev_[next] = b;
+}
+
+void BlockPool::drop_key(int32_t b) {
+  Index::value_type* entry = entry_[b];
+  auto& holders = entry->second;
+  holders.erase(std::find(holders.begin(), holders.end(), b));
+  if (holders.empty()) index_.erase(entry->first);
+  entry_[b] = nullptr;
+  --num_cached_;
+}
+
+std::optional<std::vector<int32_t>> BlockPool::allocate(int64_t n) {
+  if (n < 0 || n > num_blocks_) {
+    throw std::invalid_argument("allocate: n must be in [0, num_blocks=" +
+                                std::to_string(num_blocks_) + "], got " + std::to_string(n));
+  }
+  if (n > num_free_) return std::nullopt;
+  last_removed_.clear();
+  std::vector<int32_t> out;
+  out.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t b = next_[head_];
+    unlink(b);
+    if (entry_[b] != nullptr) {
+      // Lazy eviction: a freed block keeps its key until it is reused here.
+      last_removed_.push_back(entry_[b]->first);
+      drop_key(b);
+      ++num_evicted_;
+    }
+    ref_[b] = 1;
+    out.push_back(b);
+  }
+  num_free_ -= static_cast<int32_t>(n);
+  return out;
+}
+
+void BlockPool::free(const std::vector<int64_t>& ids) {
+  check_unique(ids, "free");
+  for (int64_t id : ids) {
+    if (ref_[id] == 0) throw std::invalid_argument("free: " + block_str(id) + " is already free");
+  }
+  // Keyless blocks are pushed at the front one by one, so walk them in
+  // reverse to leave them in the given order; keyed ones go to the tail.
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+    int32_t b = static_cast<int32_t>(*it);
+    if (ref_[b] == 1 && entry_[b] == nullptr) link_before(b, next_[head_]);
+  }
+  for (int64_t id : ids) {
+    int32_t b = static_cast<int32_t>(id);
+    if (--ref_[b] > 0) continue;
+    ++num_free_;
+    if (entry_[b] != nullptr) link_before(b, tail_);
+  }
+}
+
+void BlockPool::touch(const std::vector<int64_t>& ids) {
+  check_unique(ids, "touch");
+  for (int64_t id : ids) {
+    int32_t b = static_cast<int32_t>(id);
+    if (ref_[b]++ == 0) {
+      unlink(b);
+      --num_free_;
+    }
+  }
+}
+
+void BlockPool::check_cacheable(int32_t b, const std::string& key) const {
+  if (key.empty()) throw std::invalid_argument("cache: key must be non-empty bytes");
+  if (ref_[b] == 0) {
+    throw std::invalid_argument("cache: " + block_str(b) + " is free; only blocks in use can be cached");
+  }
+  if (entry_[b] != nullptr) throw std::invalid_argument("cache: " + block_str(b) + " already holds a key");
+}
+
+void BlockPool::cache(int64_t id, const std::string& key) {
+  int32_t b = check_id(id, "cache");
+  check_cacheable(b, key);
+  insert_key(b, key);
+}
+
+void BlockPool::cache_many(const std::vector<int64_t>& ids, const std::vector<std::string>& keys) {
+  if (ids.size() != keys.size()) {
+    throw std::invalid_argument("cache_many: " + std::to_string(ids.size()) + " ids but " +
+                                std::to_string(keys.size()) + " keys");
+  }
+  check_unique(ids, "cache");
+  for (size_t i = 0; i < ids.size(); ++i) check_cacheable(static_cast<int32_t>(ids[i]), keys[i]);
+  for (size_t i = 0; i < ids.size(); ++i) insert_key(static_cast<int32_t>(ids[i]), keys[i]);
+}
+
+void BlockPool::insert_key(int32_t b, const std::string& key) {
+  auto [it, inserted] = index_.try_emplace(key);
+  it->second.push_back(b);
+  entry_[b] = &*it;
+  ++num_cached_;
+}
+
+std::optional<std::string> BlockPool::uncache(int64_t id) {
+  int32_t b = check_id(id, "uncache");
+  if (entry_[b] == nullptr) return std::nullopt;
+  std::string key = entry_[b]->first;
+  drop_key(b);
+  return key;
+}
+
+int64_t BlockPool::uncache_all() {
+  int64_t n = num_cached_;
+  std::fill(entry_.begin(), entry_.end(), nullptr);
+  index_.clear();
+  num_cached_ = 0;
+  return n;
+}
+
+std::optional<int32_t> BlockPool::lookup(std::string_view key) const {
+  auto it = index_.find(key);
+  if (it == index_.end()) return std::nullopt;
+  return it->second.front();
+}
+
+std::vector<int32_t> BlockPool::lookup_chain(const std::vector<std::string_view>& keys) const {
+  std::vector<int32_t> out;
+  for (const auto& key : keys) {
+    auto it = index_.find(key);
+    if (it == index_.end()) break;
+    out.push_back(it->second.front());
+  }
+  return out;
+}
+
+int32_t BlockPool::ref_count(int64_t id) const { return ref_[check_id(id, "ref_count")]; }
+
+std::optional<std::string> BlockPool::key(int64_t id) const {
+  int32_t b = check_id(id, "key");
+  if (entry_[b] == nullptr) return std::nullopt;
+  return entry_[b]->first;
+}
+
+std::vector<int32_t> BlockPool::free_queue() const {
+  std::vector<int32_t> out;
+  out.reserve(num_free_);
+  for (int32_t b = next_[head_]; b != tail_ && static_cast<int32_t>(out.size()) <= num_blocks_; b = next_[b]) {
+    out.push_back(b);
+  }
+  return out;
+}
+
+std::vector<int32_t> BlockPool::blocks_for(std::string_view key) const {
+  auto it = index_.find(key);
+  if (it == index_.end()) return {};
+  return it->second;
+}
+
+void BlockPool::check_invariants() const {
+  auto fail = [](const std::string& msg) { throw InvariantError("BlockPool: " + msg); };
+  std::vector<uint8_t> queued(num_blocks_, 0);
+  int32_t count = 0;
+  int32_t prev = head_;
+  for (int32_t b = next_[head_]; b != tail_; b = next_[b]) {
+    if (b < 0 || b >= num_blocks_) fail("free queue links to " + std::to_string(b) + " after " + std::to_string(prev));
+    if (queued[b]) fail("free queue visits " + block_str(b) + " twice (cycle)");
+    if (prev_[b] != prev) fail(block_str(b) + " prev link is " + std::to_string(prev_[b]) + ", expected " + std::to_string(prev));
+    if (ref_[b] != 0) fail(block_str(b) + " is in the free queue with ref " + std::to_string(ref_[b]));
+    queued[b] = 1;
+    prev = b;
+    ++count;
+  }
+  if (prev_[tail_] != prev) fail("tail sentinel prev link is stale");
+  if (count != num_free_) fail("free queue holds " + std::to_string(count) + " blocks, num_free is " + std::to_string(num_free_));
+  for (int32_t b = 0; b < num_blocks_; ++b) {
+    if (ref_[b] < 0) fail(block_str(b) + " has negative ref " + std::to_string(ref_[b]));
+    if (ref_[b] == 0 && !queued[b]) fail(block_str(b) + " has ref 0 but is not in the free queue");
+  }
+  int32_t cached = 0;
+  for (const auto& entry : index_) {
+    if (entry.second.empty()) fail("index keeps an empty entry");
+    for (int32_t b : entry.second) {
+      if (b < 0 || b >= num_blocks_) fail("index lists out-of-range block " + std::to_string(b));
+      if (entry_[b] != &entry) fail(block_str(b) + " is listed under a key it does not hold");
+      ++cached;
+    }
+  }
+  int32_t holders = 0;
+  for (int32_t b = 0; b < num_blocks_; ++b) holders += entry_[b] != nullptr;
+  if (cached != num_cached_ || holders != num_cached_) {
+    fail("num_cached is " + std::to_string(num_cached_) + " but the index lists " + std::to_string(cached) +
+         " and " + std::to_string(holders) + " blocks hold a key");
+  }
+}
+
+}  // namespace prefixcache

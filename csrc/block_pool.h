@@ -1,0 +1,121 @@
+// BlockPool: the fixed set of KV blocks that every prefix-cache strategy shares.
+//
+// Owns: per-block reference counts, the free queue (an intrusive doubly linked
+// list over int32 prev/next arrays with two sentinels), and the key -> blocks
+// index of cached blocks. Mirrors the pure-Python reference model in
+// prefixcache/block_pool.py; the two must agree operation for operation.
+//
+// Never does: hashing, matching, policy. It does not know what a key means,
+// which request holds a block, or why a block is cached. Every bad argument
+// throws (std::out_of_range -> IndexError, std::invalid_argument ->
+// ValueError); nothing here aborts the process, and a call that throws has
+// changed nothing.
+//
+// Invariants (checked by check_invariants):
+//   * ref[b] == 0  <=>  b is linked in the free queue.
+//   * The queue's front is reused first. Blocks freed without a key are pushed
+//     to the front (their content is worthless); blocks freed with a key are
+//     appended to the tail, so the queue is an LRU of cached content.
+//   * A block holds at most one key; index[key] lists the blocks holding it in
+//     the order they were cached, and lookup(key) returns the first of them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace prefixcache {
+
+// Raised by check_invariants(); bound to Python as AssertionError subclass.
+struct InvariantError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class BlockPool {
+ public:
+  explicit BlockPool(int64_t num_blocks);
+
+  int32_t num_blocks() const { return num_blocks_; }
+  int32_t num_free() const { return num_free_; }
+  int32_t num_pinned() const { return num_blocks_ - num_free_; }
+  int32_t num_cached() const { return num_cached_; }
+  // Cached blocks reused (their key dropped) by allocate() since construction.
+  int64_t num_evicted() const { return num_evicted_; }
+
+  // Takes n blocks from the front of the free queue, each with ref 1. A taken
+  // block that still held a key loses it (the key is listed by
+  // last_removed()). Returns nullopt, changing nothing, if fewer than n are free.
+  std::optional<std::vector<int32_t>> allocate(int64_t n);
+  // Drops one reference from each block. Blocks that reach zero go back to the
+  // queue: keyless ones to the FRONT (keeping the given order), keyed ones to
+  // the TAIL (in the given order). Callers free a request's blocks in reverse
+  // so its tail is evicted before the prefix it shares with others.
+  void free(const std::vector<int64_t>& ids);
+  // Adds one reference to each block; a block at zero leaves the queue (O(1)).
+  void touch(const std::vector<int64_t>& ids);
+
+  // Records that block `id` (which must be in use and keyless) holds `key`.
+  void cache(int64_t id, const std::string& key);
+  // cache(ids[i], keys[i]) for each i; validated first, so all or nothing.
+  void cache_many(const std::vector<int64_t>& ids, const std::vector<std::string>& keys);
+  // Drops block `id`'s key if it has one; returns the key it held.
+  std::optional<std::string> uncache(int64_t id);
+  // Drops every key (used by reset); returns how many blocks lost one.
+  int64_t uncache_all();
+  // The earliest-cached block still holding `key`.
+  std::optional<int32_t> lookup(std::string_view key) const;
+  // Block for each key in order, stopping at the first key not cached.
+  std::vector<int32_t> lookup_chain(const std::vector<std::string_view>& keys) const;
+
+  // Keys dropped by the most recent allocate() call, in allocation order.
+  const std::vector<std::string>& last_removed() const { return last_removed_; }
+
+  int32_t ref_count(int64_t id) const;
+  std::optional<std::string> key(int64_t id) const;
+  // Free queue from front (reused first) to tail. O(num_free); for tests.
+  std::vector<int32_t> free_queue() const;
+  // Blocks holding `key`, in caching order. For tests and collision checks.
+  std::vector<int32_t> blocks_for(std::string_view key) const;
+
+  void check_invariants() const;
+
+ private:
+  // Transparent hashing lets look-ups take a string_view of the caller's bytes
+  // without copying them into a std::string first.
+  struct KeyHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view k) const { return std::hash<std::string_view>{}(k); }
+  };
+  using Index = std::unordered_map<std::string, std::vector<int32_t>, KeyHash, std::equal_to<>>;
+
+  int32_t check_id(int64_t id, const char* what) const;
+  void check_unique(const std::vector<int64_t>& ids, const char* what) const;
+  void unlink(int32_t b);
+  void link_before(int32_t b, int32_t next);
+  void drop_key(int32_t b);
+  void check_cacheable(int32_t b, const std::string& key) const;
+  void insert_key(int32_t b, const std::string& key);
+
+  int32_t num_blocks_;
+  int32_t head_;  // sentinel: next_[head_] is the front
+  int32_t tail_;  // sentinel: prev_[tail_] is the back
+  std::vector<int32_t> ref_;
+  std::vector<int32_t> prev_;
+  std::vector<int32_t> next_;
+  // Node of index_ holding this block's key, or nullptr. unordered_map nodes
+  // are stable, so the pointer stays valid until the entry is erased.
+  std::vector<Index::value_type*> entry_;
+  Index index_;
+  int32_t num_free_ = 0;
+  int32_t num_cached_ = 0;
+  int64_t num_evicted_ = 0;
+  std::vector<std::string> last_removed_;
+  // Scratch for check_unique(); one flag per block, always left all-false.
+  mutable std::vector<uint8_t> seen_;
+};
+
+}  // namespace prefixcache

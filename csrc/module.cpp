@@ -1,0 +1,14 @@
+// prefixcache._C: the native core. This file only assembles the module; each
+// concept binds itself in its own bind_*.cpp, which converts types and nothing more.
+#include <pybind11/pybind11.h>
+
+namespace py = pybind11;
+
+namespace prefixcache {
+void bind_block_pool(py::module_& m);
+}  // namespace prefixcache
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "prefixcache native core: block pool, hashing, radix tree, paged attention (CPU).";
+  prefixcache::bind_block_pool(m);
+}
