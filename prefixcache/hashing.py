@@ -1,0 +1,141 @@
+"""Chained block hashing, digest-compatible with vLLM V1 (`kv_cache_utils.hash_block_tokens`).
+
+Owns the block-hash function of every algorithm, `NONE_HASH` seeding, and the chain
+`block_hash[i] = H((block_hash[i-1], tuple(block_tokens[i]), extra_keys[i]))` from
+`NONE_HASH`. This file is the readable reference; a native fast path may compute the
+same digests, and tests require them to be equal.
+
+Must never: look anything up, cache anything, or hash a partial block.
+
+Algorithms (as vLLM 0.33):
+  sha256_cbor  sha256(cbor2.dumps(obj, canonical=True))     -- 32 bytes, the default
+  sha256       sha256(pickle.dumps(obj, protocol=5))        -- 32 bytes
+  xxhash       xxh3_128(pickle.dumps(obj, protocol=5))      -- 16 bytes
+  xxhash_cbor  xxh3_128(cbor2.dumps(obj, canonical=True))   -- 16 bytes
+
+Namespaces: the first block of a chain (the one starting at token 0) carries
+`extra_keys = (("cache_salt", namespace),)`, exactly as vLLM salts with `cache_salt`; the
+rest of the chain inherits isolation through its parent hash. `extra_keys` is `None`
+(not an empty tuple, which changes the digest) when there is nothing to add.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from collections.abc import Callable, Sequence
+from functools import cache
+from typing import Any
+
+import cbor2
+import xxhash
+
+__all__ = [
+    "ALGORITHMS",
+    "DEFAULT_SEED",
+    "hash_function",
+    "none_hash",
+    "namespace_extra_keys",
+    "hash_block",
+    "block_hashes",
+]
+
+DEFAULT_SEED = "vllm-none-hash"
+_CRYPTOGRAPHIC = ("sha256_cbor", "sha256")
+
+HashFunction = Callable[[Any], bytes]
+
+
+def _sha256_cbor(obj: Any) -> bytes:
+    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+
+
+def _sha256_pickle(obj: Any) -> bytes:
+    return hashlib.sha256(pickle.dumps(obj, protocol=5)).digest()
+
+
+def _xxhash_pickle(obj: Any) -> bytes:
+    return xxhash.xxh3_128_digest(pickle.dumps(obj, protocol=5))
+
+
+def _xxhash_cbor(obj: Any) -> bytes:
+    return xxhash.xxh3_128_digest(cbor2.dumps(obj, canonical=True))
+
+
+ALGORITHMS: dict[str, HashFunction] = {
+    "sha256_cbor": _sha256_cbor,
+    "sha256": _sha256_pickle,
+    "xxhash": _xxhash_pickle,
+    "xxhash_cbor": _xxhash_cbor,
+}
+
+
+def hash_function(algorithm: str) -> HashFunction:
+    """The object -> digest function of `algorithm`; ValueError naming the allowed ones."""
+    try:
+        return ALGORITHMS[algorithm]
+    except KeyError:
+        raise ValueError(
+            f"unknown hash algorithm {algorithm!r}; allowed values: {', '.join(ALGORITHMS)}"
+        ) from None
+
+
+@cache
+def _process_seed() -> str:
+    # One random seed per process, shared by every cache in it, so two caches of the
+    # same process agree on digests (vLLM keeps a module-level NONE_HASH likewise).
+    return os.urandom(16).hex()
+
+
+def none_hash(algorithm: str, seed: str | None = None) -> bytes:
+    """`NONE_HASH = H(seed)`, the parent of every chain's first block.
+
+    seed None means "vllm-none-hash" for the sha256 variants (deterministic, as vLLM
+    0.33) and a random per-process seed for the xxhash variants, so an attacker cannot
+    precompute colliding chains.
+    """
+    fn = hash_function(algorithm)
+    if seed is None:
+        seed = DEFAULT_SEED if algorithm in _CRYPTOGRAPHIC else _process_seed()
+    return fn(seed)
+
+
+def namespace_extra_keys(namespace: str | None) -> tuple[tuple[str, str], ...] | None:
+    """The extra keys a chain's first block carries for `namespace` (vLLM's cache_salt)."""
+    return None if namespace is None else (("cache_salt", namespace),)
+
+
+def hash_block(
+    fn: HashFunction, parent: bytes, block_tokens: Sequence[int], extra_keys: tuple | None = None
+) -> bytes:
+    """One link of the chain: `fn((parent, tuple(block_tokens), extra_keys))`."""
+    return fn((parent, tuple(block_tokens), extra_keys))
+
+
+def block_hashes(
+    tokens: Sequence[int],
+    block_size: int,
+    algorithm: str = "sha256_cbor",
+    namespace: str | None = None,
+    seed: str | None = None,
+    parent: bytes | None = None,
+) -> list[bytes]:
+    """Chained hashes of the FULL blocks of `tokens` (a partial tail is not hashed).
+
+    With `parent=None` the chain starts at `NONE_HASH` and its first block carries the
+    namespace; with a parent, `tokens` continue an existing chain and carry no salt.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    fn = hash_function(algorithm)
+    extra = None
+    if parent is None:
+        parent = none_hash(algorithm, seed)
+        extra = namespace_extra_keys(namespace)
+    out = []
+    for start in range(0, len(tokens) // block_size * block_size, block_size):
+        parent = hash_block(fn, parent, tokens[start : start + block_size], extra)
+        out.append(parent)
+        extra = None
+    return out

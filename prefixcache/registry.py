@@ -1,0 +1,203 @@
+"""Where strategies and eviction policies are found by name.
+
+Owns two name tables: backends (`PrefixCache` subclasses) and eviction policies. A
+name resolves, in order, to: a class registered with `@register_backend` /
+`@register_eviction_policy`; an entry point in the `prefixcache.backends` /
+`prefixcache.eviction_policies` groups (how installed plugins and our own built-ins are
+declared, see pyproject.toml); a built-in's dotted path (so a source checkout without
+installed metadata still works); or, for any spec containing ":", a
+`"package.module:ClassName"` import path.
+
+Must never: import `prefixcache.backends` statically (built-ins load lazily by dotted
+path, so no import cycle can form), or build anything. `build_cache` lives in
+`prefixcache/__init__.py`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, TypeVar
+
+from prefixcache.config import ConfigError
+
+if TYPE_CHECKING:
+    from prefixcache.eviction import EvictionPolicy
+    from prefixcache.protocol import PrefixCache
+
+__all__ = [
+    "register_backend",
+    "register_eviction_policy",
+    "resolve_backend",
+    "resolve_eviction_policy",
+    "available_backends",
+    "available_eviction_policies",
+    "check_backend_name",
+    "check_eviction_name",
+]
+
+BACKEND_GROUP = "prefixcache.backends"
+EVICTION_GROUP = "prefixcache.eviction_policies"
+
+# Built-ins by dotted path: imported only when asked for.
+_BUILTIN_BACKENDS = {
+    "hash": "prefixcache.backends.hash:HashCache",
+    "radix": "prefixcache.backends.radix:RadixCache",
+}
+_BUILTIN_EVICTION_MODULE = "prefixcache.eviction"
+
+_backends: dict[str, type] = {}
+_eviction_policies: dict[str, type] = {}
+
+C = TypeVar("C", bound=type)
+
+
+def _check_name(name: str, what: str) -> None:
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"{what} name must be a non-empty string without ':', got {name!r}")
+
+
+def register_backend(name: str) -> Callable[[C], C]:
+    """Class decorator: make a `PrefixCache` subclass selectable as `backend: name`."""
+    _check_name(name, "backend")
+
+    def decorate(cls: C) -> C:
+        from prefixcache.protocol import PrefixCache
+
+        if not (isinstance(cls, type) and issubclass(cls, PrefixCache)):
+            raise TypeError(f"@register_backend({name!r}) needs a PrefixCache subclass, got {cls!r}")
+        _backends[name] = cls
+        cls.name = name
+        return cls
+
+    return decorate
+
+
+def register_eviction_policy(name: str) -> Callable[[C], C]:
+    """Class decorator: make an `EvictionPolicy` subclass selectable as `eviction: name`."""
+    _check_name(name, "eviction policy")
+
+    def decorate(cls: C) -> C:
+        from prefixcache.eviction import EvictionPolicy
+
+        if not (isinstance(cls, type) and issubclass(cls, EvictionPolicy)):
+            raise TypeError(f"@register_eviction_policy({name!r}) needs an EvictionPolicy subclass, got {cls!r}")
+        _eviction_policies[name] = cls
+        cls.name = name
+        return cls
+
+    return decorate
+
+
+def _entry_point_names(group: str) -> dict[str, str]:
+    return {ep.name: ep.value for ep in entry_points(group=group)}
+
+
+def _import_path(spec: str, what: str) -> type:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError("", f"{what} path {spec!r} must look like 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError("", f"{what} {spec!r}: cannot import module {module_name!r} ({err})") from None
+    obj = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError("", f"{what} {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
+    if not isinstance(obj, type):
+        raise ConfigError("", f"{what} {spec!r} is not a class")
+    return obj
+
+
+def available_backends() -> list[str]:
+    """Every backend name that resolves without a 'module:Class' path."""
+    return sorted({*_BUILTIN_BACKENDS, *_backends, *_entry_point_names(BACKEND_GROUP)})
+
+
+def available_eviction_policies() -> list[str]:
+    importlib.import_module(_BUILTIN_EVICTION_MODULE)  # registers the built-ins
+    return sorted({*_eviction_policies, *_entry_point_names(EVICTION_GROUP)})
+
+
+def check_backend_name(spec: str) -> None:
+    """ConfigError (path `backend`) unless `spec` can name a backend.
+
+    Names are checked without importing anything; "module:Class" paths are imported
+    so a typo is reported at load time, not at first use.
+    """
+    if not isinstance(spec, str) or not spec:
+        raise ConfigError("backend", f"must be a non-empty string, got {spec!r}")
+    if ":" in spec:
+        try:
+            _as_backend(_import_path(spec, "backend"), spec)
+        except ConfigError as err:
+            raise ConfigError("backend", err.message) from None
+        return
+    if spec not in available_backends():
+        raise ConfigError(
+            "backend",
+            f"unknown backend {spec!r}; known: {', '.join(available_backends())}, "
+            "or 'package.module:ClassName'",
+        )
+
+
+def check_eviction_name(spec: str) -> None:
+    """ConfigError (path `eviction`) unless `spec` names an eviction policy."""
+    if not isinstance(spec, str) or not spec:
+        raise ConfigError("eviction", f"must be a non-empty string, got {spec!r}")
+    try:
+        resolve_eviction_policy(spec)
+    except ConfigError as err:
+        raise ConfigError("eviction", err.message) from None
+
+
+def _as_backend(cls: type, spec: str) -> type[PrefixCache]:
+    from prefixcache.protocol import PrefixCache
+
+    if not issubclass(cls, PrefixCache):
+        raise ConfigError("", f"backend {spec!r} is {cls.__qualname__}, not a PrefixCache subclass")
+    return cls
+
+
+def resolve_backend(spec: str) -> type[PrefixCache]:
+    """The `PrefixCache` class a backend name or 'module:Class' path stands for."""
+    if ":" in spec:
+        return _as_backend(_import_path(spec, "backend"), spec)
+    if spec in _backends:
+        return _backends[spec]
+    path = _entry_point_names(BACKEND_GROUP).get(spec) or _BUILTIN_BACKENDS.get(spec)
+    if path is None:
+        raise ConfigError(
+            "backend", f"unknown backend {spec!r}; known: {', '.join(available_backends())}"
+        )
+    # Importing a registered module usually registers the class under `spec`.
+    cls = _as_backend(_import_path(path, "backend"), path)
+    return _backends.get(spec, cls)
+
+
+def resolve_eviction_policy(spec: str) -> type[EvictionPolicy]:
+    """The `EvictionPolicy` class an eviction name or 'module:Class' path stands for."""
+    from prefixcache.eviction import EvictionPolicy
+
+    if ":" in spec:
+        cls = _import_path(spec, "eviction policy")
+    else:
+        importlib.import_module(_BUILTIN_EVICTION_MODULE)
+        if spec in _eviction_policies:
+            return _eviction_policies[spec]
+        path = _entry_point_names(EVICTION_GROUP).get(spec)
+        if path is None:
+            raise ConfigError(
+                "eviction",
+                f"unknown eviction policy {spec!r}; known: {', '.join(available_eviction_policies())}, "
+                "or 'package.module:ClassName'",
+            )
+        cls = _import_path(path, "eviction policy")
+        cls = _eviction_policies.get(spec, cls)
+    if not issubclass(cls, EvictionPolicy):
+        raise ConfigError("eviction", f"{spec!r} is {cls.__qualname__}, not an EvictionPolicy subclass")
+    return cls

@@ -1,0 +1,97 @@
+"""Per-request bookkeeping that every backend needs, kept in one place.
+
+Owns `Request` (a live request's tokens, namespace, block table and committed length)
+and `RequestTable` (live requests by id, with the protocol's error rules: admitting a
+live id is a `ValueError`; an unknown or released id is a `KeyError`). Backends subclass
+`Request` to add their own fields (block hashes, locked tree node).
+
+Must never: touch the pool, hash, or decide what is cached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from prefixcache.protocol import Namespace, as_tokens
+
+__all__ = ["Request", "RequestTable", "check_namespace", "check_tokens"]
+
+
+def check_namespace(namespace: object) -> Namespace:
+    """`namespace` if it is a str or None; TypeError naming the field otherwise."""
+    if namespace is not None and not isinstance(namespace, str):
+        raise TypeError(f"namespace must be a str or None, got {type(namespace).__name__} {namespace!r}")
+    return namespace
+
+
+def check_tokens(tokens: Sequence[int], *, allow_empty: bool = False) -> list[int]:
+    """Tokens as a list of ints; ValueError for an empty prompt unless allowed."""
+    out = as_tokens(tokens)
+    if not out and not allow_empty:
+        raise ValueError("tokens: a prompt needs at least one token")
+    return out
+
+
+@dataclass(eq=False)
+class Request:
+    """A live request. Counts in TOKENS except `block_table` (block ids)."""
+
+    request_id: Hashable
+    tokens: list[int]
+    namespace: Namespace
+    block_table: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prefix hit at admission
+    num_computed: int = 0  # tokens whose KV is written (commit)
+
+    def check_commit(self, num_computed_tokens: int) -> int:
+        """Validate a commit: an int in [num_computed, len(tokens)]."""
+        n = num_computed_tokens
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"num_computed_tokens must be an int, got {type(n).__name__}")
+        if not self.num_computed <= n <= len(self.tokens):
+            raise ValueError(
+                f"num_computed_tokens={n} for request {self.request_id!r} must be in "
+                f"[{self.num_computed}, {len(self.tokens)}] (committed so far, tokens so far)"
+            )
+        return n
+
+
+R = TypeVar("R", bound=Request)
+
+
+class RequestTable(Generic[R]):
+    """Live requests by id."""
+
+    def __init__(self) -> None:
+        self._live: dict[Hashable, R] = {}
+
+    def check_new(self, request_id: Hashable) -> None:
+        if request_id in self._live:
+            raise ValueError(f"request {request_id!r} is already live; release it before admitting it again")
+
+    def add(self, request: R) -> R:
+        self.check_new(request.request_id)
+        self._live[request.request_id] = request
+        return request
+
+    def get(self, request_id: Hashable) -> R:
+        try:
+            return self._live[request_id]
+        except KeyError:
+            raise KeyError(f"unknown or released request {request_id!r}") from None
+
+    def pop(self, request_id: Hashable) -> R:
+        request = self.get(request_id)
+        del self._live[request_id]
+        return request
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __iter__(self) -> Iterator[R]:
+        return iter(self._live.values())
+
+    def __contains__(self, request_id: Hashable) -> bool:
+        return request_id in self._live

@@ -1,0 +1,119 @@
+"""YAML -> CacheConfig: each invalid field gets its own precise message naming file and key."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from prefixcache.config import CacheConfig, ConfigError, HashConfig, load_config
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "cache.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def load_error(tmp_path, text: str) -> str:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: "), message
+    return message
+
+
+def test_full_config_loads(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        cache:
+          backend: radix
+          block_size: 1
+          num_blocks: 128
+          hash: {algorithm: xxhash, seed: abc}
+          eviction: lfu
+          enable_events: false
+          options: {foo: 1}
+        """,
+    )
+    config = load_config(path)
+    assert config == CacheConfig(
+        backend="radix",
+        block_size=1,
+        num_blocks=128,
+        hash=HashConfig("xxhash", "abc"),
+        eviction="lfu",
+        enable_events=False,
+        options={"foo": 1},
+    )
+    with pytest.raises(Exception):
+        config.block_size = 2  # frozen
+    with pytest.raises(TypeError):
+        config.options["foo"] = 2  # read-only view
+
+
+def test_defaults(tmp_path):
+    config = load_config(write(tmp_path, "cache: {}\n"))
+    assert (config.backend, config.block_size, config.num_blocks) == ("hash", 16, 4096)
+    assert config.hash == HashConfig("sha256_cbor", None) and config.eviction == "lru"
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ("cache: {blocksize: 16}", "cache.blocksize: unknown key; allowed keys: backend, block_size"),
+        ("cache: {block_size: 0}", "cache.block_size: must be an integer >= 1, got 0"),
+        ("cache: {block_size: -3}", "cache.block_size: must be an integer >= 1, got -3"),
+        ("cache: {block_size: sixteen}", "cache.block_size: must be an integer, got str 'sixteen'"),
+        ("cache: {block_size: 1.5}", "cache.block_size: must be an integer, got float 1.5"),
+        ("cache: {block_size: true}", "cache.block_size: must be an integer, got bool True"),
+        ("cache: {num_blocks: 0}", "cache.num_blocks: must be an integer >= 1, got 0"),
+        ("cache: {backend: lsm}", "cache.backend: unknown backend 'lsm'; known: hash, radix"),
+        ("cache: {backend: 'nosuchmodule_xyz:Cls'}", "cache.backend: backend 'nosuchmodule_xyz:Cls': cannot import module"),
+        ("cache: {backend: 'prefixcache.config:Nope'}", "has no attribute 'Nope'"),
+        ("cache: {backend: 'prefixcache.config:CacheConfig'}", "not a PrefixCache subclass"),
+        ("cache: {backend: 7}", "cache.backend: must be a string, got int 7"),
+        (
+            "cache: {hash: {algorithm: md5}}",
+            "cache.hash.algorithm: 'md5' is not allowed; allowed values: sha256_cbor, sha256, xxhash, xxhash_cbor",
+        ),
+        ("cache: {hash: {algo: sha256}}", "cache.hash.algo: unknown key; allowed keys: algorithm, seed"),
+        ("cache: {hash: {seed: 5}}", "cache.hash.seed: must be a string, got int 5"),
+        ("cache: {hash: sha256}", "cache.hash: must be a mapping, got str 'sha256'"),
+        ("cache: {eviction: random}", "cache.eviction: unknown eviction policy 'random'; known: fifo, filo, lfu, lru"),
+        ("cache: {enable_events: 1}", "cache.enable_events: must be true or false, got 1"),
+        ("cache: {options: [1]}", "cache.options: must be a mapping"),
+        ("cache: [1, 2]", "cache: must be a mapping, got list"),
+        ("engine: {}", "cache: missing required section"),
+        ("- 1\n- 2", "top level must be a mapping, got list"),
+        ("cache: {block_size: [", "invalid YAML"),
+    ],
+)
+def test_each_bad_field_has_its_message(tmp_path, body, expected):
+    assert expected in load_error(tmp_path, body)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_programmatic_configs_are_validated_too():
+    with pytest.raises(ConfigError, match="block_size: must be an integer >= 1"):
+        CacheConfig(block_size=0)
+    with pytest.raises(ConfigError, match="algorithm: 'md5' is not allowed"):
+        HashConfig(algorithm="md5")
+    assert CacheConfig().replace(block_size=4).block_size == 4
+    with pytest.raises(ConfigError, match="unknown backend"):
+        CacheConfig().replace(backend="nope")
+
+
+def test_shipped_configs_load():
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+    assert configs, "configs/ holds the shipped YAML files"
+    for path in configs:
+        load_config(path)
