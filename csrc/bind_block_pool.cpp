@@ -43,19 +43,12 @@ std::string_view key_view(py::handle obj) {
   return std::string_view(PyBytes_AS_STRING(obj.ptr()), PyBytes_GET_SIZE(obj.ptr()));
 }
 
-std::string to_key(py::handle obj) { return std::string(key_view(obj)); }
-
 std::vector<std::string_view> key_views(py::handle obj) {
   std::vector<std::string_view> keys;
   for (py::handle item : obj) keys.push_back(key_view(item));
   return keys;
 }
 
-std::vector<std::string> to_keys(py::handle obj) {
-  std::vector<std::string> keys;
-  for (py::handle item : obj) keys.push_back(to_key(item));
-  return keys;
-}
 
 }  // namespace
 
@@ -93,11 +86,11 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
           "touch", [](BlockPool& p, py::handle ids) { p.touch(to_ids(ids)); }, py::arg("ids"),
            "Add one reference to each block; a free block leaves the queue.")
       .def(
-          "cache", [](BlockPool& p, int64_t id, py::handle key) { p.cache(id, to_key(key)); }, py::arg("id"),
+          "cache", [](BlockPool& p, int64_t id, py::handle key) { p.cache(id, key_view(key)); }, py::arg("id"),
           py::arg("key"), "Record that in-use, keyless block `id` holds `key`.")
       .def(
           "cache_many",
-          [](BlockPool& p, py::handle ids, py::handle keys) { p.cache_many(to_ids(ids), to_keys(keys)); },
+          [](BlockPool& p, py::handle ids, py::handle keys) { p.cache_many(to_ids(ids), key_views(keys)); },
           py::arg("ids"), py::arg("keys"), "cache(ids[i], keys[i]) for each i, all or nothing.")
       .def(
           "uncache", [](BlockPool& p, int64_t id) { return to_bytes(p.uncache(id)); }, py::arg("id"),
@@ -114,7 +107,7 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
           "last_removed",
           [](const BlockPool& p) {
             py::list out;
-            for (const auto& k : p.last_removed()) out.append(py::bytes(k));
+            for (std::string_view k : p.last_removed()) out.append(py::bytes(k.data(), k.size()));
             return out;
           },
           "Keys dropped by the most recent allocate() call.")

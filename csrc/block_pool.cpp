@@ -11,20 +11,22 @@ namespace {
 constexpr int32_t kMaxBlocks = (1 << 30);  // ids and sentinels fit in int32
 
 std::string block_str(int64_t id) { return "block " + std::to_string(id); }
-}  // namespace
 
-BlockPool::BlockPool(int64_t num_blocks) {
+int32_t checked_size(int64_t num_blocks) {
   if (num_blocks < 1 || num_blocks > kMaxBlocks) {
     throw std::invalid_argument("num_blocks must be in [1, " + std::to_string(kMaxBlocks) +
                                 "], got " + std::to_string(num_blocks));
   }
-  num_blocks_ = static_cast<int32_t>(num_blocks);
+  return static_cast<int32_t>(num_blocks);
+}
+}  // namespace
+
+BlockPool::BlockPool(int64_t num_blocks) : num_blocks_(checked_size(num_blocks)), index_(num_blocks_) {
   head_ = num_blocks_;
   tail_ = num_blocks_ + 1;
   ref_.assign(num_blocks_, 0);
   prev_.assign(num_blocks_ + 2, -1);
   next_.assign(num_blocks_ + 2, -1);
-  entry_.assign(num_blocks_, nullptr);
   seen_.assign(num_blocks_, 0);
   // The queue starts in id order: block 0 is reused first.
   int32_t prev = head_;
@@ -77,14 +79,6 @@ void BlockPool::link_before(int32_t b, int32_t next) {
   prev_[next] = b;
 }
 
-void BlockPool::drop_key(int32_t b) {
-  Index::value_type* entry = entry_[b];
-  auto& holders = entry->second;
-  holders.erase(std::find(holders.begin(), holders.end(), b));
-  if (holders.empty()) index_.erase(entry->first);
-  entry_[b] = nullptr;
-  --num_cached_;
-}
 
 std::optional<std::vector<int32_t>> BlockPool::allocate(int64_t n) {
   if (n < 0 || n > num_blocks_) {
@@ -92,16 +86,17 @@ std::optional<std::vector<int32_t>> BlockPool::allocate(int64_t n) {
                                 std::to_string(num_blocks_) + "], got " + std::to_string(n));
   }
   if (n > num_free_) return std::nullopt;
-  last_removed_.clear();
+  num_last_removed_ = 0;
   std::vector<int32_t> out;
   out.reserve(n);
   for (int64_t i = 0; i < n; ++i) {
     int32_t b = next_[head_];
     unlink(b);
-    if (entry_[b] != nullptr) {
+    if (index_.has_key(b)) {
       // Lazy eviction: a freed block keeps its key until it is reused here.
-      last_removed_.push_back(entry_[b]->first);
-      drop_key(b);
+      if (num_last_removed_ == last_removed_.size()) last_removed_.emplace_back();
+      last_removed_[num_last_removed_++].assign(index_.key(b));
+      index_.erase(b);
       ++num_evicted_;
     }
     ref_[b] = 1;
@@ -120,13 +115,13 @@ void BlockPool::free(const std::vector<int64_t>& ids) {
   // reverse to leave them in the given order; keyed ones go to the tail.
   for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
     int32_t b = static_cast<int32_t>(*it);
-    if (ref_[b] == 1 && entry_[b] == nullptr) link_before(b, next_[head_]);
+    if (ref_[b] == 1 && !index_.has_key(b)) link_before(b, next_[head_]);
   }
   for (int64_t id : ids) {
     int32_t b = static_cast<int32_t>(id);
     if (--ref_[b] > 0) continue;
     ++num_free_;
-    if (entry_[b] != nullptr) link_before(b, tail_);
+    if (index_.has_key(b)) link_before(b, tail_);
   }
 }
 
@@ -141,65 +136,56 @@ void BlockPool::touch(const std::vector<int64_t>& ids) {
   }
 }
 
-void BlockPool::check_cacheable(int32_t b, const std::string& key) const {
+void BlockPool::check_cacheable(int32_t b, std::string_view key) const {
   if (key.empty()) throw std::invalid_argument("cache: key must be non-empty bytes");
   if (ref_[b] == 0) {
     throw std::invalid_argument("cache: " + block_str(b) + " is free; only blocks in use can be cached");
   }
-  if (entry_[b] != nullptr) throw std::invalid_argument("cache: " + block_str(b) + " already holds a key");
+  if (index_.has_key(b)) throw std::invalid_argument("cache: " + block_str(b) + " already holds a key");
 }
 
-void BlockPool::cache(int64_t id, const std::string& key) {
+void BlockPool::cache(int64_t id, std::string_view key) {
   int32_t b = check_id(id, "cache");
   check_cacheable(b, key);
-  insert_key(b, key);
+  index_.insert(b, key);
 }
 
-void BlockPool::cache_many(const std::vector<int64_t>& ids, const std::vector<std::string>& keys) {
+void BlockPool::cache_many(const std::vector<int64_t>& ids, const std::vector<std::string_view>& keys) {
   if (ids.size() != keys.size()) {
     throw std::invalid_argument("cache_many: " + std::to_string(ids.size()) + " ids but " +
                                 std::to_string(keys.size()) + " keys");
   }
   check_unique(ids, "cache");
   for (size_t i = 0; i < ids.size(); ++i) check_cacheable(static_cast<int32_t>(ids[i]), keys[i]);
-  for (size_t i = 0; i < ids.size(); ++i) insert_key(static_cast<int32_t>(ids[i]), keys[i]);
-}
-
-void BlockPool::insert_key(int32_t b, const std::string& key) {
-  auto [it, inserted] = index_.try_emplace(key);
-  it->second.push_back(b);
-  entry_[b] = &*it;
-  ++num_cached_;
+  for (size_t i = 0; i < ids.size(); ++i) index_.insert(static_cast<int32_t>(ids[i]), keys[i]);
 }
 
 std::optional<std::string> BlockPool::uncache(int64_t id) {
   int32_t b = check_id(id, "uncache");
-  if (entry_[b] == nullptr) return std::nullopt;
-  std::string key = entry_[b]->first;
-  drop_key(b);
+  if (!index_.has_key(b)) return std::nullopt;
+  std::string key = index_.key(b);
+  index_.erase(b);
   return key;
 }
 
 int64_t BlockPool::uncache_all() {
-  int64_t n = num_cached_;
-  std::fill(entry_.begin(), entry_.end(), nullptr);
+  int64_t n = index_.size();
   index_.clear();
-  num_cached_ = 0;
   return n;
 }
 
 std::optional<int32_t> BlockPool::lookup(std::string_view key) const {
-  auto it = index_.find(key);
-  if (it == index_.end()) return std::nullopt;
-  return it->second.front();
+  int32_t b = index_.first(key);
+  if (b < 0) return std::nullopt;
+  return b;
 }
 
 std::vector<int32_t> BlockPool::lookup_chain(const std::vector<std::string_view>& keys) const {
   std::vector<int32_t> out;
   for (const auto& key : keys) {
-    auto it = index_.find(key);
-    if (it == index_.end()) break;
-    out.push_back(it->second.front());
+    int32_t b = index_.first(key);
+    if (b < 0) break;
+    out.push_back(b);
   }
   return out;
 }
@@ -208,8 +194,8 @@ int32_t BlockPool::ref_count(int64_t id) const { return ref_[check_id(id, "ref_c
 
 std::optional<std::string> BlockPool::key(int64_t id) const {
   int32_t b = check_id(id, "key");
-  if (entry_[b] == nullptr) return std::nullopt;
-  return entry_[b]->first;
+  if (!index_.has_key(b)) return std::nullopt;
+  return index_.key(b);
 }
 
 std::vector<int32_t> BlockPool::free_queue() const {
@@ -222,9 +208,7 @@ std::vector<int32_t> BlockPool::free_queue() const {
 }
 
 std::vector<int32_t> BlockPool::blocks_for(std::string_view key) const {
-  auto it = index_.find(key);
-  if (it == index_.end()) return {};
-  return it->second;
+  return index_.holders(key);
 }
 
 void BlockPool::check_invariants() const {
@@ -247,21 +231,7 @@ void BlockPool::check_invariants() const {
     if (ref_[b] < 0) fail(block_str(b) + " has negative ref " + std::to_string(ref_[b]));
     if (ref_[b] == 0 && !queued[b]) fail(block_str(b) + " has ref 0 but is not in the free queue");
   }
-  int32_t cached = 0;
-  for (const auto& entry : index_) {
-    if (entry.second.empty()) fail("index keeps an empty entry");
-    for (int32_t b : entry.second) {
-      if (b < 0 || b >= num_blocks_) fail("index lists out-of-range block " + std::to_string(b));
-      if (entry_[b] != &entry) fail(block_str(b) + " is listed under a key it does not hold");
-      ++cached;
-    }
-  }
-  int32_t holders = 0;
-  for (int32_t b = 0; b < num_blocks_; ++b) holders += entry_[b] != nullptr;
-  if (cached != num_cached_ || holders != num_cached_) {
-    fail("num_cached is " + std::to_string(num_cached_) + " but the index lists " + std::to_string(cached) +
-         " and " + std::to_string(holders) + " blocks hold a key");
-  }
+  index_.check_invariants();
 }
 
 }  // namespace prefixcache

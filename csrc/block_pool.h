@@ -25,8 +25,9 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
+
+#include "key_index.h"
 
 namespace prefixcache {
 
@@ -42,7 +43,7 @@ class BlockPool {
   int32_t num_blocks() const { return num_blocks_; }
   int32_t num_free() const { return num_free_; }
   int32_t num_pinned() const { return num_blocks_ - num_free_; }
-  int32_t num_cached() const { return num_cached_; }
+  int32_t num_cached() const { return index_.size(); }
   // Cached blocks reused (their key dropped) by allocate() since construction.
   int64_t num_evicted() const { return num_evicted_; }
 
@@ -59,9 +60,9 @@ class BlockPool {
   void touch(const std::vector<int64_t>& ids);
 
   // Records that block `id` (which must be in use and keyless) holds `key`.
-  void cache(int64_t id, const std::string& key);
+  void cache(int64_t id, std::string_view key);
   // cache(ids[i], keys[i]) for each i; validated first, so all or nothing.
-  void cache_many(const std::vector<int64_t>& ids, const std::vector<std::string>& keys);
+  void cache_many(const std::vector<int64_t>& ids, const std::vector<std::string_view>& keys);
   // Drops block `id`'s key if it has one; returns the key it held.
   std::optional<std::string> uncache(int64_t id);
   // Drops every key (used by reset); returns how many blocks lost one.
@@ -72,7 +73,9 @@ class BlockPool {
   std::vector<int32_t> lookup_chain(const std::vector<std::string_view>& keys) const;
 
   // Keys dropped by the most recent allocate() call, in allocation order.
-  const std::vector<std::string>& last_removed() const { return last_removed_; }
+  std::vector<std::string_view> last_removed() const {
+    return {last_removed_.begin(), last_removed_.begin() + num_last_removed_};
+  }
 
   int32_t ref_count(int64_t id) const;
   std::optional<std::string> key(int64_t id) const;
@@ -84,21 +87,12 @@ class BlockPool {
   void check_invariants() const;
 
  private:
-  // Transparent hashing lets look-ups take a string_view of the caller's bytes
-  // without copying them into a std::string first.
-  struct KeyHash {
-    using is_transparent = void;
-    size_t operator()(std::string_view k) const { return std::hash<std::string_view>{}(k); }
-  };
-  using Index = std::unordered_map<std::string, std::vector<int32_t>, KeyHash, std::equal_to<>>;
-
   int32_t check_id(int64_t id, const char* what) const;
   void check_unique(const std::vector<int64_t>& ids, const char* what) const;
   void unlink(int32_t b);
   void link_before(int32_t b, int32_t next);
   void drop_key(int32_t b);
-  void check_cacheable(int32_t b, const std::string& key) const;
-  void insert_key(int32_t b, const std::string& key);
+  void check_cacheable(int32_t b, std::string_view key) const;
 
   int32_t num_blocks_;
   int32_t head_;  // sentinel: next_[head_] is the front
@@ -106,14 +100,13 @@ class BlockPool {
   std::vector<int32_t> ref_;
   std::vector<int32_t> prev_;
   std::vector<int32_t> next_;
-  // Node of index_ holding this block's key, or nullptr. unordered_map nodes
-  // are stable, so the pointer stays valid until the entry is erased.
-  std::vector<Index::value_type*> entry_;
-  Index index_;
+  KeyIndex index_;
   int32_t num_free_ = 0;
-  int32_t num_cached_ = 0;
   int64_t num_evicted_ = 0;
+  // The first num_last_removed_ entries are the keys dropped by the last
+  // allocate(); the strings are reused so steady-state allocation is free.
   std::vector<std::string> last_removed_;
+  size_t num_last_removed_ = 0;
   // Scratch for check_unique(); one flag per block, always left all-false.
   mutable std::vector<uint8_t> seen_;
 };

@@ -84,3 +84,45 @@ class PoolMachine(RuleBasedStateMachine):
 
 PoolMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestPool = PoolMachine.TestCase
+
+
+def test_many_distinct_keys_agree_with_model():
+    """Thousands of keys: grows the native index and exercises deletion inside probe runs."""
+    import random
+
+    rng = random.Random(1234)
+    n = 3000
+    native, model = BlockPool(n), PyBlockPool(n)
+    live: list[int] = []
+    for step in range(20000):
+        op = rng.random()
+        if op < 0.35 and native.num_free:
+            k = rng.randint(1, min(8, native.num_free))
+            got = native.allocate(k)
+            assert got == model.allocate(k)
+            assert native.last_removed() == model.last_removed()
+            live += got
+        elif op < 0.6 and live:
+            b = live[rng.randrange(len(live))]
+            if native.key(b) is None:
+                key = rng.randrange(600).to_bytes(rng.choice([4, 16, 32]), "little")
+                native.cache(b, key)
+                model.cache(b, key)
+        elif op < 0.9 and live:
+            rng.shuffle(live)
+            batch, live = live[:4], live[4:]
+            native.free(batch)
+            model.free(batch)
+        else:
+            b = rng.randrange(n)
+            assert native.uncache(b) == model.uncache(b)
+        if step % 2000 == 0:
+            native.check_invariants()
+            assert native.free_queue() == model.free_queue()
+    native.check_invariants()
+    assert native.free_queue() == model.free_queue()
+    for size in (4, 16, 32):
+        for k in range(600):
+            key = k.to_bytes(size, "little")
+            assert native.blocks_for(key) == model.blocks_for(key)
+    assert native.num_cached == model.num_cached > 100
