@@ -175,18 +175,25 @@ class PyBlockPool:
                 self._queue.remove(block)
             block.ref_cnt += 1
 
-    def cache(self, block_id: int, key: bytes) -> None:
-        """Record that in-use, keyless block `block_id` holds `key`."""
-        block = self._block(block_id, "cache")
+    @staticmethod
+    def _check_cacheable(block: _Block, key: bytes) -> None:
         if not key:
             raise ValueError("cache: key must be non-empty bytes")
         if block.ref_cnt == 0:
-            raise ValueError(f"cache: block {block_id} is free; only blocks in use can be cached")
+            raise ValueError(f"cache: block {block.block_id} is free; only blocks in use can be cached")
         if block.key is not None:
-            raise ValueError(f"cache: block {block_id} already holds a key")
+            raise ValueError(f"cache: block {block.block_id} already holds a key")
+
+    def _insert_key(self, block: _Block, key: bytes) -> None:
         block.key = key
-        self._index.setdefault(key, {})[block_id] = block
+        self._index.setdefault(key, {})[block.block_id] = block
         self.num_cached += 1
+
+    def cache(self, block_id: int, key: bytes) -> None:
+        """Record that in-use, keyless block `block_id` holds `key`."""
+        block = self._block(block_id, "cache")
+        self._check_cacheable(block, key)
+        self._insert_key(block, key)
 
     def cache_many(self, ids: Sequence[int], keys: Sequence[bytes]) -> None:
         """cache(ids[i], keys[i]) for each i, validated first: all or nothing."""
@@ -194,14 +201,9 @@ class PyBlockPool:
             raise ValueError(f"cache_many: {len(ids)} ids but {len(keys)} keys")
         blocks = self._unique(ids, "cache")
         for block, key in zip(blocks, keys):
-            if not key:
-                raise ValueError("cache: key must be non-empty bytes")
-            if block.ref_cnt == 0:
-                raise ValueError(f"cache: block {block.block_id} is free; only blocks in use can be cached")
-            if block.key is not None:
-                raise ValueError(f"cache: block {block.block_id} already holds a key")
+            self._check_cacheable(block, key)
         for block, key in zip(blocks, keys):
-            self.cache(block.block_id, key)
+            self._insert_key(block, key)
 
     def uncache(self, block_id: int) -> bytes | None:
         block = self._block(block_id, "uncache")

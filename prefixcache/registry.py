@@ -58,36 +58,41 @@ def _check_name(name: str, what: str) -> None:
         raise ValueError(f"{what} name must be a non-empty string without ':', got {name!r}")
 
 
-def register_backend(name: str) -> Callable[[C], C]:
-    """Class decorator: make a `PrefixCache` subclass selectable as `backend: name`."""
-    _check_name(name, "backend")
+def _registrar(table: dict[str, type], name: str, what: str, base: Callable[[], type]) -> Callable[[C], C]:
+    """A class decorator adding subclasses of `base()` to `table` under `name`."""
+    _check_name(name, what)
 
     def decorate(cls: C) -> C:
-        from prefixcache.protocol import PrefixCache
-
-        if not (isinstance(cls, type) and issubclass(cls, PrefixCache)):
-            raise TypeError(f"@register_backend({name!r}) needs a PrefixCache subclass, got {cls!r}")
-        _backends[name] = cls
+        expected = base()
+        if not (isinstance(cls, type) and issubclass(cls, expected)):
+            raise TypeError(f"registering {what} {name!r} needs a {expected.__name__} subclass, got {cls!r}")
+        table[name] = cls
         cls.name = name
         return cls
 
     return decorate
+
+
+def _protocol() -> type:
+    from prefixcache.protocol import PrefixCache
+
+    return PrefixCache
+
+
+def _policy_base() -> type:
+    from prefixcache.eviction import EvictionPolicy
+
+    return EvictionPolicy
+
+
+def register_backend(name: str) -> Callable[[C], C]:
+    """Class decorator: make a `PrefixCache` subclass selectable as `backend: name`."""
+    return _registrar(_backends, name, "backend", _protocol)
 
 
 def register_eviction_policy(name: str) -> Callable[[C], C]:
     """Class decorator: make an `EvictionPolicy` subclass selectable as `eviction: name`."""
-    _check_name(name, "eviction policy")
-
-    def decorate(cls: C) -> C:
-        from prefixcache.eviction import EvictionPolicy
-
-        if not (isinstance(cls, type) and issubclass(cls, EvictionPolicy)):
-            raise TypeError(f"@register_eviction_policy({name!r}) needs an EvictionPolicy subclass, got {cls!r}")
-        _eviction_policies[name] = cls
-        cls.name = name
-        return cls
-
-    return decorate
+    return _registrar(_eviction_policies, name, "eviction policy", _policy_base)
 
 
 def _entry_point_names(group: str) -> dict[str, str]:
