@@ -1,0 +1,420 @@
+"""The conformance kit: the protocol's rules as tests any `PrefixCache` can be run against.
+
+Owns the checks of DESIGN.md's seven rules (deterministic scenarios) and a hypothesis
+state machine that drives random request sequences through a backend while keeping a
+*KV shadow*: for every block it records which (namespace, token) each slot holds, as a
+real engine's KV writes would. The shadow is the oracle that works for any strategy:
+
+- a hit must point at blocks whose shadow equals the request's own prompt and
+  namespace (rules 1 and 6: a hit is real KV of the same tokens; namespaces isolate);
+- a block the request is about to write must not be in any other live request's table
+  (rule 3: nothing pinned is reused);
+- a refused `admit`/`append` leaves pool and tables exactly as they were (rule 2);
+- after every release, evicting everything returns every block to the pool (rule 7).
+
+One line for a plugin author::
+
+    prefixcache.testing.check_backend(MyCache)            # or "my_pkg.mod:MyCache"
+
+or, to have pytest collect the state machine as a test::
+
+    TestMyCache = prefixcache.testing.conformance_test_case(MyCache)
+
+Must never: assume a particular strategy's hit counts or eviction order. It checks
+rules, not policies. Requires `hypothesis` (the `dev` extra).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from prefixcache._C import BlockPool
+from prefixcache.config import CacheConfig
+from prefixcache.protocol import PrefixCache
+from prefixcache.registry import available_backends, resolve_backend
+
+__all__ = ["check_backend", "conformance_test_case", "CacheFactory", "KVShadow", "RULE_CHECKS"]
+
+CacheFactory = Callable[[int, int], PrefixCache]
+"""(block_size, num_blocks) -> a fresh cache on a fresh pool."""
+
+
+def _factory(backend: type[PrefixCache] | str | CacheFactory, **config: Any) -> CacheFactory:
+    """Normalize a class, a backend spec or a factory into a CacheFactory."""
+    if isinstance(backend, str):
+        spec = backend
+    elif isinstance(backend, type) and issubclass(backend, PrefixCache):
+        if backend.name and backend.name in available_backends():
+            spec = backend.name
+        else:
+            spec = f"{backend.__module__}:{backend.__qualname__}"
+            if "<locals>" in spec:
+                # Not importable by path: build it directly, the config names a stand-in.
+                cls = backend
+
+                def build_local(block_size: int, num_blocks: int) -> PrefixCache:
+                    cfg = CacheConfig(block_size=block_size, num_blocks=num_blocks, **config)
+                    return cls(BlockPool(num_blocks), cfg)
+
+                return build_local
+    else:
+        return backend  # already a factory
+
+    cls = resolve_backend(spec)
+
+    def build(block_size: int, num_blocks: int) -> PrefixCache:
+        cfg = CacheConfig(backend=spec, block_size=block_size, num_blocks=num_blocks, **config)
+        return cls(BlockPool(num_blocks), cfg)
+
+    return build
+
+
+# ------------------------------------------------------------------------ the KV shadow
+
+
+@dataclass
+class KVShadow:
+    """What each block's KV would hold: `slots[block][i] = (namespace, token)` or None."""
+
+    block_size: int
+    num_blocks: int
+    slots: list[list[tuple[Any, int] | None]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.slots = [[None] * self.block_size for _ in range(self.num_blocks)]
+
+    def write(self, table: Sequence[int], namespace: Any, tokens: Sequence[int], start: int, stop: int) -> None:
+        """The engine computed tokens[start:stop] into `table` (positions are TOKENS)."""
+        for pos in range(start, stop):
+            self.slots[table[pos // self.block_size]][pos % self.block_size] = (namespace, tokens[pos])
+
+    def check(self, table: Sequence[int], namespace: Any, tokens: Sequence[int], stop: int, what: str) -> None:
+        """tokens[:stop] must be exactly what `table` holds for `namespace`."""
+        for pos in range(stop):
+            block = table[pos // self.block_size]
+            held = self.slots[block][pos % self.block_size]
+            if held != (namespace, tokens[pos]):
+                raise AssertionError(
+                    f"{what}: token {pos} is served from block {block} slot {pos % self.block_size}, "
+                    f"which holds {held!r}, not {(namespace, tokens[pos])!r}"
+                )
+
+
+def _pool_state(cache: PrefixCache, live: Sequence[Hashable]) -> tuple:
+    pool = cache.pool
+    return (
+        pool.free_queue(),
+        [pool.ref_count(b) for b in range(pool.num_blocks)],
+        pool.num_cached,
+        {rid: tuple(cache.block_table(rid)) for rid in live},
+    )
+
+
+def _release_all_and_drain(cache: PrefixCache, live: Sequence[Hashable]) -> None:
+    """Rule 7: release everything; then nothing is pinned and evicting frees every block."""
+    for rid in list(live):
+        cache.release(rid)
+    cache.check_invariants()
+    cache.evict(cache.pool.num_blocks)
+    cache.check_invariants()
+    assert cache.pool.num_free == cache.pool.num_blocks, (
+        f"after releasing every request and evicting everything, {cache.pool.num_pinned} blocks are still pinned"
+    )
+    assert cache.reset() is True, "reset() with no live request must succeed"
+
+
+# ------------------------------------------------------------------- deterministic rules
+
+
+def rule_admit_hit_is_capped_whole_blocks(make: CacheFactory, bs: int) -> None:
+    """Rule 1: the hit is the cached prefix capped at len-1, whole blocks, real KV."""
+    cache = make(bs, 32)
+    shadow = KVShadow(bs, 32)
+    prompt = list(range(100, 100 + 3 * bs + 1))
+    adm = cache.admit("a", prompt)
+    assert adm is not None and adm.num_cached_tokens == 0
+    assert len(adm.block_table) == math.ceil(len(prompt) / bs)
+    shadow.write(adm.block_table, None, prompt, 0, len(prompt))
+    cache.commit("a", len(prompt))
+    cache.release("a")
+    for probe in (prompt, prompt[: 3 * bs], prompt[: 2 * bs + 1], prompt + [7, 8]):
+        expected = cache.match(probe[:-1]).num_tokens
+        adm = cache.admit("b", probe)
+        assert adm is not None
+        hit = adm.num_cached_tokens
+        assert hit == expected, f"admit hit {hit} tokens, match(tokens[:-1]) says {expected}"
+        assert hit % bs == 0 and hit <= len(probe) - 1, f"hit {hit} for {len(probe)} tokens, block {bs}"
+        assert len(adm.block_table) == math.ceil(len(probe) / bs)
+        shadow.check(adm.block_table, None, probe, hit, "admit")
+        cache.release("b")
+    _release_all_and_drain(cache, [])
+
+
+def rule_refusal_changes_nothing(make: CacheFactory, bs: int) -> None:
+    """Rule 2: an admit or append that cannot fit returns None and changes nothing."""
+    num_blocks = 8
+    cache = make(bs, num_blocks)
+    first = list(range(10, 10 + 5 * bs))
+    adm = cache.admit("a", first)
+    assert adm is not None
+    cache.commit("a", len(first))
+    before = _pool_state(cache, ["a"])
+    stats_before = cache.stats()
+    assert cache.admit("big", list(range(500, 500 + 4 * bs))) is None
+    assert _pool_state(cache, ["a"]) == before, "a refused admit changed the pool or a block table"
+    assert cache.append("a", list(range(900, 900 + 4 * bs))) is None
+    assert _pool_state(cache, ["a"]) == before, "a refused append changed the pool or a block table"
+    assert cache.stats().hits == stats_before.hits
+    with_room = cache.append("a", [1])
+    assert with_room is not None and len(cache.block_table("a")) == 5 + len(with_room)
+    _release_all_and_drain(cache, ["a"])
+
+
+def rule_lifecycle_errors(make: CacheFactory, bs: int) -> None:
+    """Rule 5 and the argument checks: bad ids and counts raise, and change nothing."""
+    cache = make(bs, 16)
+    tokens = list(range(1, 2 * bs + 2))
+    assert cache.admit("r", tokens) is not None
+    for call in (
+        lambda: cache.admit("r", tokens),  # already live
+        lambda: cache.admit("s", []),  # empty prompt
+        lambda: cache.commit("r", len(tokens) + 1),
+        lambda: cache.commit("r", -1),
+    ):
+        try:
+            call()
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("expected ValueError")
+    cache.commit("r", bs)
+    try:
+        cache.commit("r", bs - 1)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("commit must not go backwards")
+    cache.release("r")
+    for call in (
+        lambda: cache.release("r"),
+        lambda: cache.release("never"),
+        lambda: cache.block_table("r"),
+        lambda: cache.append("r", [1]),
+        lambda: cache.commit("r", 1),
+    ):
+        try:
+            call()
+        except KeyError:
+            pass
+        else:
+            raise AssertionError("expected KeyError for a released or unknown request")
+    _release_all_and_drain(cache, [])
+
+
+def rule_namespaces_isolate(make: CacheFactory, bs: int) -> None:
+    """Requests in different namespaces never share a block."""
+    cache = make(bs, 32)
+    prompt = list(range(40, 40 + 3 * bs + 1))
+    for ns in ("a", "b", None):
+        adm = cache.admit(ns, prompt, namespace=ns)
+        assert adm is not None and adm.num_cached_tokens == 0, f"namespace {ns!r} hit another's blocks"
+        cache.commit(ns, len(prompt))
+        cache.release(ns)
+    for ns in ("a", "b", None):
+        adm = cache.admit("again", prompt, namespace=ns)
+        assert adm is not None and adm.num_cached_tokens > 0, f"namespace {ns!r} lost its own blocks"
+        cache.release("again")
+    _release_all_and_drain(cache, [])
+
+
+def rule_reset_refuses_while_live(make: CacheFactory, bs: int) -> None:
+    cache = make(bs, 16)
+    prompt = list(range(1, 2 * bs + 2))
+    cache.admit("r", prompt)
+    cache.commit("r", len(prompt))
+    before = _pool_state(cache, ["r"])
+    assert cache.reset() is False
+    assert _pool_state(cache, ["r"]) == before
+    _release_all_and_drain(cache, ["r"])
+    assert cache.admit("r", prompt).num_cached_tokens == 0, "reset must drop every cached block"
+
+
+RULE_CHECKS: tuple[Callable[[CacheFactory, int], None], ...] = (
+    rule_admit_hit_is_capped_whole_blocks,
+    rule_refusal_changes_nothing,
+    rule_lifecycle_errors,
+    rule_namespaces_isolate,
+    rule_reset_refuses_while_live,
+)
+
+
+# ---------------------------------------------------------------------- state machine
+
+
+def _prompts(bs: int) -> st.SearchStrategy[list[int]]:
+    """Prompts from a few shared prefixes plus random tails: lots of partial sharing."""
+    prefixes = [list(range(1000 * i, 1000 * i + 3 * bs + i)) for i in range(1, 4)]
+    return st.builds(
+        lambda p, cut, tail: p[:cut] + tail,
+        st.sampled_from(prefixes),
+        st.integers(0, 3 * bs + 3),
+        st.lists(st.integers(0, 3), max_size=2 * bs),
+    ).filter(bool)
+
+
+def conformance_test_case(
+    backend: type[PrefixCache] | str | CacheFactory,
+    *,
+    block_size: int = 2,
+    num_blocks: int = 12,
+    max_examples: int = 60,
+    steps: int = 40,
+    **config: Any,
+) -> type:
+    """A `unittest.TestCase` class (collected by pytest) running the KV-shadow state machine."""
+    make = _factory(backend, **config)
+    bs = block_size
+
+    class Conformance(RuleBasedStateMachine):
+        @initialize()
+        def start(self) -> None:
+            self.cache = make(bs, num_blocks)
+            self.shadow = KVShadow(bs, num_blocks)
+            self.live: dict[int, dict[str, Any]] = {}
+            self.next_id = 0
+
+        def state(self) -> tuple:
+            return _pool_state(self.cache, list(self.live))
+
+        @rule(tokens=_prompts(bs), namespace=st.sampled_from([None, "t1"]))
+        def admit(self, tokens: list[int], namespace: str | None) -> None:
+            expected = self.cache.match(tokens[:-1], namespace=namespace).num_tokens
+            before = self.state()
+            rid = self.next_id
+            self.next_id += 1
+            adm = self.cache.admit(rid, tokens, namespace=namespace)
+            if adm is None:
+                assert self.state() == before, "a refused admit changed the pool or a block table"
+                return
+            hit = adm.num_cached_tokens
+            assert hit == expected, f"admit hit {hit}, match(tokens[:-1]) said {expected}"
+            assert hit % bs == 0 and hit <= len(tokens) - 1
+            assert list(adm.block_table) == list(self.cache.block_table(rid))
+            assert len(adm.block_table) == math.ceil(len(tokens) / bs)
+            self.shadow.check(adm.block_table, namespace, tokens, hit, f"admit of request {rid}")
+            self.live[rid] = {"tokens": list(tokens), "ns": namespace, "computed": hit}
+
+        @precondition(lambda self: self.live)
+        @rule(data=st.data())
+        def commit(self, data: st.DataObject) -> None:
+            rid = data.draw(st.sampled_from(sorted(self.live)))
+            req = self.live[rid]
+            n = data.draw(st.integers(req["computed"], len(req["tokens"])))
+            table = list(self.cache.block_table(rid))
+            others = {b for other, r in self.live.items() if other != rid for b in self.cache.block_table(other)}
+            for pos in range(req["computed"], n):
+                block = table[pos // bs]
+                assert block not in others, (
+                    f"request {rid} writes token {pos} into block {block}, which another live request holds"
+                )
+            self.shadow.write(table, req["ns"], req["tokens"], req["computed"], n)
+            self.cache.commit(rid, n)
+            req["computed"] = n
+
+        @precondition(lambda self: self.live)
+        @rule(data=st.data(), extra=st.lists(st.integers(0, 3), min_size=1, max_size=2 * bs + 1))
+        def append(self, data: st.DataObject, extra: list[int]) -> None:
+            rid = data.draw(st.sampled_from(sorted(self.live)))
+            before = self.state()
+            added = self.cache.append(rid, extra)
+            if added is None:
+                assert self.state() == before, "a refused append changed the pool or a block table"
+                return
+            req = self.live[rid]
+            req["tokens"] += extra
+            assert len(self.cache.block_table(rid)) == math.ceil(len(req["tokens"]) / bs)
+
+        @precondition(lambda self: self.live)
+        @rule(data=st.data())
+        def release(self, data: st.DataObject) -> None:
+            rid = data.draw(st.sampled_from(sorted(self.live)))
+            self.cache.release(rid)
+            del self.live[rid]
+            try:
+                self.cache.release(rid)
+            except KeyError:
+                pass
+            else:
+                raise AssertionError("releasing twice must raise KeyError")
+
+        @rule(n=st.integers(0, 6))
+        def evict(self, n: int) -> None:
+            freed = self.cache.evict(n)
+            assert freed >= 0
+
+        @rule(tokens=_prompts(bs), namespace=st.sampled_from([None, "t1"]))
+        def match_is_pure(self, tokens: list[int], namespace: str | None) -> None:
+            before, stats = self.state(), self.cache.stats()
+            m = self.cache.match(tokens, namespace=namespace)
+            assert m.num_tokens % bs == 0 and len(m.block_ids) == m.num_tokens // bs
+            self.shadow.check(m.block_ids, namespace, tokens, m.num_tokens, "match")
+            assert self.state() == before and self.cache.stats() == stats, "match() changed state"
+
+        @rule()
+        def reset(self) -> None:
+            before = self.state()
+            ok = self.cache.reset()
+            if self.live:
+                assert ok is False and self.state() == before
+            else:
+                assert ok is True
+
+        @invariant()
+        def consistent(self) -> None:
+            if not hasattr(self, "cache"):
+                return
+            self.cache.check_invariants()
+            for rid, req in self.live.items():
+                table = self.cache.block_table(rid)
+                assert len(table) == math.ceil(len(req["tokens"]) / bs)
+                self.shadow.check(table, req["ns"], req["tokens"], req["computed"], f"live request {rid}")
+
+        def teardown(self) -> None:
+            if hasattr(self, "cache"):
+                _release_all_and_drain(self.cache, list(self.live))
+
+    Conformance.TestCase.settings = settings(
+        max_examples=max_examples,
+        stateful_step_count=steps,
+        deadline=None,
+        suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow],
+    )
+    return Conformance.TestCase
+
+
+def check_backend(
+    backend: type[PrefixCache] | str | CacheFactory,
+    *,
+    block_sizes: Sequence[int] = (1, 4),
+    max_examples: int = 60,
+    **config: Any,
+) -> None:
+    """Run every rule check and the state machine against `backend`; raise on the first failure."""
+    import unittest
+
+    make = _factory(backend, **config)
+    for bs in block_sizes:
+        for check in RULE_CHECKS:
+            check(make, bs)
+        case = conformance_test_case(make, block_size=bs, max_examples=max_examples)
+        result = unittest.TextTestRunner(verbosity=0).run(unittest.defaultTestLoader.loadTestsFromTestCase(case))
+        if not result.wasSuccessful():
+            failure = (result.failures or result.errors)[0][1]
+            raise AssertionError(f"conformance state machine failed at block_size={bs}:\n{failure}")
