@@ -4,7 +4,8 @@ Reads a Mooncake JSONL trace, expands it into a workload (`prefixcache.workloads
 prints, at block size 512: the ceiling under a real cache's rules (full blocks only, hit at
 most len-1 tokens) for the whole trace and the last 50% of requests, the ceiling under the
 published convention (partial last blocks hit too) for comparison with the paper and
-`kvcache-simulator`, and Belady at each capacity, with wall time per step.
+`kvcache-simulator`, and Belady at each capacity, with wall time per step. Outputs are
+committed and cached as the A/B replay does, unless `--no-outputs`.
 
     python benchmarks/trace_bounds.py --trace ../shared/traces/mooncake_synthetic_trace.jsonl
     python benchmarks/trace_bounds.py --trace T.jsonl --capacities 3e6 1e7 --limit 1000
@@ -36,6 +37,9 @@ def main() -> None:
     parser.add_argument("--capacities", type=tokens, nargs="+", default=[10**k for k in range(4, 9)],
                         help="pool sizes in TOKENS (default 1e4 1e5 1e6 1e7 1e8)")
     parser.add_argument("--limit", type=int, default=None, help="read only the first N records")
+    parser.add_argument("--no-outputs", action="store_true",
+                        help="replay prompts only (as the paper and kvcache-simulator do); by default each "
+                             "request's output is committed too and its blocks take room")
     args = parser.parse_args()
     block = MOONCAKE_BLOCK_SIZE
 
@@ -44,12 +48,13 @@ def main() -> None:
     t0 = time.perf_counter()
     records = read_records(args.trace, limit=args.limit)
     t_read = time.perf_counter()
-    workload = records_to_workload(records)
+    workload = records_to_workload(records, outputs=not args.no_outputs)
     plan = BlockPlan.of(workload, block)
     t_plan = time.perf_counter()
     n = len(records)
     print(f"{args.trace}: {n} requests, {workload.prompt_tokens / max(n, 1):,.0f} prompt tokens/request on average, "
-          f"{plan.num_keys:,} distinct full blocks, largest request {plan.max_footprint} blocks")
+          f"{plan.num_keys:,} distinct full blocks, largest request {plan.max_footprint} blocks, "
+          f"outputs {'dropped' if args.no_outputs else 'committed'}")
     print(f"read {t_read - t0:.2f} s, expand + block plan {t_plan - t_read:.2f} s")
 
     published = published_ceiling(records)

@@ -282,7 +282,7 @@ def test_with_namespace_and_head():
 
 def test_mooncake_trace_expands_ids_into_token_blocks(tmp_path):
     records = [
-        MooncakeRecord(0, 1000, 10, (0, 1)),  # 512 + 488
+        MooncakeRecord(0, 1000, 30, (0, 1)),  # 512 + 488; with its output 3 blocks
         MooncakeRecord(1500, 1024, 0, (0, 2)),  # two full blocks
         MooncakeRecord(1500, 700, 3, (0, 1)),  # same ids as line 1, shorter tail
     ]
@@ -294,11 +294,16 @@ def test_mooncake_trace_expands_ids_into_token_blocks(tmp_path):
     assert a.prompt.runs == ((0, 1000),)  # blocks 0 and 1 are consecutive ranges
     assert b.prompt.runs == ((0, 512), (1024, 1536))
     assert c.prompt == a.prompt[:700]  # equal ids -> equal tokens
-    assert [len(r.output) for r in w.requests] == [10, 0, 3]
+    assert [len(r.output) for r in w.requests] == [30, 0, 3]
     assert min(a.output) == 3 * 512 and set(a.output).isdisjoint(c.output)  # outputs above every block
     hits = infinite_cache(BlockPlan.of(w, 512)).hits.hit_tokens
     assert hits == (0, 512, 512)  # line 3: block 1 (partial) is never cached as a full block
     assert infinite_cache(BlockPlan.of(w, 1)).hits.hit_tokens == (0, 512, 699)  # token level: len-1 cap
+    bare = read_mooncake(path, outputs=False)
+    assert [len(r.output) for r in bare.requests] == [0, 0, 0] and [r.prompt for r in bare.requests] == [
+        r.prompt for r in w.requests
+    ]
+    assert BlockPlan.of(bare, 512).footprint == (2, 2, 2) and BlockPlan.of(w, 512).footprint == (3, 2, 2)
 
 
 def _ceiling_from_hash_ids(records, block_size=512):

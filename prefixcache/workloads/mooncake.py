@@ -9,8 +9,11 @@ Expansion into tokens (what makes a trace a workload a real cache can replay): b
 becomes the 512 ids `[h*512, (h+1)*512)`, the last block cut to the real length, so equal
 ids are equal tokens and different ids share no token. Each request's output is
 `output_length` fresh ids above every block's range: the trace does not say what was
-generated, so no later prompt contains it (its blocks take room in a cache but are never
-hit, as in a real engine whose next turn re-tokenizes the answer differently).
+generated, and it counts reuse of INPUT blocks only (a next turn's prompt holds the
+earlier answer as new input blocks), so no later prompt contains an output. A replay
+that commits outputs therefore fills cache room with blocks that are never hit, as a real
+engine does; `outputs=False` drops them, as the paper's and `kvcache-simulator`'s
+replays do.
 
 Must never: be read by tests from `../shared/traces/` (tests write small traces with
 `synthetic_records`), or commit those traces.
@@ -116,10 +119,11 @@ def write_records(path: str | Path, records: Iterable[MooncakeRecord]) -> None:
 
 def records_to_workload(
     records: Sequence[MooncakeRecord], *, name: str = "mooncake", block_size: int = MOONCAKE_BLOCK_SIZE,
-    params: dict[str, object] | None = None,
+    outputs: bool = True, params: dict[str, object] | None = None,
 ) -> Workload:
     """Expand trace records into a workload (module docstring): block id h -> token ids
-    `[h*block_size, (h+1)*block_size)`, outputs fresh above all of them."""
+    `[h*block_size, (h+1)*block_size)`; outputs fresh above all of them, or empty when
+    `outputs` is False."""
     check_int("block_size", block_size, 1)
     for i, record in enumerate(records):
         record.check(f"records[{i}]", block_size)
@@ -130,16 +134,20 @@ def records_to_workload(
         runs = [(h * block_size, h * block_size + block_size) for h in r.hash_ids[:-1]]
         h = r.hash_ids[-1]
         runs.append((h * block_size, h * block_size + last))
-        output = TokenRuns(((next_output, next_output + r.output_length),))
-        next_output += r.output_length
+        out_len = r.output_length if outputs else 0
+        output = TokenRuns(((next_output, next_output + out_len),))
+        next_output += out_len
         requests.append(Request(r.timestamp_ms / 1000.0, TokenRuns(runs), output, None, f"line{i + 1}"))
-    return Workload(name, tuple(requests), "mooncake", {"block_size": block_size, **(params or {})}, None)
+    return Workload(name, tuple(requests), "mooncake", {"block_size": block_size, "outputs": outputs, **(params or {})})
 
 
-def read_mooncake(path: str | Path, *, block_size: int = MOONCAKE_BLOCK_SIZE, limit: int | None = None) -> Workload:
-    """A Mooncake trace file as a workload (the first `limit` records if given)."""
+def read_mooncake(
+    path: str | Path, *, block_size: int = MOONCAKE_BLOCK_SIZE, limit: int | None = None, outputs: bool = True
+) -> Workload:
+    """A Mooncake trace file as a workload (the first `limit` records if given; without
+    output tokens when `outputs` is False)."""
     records = read_records(path, block_size=block_size, limit=limit)
-    return records_to_workload(records, name=Path(path).stem, block_size=block_size,
+    return records_to_workload(records, name=Path(path).stem, block_size=block_size, outputs=outputs,
                                params={"path": str(path), "limit": limit})
 
 
