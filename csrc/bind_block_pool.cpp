@@ -76,7 +76,7 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
       .def_property_readonly("num_pinned", &BlockPool::num_pinned, "Blocks with ref > 0.")
       .def_property_readonly("num_cached", &BlockPool::num_cached, "Blocks holding a key.")
       .def_property_readonly("num_evicted", &BlockPool::num_evicted,
-                             "Cached blocks whose key allocate() dropped, since construction.")
+                             "Cached blocks whose key allocate() or evict_front() dropped, since construction.")
       .def(
           "allocate",
           [](BlockPool& p, int64_t n) -> py::object {
@@ -92,6 +92,9 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
       .def(
           "touch", [](BlockPool& p, py::handle ids) { p.touch(to_ids(ids)); }, py::arg("ids"),
            "Add one reference to each block; a free block leaves the queue.")
+      .def(
+          "count_free", [](const BlockPool& p, py::handle ids) { return p.count_free(to_ids(ids)); },
+          py::arg("ids"), "How many of the blocks are free (ref 0), i.e. what touch(ids) takes from the queue.")
       .def(
           "cache", [](BlockPool& p, int64_t id, py::handle key) { p.cache(id, to_key(key)); }, py::arg("id"),
           py::arg("key"), "Record that in-use, keyless block `id` holds `key`.")
@@ -110,6 +113,14 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
           "lookup_chain",
           [](const BlockPool& p, py::handle keys) { return to_list(p.lookup_chain(key_views(keys))); },
           py::arg("keys"), "Blocks for the keys in order, stopping at the first miss.")
+      .def(
+          "evict_front",
+          [](BlockPool& p, int64_t n) {
+            py::list out;
+            for (const auto& k : p.evict_front(n)) out.append(py::bytes(k));
+            return out;
+          },
+          py::arg("n"), "Drop the keys of the first n keyed free blocks (LRU first); return them.")
       .def(
           "last_removed",
           [](const BlockPool& p) {

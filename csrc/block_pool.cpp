@@ -141,6 +141,13 @@ void BlockPool::touch(const std::vector<int64_t>& ids) {
   }
 }
 
+int64_t BlockPool::count_free(const std::vector<int64_t>& ids) const {
+  for (int64_t id : ids) check_id(id, "count_free");
+  int64_t n = 0;
+  for (int64_t id : ids) n += ref_[id] == 0;
+  return n;
+}
+
 void BlockPool::check_cacheable(int32_t b, const std::string& key) const {
   if (key.empty()) throw std::invalid_argument("cache: key must be non-empty bytes");
   if (ref_[b] == 0) {
@@ -202,6 +209,18 @@ std::vector<int32_t> BlockPool::lookup_chain(const std::vector<std::string_view>
     out.push_back(it->second.front());
   }
   return out;
+}
+
+std::vector<std::string> BlockPool::evict_front(int64_t n) {
+  if (n < 0) throw std::invalid_argument("evict_front: n must be >= 0, got " + std::to_string(n));
+  std::vector<std::string> keys;
+  for (int32_t b = next_[head_]; b != tail_ && static_cast<int64_t>(keys.size()) < n; b = next_[b]) {
+    if (entry_[b] == nullptr) continue;
+    keys.push_back(entry_[b]->first);
+    drop_key(b);
+    ++num_evicted_;
+  }
+  return keys;
 }
 
 int32_t BlockPool::ref_count(int64_t id) const { return ref_[check_id(id, "ref_count")]; }

@@ -43,7 +43,7 @@ class BlockPool {
   int32_t num_free() const { return num_free_; }
   int32_t num_pinned() const { return num_blocks_ - num_free_; }
   int32_t num_cached() const { return num_cached_; }
-  // Cached blocks reused (their key dropped) by allocate() since construction.
+  // Cached blocks whose key allocate() or evict_front() dropped, since construction.
   int64_t num_evicted() const { return num_evicted_; }
 
   // Takes n blocks from the front of the free queue, each with ref 1. A taken
@@ -57,6 +57,9 @@ class BlockPool {
   void free(const std::vector<int64_t>& ids);
   // Adds one reference to each block; a block at zero leaves the queue (O(1)).
   void touch(const std::vector<int64_t>& ids);
+  // How many of `ids` are free (ref 0): the blocks touch(ids) would take out
+  // of the free queue. Lets a caller check room before pinning anything.
+  int64_t count_free(const std::vector<int64_t>& ids) const;
 
   // Records that block `id` (which must be in use and keyless) holds `key`.
   void cache(int64_t id, const std::string& key);
@@ -70,6 +73,12 @@ class BlockPool {
   std::optional<int32_t> lookup(std::string_view key) const;
   // Block for each key in order, stopping at the first key not cached.
   std::vector<int32_t> lookup_chain(const std::vector<std::string_view>& keys) const;
+  // Drops the keys of the first n keyed blocks of the free queue (front =
+  // least recently freed) and returns them in queue order; fewer if fewer are
+  // free and keyed. The blocks stay where they are: every block ahead of them
+  // is keyless, so the queue still reuses keyless blocks first. Counts toward
+  // num_evicted. O(k + n), k = keyless free blocks ahead of them.
+  std::vector<std::string> evict_front(int64_t n);
 
   // Keys dropped by the most recent allocate() call, in allocation order.
   const std::vector<std::string>& last_removed() const { return last_removed_; }

@@ -175,6 +175,10 @@ class PyBlockPool:
                 self._queue.remove(block)
             block.ref_cnt += 1
 
+    def count_free(self, ids: Sequence[int]) -> int:
+        """How many of `ids` are free (ref 0): what `touch(ids)` takes from the queue."""
+        return sum(self._block(i, "count_free").ref_cnt == 0 for i in ids)
+
     def cache(self, block_id: int, key: bytes) -> None:
         """Record that in-use, keyless block `block_id` holds `key`."""
         block = self._block(block_id, "cache")
@@ -230,6 +234,23 @@ class PyBlockPool:
                 break
             out.append(block_id)
         return out
+
+    def evict_front(self, n: int) -> list[bytes]:
+        """Drop the keys of the first n keyed free blocks (queue order); return them.
+
+        The blocks keep their place: everything ahead of them is keyless."""
+        if n < 0:
+            raise ValueError(f"evict_front: n must be >= 0, got {n}")
+        keys: list[bytes] = []
+        node = self._queue.head.next
+        while node is not self._queue.tail and len(keys) < n:
+            assert node is not None
+            if node.key is not None:
+                keys.append(node.key)
+                self._drop_key(node)
+                self.num_evicted += 1
+            node = node.next
+        return keys
 
     def last_removed(self) -> list[bytes]:
         return list(self._last_removed)

@@ -64,6 +64,14 @@ class PoolMachine(RuleBasedStateMachine):
     def lookup_chain(self, keys):
         self.both("lookup_chain", keys)
 
+    @rule(block_ids=ids)
+    def count_free(self, block_ids):
+        self.both("count_free", block_ids)
+
+    @rule(n=st.integers(-1, N + 1))
+    def evict_front(self, n):
+        self.both("evict_front", n)
+
     @rule()
     def uncache_all(self):
         self.both("uncache_all")
