@@ -57,7 +57,7 @@ from prefixcache._C import BlockPool, InvariantError
 from prefixcache.config import CacheConfig, ConfigError
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent, event_extra_keys
 from prefixcache.hashing import chain_hashes, namespace_extra_keys, none_hash
-from prefixcache.protocol import Admission, Match, Namespace, PrefixCache
+from prefixcache.protocol import Admission, Match, Namespace, PrefixCache, as_tokens
 from prefixcache.registry import register_backend
 from prefixcache.requests import Request, RequestTable, check_namespace, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
@@ -105,6 +105,12 @@ class HashCache(PrefixCache):
         self._requests: RequestTable[HashRequest] = RequestTable()
         self._events = EventLog(config.enable_events)
         self._stats = StatsCounter()
+        # `evictions` is the pool's count since the last reset (the pool is ours alone),
+        # read when stats are asked for rather than bumped on every allocation.
+        self._evicted_at_reset = pool.num_evicted
+        # A refused request is normally retried as it is (vLLM keeps it, hashes and all,
+        # in its waiting queue): keep the last refusal's hashes so the retry reuses them.
+        self._last_refused: tuple[Hashable, Namespace, list[int], list[bytes]] | None = None
 
     # -- look-up --------------------------------------------------------------------
     def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
@@ -116,17 +122,26 @@ class HashCache(PrefixCache):
     def admit(
         self, request_id: Hashable, tokens: Sequence[int], *, namespace: Namespace = None
     ) -> Admission | None:
-        tokens = list(check_tokens(tokens))  # our own copy: append extends it
+        tokens = check_tokens(tokens)
         namespace = check_namespace(namespace)
         self._requests.check_new(request_id)
+        retry = self._last_refused
+        if retry is not None and retry[0] == request_id and retry[1] == namespace and retry[2] == tokens:
+            tokens, hashes = retry[2], retry[3]
+        else:
+            tokens = list(tokens)  # our own copy: append extends it
+            hashes = self._prompt_hashes(tokens, namespace)
         bs = self.block_size
-        hashes = self._prompt_hashes(tokens, namespace)
-        hits = self.pool.lookup_chain(hashes[: (len(tokens) - 1) // bs])
+        # The hit covers at most len(tokens) - 1 tokens: all full blocks but a last one that ends the prompt.
+        hits = self.pool.lookup_chain(hashes if len(tokens) % bs else hashes[:-1])
         num_new = _ceil_div(len(tokens), bs) - len(hits)
-        if num_new + self.pool.count_free(hits) > self.pool.num_free:
+        if num_new + (self.pool.count_free(hits) if hits else 0) > self.pool.num_free:
             self._stats.rejected += 1
+            self._last_refused = (request_id, namespace, tokens, hashes)
             return None
-        self.pool.touch(hits)
+        self._last_refused = None
+        if hits:
+            self.pool.touch(hits)
         table = hits + self._allocate(num_new)
         num_hit_tokens = len(hits) * bs
         self._requests.add(
@@ -145,9 +160,12 @@ class HashCache(PrefixCache):
         return Admission(tuple(table), num_hit_tokens)
 
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
+        # Called once per decoded token: kept to the bare arithmetic.
         request = self._requests.get(request_id)
-        tokens = check_tokens(tokens, allow_empty=True)
-        num_new = _ceil_div(len(request.tokens) + len(tokens), self.block_size) - len(request.block_table)
+        if type(tokens) is not list:
+            tokens = as_tokens(tokens)
+        bs = self.block_size
+        num_new = (len(request.tokens) + len(tokens) + bs - 1) // bs - len(request.block_table)
         new_blocks: list[int] = []
         if num_new > 0:
             if num_new > self.pool.num_free:
@@ -160,8 +178,14 @@ class HashCache(PrefixCache):
 
     def commit(self, request_id: Hashable, num_computed_tokens: int) -> None:
         request = self._requests.get(request_id)
-        request.num_computed = request.check_commit(num_computed_tokens)
-        self._cache_full_blocks(request, request.num_computed // self.block_size)
+        n = num_computed_tokens
+        # Once per decoded token: test the valid case inline, let check_commit word errors.
+        if type(n) is not int or not request.num_computed <= n <= len(request.tokens):
+            n = request.check_commit(n)
+        request.num_computed = n
+        num_full_blocks = n // self.block_size
+        if num_full_blocks > request.num_cached_blocks:  # most decode steps fill no block
+            self._cache_full_blocks(request, num_full_blocks)
 
     def release(self, request_id: Hashable) -> None:
         # Every full computed block was cached by its commit; only freeing is left.
@@ -186,10 +210,12 @@ class HashCache(PrefixCache):
             return False
         self.pool.uncache_all()
         self._stats.reset()
+        self._evicted_at_reset = self.pool.num_evicted
         self._events.record(AllBlocksCleared())
         return True
 
     def stats(self) -> CacheStats:
+        self._stats.evictions = self.pool.num_evicted - self._evicted_at_reset
         return self._stats.snapshot()
 
     def drain_events(self) -> list[KVEvent]:
@@ -233,16 +259,15 @@ class HashCache(PrefixCache):
         return chain_hashes(tokens, self.block_size, self._algorithm, self._none_hash, namespace_extra_keys(namespace))
 
     def _allocate(self, n: int) -> list[int]:
-        """n fresh blocks; the caller checked there is room. Records what reuse evicted."""
-        evicted_before = self.pool.num_evicted
+        """n fresh blocks; the caller checked there is room. Reports what reuse evicted."""
         blocks = self.pool.allocate(n)
         assert blocks is not None, "caller checked the pool has room"
-        if self.pool.num_evicted != evicted_before:
+        if self._events.enabled:
             self._record_removed(self.pool.last_removed())
         return blocks
 
     def _record_removed(self, hashes: list[bytes]) -> None:
-        self._stats.evictions += len(hashes)
+        """One BlockRemoved per dropped hash, as vLLM."""
         if self._events.enabled:
             for block_hash in hashes:
                 self._events.record(BlockRemoved((block_hash,), group_idx=_GROUP))
@@ -250,8 +275,6 @@ class HashCache(PrefixCache):
     def _cache_full_blocks(self, request: HashRequest, num_full_blocks: int) -> None:
         """Index blocks [num_cached_blocks, num_full_blocks) of the request's table."""
         start = request.num_cached_blocks
-        if num_full_blocks <= start:
-            return
         hashes = request.block_hashes
         if len(hashes) < num_full_blocks:  # blocks completed by append
             bs = self.block_size

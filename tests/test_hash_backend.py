@@ -387,3 +387,24 @@ def test_other_algorithms_hit_the_same(algorithm):
     assert run(cache, "1", COMMON + [3] * 5).num_cached_tokens == 48
     fn = hash_function(algorithm)
     assert cache.pool.key(0) == fn((none_hash(algorithm, "s"), tuple(COMMON[:16]), None))
+
+
+def test_a_refused_admission_is_retried_without_hashing_again(monkeypatch):
+    from prefixcache.backends import hash as backend
+
+    calls = []
+    real = backend.chain_hashes
+    monkeypatch.setattr(backend, "chain_hashes", lambda *a: calls.append(1) or real(*a))
+    cache = make(3)
+    run(cache, "big", list(range(40)))
+    prompt = list(range(100, 140))
+    assert cache.admit("x", prompt) is None and len(calls) == 2
+    cache.release("big")
+    assert cache.admit("x", prompt) == prefixcache.Admission((2, 1, 0), 0)
+    assert len(calls) == 2  # the retry reused the refused admission's hashes
+    cache.commit("x", 40)
+    assert cache.pool.key(2) == chain(prompt)[0]
+    cache.release("x")
+    # A different prompt (or namespace) under the same id is hashed afresh.
+    assert cache.admit("x", prompt, namespace="n").num_cached_tokens == 0 and len(calls) == 3
+    cache.check_invariants()
