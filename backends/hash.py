@@ -7,15 +7,16 @@ of cached content whose blocks keep their hash until reused) and the hash -> blo
 index. Block ids and hashes are vLLM's, except that the pool has no null block, so our
 id is vLLM's minus one.
 
-Must never: hash block by block in Python (`prefixcache.hashing.chain_hashes` does a
+Must never: hash block by block in Python (`prefixcache.hashing.chain_digests` does a
 whole request in one native call), change anything when `admit`/`append` refuse, or
 share the pool with another cache (check_invariants counts every pinned block).
 
 A request's life, with vLLM's names in brackets:
 
-  admit    Hash the prompt's full blocks [Request.block_hashes]. The hit is the longest
-           run of cached blocks from the start, stopping at the first miss
-           [find_longest_cache_hit], and at most (len(tokens) - 1) // block_size
+  admit    Hash the prompt's full blocks [Request.block_hashes] into one bytes of
+           packed digests, which the pool reads without a Python object per block.
+           The hit is the longest run of cached blocks from the start, stopping at
+           the first miss [find_longest_cache_hit], and at most (len(tokens) - 1) // block_size
            blocks: the last prompt token is always computed so its logits exist, which
            recomputes a whole block when the prompt is a multiple of the block size.
            If the blocks still to allocate plus the hit blocks sitting in the free
@@ -51,12 +52,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prefixcache._C import BlockPool, InvariantError
 from prefixcache.config import CacheConfig, ConfigError
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent, event_extra_keys
-from prefixcache.hashing import chain_hashes, namespace_extra_keys, none_hash
+from prefixcache.hashing import chain_digests, namespace_extra_keys, none_hash
 from prefixcache.protocol import Admission, Match, Namespace, PrefixCache, as_tokens
 from prefixcache.registry import register_backend
 from prefixcache.requests import Request, RequestTable, check_namespace, check_tokens
@@ -72,13 +73,14 @@ _GROUP = 0
 class HashRequest(Request):
     """A live request of the `hash` backend.
 
-    block_hashes:      chained hashes of the request's first full blocks (the prompt's
-                       at admission, extended as commits cover appended blocks)
+    digests:           chained hashes of the request's first full blocks, packed back
+                       to back (the prompt's at admission, extended as commits cover
+                       appended blocks); block i's is `HashCache._digest(request, i)`
     num_cached_blocks: leading blocks of `block_table` whose hash is in the index
                        (vLLM `num_cached_block`); always `num_computed // block_size`
     """
 
-    block_hashes: list[bytes] = field(default_factory=list)
+    digests: bytes = b""
     num_cached_blocks: int = 0
 
 
@@ -102,6 +104,7 @@ class HashCache(PrefixCache):
             raise ConfigError("options", f"the hash backend takes no options, got {dict(config.options)!r}")
         self._algorithm = config.hash.algorithm
         self._none_hash = none_hash(self._algorithm, config.hash.seed)
+        self._digest_size = len(self._none_hash)  # bytes per block hash in a packed chain
         self._requests: RequestTable[HashRequest] = RequestTable()
         self._events = EventLog(config.enable_events)
         self._stats = StatsCounter()
@@ -110,12 +113,13 @@ class HashCache(PrefixCache):
         self._evicted_at_reset = pool.num_evicted
         # A refused request is normally retried as it is (vLLM keeps it, hashes and all,
         # in its waiting queue): keep the last refusal's hashes so the retry reuses them.
-        self._last_refused: tuple[Hashable, Namespace, list[int], list[bytes]] | None = None
+        self._last_refused: tuple[Hashable, Namespace, list[int], bytes] | None = None
 
     # -- look-up --------------------------------------------------------------------
     def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
         tokens = check_tokens(tokens, allow_empty=True)
-        hits = self.pool.lookup_chain(self._prompt_hashes(tokens, check_namespace(namespace)))
+        digests = self._prompt_digests(tokens, check_namespace(namespace))
+        hits = self.pool.lookup_chain_packed(digests, self._digest_size)
         return Match(len(hits) * self.block_size, tuple(hits))
 
     # -- request lifecycle ------------------------------------------------------------
@@ -127,17 +131,17 @@ class HashCache(PrefixCache):
         self._requests.check_new(request_id)
         retry = self._last_refused
         if retry is not None and retry[0] == request_id and retry[1] == namespace and retry[2] == tokens:
-            tokens, hashes = retry[2], retry[3]
+            tokens, digests = retry[2], retry[3]
         else:
             tokens = list(tokens)  # our own copy: append extends it
-            hashes = self._prompt_hashes(tokens, namespace)
-        bs = self.block_size
-        # The hit covers at most len(tokens) - 1 tokens: all full blocks but a last one that ends the prompt.
-        hits = self.pool.lookup_chain(hashes if len(tokens) % bs else hashes[:-1])
+            digests = self._prompt_digests(tokens, namespace)
+        bs, ds = self.block_size, self._digest_size
+        # The hit covers at most len(tokens) - 1 tokens: every full block but one that ends the prompt.
+        hits = self.pool.lookup_chain_packed(digests if len(tokens) % bs else digests[:-ds], ds)
         num_new = _ceil_div(len(tokens), bs) - len(hits)
         if num_new + (self.pool.count_free(hits) if hits else 0) > self.pool.num_free:
             self._stats.rejected += 1
-            self._last_refused = (request_id, namespace, tokens, hashes)
+            self._last_refused = (request_id, namespace, tokens, digests)
             return None
         self._last_refused = None
         if hits:
@@ -152,7 +156,7 @@ class HashCache(PrefixCache):
                 block_table=table,
                 num_cached_tokens=num_hit_tokens,
                 num_computed=num_hit_tokens,
-                block_hashes=hashes,
+                digests=digests,
                 num_cached_blocks=len(hits),
             )
         )
@@ -231,14 +235,15 @@ class HashCache(PrefixCache):
                 raise InvariantError(f"{who}: {len(table)} blocks for {len(r.tokens)} tokens")
             if len(set(table)) != len(table):
                 raise InvariantError(f"{who}: a block appears twice in its table {table}")
-            if r.num_cached_blocks != r.num_computed // bs or len(r.block_hashes) < r.num_cached_blocks:
+            num_hashed = len(r.digests) // self._digest_size
+            if r.num_cached_blocks != r.num_computed // bs or num_hashed < r.num_cached_blocks:
                 raise InvariantError(
                     f"{who}: {r.num_cached_blocks} cached blocks, {r.num_computed} computed tokens, "
-                    f"{len(r.block_hashes)} hashes"
+                    f"{num_hashed} hashes"
                 )
             for i, block in enumerate(table):
                 key = self.pool.key(block)
-                if i < r.num_cached_blocks and key != r.block_hashes[i]:
+                if i < r.num_cached_blocks and key != self._digest(r, i):
                     raise InvariantError(f"{who}: cached block {block} (#{i}) does not hold the request's hash")
                 if i >= r.num_cached_blocks and (key is not None or self.pool.ref_count(block) != 1):
                     raise InvariantError(f"{who}: uncached block {block} (#{i}) is shared or holds a hash")
@@ -254,9 +259,15 @@ class HashCache(PrefixCache):
             raise InvariantError(f"stats: {self._stats.hits} hit tokens > {self._stats.queries} queried")
 
     # -- internals --------------------------------------------------------------------
-    def _prompt_hashes(self, tokens: list[int], namespace: Namespace) -> list[bytes]:
-        """Hashes of the full blocks of `tokens`, the first salted with the namespace."""
-        return chain_hashes(tokens, self.block_size, self._algorithm, self._none_hash, namespace_extra_keys(namespace))
+    def _prompt_digests(self, tokens: list[int], namespace: Namespace) -> bytes:
+        """Packed hashes of the full blocks of `tokens`, the first salted with the namespace."""
+        return chain_digests(
+            tokens, self.block_size, self._algorithm, self._none_hash, namespace_extra_keys(namespace)
+        )
+
+    def _digest(self, request: HashRequest, i: int) -> bytes:
+        """The hash of the request's block i."""
+        return request.digests[i * self._digest_size : (i + 1) * self._digest_size]
 
     def _allocate(self, n: int) -> list[int]:
         """n fresh blocks; the caller checked there is room. Reports what reuse evicted."""
@@ -274,18 +285,19 @@ class HashCache(PrefixCache):
 
     def _cache_full_blocks(self, request: HashRequest, num_full_blocks: int) -> None:
         """Index blocks [num_cached_blocks, num_full_blocks) of the request's table."""
-        start = request.num_cached_blocks
-        hashes = request.block_hashes
-        if len(hashes) < num_full_blocks:  # blocks completed by append
-            bs = self.block_size
-            hashes += chain_hashes(
-                request.tokens[len(hashes) * bs : num_full_blocks * bs],
+        start, bs, ds = request.num_cached_blocks, self.block_size, self._digest_size
+        num_hashed = len(request.digests) // ds
+        if num_hashed < num_full_blocks:  # blocks completed by append
+            request.digests += chain_digests(
+                request.tokens[num_hashed * bs : num_full_blocks * bs],
                 bs,
                 self._algorithm,
-                hashes[-1] if hashes else self._none_hash,
-                None if hashes else namespace_extra_keys(request.namespace),
+                request.digests[-ds:] if num_hashed else self._none_hash,
+                None if num_hashed else namespace_extra_keys(request.namespace),
             )
-        self.pool.cache_many(request.block_table[start:num_full_blocks], hashes[start:num_full_blocks])
+        self.pool.cache_many_packed(
+            request.block_table[start:num_full_blocks], request.digests[start * ds : num_full_blocks * ds], ds
+        )
         request.num_cached_blocks = num_full_blocks
         if self._events.enabled:
             self._events.record(self._stored_event(request, start, num_full_blocks))
@@ -295,8 +307,8 @@ class HashCache(PrefixCache):
         bs = self.block_size
         salt = event_extra_keys(namespace_extra_keys(request.namespace))
         return BlockStored(
-            block_hashes=tuple(request.block_hashes[start:stop]),
-            parent_block_hash=request.block_hashes[start - 1] if start else None,
+            block_hashes=tuple(self._digest(request, i) for i in range(start, stop)),
+            parent_block_hash=self._digest(request, start - 1) if start else None,
             token_ids=tuple(request.tokens[start * bs : stop * bs]),
             block_size=bs,
             extra_keys=tuple(salt if i == 0 else None for i in range(start, stop)),

@@ -6,8 +6,8 @@ cache per request (hashing + admit + the prompt's commit + release) and per deco
 (append + commit of one token), with the prompt tokens it hit. With `--vllm-dir`, vLLM
 0.33's `KVCacheManager` (its unmodified `vllm/v1/core`, see vllm_v1_core.py) replays the
 same workload side by side at the same capacity (ours `num_blocks` = vLLM's minus its
-null block); the per-request hit tokens, prompt block tables (ours + 1), refusals and
-block hashes must be identical, and the speed ratios are reported. Repeats alternate the
+null block); the per-request hit tokens, prompt block tables (ours + 1), refusals,
+block hashes and KV events must be identical, and the speed ratios are reported. Repeats alternate the
 two sides, and each request is timed by its best replay (see `best_times`), so load from
 other processes distorts neither side.
 
@@ -90,6 +90,7 @@ class Trace:
     request_s: list[float] = field(default_factory=list)
     decode_s: list[float] = field(default_factory=list)
     decode_steps: list[int] = field(default_factory=list)
+    events: list[tuple] = field(default_factory=list)
 
     def add_request(self, t0: float, t1: float, t2: float, t3: float, decode_steps: int) -> None:
         """Clock readings around one request: admission and the prompt's commit in
@@ -99,12 +100,13 @@ class Trace:
         self.decode_steps.append(decode_steps)
 
 
-def replay_ours(reqs: list[Req], num_blocks: int, concurrency: int) -> Trace:
+def replay_ours(reqs: list[Req], num_blocks: int, concurrency: int, record: bool = False) -> Trace:
+    """One replay through HashCache; `record` (an untimed run) also keeps KV events."""
     import prefixcache
     from prefixcache.config import CacheConfig
 
     cache = prefixcache.build_cache(
-        CacheConfig(backend="hash", block_size=BLOCK_SIZE, num_blocks=num_blocks, enable_events=False)
+        CacheConfig(backend="hash", block_size=BLOCK_SIZE, num_blocks=num_blocks, enable_events=record)
     )
     trace = Trace()
     live: deque[int] = deque()
@@ -143,13 +145,14 @@ def replay_ours(reqs: list[Req], num_blocks: int, concurrency: int) -> Trace:
     trace.request_s[-1] += clock() - t0
     cache.check_invariants()
     trace.evictions = cache.stats().evictions
+    trace.events = [event_key(e) for e in cache.drain_events()]
     return trace
 
 
 def replay_vllm(core, reqs: list[Req], num_blocks: int, concurrency: int, record: bool = False) -> Trace:
-    """The same replay through vLLM's manager; `record` (untimed runs) keeps each
-    request's prompt blocks (as our ids) and block hashes for the parity check."""
-    mgr = core.make_manager(num_blocks + 1)
+    """The same replay through vLLM's manager; `record` (an untimed run) also keeps each
+    request's prompt blocks (as our ids), block hashes and KV events."""
+    mgr = core.make_manager(num_blocks + 1, enable_events=record)
     trace = Trace()
     live: deque = deque()
     clock = time.perf_counter
@@ -189,7 +192,19 @@ def replay_vllm(core, reqs: list[Req], num_blocks: int, concurrency: int, record
     while live:
         mgr.free(live.popleft())
     trace.request_s[-1] += clock() - t0
+    trace.events = [event_key(e) for e in mgr.take_events()]
     return trace
+
+
+def event_key(event) -> tuple:
+    """The fields vLLM's and our KV events share, in comparable form."""
+    if type(event).__name__ == "BlockStored":
+        extra = None if event.extra_keys is None else tuple(event.extra_keys)
+        return ("stored", tuple(event.block_hashes), event.parent_block_hash, tuple(event.token_ids),
+                event.block_size, extra, event.group_idx)
+    if type(event).__name__ == "BlockRemoved":
+        return ("removed", tuple(event.block_hashes), event.group_idx)
+    return (type(event).__name__,)
 
 
 def request_blocks(mgr, request_id: str) -> list:
@@ -213,7 +228,7 @@ def best_times(runs: list[Trace]) -> tuple[float, float]:
 def first_difference(name: str, ours: list, theirs: list) -> str | None:
     for i, (a, b) in enumerate(zip(ours, theirs)):
         if a != b:
-            return f"request {i}: {name} ours {a!r} vs vLLM {b!r}"
+            return f"{name} #{i}: ours {repr(a)[:300]} vs vLLM {repr(b)[:300]}"
     if len(ours) != len(theirs):
         return f"{name}: {len(ours)} requests vs {len(theirs)}"
     return None
@@ -295,7 +310,11 @@ def main() -> int:
                  ours.evictions, ours.refused, f"{per_request:.1f}", f"{per_step:.2f}"]
         if core:
             theirs_request, theirs_step = best_times(vllm_runs)
-            diff = parity(reqs, ours, replay_vllm(core, reqs, args.num_blocks, args.concurrency, record=True))
+            diff = parity(
+                reqs,
+                replay_ours(reqs, args.num_blocks, args.concurrency, record=True),
+                replay_vllm(core, reqs, args.num_blocks, args.concurrency, record=True),
+            )
             ok &= diff is None
             cells += [f"{theirs_request:.1f}", f"{theirs_step:.2f}", f"{theirs_request / per_request:.1f}x",
                       f"{theirs_step / per_step:.1f}x", "identical" if diff is None else "DIFFERS"]
@@ -317,6 +336,7 @@ def parity(reqs: list[Req], ours: Trace, theirs: Trace) -> str | None:
         ("hit tokens", ours.hits, theirs.hits),
         ("block table", ours.tables, theirs.tables),
         ("refusals", [ours.refused], [theirs.refused]),
+        ("KV event", ours.events, theirs.events),
     ):
         diff = first_difference(what, a, b)
         if diff:

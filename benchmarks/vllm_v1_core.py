@@ -9,8 +9,10 @@ no-connector path used here executes.
 
 Must never: be imported by the library or the tests, or be committed with vLLM's code
 (the cache directory lives outside the repository). What runs is vLLM's unmodified
-source; only `Request` is a stand-in, a data holder that hashes its blocks with vLLM's
-own `get_request_block_hasher`, exactly as vLLM's `Request.update_block_hashes` does.
+source; the stand-ins with behaviour are `Request`, a data holder that hashes its
+blocks with vLLM's own `get_request_block_hasher` exactly as vLLM's
+`Request.update_block_hashes` does, and the KV event types (plain dataclasses with the
+fields of vLLM's msgspec structs, which live beside a ZeroMQ publisher).
 """
 
 from __future__ import annotations
@@ -134,6 +136,46 @@ class Request:
         self.block_hashes.extend(self._block_hasher(self))
 
 
+# vLLM's KV event types are msgspec Structs in a module that also imports ZeroMQ;
+# these carry the same fields, filled in by vLLM's own block pool.
+@dataclass(kw_only=True)
+class KVCacheEvent:
+    pass
+
+
+@dataclass(kw_only=True)
+class BlockStored(KVCacheEvent):
+    block_hashes: list[bytes]
+    parent_block_hash: bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: list | None = None
+
+
+@dataclass(kw_only=True)
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[bytes]
+    medium: str | None = None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+
+
+@dataclass(kw_only=True)
+class AllBlocksCleared(KVCacheEvent):
+    medium: str | None = None
+
+
 def _shim(name: str, **attrs: Any) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__dict__.update(attrs)
@@ -144,6 +186,14 @@ SHIMS = {
     "vllm.logger": dict(init_logger=logging.getLogger),
     "vllm.envs": dict(VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=False),
     "vllm.v1.request": dict(Request=Request, RequestStatus=RequestStatus),
+    "vllm.distributed.kv_events": dict(
+        KVCacheEvent=KVCacheEvent,
+        BlockStored=BlockStored,
+        BlockRemoved=BlockRemoved,
+        AllBlocksCleared=AllBlocksCleared,
+        MEDIUM_GPU="GPU",
+        MEDIUM_CPU="CPU",
+    ),
 }
 
 
@@ -218,7 +268,7 @@ def load(cache_dir: Path, block_size: int) -> VllmCore:
     kv_cache_utils.init_none_hash(sha256_cbor)
     hasher = kv_cache_utils.get_request_block_hasher(block_size, sha256_cbor)
 
-    def make_manager(num_blocks: int) -> Any:
+    def make_manager(num_blocks: int, enable_events: bool = False) -> Any:
         """vLLM's manager over `num_blocks` blocks (one of them its null block)."""
         spec = kci.FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=None)
         group = kci.KVCacheGroupSpec(["layer"], spec)
@@ -229,6 +279,7 @@ def load(cache_dir: Path, block_size: int) -> VllmCore:
             scheduler_block_size=block_size,
             hash_block_size=block_size,
             enable_caching=True,
+            enable_kv_cache_events=enable_events,
         )
 
     return VllmCore(KVCacheManager, Request, hasher, make_manager)

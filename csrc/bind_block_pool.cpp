@@ -103,6 +103,13 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
           [](BlockPool& p, py::handle ids, py::handle keys) { p.cache_many(to_ids(ids), to_keys(keys)); },
           py::arg("ids"), py::arg("keys"), "cache(ids[i], keys[i]) for each i, all or nothing.")
       .def(
+          "cache_many_packed",
+          [](BlockPool& p, py::handle ids, py::handle keys, int64_t key_size) {
+            p.cache_many_packed(to_ids(ids), key_view(keys), key_size);
+          },
+          py::arg("ids"), py::arg("keys"), py::arg("key_size"),
+          "cache_many with the keys packed back to back in one bytes, key_size bytes each.")
+      .def(
           "uncache", [](BlockPool& p, int64_t id) { return to_bytes(p.uncache(id)); }, py::arg("id"),
           "Drop block `id`'s key; return it (None if it had none).")
       .def("uncache_all", &BlockPool::uncache_all, "Drop every key; return how many blocks lost one.")
@@ -121,6 +128,13 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
             return out;
           },
           py::arg("n"), "Drop the keys of the first n keyed free blocks (LRU first); return them.")
+      .def(
+          "lookup_chain_packed",
+          [](const BlockPool& p, py::handle keys, int64_t key_size) {
+            return to_list(p.lookup_chain_packed(key_view(keys), key_size));
+          },
+          py::arg("keys"), py::arg("key_size"),
+          "lookup_chain over keys packed back to back in one bytes, key_size bytes each.")
       .def(
           "last_removed",
           [](const BlockPool& p) {

@@ -41,7 +41,8 @@ std::optional<std::vector<int64_t>> to_tokens(PyObject* seq, Py_ssize_t count) {
   return tokens;
 }
 
-py::object chain(py::handle tokens, int64_t block_size, py::handle parent, py::handle first_extra_cbor) {
+py::object chain(py::handle tokens, int64_t block_size, py::handle parent, py::handle first_extra_cbor,
+                 bool packed) {
   if (block_size < 1) throw py::value_error("block_size must be >= 1, got " + std::to_string(block_size));
   std::string_view parent_bytes = bytes_view(parent, "parent");
   std::optional<std::string_view> extra;
@@ -58,6 +59,10 @@ py::object chain(py::handle tokens, int64_t block_size, py::handle parent, py::h
     py::gil_scoped_release unlocked;  // parent and extra are immutable bytes we hold
     digests = sha256_cbor_chain(parent_bytes, *ids, block_size, extra);
   }
+  if (packed) {
+    static_assert(sizeof(Digest) == 32, "a vector of digests is their bytes back to back");
+    return py::bytes(reinterpret_cast<const char*>(digests.data()), digests.size() * sizeof(Digest));
+  }
   py::list out(digests.size());
   for (size_t i = 0; i < digests.size(); ++i) PyList_SET_ITEM(out.ptr(), i, digest_bytes(digests[i]).release().ptr());
   return out;
@@ -67,14 +72,15 @@ py::object chain(py::handle tokens, int64_t block_size, py::handle parent, py::h
 
 void bind_hashing(py::module_& m) {
   m.def("sha256_cbor_chain", &chain, py::arg("tokens"), py::arg("block_size"), py::arg("parent"),
-        py::arg("first_extra_cbor") = py::none(), R"doc(
+        py::arg("first_extra_cbor") = py::none(), py::arg("packed") = false, R"doc(
 sha256_cbor hashes of the full blocks of `tokens`, chained from `parent`.
 
 Block i hashes sha256(cbor((prev, tuple(block_tokens), extra))), where prev is
 `parent` for block 0 and the previous digest after, and extra is the CBOR
 `first_extra_cbor` for block 0 (None if not given) and None after. Returns a
-list of 32-byte digests, or None if a token id does not fit in int64 (hash
-those in Python). TypeError for a token that is not an int.
+list of 32-byte digests (with packed=True, one bytes of them back to back), or
+None if a token id does not fit in int64 (hash those in Python). TypeError for
+a token that is not an int.
 )doc");
   m.def(
       "sha256", [](py::bytes data) { return digest_bytes(sha256(std::string_view(data))); }, py::arg("data"),

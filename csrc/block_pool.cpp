@@ -11,6 +11,18 @@ namespace {
 constexpr int32_t kMaxBlocks = (1 << 30);  // ids and sentinels fit in int32
 
 std::string block_str(int64_t id) { return "block " + std::to_string(id); }
+
+// Views of the `key_size`-byte keys packed back to back in `keys`.
+std::vector<std::string_view> split_packed(std::string_view keys, int64_t key_size, const char* what) {
+  if (key_size < 1 || keys.size() % static_cast<size_t>(key_size) != 0) {
+    throw std::invalid_argument(std::string(what) + ": key_size must be >= 1 and divide the " +
+                                std::to_string(keys.size()) + " key bytes, got " + std::to_string(key_size));
+  }
+  std::vector<std::string_view> views;
+  views.reserve(keys.size() / key_size);
+  for (size_t at = 0; at < keys.size(); at += key_size) views.push_back(keys.substr(at, key_size));
+  return views;
+}
 }  // namespace
 
 BlockPool::BlockPool(int64_t num_blocks) {
@@ -148,7 +160,7 @@ int64_t BlockPool::count_free(const std::vector<int64_t>& ids) const {
   return n;
 }
 
-void BlockPool::check_cacheable(int32_t b, const std::string& key) const {
+void BlockPool::check_cacheable(int32_t b, std::string_view key) const {
   if (key.empty()) throw std::invalid_argument("cache: key must be non-empty bytes");
   if (ref_[b] == 0) {
     throw std::invalid_argument("cache: " + block_str(b) + " is free; only blocks in use can be cached");
@@ -163,6 +175,14 @@ void BlockPool::cache(int64_t id, const std::string& key) {
 }
 
 void BlockPool::cache_many(const std::vector<int64_t>& ids, const std::vector<std::string>& keys) {
+  cache_views(ids, std::vector<std::string_view>(keys.begin(), keys.end()));
+}
+
+void BlockPool::cache_many_packed(const std::vector<int64_t>& ids, std::string_view keys, int64_t key_size) {
+  cache_views(ids, split_packed(keys, key_size, "cache_many_packed"));
+}
+
+void BlockPool::cache_views(const std::vector<int64_t>& ids, const std::vector<std::string_view>& keys) {
   if (ids.size() != keys.size()) {
     throw std::invalid_argument("cache_many: " + std::to_string(ids.size()) + " ids but " +
                                 std::to_string(keys.size()) + " keys");
@@ -172,8 +192,9 @@ void BlockPool::cache_many(const std::vector<int64_t>& ids, const std::vector<st
   for (size_t i = 0; i < ids.size(); ++i) insert_key(static_cast<int32_t>(ids[i]), keys[i]);
 }
 
-void BlockPool::insert_key(int32_t b, const std::string& key) {
-  auto [it, inserted] = index_.try_emplace(key);
+void BlockPool::insert_key(int32_t b, std::string_view key) {
+  auto it = index_.find(key);
+  if (it == index_.end()) it = index_.emplace(std::string(key), std::vector<int32_t>{}).first;
   it->second.push_back(b);
   entry_[b] = &*it;
   ++num_cached_;
@@ -221,6 +242,10 @@ std::vector<std::string> BlockPool::evict_front(int64_t n) {
     ++num_evicted_;
   }
   return keys;
+}
+
+std::vector<int32_t> BlockPool::lookup_chain_packed(std::string_view keys, int64_t key_size) const {
+  return lookup_chain(split_packed(keys, key_size, "lookup_chain_packed"));
 }
 
 int32_t BlockPool::ref_count(int64_t id) const { return ref_[check_id(id, "ref_count")]; }

@@ -65,6 +65,9 @@ class BlockPool {
   void cache(int64_t id, const std::string& key);
   // cache(ids[i], keys[i]) for each i; validated first, so all or nothing.
   void cache_many(const std::vector<int64_t>& ids, const std::vector<std::string>& keys);
+  // cache_many with the keys packed back to back in `keys`, `key_size` bytes
+  // each (a request's chain of digests as one buffer, no object per key).
+  void cache_many_packed(const std::vector<int64_t>& ids, std::string_view keys, int64_t key_size);
   // Drops block `id`'s key if it has one; returns the key it held.
   std::optional<std::string> uncache(int64_t id);
   // Drops every key (used by reset); returns how many blocks lost one.
@@ -79,6 +82,8 @@ class BlockPool {
   // is keyless, so the queue still reuses keyless blocks first. Counts toward
   // num_evicted. O(k + n), k = keyless free blocks ahead of them.
   std::vector<std::string> evict_front(int64_t n);
+  // lookup_chain over keys packed back to back, `key_size` bytes each.
+  std::vector<int32_t> lookup_chain_packed(std::string_view keys, int64_t key_size) const;
 
   // Keys dropped by the most recent allocate() call, in allocation order.
   const std::vector<std::string>& last_removed() const { return last_removed_; }
@@ -106,8 +111,9 @@ class BlockPool {
   void unlink(int32_t b);
   void link_before(int32_t b, int32_t next);
   void drop_key(int32_t b);
-  void check_cacheable(int32_t b, const std::string& key) const;
-  void insert_key(int32_t b, const std::string& key);
+  void check_cacheable(int32_t b, std::string_view key) const;
+  void insert_key(int32_t b, std::string_view key);
+  void cache_views(const std::vector<int64_t>& ids, const std::vector<std::string_view>& keys);
 
   int32_t num_blocks_;
   int32_t head_;  // sentinel: next_[head_] is the front

@@ -83,6 +83,16 @@ class _FreeQueue:
         return out
 
 
+def _split_packed(keys: bytes, key_size: int, what: str) -> list[bytes]:
+    if not isinstance(keys, bytes):
+        raise TypeError(f"keys must be bytes, got {type(keys).__name__}")
+    if key_size < 1 or len(keys) % key_size:
+        raise ValueError(
+            f"{what}: key_size must be >= 1 and divide the {len(keys)} key bytes, got {key_size}"
+        )
+    return [keys[at : at + key_size] for at in range(0, len(keys), key_size)]
+
+
 class PyBlockPool:
     """Pure-Python model of `BlockPool`, same API and errors. For tests and benchmarks."""
 
@@ -207,6 +217,10 @@ class PyBlockPool:
         for block, key in zip(blocks, keys):
             self.cache(block.block_id, key)
 
+    def cache_many_packed(self, ids: Sequence[int], keys: bytes, key_size: int) -> None:
+        """cache_many with the keys packed back to back in `keys`, key_size bytes each."""
+        self.cache_many(ids, _split_packed(keys, key_size, "cache_many_packed"))
+
     def uncache(self, block_id: int) -> bytes | None:
         block = self._block(block_id, "uncache")
         key = block.key
@@ -251,6 +265,10 @@ class PyBlockPool:
                 self.num_evicted += 1
             node = node.next
         return keys
+
+    def lookup_chain_packed(self, keys: bytes, key_size: int) -> list[int]:
+        """lookup_chain over keys packed back to back in `keys`, key_size bytes each."""
+        return self.lookup_chain(_split_packed(keys, key_size, "lookup_chain_packed"))
 
     def last_removed(self) -> list[bytes]:
         return list(self._last_removed)

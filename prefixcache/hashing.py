@@ -3,9 +3,9 @@
 Owns the block-hash function of every algorithm, `NONE_HASH` seeding, and the chain
 `block_hash[i] = H((block_hash[i-1], tuple(block_tokens[i]), extra_keys[i]))` from
 `NONE_HASH`. This file is the readable reference (`reference_chain_hashes`). For
-`sha256_cbor`, `chain_hashes` computes a whole chain in one native call
-(`prefixcache._C.sha256_cbor_chain`: SHA-256 and canonical CBOR in C++, about 15x
-faster); tests require the two to give the same digests. Token ids must be ints: the
+`sha256_cbor`, `chain_hashes` (a list) and `chain_digests` (the same digests packed in
+one bytes) compute a whole chain in one native call (`prefixcache._C.sha256_cbor_chain`:
+SHA-256 and canonical CBOR in C++, about 10x faster); tests require the same digests. Token ids must be ints: the
 native path raises TypeError for anything else, and hands ids beyond int64 (CBOR
 bignums) back to the reference.
 
@@ -46,6 +46,7 @@ __all__ = [
     "hash_block",
     "block_hashes",
     "chain_hashes",
+    "chain_digests",
     "reference_chain_hashes",
 ]
 
@@ -147,6 +148,17 @@ def _cbor(extra_keys: tuple) -> bytes:
     return cbor2.dumps(extra_keys, canonical=True)
 
 
+def _native_chain(
+    tokens: Sequence[int], block_size: int, algorithm: str, parent: bytes, extra_keys: tuple | None, packed: bool
+) -> list[bytes] | bytes | None:
+    """The native chain, or None where it does not apply (another algorithm, or a
+    token id beyond int64, which CBOR encodes as a bignum)."""
+    if algorithm != "sha256_cbor":
+        return None
+    extra = None if extra_keys is None else _cbor(extra_keys)
+    return _native_sha256_cbor_chain(tokens, block_size, parent, extra, packed=packed)
+
+
 def chain_hashes(
     tokens: Sequence[int],
     block_size: int,
@@ -156,16 +168,24 @@ def chain_hashes(
 ) -> list[bytes]:
     """`reference_chain_hashes`, in one native call for `sha256_cbor`.
 
-    This is the per-request hot path of the `hash` backend: `tokens` is typically a
-    whole prompt, so the C++ side sees every block at once.
+    `tokens` is typically a whole prompt, so the C++ side sees every block at once.
     """
-    if algorithm == "sha256_cbor":
-        out = _native_sha256_cbor_chain(
-            tokens, block_size, parent, None if extra_keys is None else _cbor(extra_keys)
-        )
-        if out is not None:
-            return out
-    return reference_chain_hashes(tokens, block_size, algorithm, parent, extra_keys)
+    out = _native_chain(tokens, block_size, algorithm, parent, extra_keys, packed=False)
+    return reference_chain_hashes(tokens, block_size, algorithm, parent, extra_keys) if out is None else out
+
+
+def chain_digests(
+    tokens: Sequence[int],
+    block_size: int,
+    algorithm: str,
+    parent: bytes,
+    extra_keys: tuple | None = None,
+) -> bytes:
+    """`chain_hashes` packed back to back in one bytes, as the pool's `*_packed`
+    methods take them: a prompt's chain is then one object, not one per block. This
+    is the per-request hot path of the `hash` backend."""
+    out = _native_chain(tokens, block_size, algorithm, parent, extra_keys, packed=True)
+    return b"".join(reference_chain_hashes(tokens, block_size, algorithm, parent, extra_keys)) if out is None else out
 
 
 def block_hashes(

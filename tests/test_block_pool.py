@@ -261,3 +261,31 @@ def test_evict_front_never_touches_pinned_blocks(make):
     assert pool.key(0) == b"a"
     with pytest.raises(ValueError, match="evict_front: n must be >= 0"):
         pool.evict_front(-1)
+
+
+def test_packed_keys_are_the_same_as_a_list(make):
+    pool = make(6)
+    pool.allocate(4)
+    pool.cache_many_packed([2, 0, 1], b"aabbaa", 2)
+    assert [pool.key(b) for b in (2, 0, 1)] == [b"aa", b"bb", b"aa"]
+    assert pool.blocks_for(b"aa") == [2, 1]
+    assert pool.lookup_chain_packed(b"aabbccaa", 2) == [2, 0]
+    assert pool.lookup_chain_packed(b"", 4) == []
+    pool.check_invariants()
+
+
+def test_packed_keys_errors_change_nothing(make):
+    pool = make(4)
+    pool.allocate(2)
+    with pytest.raises(ValueError, match="cache_many_packed: key_size must be >= 1 and divide the 5 key bytes, got 2"):
+        pool.cache_many_packed([0, 1], b"aabbc", 2)
+    with pytest.raises(ValueError, match="lookup_chain_packed: key_size must be >= 1"):
+        pool.lookup_chain_packed(b"aa", 0)
+    with pytest.raises(ValueError, match="2 ids but 3 keys"):
+        pool.cache_many_packed([0, 1], b"aabbcc", 2)
+    with pytest.raises(ValueError, match="block 3 is free"):
+        pool.cache_many_packed([0, 3], b"aabb", 2)
+    with pytest.raises(TypeError):
+        pool.lookup_chain_packed([b"aa"], 2)
+    assert pool.num_cached == 0
+    pool.check_invariants()

@@ -393,8 +393,8 @@ def test_a_refused_admission_is_retried_without_hashing_again(monkeypatch):
     from prefixcache.backends import hash as backend
 
     calls = []
-    real = backend.chain_hashes
-    monkeypatch.setattr(backend, "chain_hashes", lambda *a: calls.append(1) or real(*a))
+    real = backend.chain_digests
+    monkeypatch.setattr(backend, "chain_digests", lambda *a: calls.append(1) or real(*a))
     cache = make(3)
     run(cache, "big", list(range(40)))
     prompt = list(range(100, 140))

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixcache import _C
-from prefixcache.hashing import block_hashes, chain_hashes, none_hash, reference_chain_hashes
+from prefixcache.hashing import block_hashes, chain_digests, chain_hashes, none_hash, reference_chain_hashes
 
 ROOT = none_hash("sha256_cbor")
 SHA256 = [_C.sha256, _C.sha256_portable]
@@ -121,3 +121,18 @@ def test_continued_chain_equals_the_whole_chain():
     tokens = list(range(1000))
     whole = native(tokens, 16)
     assert native(tokens[320:], 16, parent=whole[19]) == whole[20:]
+
+
+def test_packed_chain_is_the_list_joined():
+    tokens = list(range(100))
+    packed = _C.sha256_cbor_chain(tokens, 16, ROOT, None, packed=True)
+    assert packed == b"".join(native(tokens, 16)) and len(packed) == 6 * 32
+    assert chain_digests(tokens, 16, "sha256_cbor", ROOT) == packed
+    assert _C.sha256_cbor_chain([2**70] * 16, 16, ROOT, None, packed=True) is None
+    # Other algorithms and wide ids go through the reference, joined the same way.
+    for algorithm in ("sha256", "xxhash", "xxhash_cbor"):
+        root = none_hash(algorithm, "s")
+        assert chain_digests(tokens, 16, algorithm, root) == b"".join(
+            reference_chain_hashes(tokens, 16, algorithm, root)
+        )
+    assert chain_digests([2**70] * 16, 16, "sha256_cbor", ROOT) == b"".join(reference([2**70] * 16, 16))
