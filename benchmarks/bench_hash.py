@@ -286,7 +286,9 @@ def main() -> int:
     print(f"# block_size {BLOCK_SIZE}, num_blocks {args.num_blocks} (vLLM {args.num_blocks + 1}), "
           f"concurrency {args.concurrency}, best of {args.repeat}")
     print(f"# command: {' '.join(sys.argv)}")
-    columns = ["workload", "requests", "prompt tokens", "hit rate", "evicted blocks", "refused",
+    print("# prompt tokens, hit tokens: means per request; µs/request: hashing + admit + the prompt's "
+          "commit + release; µs/decode step: append + commit of one token")
+    columns = ["workload", "requests", "prompt tokens", "hit tokens", "hit rate", "evicted blocks", "refused",
                "ours µs/request", "ours µs/decode step"]
     if core:
         columns += ["vLLM µs/request", "vLLM µs/decode step", "speed-up request", "speed-up decode", "parity"]
@@ -306,7 +308,8 @@ def main() -> int:
         ours = ours_runs[0]
         queries = sum(len(r.prompt) for r in reqs)
         per_request, per_step = best_times(ours_runs)
-        cells = [name, len(reqs), f"{queries / len(reqs):.0f}", f"{sum(ours.hits) / queries:.1%}",
+        cells = [name, len(reqs), f"{queries / len(reqs):.0f}", f"{sum(ours.hits) / len(reqs):.0f}",
+                 f"{sum(ours.hits) / queries:.1%}",
                  ours.evictions, ours.refused, f"{per_request:.1f}", f"{per_step:.2f}"]
         if core:
             theirs_request, theirs_step = best_times(vllm_runs)
