@@ -186,10 +186,10 @@ class HashCache(PrefixCache):
         # Once per decoded token: test the valid case inline, let check_commit word errors.
         if type(n) is not int or not request.num_computed <= n <= len(request.tokens):
             n = request.check_commit(n)
-        request.num_computed = n
         num_full_blocks = n // self.block_size
         if num_full_blocks > request.num_cached_blocks:  # most decode steps fill no block
-            self._cache_full_blocks(request, num_full_blocks)
+            self._cache_full_blocks(request, num_full_blocks)  # may raise: nothing changed yet
+        request.num_computed = n
 
     def release(self, request_id: Hashable) -> None:
         # Every full computed block was cached by its commit; only freeing is left.

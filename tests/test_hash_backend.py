@@ -408,3 +408,15 @@ def test_a_refused_admission_is_retried_without_hashing_again(monkeypatch):
     # A different prompt (or namespace) under the same id is hashed afresh.
     assert cache.admit("x", prompt, namespace="n").num_cached_tokens == 0 and len(calls) == 3
     cache.check_invariants()
+
+
+def test_a_bad_appended_token_fails_its_commit_and_changes_nothing():
+    cache = make(4)
+    run(cache, "x", list(range(10)))
+    cache.append("x", ["7"] * 6)
+    with pytest.raises(TypeError, match=r"tokens\[10\] must be an int, got str"):
+        cache.commit("x", 16)
+    assert cache.pool.num_cached == 0
+    cache.check_invariants()
+    cache.release("x")
+    cache.check_invariants()
