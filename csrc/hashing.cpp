@@ -200,6 +200,7 @@ std::vector<Digest> sha256_cbor_chain(std::string_view parent, std::span<const i
   const size_t bs = static_cast<size_t>(block_size);
   const size_t num_blocks = tokens.size() / bs;
   std::vector<Digest> out(num_blocks);
+  if (num_blocks == 0) return out;  // also keeps a huge block_size from sizing the buffer
   CborWriter link;
   link.reserve(link_size_bound(std::max(parent.size(), sizeof(Digest)), bs,
                                first_extra_cbor ? first_extra_cbor->size() : 0));

@@ -5,9 +5,9 @@ Owns the block-hash function of every algorithm, `NONE_HASH` seeding, and the ch
 `NONE_HASH`. This file is the readable reference (`reference_chain_hashes`). For
 `sha256_cbor`, `chain_hashes` (a list) and `chain_digests` (the same digests packed in
 one bytes) compute a whole chain in one native call (`prefixcache._C.sha256_cbor_chain`:
-SHA-256 and canonical CBOR in C++, about 10x faster); tests require the same digests. Token ids must be ints: the
-native path raises TypeError for anything else, and hands ids beyond int64 (CBOR
-bignums) back to the reference.
+SHA-256 and canonical CBOR in C++, about 10x faster); tests require the same digests.
+Token ids must be ints: the native path raises TypeError for anything else, and hands
+ids beyond int64 (CBOR bignums) back to the reference.
 
 Must never: look anything up, cache anything, or hash a partial block.
 

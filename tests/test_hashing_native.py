@@ -136,3 +136,7 @@ def test_packed_chain_is_the_list_joined():
             reference_chain_hashes(tokens, 16, algorithm, root)
         )
     assert chain_digests([2**70] * 16, 16, "sha256_cbor", ROOT) == b"".join(reference([2**70] * 16, 16))
+
+
+def test_a_block_size_beyond_the_tokens_hashes_nothing():
+    assert native(list(range(10)), 2**62) == [] == native([], 2**40)
