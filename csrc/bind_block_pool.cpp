@@ -69,7 +69,7 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
       .def_property_readonly("num_pinned", &BlockPool::num_pinned, "Blocks with ref > 0.")
       .def_property_readonly("num_cached", &BlockPool::num_cached, "Blocks holding a key.")
       .def_property_readonly("num_evicted", &BlockPool::num_evicted,
-                             "Cached blocks whose key allocate() dropped, since construction.")
+                             "Cached blocks whose key allocate() or evict_front() dropped, since construction.")
       .def(
           "allocate",
           [](BlockPool& p, int64_t n) -> py::object {
@@ -86,12 +86,22 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
           "touch", [](BlockPool& p, py::handle ids) { p.touch(to_ids(ids)); }, py::arg("ids"),
            "Add one reference to each block; a free block leaves the queue.")
       .def(
+          "count_free", [](const BlockPool& p, py::handle ids) { return p.count_free(to_ids(ids)); },
+          py::arg("ids"), "How many of the blocks are free (ref 0), i.e. what touch(ids) takes from the queue.")
+      .def(
           "cache", [](BlockPool& p, int64_t id, py::handle key) { p.cache(id, key_view(key)); }, py::arg("id"),
           py::arg("key"), "Record that in-use, keyless block `id` holds `key`.")
       .def(
           "cache_many",
           [](BlockPool& p, py::handle ids, py::handle keys) { p.cache_many(to_ids(ids), key_views(keys)); },
           py::arg("ids"), py::arg("keys"), "cache(ids[i], keys[i]) for each i, all or nothing.")
+      .def(
+          "cache_many_packed",
+          [](BlockPool& p, py::handle ids, py::handle keys, int64_t key_size) {
+            p.cache_many_packed(to_ids(ids), key_view(keys), key_size);
+          },
+          py::arg("ids"), py::arg("keys"), py::arg("key_size"),
+          "cache_many with the keys packed back to back in one bytes, key_size bytes each.")
       .def(
           "uncache", [](BlockPool& p, int64_t id) { return to_bytes(p.uncache(id)); }, py::arg("id"),
           "Drop block `id`'s key; return it (None if it had none).")
@@ -103,6 +113,21 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
           "lookup_chain",
           [](const BlockPool& p, py::handle keys) { return to_list(p.lookup_chain(key_views(keys))); },
           py::arg("keys"), "Blocks for the keys in order, stopping at the first miss.")
+      .def(
+          "lookup_chain_packed",
+          [](const BlockPool& p, py::handle keys, int64_t key_size) {
+            return to_list(p.lookup_chain_packed(key_view(keys), key_size));
+          },
+          py::arg("keys"), py::arg("key_size"),
+          "lookup_chain over keys packed back to back in one bytes, key_size bytes each.")
+      .def(
+          "evict_front",
+          [](BlockPool& p, int64_t n) {
+            py::list out;
+            for (const auto& k : p.evict_front(n)) out.append(py::bytes(k));
+            return out;
+          },
+          py::arg("n"), "Drop the keys of the first n keyed free blocks (LRU first); return them.")
       .def(
           "last_removed",
           [](const BlockPool& p) {

@@ -19,6 +19,17 @@ int32_t checked_size(int64_t num_blocks) {
   }
   return static_cast<int32_t>(num_blocks);
 }
+
+std::vector<std::string_view> split_packed(std::string_view keys, int64_t key_size, const char* what) {
+  if (key_size < 1 || keys.size() % static_cast<size_t>(key_size) != 0) {
+    throw std::invalid_argument(std::string(what) + ": key_size must be >= 1 and divide the " +
+                                std::to_string(keys.size()) + " key bytes, got " + std::to_string(key_size));
+  }
+  std::vector<std::string_view> views;
+  views.reserve(keys.size() / key_size);
+  for (size_t at = 0; at < keys.size(); at += key_size) views.push_back(keys.substr(at, key_size));
+  return views;
+}
 }  // namespace
 
 BlockPool::BlockPool(int64_t num_blocks) : num_blocks_(checked_size(num_blocks)), index_(num_blocks_) {
@@ -144,6 +155,13 @@ void BlockPool::check_cacheable(int32_t b, std::string_view key) const {
   if (index_.has_key(b)) throw std::invalid_argument("cache: " + block_str(b) + " already holds a key");
 }
 
+int64_t BlockPool::count_free(const std::vector<int64_t>& ids) const {
+  for (int64_t id : ids) check_id(id, "count_free");
+  int64_t n = 0;
+  for (int64_t id : ids) n += ref_[id] == 0;
+  return n;
+}
+
 void BlockPool::cache(int64_t id, std::string_view key) {
   int32_t b = check_id(id, "cache");
   check_cacheable(b, key);
@@ -158,6 +176,10 @@ void BlockPool::cache_many(const std::vector<int64_t>& ids, const std::vector<st
   check_unique(ids, "cache");
   for (size_t i = 0; i < ids.size(); ++i) check_cacheable(static_cast<int32_t>(ids[i]), keys[i]);
   for (size_t i = 0; i < ids.size(); ++i) index_.insert(static_cast<int32_t>(ids[i]), keys[i]);
+}
+
+void BlockPool::cache_many_packed(const std::vector<int64_t>& ids, std::string_view keys, int64_t key_size) {
+  cache_many(ids, split_packed(keys, key_size, "cache_many_packed"));
 }
 
 std::optional<std::string> BlockPool::uncache(int64_t id) {
@@ -188,6 +210,22 @@ std::vector<int32_t> BlockPool::lookup_chain(const std::vector<std::string_view>
     out.push_back(b);
   }
   return out;
+}
+
+std::vector<int32_t> BlockPool::lookup_chain_packed(std::string_view keys, int64_t key_size) const {
+  return lookup_chain(split_packed(keys, key_size, "lookup_chain_packed"));
+}
+
+std::vector<std::string> BlockPool::evict_front(int64_t n) {
+  if (n < 0) throw std::invalid_argument("evict_front: n must be >= 0, got " + std::to_string(n));
+  std::vector<std::string> keys;
+  for (int32_t b = next_[head_]; b != tail_ && static_cast<int64_t>(keys.size()) < n; b = next_[b]) {
+    if (!index_.has_key(b)) continue;
+    keys.push_back(index_.key(b));
+    index_.erase(b);
+    ++num_evicted_;
+  }
+  return keys;
 }
 
 int32_t BlockPool::ref_count(int64_t id) const { return ref_[check_id(id, "ref_count")]; }

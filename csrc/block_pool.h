@@ -44,7 +44,7 @@ class BlockPool {
   int32_t num_free() const { return num_free_; }
   int32_t num_pinned() const { return num_blocks_ - num_free_; }
   int32_t num_cached() const { return index_.size(); }
-  // Cached blocks reused (their key dropped) by allocate() since construction.
+  // Cached blocks whose key allocate() or evict_front() dropped, since construction.
   int64_t num_evicted() const { return num_evicted_; }
 
   // Takes n blocks from the front of the free queue, each with ref 1. A taken
@@ -58,11 +58,17 @@ class BlockPool {
   void free(const std::vector<int64_t>& ids);
   // Adds one reference to each block; a block at zero leaves the queue (O(1)).
   void touch(const std::vector<int64_t>& ids);
+  // How many of `ids` are free (ref 0): the blocks touch(ids) would take out
+  // of the free queue. Lets a caller check room before pinning anything.
+  int64_t count_free(const std::vector<int64_t>& ids) const;
 
   // Records that block `id` (which must be in use and keyless) holds `key`.
   void cache(int64_t id, std::string_view key);
   // cache(ids[i], keys[i]) for each i; validated first, so all or nothing.
   void cache_many(const std::vector<int64_t>& ids, const std::vector<std::string_view>& keys);
+  // cache_many with the keys packed back to back in `keys`, `key_size` bytes
+  // each (a request's chain of digests as one buffer, no object per key).
+  void cache_many_packed(const std::vector<int64_t>& ids, std::string_view keys, int64_t key_size);
   // Drops block `id`'s key if it has one; returns the key it held.
   std::optional<std::string> uncache(int64_t id);
   // Drops every key (used by reset); returns how many blocks lost one.
@@ -71,6 +77,14 @@ class BlockPool {
   std::optional<int32_t> lookup(std::string_view key) const;
   // Block for each key in order, stopping at the first key not cached.
   std::vector<int32_t> lookup_chain(const std::vector<std::string_view>& keys) const;
+  // lookup_chain over keys packed back to back, `key_size` bytes each.
+  std::vector<int32_t> lookup_chain_packed(std::string_view keys, int64_t key_size) const;
+  // Drops the keys of the first n keyed blocks of the free queue (front =
+  // least recently freed) and returns them in queue order; fewer if fewer are
+  // free and keyed. The blocks stay where they are: every block ahead of them
+  // is keyless, so the queue still reuses keyless blocks first. Counts toward
+  // num_evicted. O(k + n), k = keyless free blocks ahead of them.
+  std::vector<std::string> evict_front(int64_t n);
 
   // Keys dropped by the most recent allocate() call, in allocation order.
   std::vector<std::string_view> last_removed() const {

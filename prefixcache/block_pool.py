@@ -83,6 +83,16 @@ class _FreeQueue:
         return out
 
 
+def _split_packed(keys: bytes, key_size: int, what: str) -> list[bytes]:
+    if not isinstance(keys, bytes):
+        raise TypeError(f"keys must be bytes, got {type(keys).__name__}")
+    if key_size < 1 or len(keys) % key_size:
+        raise ValueError(
+            f"{what}: key_size must be >= 1 and divide the {len(keys)} key bytes, got {key_size}"
+        )
+    return [keys[at : at + key_size] for at in range(0, len(keys), key_size)]
+
+
 class PyBlockPool:
     """Pure-Python model of `BlockPool`, same API and errors. For tests and benchmarks."""
 
@@ -175,6 +185,10 @@ class PyBlockPool:
                 self._queue.remove(block)
             block.ref_cnt += 1
 
+    def count_free(self, ids: Sequence[int]) -> int:
+        """How many of `ids` are free (ref 0): what `touch(ids)` takes from the queue."""
+        return sum(self._block(i, "count_free").ref_cnt == 0 for i in ids)
+
     @staticmethod
     def _check_cacheable(block: _Block, key: bytes) -> None:
         if not key:
@@ -205,6 +219,10 @@ class PyBlockPool:
         for block, key in zip(blocks, keys):
             self._insert_key(block, key)
 
+    def cache_many_packed(self, ids: Sequence[int], keys: bytes, key_size: int) -> None:
+        """cache_many with the keys packed back to back in `keys`, key_size bytes each."""
+        self.cache_many(ids, _split_packed(keys, key_size, "cache_many_packed"))
+
     def uncache(self, block_id: int) -> bytes | None:
         block = self._block(block_id, "uncache")
         key = block.key
@@ -232,6 +250,27 @@ class PyBlockPool:
                 break
             out.append(block_id)
         return out
+
+    def evict_front(self, n: int) -> list[bytes]:
+        """Drop the keys of the first n keyed free blocks (queue order); return them.
+
+        The blocks keep their place: everything ahead of them is keyless."""
+        if n < 0:
+            raise ValueError(f"evict_front: n must be >= 0, got {n}")
+        keys: list[bytes] = []
+        node = self._queue.head.next
+        while node is not self._queue.tail and len(keys) < n:
+            assert node is not None
+            if node.key is not None:
+                keys.append(node.key)
+                self._drop_key(node)
+                self.num_evicted += 1
+            node = node.next
+        return keys
+
+    def lookup_chain_packed(self, keys: bytes, key_size: int) -> list[int]:
+        """lookup_chain over keys packed back to back in `keys`, key_size bytes each."""
+        return self.lookup_chain(_split_packed(keys, key_size, "lookup_chain_packed"))
 
     def last_removed(self) -> list[bytes]:
         return list(self._last_removed)

@@ -15,7 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["KVEvent", "BlockStored", "BlockRemoved", "AllBlocksCleared", "EventLog", "MEDIUM_GPU"]
+__all__ = [
+    "KVEvent",
+    "BlockStored",
+    "BlockRemoved",
+    "AllBlocksCleared",
+    "EventLog",
+    "MEDIUM_GPU",
+    "event_extra_keys",
+]
 
 MEDIUM_GPU = "GPU"
 
@@ -32,7 +40,8 @@ class BlockStored(KVEvent):
     `block_hashes[i]` is the chained hash of the i-th block; `parent_block_hash` is the
     hash of the block before the first one (None at the start of a sequence);
     `token_ids` are the tokens of all the blocks, `block_size` per block; `extra_keys`
-    has one entry per block (the extra keys hashed into it, or None).
+    has one entry per block: the extra keys hashed into it in vLLM's published form
+    (`event_extra_keys`: a namespace "a" on the first block is `("a",)`), or None.
     """
 
     block_hashes: tuple[bytes, ...]
@@ -60,6 +69,18 @@ class AllBlocksCleared(KVEvent):
     """The whole cache was reset."""
 
     medium: str | None = None
+
+
+def event_extra_keys(extra_keys: tuple[tuple[Any, ...], ...] | None) -> tuple[Any, ...] | None:
+    """One block's hash extra keys as vLLM 0.33 publishes them in events.
+
+    Hash extra keys are tagged (`("cache_salt", "a")`, `("mm", id, offset)`); events
+    keep the older untagged shape consumers parse: a tag with one value becomes the
+    bare value, an "mm" key its `(id, offset)` pair (vLLM `to_event_extra_keys`).
+    """
+    if extra_keys is None:
+        return None
+    return tuple(key[1:] if key[0] == "mm" else key[1] for key in extra_keys)
 
 
 class EventLog:

@@ -218,3 +218,74 @@ def test_cache_many_is_all_or_nothing(make):
     pool.cache_many([0, 2], [b"a", b"b"])
     assert (pool.key(0), pool.key(2), pool.num_cached) == (b"a", b"b", 2)
     pool.check_invariants()
+
+
+def test_count_free_counts_what_touch_would_take(make):
+    pool = make(4)
+    pool.allocate(2)
+    assert pool.count_free([0, 1, 2, 3]) == 2
+    assert pool.count_free([]) == 0
+    with pytest.raises(IndexError, match="count_free: block id 4 is out of range"):
+        pool.count_free([0, 4])
+    before = pool.num_free
+    pool.touch([1, 2, 3])
+    assert before - pool.num_free == 2  # 2 and 3 left the queue; 1 was pinned already
+
+
+def test_evict_front_drops_lru_keys_in_queue_order(make):
+    pool = make(6)
+    pool.allocate(5)
+    for b, key in zip([0, 1, 2, 3], [b"a", b"b", b"c", b"d"]):
+        pool.cache(b, key)
+    pool.free([4, 3, 2])  # queue: 4 (keyless, front), 5, then 3, 2 at the tail
+    pool.free([1, 0])
+    assert pool.free_queue() == [4, 5, 3, 2, 1, 0]
+    assert pool.evict_front(3) == [b"d", b"c", b"b"]
+    # Evicted blocks keep their place and lose their key; the rest stay hittable.
+    assert pool.free_queue() == [4, 5, 3, 2, 1, 0]
+    assert [pool.key(b) for b in (3, 2, 1, 0)] == [None, None, None, b"a"]
+    assert pool.lookup(b"d") is None and pool.lookup(b"a") == 0
+    assert (pool.num_cached, pool.num_evicted) == (1, 3)
+    assert pool.evict_front(5) == [b"a"]
+    assert pool.evict_front(5) == [] and pool.evict_front(0) == []
+    pool.check_invariants()
+
+
+def test_evict_front_never_touches_pinned_blocks(make):
+    pool = make(3)
+    pool.allocate(2)
+    pool.cache(0, b"a")
+    pool.cache(1, b"b")
+    pool.free([1])
+    assert pool.evict_front(2) == [b"b"]
+    assert pool.key(0) == b"a"
+    with pytest.raises(ValueError, match="evict_front: n must be >= 0"):
+        pool.evict_front(-1)
+
+
+def test_packed_keys_are_the_same_as_a_list(make):
+    pool = make(6)
+    pool.allocate(4)
+    pool.cache_many_packed([2, 0, 1], b"aabbaa", 2)
+    assert [pool.key(b) for b in (2, 0, 1)] == [b"aa", b"bb", b"aa"]
+    assert pool.blocks_for(b"aa") == [2, 1]
+    assert pool.lookup_chain_packed(b"aabbccaa", 2) == [2, 0]
+    assert pool.lookup_chain_packed(b"", 4) == []
+    pool.check_invariants()
+
+
+def test_packed_keys_errors_change_nothing(make):
+    pool = make(4)
+    pool.allocate(2)
+    with pytest.raises(ValueError, match="cache_many_packed: key_size must be >= 1 and divide the 5 key bytes, got 2"):
+        pool.cache_many_packed([0, 1], b"aabbc", 2)
+    with pytest.raises(ValueError, match="lookup_chain_packed: key_size must be >= 1"):
+        pool.lookup_chain_packed(b"aa", 0)
+    with pytest.raises(ValueError, match="2 ids but 3 keys"):
+        pool.cache_many_packed([0, 1], b"aabbcc", 2)
+    with pytest.raises(ValueError, match="block 3 is free"):
+        pool.cache_many_packed([0, 3], b"aabb", 2)
+    with pytest.raises(TypeError):
+        pool.lookup_chain_packed([b"aa"], 2)
+    assert pool.num_cached == 0
+    pool.check_invariants()

@@ -64,6 +64,22 @@ class PoolMachine(RuleBasedStateMachine):
     def lookup_chain(self, keys):
         self.both("lookup_chain", keys)
 
+    @rule(block_ids=ids)
+    def count_free(self, block_ids):
+        self.both("count_free", block_ids)
+
+    @rule(n=st.integers(-1, N + 1))
+    def evict_front(self, n):
+        self.both("evict_front", n)
+
+    @rule(block_ids=ids, keys=st.lists(st.sampled_from(KEYS), max_size=5), key_size=st.sampled_from([0, 2, 4]))
+    def cache_many_packed(self, block_ids, keys, key_size):
+        self.both("cache_many_packed", block_ids, b"".join(keys), key_size)
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), max_size=4), key_size=st.sampled_from([1, 4]))
+    def lookup_chain_packed(self, keys, key_size):
+        self.both("lookup_chain_packed", b"".join(keys), key_size)
+
     @rule()
     def uncache_all(self):
         self.both("uncache_all")

@@ -1,0 +1,316 @@
+"""The `hash` strategy: vLLM V1 Automatic Prefix Caching (vLLM 0.33 semantics).
+
+Owns `HashCache`: each live request's chain of block hashes, the hit decision at
+admission, when full blocks become hittable (commit), and the KV events and stats that
+follow. The shared `BlockPool` owns the rest: reference counts, the free queue (an LRU
+of cached content whose blocks keep their hash until reused) and the hash -> blocks
+index. Block ids and hashes are vLLM's, except that the pool has no null block, so our
+id is vLLM's minus one.
+
+Must never: hash block by block in Python (`prefixcache.hashing.chain_digests` does a
+whole request in one native call), change anything when `admit`/`append` refuse, or
+share the pool with another cache (check_invariants counts every pinned block).
+
+A request's life, with vLLM's names in brackets:
+
+  admit    Hash the prompt's full blocks [Request.block_hashes] into one bytes of
+           packed digests, which the pool reads without a Python object per block.
+           The hit is the longest run of cached blocks from the start, stopping at
+           the first miss [find_longest_cache_hit], and at most (len(tokens) - 1) // block_size
+           blocks: the last prompt token is always computed so its logits exist, which
+           recomputes a whole block when the prompt is a multiple of the block size.
+           If the blocks still to allocate plus the hit blocks sitting in the free
+           queue (touching takes them out) exceed the free blocks, refuse: None,
+           nothing changed [allocate_slots]. Else pin the hits [touch] BEFORE
+           allocating the rest [get_new_blocks], so allocation cannot evict a hit.
+  commit   Full blocks up to the committed length enter the index
+           [cache_full_blocks], hashing any that `append` completed. A block computed
+           twice (two requests missed on the same prefix at once) is indexed twice:
+           block tables are append-only, a look-up returns the earliest copy still
+           cached, and reusing one copy drops only its own entry.
+  append   Allocate blocks as the token count crosses block boundaries; None and
+           nothing changed if the pool has too few free blocks.
+  release  Free the table in REVERSE order [free]: keyless blocks go to the FRONT of
+           the free queue (reused first), cached ones to the TAIL, each group in the
+           order given, so a request's tail is evicted before the prefix it shares.
+           A freed cached block stays hittable until allocation reuses it; then its
+           hash leaves the index and a `BlockRemoved` is recorded.
+
+Stats are vLLM's `PrefixCacheStats`, recorded at admission: a refused admission is not
+counted as a request or a query (vLLM records a lookup only when the request is
+scheduled), only in `rejected`. `evictions` counts cached blocks whose hash was dropped,
+by reuse or by `evict`.
+
+Events are vLLM's: one `BlockStored` per commit that caches blocks (their hashes, the
+parent hash of the first, their tokens, per-block extra keys in vLLM's event form,
+`group_idx=0`), one `BlockRemoved` per hash dropped, `AllBlocksCleared` on `reset`.
+
+Eviction order is the free queue's (LRU); `eviction:` must be `lru`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from prefixcache._C import BlockPool, InvariantError
+from prefixcache.config import CacheConfig, ConfigError
+from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent, event_extra_keys
+from prefixcache.hashing import chain_digests, namespace_extra_keys, none_hash
+from prefixcache.protocol import Admission, Match, Namespace, PrefixCache, as_tokens
+from prefixcache.registry import register_backend
+from prefixcache.requests import Request, RequestTable, check_namespace, check_tokens
+from prefixcache.stats import CacheStats, StatsCounter
+
+__all__ = ["HashCache", "HashRequest"]
+
+# vLLM tags every event with the KV cache group; a single-group cache is group 0.
+_GROUP = 0
+
+
+@dataclass(eq=False)
+class HashRequest(Request):
+    """A live request of the `hash` backend.
+
+    digests:           chained hashes of the request's first full blocks, packed back
+                       to back (the prompt's at admission, extended as commits cover
+                       appended blocks); block i's is `HashCache._digest(request, i)`
+    num_cached_blocks: leading blocks of `block_table` whose hash is in the index
+                       (vLLM `num_cached_block`); always `num_computed // block_size`
+    """
+
+    digests: bytes = b""
+    num_cached_blocks: int = 0
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@register_backend("hash")
+class HashCache(PrefixCache):
+    """vLLM V1 automatic prefix caching on a `BlockPool` (see the module docstring)."""
+
+    def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
+        super().__init__(pool, config)
+        if config.eviction != "lru":
+            raise ConfigError(
+                "eviction",
+                f"the hash backend evicts in free-queue (LRU) order only; got {config.eviction!r}; "
+                "allowed values: lru",
+            )
+        if config.options:
+            raise ConfigError("options", f"the hash backend takes no options, got {dict(config.options)!r}")
+        self._algorithm = config.hash.algorithm
+        self._none_hash = none_hash(self._algorithm, config.hash.seed)
+        self._digest_size = len(self._none_hash)  # bytes per block hash in a packed chain
+        self._requests: RequestTable[HashRequest] = RequestTable()
+        self._events = EventLog(config.enable_events)
+        self._stats = StatsCounter()
+        # `evictions` is the pool's count since the last reset (the pool is ours alone),
+        # read when stats are asked for rather than bumped on every allocation.
+        self._evicted_at_reset = pool.num_evicted
+        # A refused request is normally retried as it is (vLLM keeps it, hashes and all,
+        # in its waiting queue): keep the last refusal's hashes so the retry reuses them.
+        self._last_refused: tuple[Hashable, Namespace, list[int], bytes] | None = None
+
+    # -- look-up --------------------------------------------------------------------
+    def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
+        tokens = check_tokens(tokens, allow_empty=True)
+        digests = self._prompt_digests(tokens, check_namespace(namespace))
+        hits = self.pool.lookup_chain_packed(digests, self._digest_size)
+        return Match(len(hits) * self.block_size, tuple(hits))
+
+    # -- request lifecycle ------------------------------------------------------------
+    def admit(
+        self, request_id: Hashable, tokens: Sequence[int], *, namespace: Namespace = None
+    ) -> Admission | None:
+        tokens = check_tokens(tokens)
+        namespace = check_namespace(namespace)
+        self._requests.check_new(request_id)
+        retry = self._last_refused
+        if retry is not None and retry[0] == request_id and retry[1] == namespace and retry[2] == tokens:
+            tokens, digests = retry[2], retry[3]
+        else:
+            tokens = list(tokens)  # our own copy: append extends it
+            digests = self._prompt_digests(tokens, namespace)
+        bs, ds = self.block_size, self._digest_size
+        # The hit covers at most len(tokens) - 1 tokens: every full block but one that ends the prompt.
+        hits = self.pool.lookup_chain_packed(digests if len(tokens) % bs else digests[:-ds], ds)
+        num_new = _ceil_div(len(tokens), bs) - len(hits)
+        if num_new + (self.pool.count_free(hits) if hits else 0) > self.pool.num_free:
+            self._stats.rejected += 1
+            self._last_refused = (request_id, namespace, tokens, digests)
+            return None
+        self._last_refused = None
+        if hits:
+            self.pool.touch(hits)
+        table = hits + self._allocate(num_new)
+        num_hit_tokens = len(hits) * bs
+        self._requests.add(
+            HashRequest(
+                request_id,
+                tokens,
+                namespace,
+                block_table=table,
+                num_cached_tokens=num_hit_tokens,
+                num_computed=num_hit_tokens,
+                digests=digests,
+                num_cached_blocks=len(hits),
+            )
+        )
+        self._stats.record_query(len(tokens), num_hit_tokens)
+        return Admission(tuple(table), num_hit_tokens)
+
+    def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
+        # Called once per decoded token: kept to the bare arithmetic.
+        request = self._requests.get(request_id)
+        if type(tokens) is not list:
+            tokens = as_tokens(tokens)
+        bs = self.block_size
+        num_new = (len(request.tokens) + len(tokens) + bs - 1) // bs - len(request.block_table)
+        new_blocks: list[int] = []
+        if num_new > 0:
+            if num_new > self.pool.num_free:
+                self._stats.rejected += 1
+                return None
+            new_blocks = self._allocate(num_new)
+            request.block_table.extend(new_blocks)
+        request.tokens.extend(tokens)
+        return new_blocks
+
+    def commit(self, request_id: Hashable, num_computed_tokens: int) -> None:
+        request = self._requests.get(request_id)
+        n = num_computed_tokens
+        # Once per decoded token: test the valid case inline, let check_commit word errors.
+        if type(n) is not int or not request.num_computed <= n <= len(request.tokens):
+            n = request.check_commit(n)
+        num_full_blocks = n // self.block_size
+        if num_full_blocks > request.num_cached_blocks:  # most decode steps fill no block
+            self._cache_full_blocks(request, num_full_blocks)  # may raise: nothing changed yet
+        request.num_computed = n
+
+    def release(self, request_id: Hashable) -> None:
+        # Every full computed block was cached by its commit; only freeing is left.
+        request = self._requests.pop(request_id)
+        self.pool.free(request.block_table[::-1])
+
+    def block_table(self, request_id: Hashable) -> Sequence[int]:
+        return tuple(self._requests.get(request_id).block_table)
+
+    # -- maintenance ------------------------------------------------------------------
+    def evict(self, num_blocks: int) -> int:
+        """Drop the hashes of up to `num_blocks` free cached blocks, least recently
+        freed first. They were already free; now they can no longer be hit."""
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0:
+            raise ValueError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
+        removed = self.pool.evict_front(num_blocks)
+        self._record_removed(removed)
+        return len(removed)
+
+    def reset(self) -> bool:
+        if self.pool.num_pinned:
+            return False
+        self.pool.uncache_all()
+        self._stats.reset()
+        self._evicted_at_reset = self.pool.num_evicted
+        self._events.record(AllBlocksCleared())
+        return True
+
+    def stats(self) -> CacheStats:
+        self._stats.evictions = self.pool.num_evicted - self._evicted_at_reset
+        return self._stats.snapshot()
+
+    def drain_events(self) -> list[KVEvent]:
+        return self._events.drain()
+
+    def check_invariants(self) -> None:
+        self.pool.check_invariants()
+        bs = self.block_size
+        refs: Counter[int] = Counter()
+        for r in self._requests:
+            table, who = r.block_table, f"request {r.request_id!r}"
+            if len(table) != _ceil_div(len(r.tokens), bs):
+                raise InvariantError(f"{who}: {len(table)} blocks for {len(r.tokens)} tokens")
+            if len(set(table)) != len(table):
+                raise InvariantError(f"{who}: a block appears twice in its table {table}")
+            num_hashed = len(r.digests) // self._digest_size
+            if r.num_cached_blocks != r.num_computed // bs or num_hashed < r.num_cached_blocks:
+                raise InvariantError(
+                    f"{who}: {r.num_cached_blocks} cached blocks, {r.num_computed} computed tokens, "
+                    f"{num_hashed} hashes"
+                )
+            for i, block in enumerate(table):
+                key = self.pool.key(block)
+                if i < r.num_cached_blocks and key != self._digest(r, i):
+                    raise InvariantError(f"{who}: cached block {block} (#{i}) does not hold the request's hash")
+                if i >= r.num_cached_blocks and (key is not None or self.pool.ref_count(block) != 1):
+                    raise InvariantError(f"{who}: uncached block {block} (#{i}) is shared or holds a hash")
+            refs.update(table)
+        for block, count in refs.items():
+            if self.pool.ref_count(block) != count:
+                raise InvariantError(
+                    f"block {block}: ref count {self.pool.ref_count(block)}, live tables hold it {count} times"
+                )
+        if self.pool.num_pinned != len(refs):
+            raise InvariantError(f"{self.pool.num_pinned} blocks pinned but live tables hold {len(refs)}")
+        if self._stats.hits > self._stats.queries:
+            raise InvariantError(f"stats: {self._stats.hits} hit tokens > {self._stats.queries} queried")
+
+    # -- internals --------------------------------------------------------------------
+    def _prompt_digests(self, tokens: list[int], namespace: Namespace) -> bytes:
+        """Packed hashes of the full blocks of `tokens`, the first salted with the namespace."""
+        return chain_digests(
+            tokens, self.block_size, self._algorithm, self._none_hash, namespace_extra_keys(namespace)
+        )
+
+    def _digest(self, request: HashRequest, i: int) -> bytes:
+        """The hash of the request's block i."""
+        return request.digests[i * self._digest_size : (i + 1) * self._digest_size]
+
+    def _allocate(self, n: int) -> list[int]:
+        """n fresh blocks; the caller checked there is room. Reports what reuse evicted."""
+        blocks = self.pool.allocate(n)
+        assert blocks is not None, "caller checked the pool has room"
+        if self._events.enabled:
+            self._record_removed(self.pool.last_removed())
+        return blocks
+
+    def _record_removed(self, hashes: list[bytes]) -> None:
+        """One BlockRemoved per dropped hash, as vLLM."""
+        if self._events.enabled:
+            for block_hash in hashes:
+                self._events.record(BlockRemoved((block_hash,), group_idx=_GROUP))
+
+    def _cache_full_blocks(self, request: HashRequest, num_full_blocks: int) -> None:
+        """Index blocks [num_cached_blocks, num_full_blocks) of the request's table."""
+        start, bs, ds = request.num_cached_blocks, self.block_size, self._digest_size
+        num_hashed = len(request.digests) // ds
+        if num_hashed < num_full_blocks:  # blocks completed by append
+            request.digests += chain_digests(
+                request.tokens[num_hashed * bs : num_full_blocks * bs],
+                bs,
+                self._algorithm,
+                request.digests[-ds:] if num_hashed else self._none_hash,
+                None if num_hashed else namespace_extra_keys(request.namespace),
+            )
+        self.pool.cache_many_packed(
+            request.block_table[start:num_full_blocks], request.digests[start * ds : num_full_blocks * ds], ds
+        )
+        request.num_cached_blocks = num_full_blocks
+        if self._events.enabled:
+            self._events.record(self._stored_event(request, start, num_full_blocks))
+
+    def _stored_event(self, request: HashRequest, start: int, stop: int) -> BlockStored:
+        """vLLM's BlockStored for blocks [start, stop) of one request."""
+        bs = self.block_size
+        salt = event_extra_keys(namespace_extra_keys(request.namespace))
+        return BlockStored(
+            block_hashes=tuple(self._digest(request, i) for i in range(start, stop)),
+            parent_block_hash=self._digest(request, start - 1) if start else None,
+            token_ids=tuple(request.tokens[start * bs : stop * bs]),
+            block_size=bs,
+            extra_keys=tuple(salt if i == 0 else None for i in range(start, stop)),
+            group_idx=_GROUP,
+        )

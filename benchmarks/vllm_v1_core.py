@@ -1,0 +1,285 @@
+"""vLLM 0.33's own KV cache manager, imported on a CPU-only machine for side-by-side runs.
+
+Owns getting vLLM's pure-Python `vllm/v1/core` modules into this process without
+installing vLLM: download the wheel once (`pip download vllm==0.33.0 --no-deps`, about
+336 MB) into a cache directory, extract only the modules the manager runs, and import
+them with stand-ins for everything else they import (CUDA platform code, multimodal,
+LoRA, metrics, KV connectors, torch), none of which the single full-attention group,
+no-connector path used here executes.
+
+Must never: be imported by the library or the tests, or be committed with vLLM's code
+(the cache directory lives outside the repository). What runs is vLLM's unmodified
+source; the stand-ins with behaviour are `Request`, a data holder that hashes its
+blocks with vLLM's own `get_request_block_hasher` exactly as vLLM's
+`Request.update_block_hashes` does, and the KV event types (plain dataclasses with the
+fields of vLLM's msgspec structs, which live beside a ZeroMQ publisher).
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import logging
+import subprocess
+import sys
+import types
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+VERSION = "0.33.0"
+
+# vLLM modules executed for real, as shipped in the wheel.
+REAL_MODULES = (
+    "vllm.v1.core.kv_cache_manager",
+    "vllm.v1.core.kv_cache_coordinator",
+    "vllm.v1.core.single_type_kv_cache_manager",
+    "vllm.v1.core.block_pool",
+    "vllm.v1.core.kv_cache_utils",
+    "vllm.v1.core.kv_cache_metrics",
+    "vllm.v1.kv_cache_interface",
+    "vllm.v1.kv_cache_spec_registry",
+    "vllm.v1.kv_cache_layout",
+    "vllm.utils.math_utils",
+    "vllm.utils.hashing",
+)
+
+
+class _StubMeta(type):
+    """A stand-in that absorbs what module-level code does with an import: attribute
+    access, calls, subscripts, `|` in annotations, use as a base class or decorator."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _StubMeta(name, (_Stub,), {})
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs and callable(args[0]):
+            return args[0]  # used as a decorator: leave the decorated object alone
+        return _StubMeta(cls.__name__, (_Stub,), {})
+
+    def __getitem__(cls, item: Any) -> Any:
+        return cls
+
+    def __or__(cls, other: Any) -> Any:
+        return cls
+
+    __ror__ = __or__
+
+    def __iter__(cls) -> Any:
+        return iter(())
+
+    def __bool__(cls) -> bool:
+        return False
+
+
+class _Stub(metaclass=_StubMeta):
+    pass
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        submodule = f"{self.__name__}.{name}"
+        if submodule in REAL_MODULES or submodule in SHIMS:  # `from vllm import envs`
+            return importlib.import_module(submodule)
+        value = _StubMeta(name, (_Stub,), {})
+        setattr(self, name, value)
+        return value
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 1
+    RUNNING = 2
+    PREEMPTED = 3
+
+
+class Request:
+    """The fields of vLLM's `Request` that `vllm/v1/core` reads, and its hashing."""
+
+    def __init__(self, request_id: str, prompt: list[int], block_hasher: Any, cache_salt: str | None = None):
+        self.request_id = request_id
+        self.status = RequestStatus.WAITING
+        self.prompt_token_ids = prompt
+        self._all_token_ids = list(prompt)
+        self.all_token_ids = self._all_token_ids
+        self.num_prompt_tokens = len(prompt)
+        self.num_computed_tokens = 0
+        self.num_in_flight_tokens = 0
+        self.num_preemptions = 0
+        self.cache_salt = cache_salt
+        self.mm_features: list = []
+        self.lora_request = None
+        self.prompt_embeds = None
+        self.session_id = None
+        self.shared_prefix_boundary = 0
+        self.skip_reading_prefix_cache = False
+        self.kv_cache_report_mode = "incremental"
+        self.block_hashes: list[bytes] = []
+        self._block_hasher = block_hasher
+        self.update_block_hashes()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    def append_output_token_ids(self, token_ids: list[int]) -> None:
+        self._all_token_ids.extend(token_ids)
+        self.update_block_hashes()
+
+    def update_block_hashes(self) -> None:
+        self.block_hashes.extend(self._block_hasher(self))
+
+
+# vLLM's KV event types are msgspec Structs in a module that also imports ZeroMQ;
+# these carry the same fields, filled in by vLLM's own block pool.
+@dataclass(kw_only=True)
+class KVCacheEvent:
+    pass
+
+
+@dataclass(kw_only=True)
+class BlockStored(KVCacheEvent):
+    block_hashes: list[bytes]
+    parent_block_hash: bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: list | None = None
+
+
+@dataclass(kw_only=True)
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[bytes]
+    medium: str | None = None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+
+
+@dataclass(kw_only=True)
+class AllBlocksCleared(KVCacheEvent):
+    medium: str | None = None
+
+
+def _shim(name: str, **attrs: Any) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__dict__.update(attrs)
+    return module
+
+
+SHIMS = {
+    "vllm.logger": dict(init_logger=logging.getLogger),
+    "vllm.envs": dict(VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=False),
+    "vllm.v1.request": dict(Request=Request, RequestStatus=RequestStatus),
+    "vllm.distributed.kv_events": dict(
+        KVCacheEvent=KVCacheEvent,
+        BlockStored=BlockStored,
+        BlockRemoved=BlockRemoved,
+        AllBlocksCleared=AllBlocksCleared,
+        MEDIUM_GPU="GPU",
+        MEDIUM_CPU="CPU",
+    ),
+}
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """vllm.* and torch: real modules from `root`, shims, else stand-ins."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name.split(".")[0] not in ("vllm", "torch"):
+            return None
+        if name in REAL_MODULES:
+            return importlib.util.spec_from_file_location(name, self.root / (name.replace(".", "/") + ".py"))
+        return importlib.machinery.ModuleSpec(name, self, is_package=True)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        if spec.name in SHIMS:
+            return _shim(spec.name, **SHIMS[spec.name])
+        module = _StubModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+def fetch(cache_dir: Path) -> Path:
+    """The extracted sources under cache_dir/src, downloading the wheel on first use."""
+    src = cache_dir / "src"
+    if all((src / (m.replace(".", "/") + ".py")).is_file() for m in REAL_MODULES):
+        return src
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(cache_dir.glob(f"vllm-{VERSION}-*.whl"))
+    if not wheels:
+        print(f"downloading vllm=={VERSION} (~336 MB) into {cache_dir} ...", file=sys.stderr)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", f"vllm=={VERSION}", "--no-deps", "-d", str(cache_dir)],
+            check=True,
+        )
+        wheels = sorted(cache_dir.glob(f"vllm-{VERSION}-*.whl"))
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        for module in REAL_MODULES:
+            wheel.extract(module.replace(".", "/") + ".py", src)
+    return src
+
+
+@dataclass
+class VllmCore:
+    """What a side-by-side run needs from vLLM."""
+
+    KVCacheManager: type
+    Request: type
+    block_hasher: Any
+    make_manager: Any
+
+
+def load(cache_dir: Path, block_size: int) -> VllmCore:
+    """Import vLLM's v1/core from `cache_dir` (see the module docstring)."""
+    src = fetch(cache_dir)
+    if any(name == "vllm" or name.startswith("vllm.") for name in sys.modules):
+        raise RuntimeError("a vllm package is already imported in this process")
+    if "torch" in sys.modules:
+        raise RuntimeError("import this before torch: vLLM's torch imports are stood in for")
+    sys.meta_path.insert(0, _Finder(src))
+
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1 import kv_cache_interface as kci
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    kv_cache_utils.init_none_hash(sha256_cbor)
+    hasher = kv_cache_utils.get_request_block_hasher(block_size, sha256_cbor)
+
+    def make_manager(num_blocks: int, enable_events: bool = False) -> Any:
+        """vLLM's manager over `num_blocks` blocks (one of them its null block)."""
+        spec = kci.FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=None)
+        group = kci.KVCacheGroupSpec(["layer"], spec)
+        config = kci.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[group])
+        return KVCacheManager(
+            config,
+            max_model_len=1 << 22,
+            scheduler_block_size=block_size,
+            hash_block_size=block_size,
+            enable_caching=True,
+            enable_kv_cache_events=enable_events,
+        )
+
+    return VllmCore(KVCacheManager, Request, hasher, make_manager)
