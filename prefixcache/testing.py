@@ -51,7 +51,8 @@ def _factory(backend: type[PrefixCache] | str | CacheFactory, **config: Any) -> 
     if isinstance(backend, str):
         spec = backend
     elif isinstance(backend, type) and issubclass(backend, PrefixCache):
-        if backend.name and backend.name in available_backends():
+        # `name` is inherited by subclasses, so only trust it if it resolves to this class.
+        if backend.name and backend.name in available_backends() and resolve_backend(backend.name) is backend:
             spec = backend.name
         else:
             spec = f"{backend.__module__}:{backend.__qualname__}"
