@@ -111,10 +111,18 @@ class TwoTrees:
             self.locks.append(node)
 
     def unlock(self, node):
+        if node not in self.locks and self.lock_ref(node) > 0:
+            return  # locked through a descendant we hold: unlocking it is a caller bug
         (kind, _), _ = self.both("unlock", node)
         if node in self.locks:
             assert kind == "ok"
             self.locks.remove(node)
+
+    def lock_ref(self, node) -> int:
+        try:
+            return self.trees[0].node(node).lock_ref
+        except ValueError:
+            return 0  # evicted
 
     def evict(self, num_tokens):
         (_, n0), (_, n1) = self.both("evict", num_tokens, self.rank)
