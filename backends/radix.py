@@ -47,9 +47,9 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from prefixcache._C import BlockPool, InvariantError, RadixTree
+from prefixcache._C import BlockPool, InvariantError, RadixTree, int32_array
 from prefixcache.config import CacheConfig
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent
 from prefixcache.hashing import block_hashes, namespace_extra_keys
@@ -62,24 +62,16 @@ __all__ = ["RadixCache"]
 
 
 def _int32_array(tokens: Sequence[int], *, allow_empty: bool = False) -> array:
-    """Token ids as an int32 array, which the tree reads in place."""
-    values = check_tokens(tokens, allow_empty=allow_empty)
-    try:
-        return array("i", values)
-    except OverflowError:
-        bad = next(t for t in values if not -(1 << 31) <= t < 1 << 31)
-        raise ValueError(f"tokens: {bad!r} does not fit in int32") from None
-    except TypeError:
-        raise TypeError("tokens must be a sequence of ints") from None
+    """Token ids as an int32 array, which the tree reads in place (converted in C++)."""
+    return int32_array(check_tokens(tokens, allow_empty=allow_empty), "tokens")
 
 
 @dataclass(eq=False)
 class _RadixRequest(Request):
-    """A live request. `tokens` and `block_table` are int32 arrays the tree reads and
-    re-points in place; `block_table[: protected // block_size]` are the tree's blocks."""
+    """A live request. `tokens` is an int32 array the tree reads in place;
+    `block_table[: protected // block_size]` are the tree's blocks, the rest its own."""
 
     tokens: array
-    block_table: array = field(default_factory=lambda: array("i"))
     node: int = 0  # the tree node this request locks (a root: nothing locked)
     protected: int = 0  # SGLang's cache_protected_len, in TOKENS
     priority: int = 0
@@ -133,8 +125,7 @@ class RadixCache(PrefixCache):
             return None
         hit = self.tree.match_prefix(key, namespace)
         self.tree.lock(hit.node)  # before evicting, so the hit cannot be evicted
-        table = array("i", hit.block_ids)
-        table.extend(self._allocate(needed))
+        table = hit.block_ids + self._allocate(needed)
         self._requests.add(
             _RadixRequest(
                 request_id,
@@ -175,7 +166,7 @@ class RadixCache(PrefixCache):
         self._insert(req, max(req.num_computed, req.protected))
         tail = req.block_table[req.protected // self.block_size :]
         if tail:
-            self.pool.free(tail.tolist())  # the unaligned tail and blocks never computed
+            self.pool.free(tail)  # the unaligned tail and blocks never computed
         self.tree.unlock(req.node)
 
     def block_table(self, request_id: Hashable) -> Sequence[int]:
@@ -224,16 +215,18 @@ class RadixCache(PrefixCache):
 
     def _evict_tokens(self, num_tokens: int) -> int:
         """Evict at least `num_tokens` tokens if there are; returns blocks freed."""
+        freed = 0
         try:
-            self.tree.evict(num_tokens, self._rank)
+            freed = self.tree.evict(num_tokens, self._rank) // self.block_size
+        except BaseException:
+            freed = len(self.tree.last_evicted())  # a Python policy raised; what went, went
+            raise
         finally:
-            # Also when a Python policy raised halfway: what went, went.
-            freed = self.tree.last_evicted()
-            self._stats.evictions += len(freed)
+            self._stats.evictions += freed
             if self._events.enabled:
-                for block in freed:
+                for block in self.tree.last_evicted():
                     self._events.record(BlockRemoved(block_hashes=(self._page_hash.pop(block),)))
-        return len(freed)
+        return freed
 
     def _insert(self, req: _RadixRequest, num_computed: int) -> None:
         """SGLang's cache_unfinished_req: hand the computed full pages to the tree, free
@@ -242,14 +235,13 @@ class RadixCache(PrefixCache):
         aligned = num_computed // bs * bs
         if aligned == 0 or aligned < req.protected:
             return
-        result = self.tree.insert(
-            memoryview(req.tokens)[:aligned],
-            memoryview(req.block_table)[: aligned // bs],  # re-pointed in place
-            req.namespace,
-            req.priority,
-        )
+        # Only the request's own pages cross into C++: the tree's are already there.
+        first, last = req.protected // bs, aligned // bs
+        own = req.block_table[first:last]
+        result = self.tree.insert(memoryview(req.tokens)[:aligned], own, req.namespace, req.priority, req.protected)
         if result.displaced:
             self.pool.free(result.displaced)
+            req.block_table[first:last] = own  # re-pointed to the tree's blocks
         self._record_stored(req, result.prefix_len, aligned)
         self.tree.lock(result.node)
         self.tree.unlock(req.node)
@@ -310,7 +302,7 @@ class RadixCache(PrefixCache):
                 fail(f"request {rid!r} has {len(r.block_table)} blocks for {len(r.tokens)} tokens")
             if r.protected % bs or r.protected > len(r.tokens):
                 fail(f"request {rid!r} protects {r.protected} tokens of {len(r.tokens)}")
-            shared = list(r.block_table[: r.protected // bs])
+            shared = r.block_table[: r.protected // bs]
             m = self.tree.match(r.tokens[: r.protected], r.namespace)
             if m.num_tokens != r.protected or m.block_ids != shared:
                 fail(f"request {rid!r}: its first {r.protected} tokens are not the tree's blocks {shared}")

@@ -97,6 +97,14 @@ py::list to_list(const std::vector<int32_t>& ids) {
   return out;
 }
 
+// array('i') from int32 ids: one memcpy, no Python int per id (the role a torch
+// index tensor plays in SGLang).
+py::object to_array(const int32_t* data, size_t n) {
+  static PyObject* array_type = py::object(py::module_::import("array").attr("array")).release().ptr();  // kept for the process
+  py::bytes raw(reinterpret_cast<const char*>(data), n * sizeof(int32_t));
+  return py::reinterpret_borrow<py::object>(array_type)("i", raw);
+}
+
 py::tuple to_tuple(const std::vector<int32_t>& ids) {
   py::tuple out(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) PyTuple_SET_ITEM(out.ptr(), i, PyLong_FromLong(ids[i]));
@@ -105,19 +113,19 @@ py::tuple to_tuple(const std::vector<int32_t>& ids) {
 
 // insert() re-points `blocks` in place: a writable int32 buffer is edited
 // directly; a list is converted, and the entries that changed are written back.
-InsertResult insert(RadixTree& tree, py::handle tokens, py::handle blocks, py::handle ns, int64_t priority) {
+InsertResult insert(RadixTree& tree, py::handle tokens, py::handle blocks, py::handle ns, int64_t priority,
+                    int64_t start) {
   Int32Arg toks(tokens, "tokens");
   Namespace name = to_namespace(ns);
   Buffer buffer(blocks, true);
-  if (auto view = buffer.int32s()) return tree.insert(toks.span(), *view, name, priority);
+  if (auto view = buffer.int32s()) return tree.insert(toks.span(), *view, name, priority, start);
   if (!PyList_Check(blocks.ptr())) {
     throw py::type_error(std::string("blocks must be a list or a writable int32 buffer (array('i')), got ") +
                          Py_TYPE(blocks.ptr())->tp_name);
   }
   std::vector<int32_t> ids = to_int32_vector(blocks, "blocks");
-  InsertResult out = tree.insert(toks.span(), ids, name, priority);
-  size_t repointed = static_cast<size_t>(out.prefix_len / tree.page_size());
-  for (size_t i = 0; i < repointed; ++i) {
+  InsertResult out = tree.insert(toks.span(), ids, name, priority, start);
+  for (size_t i = 0; i < ids.size(); ++i) {
     if (to_int32(PyList_GET_ITEM(blocks.ptr(), i), "blocks") != ids[i]) {
       PyList_SetItem(blocks.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromLong(ids[i]));
     }
@@ -138,6 +146,14 @@ struct PyKey {
 }  // namespace
 
 void bind_radix_tree(py::module_& m) {
+  m.def(
+      "int32_array",
+      [](py::handle ids, const std::string& what) {
+        Int32Arg arg(ids, what.c_str());
+        return to_array(arg.span().data(), arg.span().size());
+      },
+      py::arg("ids"), py::arg("what") = "ids",
+      "Token or block ids as an array('i') the radix tree reads in place (ValueError beyond int32).");
   py::class_<MatchResult>(m, "RadixMatch", "A look-up: num_tokens matched (whole pages) in block_ids.")
       .def_readonly("num_tokens", &MatchResult::num_tokens)
       .def_property_readonly("block_ids", [](const MatchResult& r) { return to_list(r.blocks); })
@@ -214,8 +230,9 @@ Not thread-safe.
           py::arg("tokens"), py::arg("namespace") = py::none(),
           "SGLang match_prefix: splits at the match's end, refreshes recency, counts a hit.")
       .def("insert", &insert, py::arg("tokens"), py::arg("blocks"), py::arg("namespace") = py::none(),
-           py::arg("priority") = 0,
-           "Insert whole pages; re-points blocks[:prefix_len // page] to the tree's blocks in place.")
+           py::arg("priority") = 0, py::arg("start") = 0,
+           "Insert whole pages; blocks hold the pages from token `start` on, and the entries of pages\n"
+           "already in the tree are re-pointed to the tree's blocks in place.")
       .def("lock", &RadixTree::lock, py::arg("node"), "Lock root -> node.")
       .def("unlock", &RadixTree::unlock, py::arg("node"), "Unlock root -> node.")
       .def(

@@ -58,6 +58,7 @@ RadixTree::RadixTree(BlockPool& pool, int64_t page_size, std::optional<EvictionO
     : pool_(pool), page_(page_size), order_(order) {
   if (page_size < 1) throw std::invalid_argument("page_size must be >= 1, got " + std::to_string(page_size));
   in_tree_.assign(pool.num_blocks(), 0);
+  seen_.assign(pool.num_blocks(), 0);
 }
 
 // ---------------------------------------------------------------- look-up
@@ -144,52 +145,63 @@ MatchResult RadixTree::match_prefix(TokenSpan tokens, const Namespace& ns) {
 
 // ---------------------------------------------------------------- insert
 
-InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, const Namespace& ns, int64_t priority) {
-  if (tokens.size() % page_ != 0) {
+InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, const Namespace& ns, int64_t priority,
+                              int64_t start) {
+  const size_t page = static_cast<size_t>(page_);
+  if (tokens.size() % page != 0) {
     throw std::invalid_argument("insert: tokens has " + std::to_string(tokens.size()) +
                                 " tokens, not a multiple of page_size " + std::to_string(page_));
   }
-  if (blocks.size() != tokens.size() / page_) {
-    throw std::invalid_argument("insert: blocks has " + std::to_string(blocks.size()) + " ids but " +
-                                std::to_string(tokens.size()) + " tokens need " +
-                                std::to_string(tokens.size() / page_) + " (one per page)");
+  if (start < 0 || static_cast<size_t>(start) > tokens.size() || start % page_ != 0) {
+    throw std::invalid_argument("insert: start=" + std::to_string(start) + " must be a multiple of page_size " +
+                                std::to_string(page_) + " in [0, " + std::to_string(tokens.size()) + "]");
+  }
+  const size_t first = static_cast<size_t>(start) / page;  // page of blocks[0]
+  if (blocks.size() != tokens.size() / page - first) {
+    throw std::invalid_argument("insert: blocks has " + std::to_string(blocks.size()) + " ids but tokens[" +
+                                std::to_string(start) + ":" + std::to_string(tokens.size()) + "] need " +
+                                std::to_string(tokens.size() / page - first) + " (one per page)");
   }
   Walk w = walk(tokens, root_of(ns));
-  const size_t dup_pages = w.matched / page_;
+  if (w.matched < static_cast<size_t>(start)) {
+    throw std::invalid_argument("insert: start=" + std::to_string(start) + " but only the first " +
+                                std::to_string(w.matched) + " tokens are in the tree");
+  }
+  const size_t dup_pages = w.matched / page;
+  MatchResult present = collect(w);
 
   // Validate everything before changing anything.
-  InsertResult out;
-  out.prefix_len = static_cast<int64_t>(w.matched);
-  std::vector<int32_t> tree_blocks;
-  tree_blocks.reserve(dup_pages);
-  for (RadixNode* n : w.path) tree_blocks.insert(tree_blocks.end(), n->blocks.begin(), n->blocks.end());
-  if (w.partial != nullptr) {
-    tree_blocks.insert(tree_blocks.end(), w.partial->blocks.begin(),
-                       w.partial->blocks.begin() + static_cast<ptrdiff_t>(w.partial_len / page_));
-  }
-  std::vector<int32_t> seen;
+  std::vector<int32_t> adopted;  // caller-owned blocks named in this call
   for (size_t i = 0; i < blocks.size(); ++i) {
     int32_t b = blocks[i];
+    size_t p = first + i;
     if (b < 0 || b >= pool_.num_blocks()) {
       throw std::out_of_range("insert: block id " + std::to_string(b) + " is out of range [0, " +
                               std::to_string(pool_.num_blocks()) + ")");
     }
-    if (i < dup_pages && b == tree_blocks[i]) continue;
+    if (p < dup_pages && b == present.blocks[p]) continue;
     // A caller's block that is not the tree's: a duplicate to hand back, or
     // a new page to adopt. Either way the caller must own it.
     if (in_tree_[b]) {
-      throw std::invalid_argument("insert: block " + std::to_string(b) + " (page " + std::to_string(i) +
+      throw std::invalid_argument("insert: block " + std::to_string(b) + " (page " + std::to_string(p) +
                                   ") already belongs to the tree at another position");
     }
     if (pool_.ref_count(b) < 1) throw std::invalid_argument("insert: block " + std::to_string(b) + " is free in the pool");
-    seen.push_back(b);
+    adopted.push_back(b);
   }
-  std::sort(seen.begin(), seen.end());
-  if (std::adjacent_find(seen.begin(), seen.end()) != seen.end()) {
-    throw std::invalid_argument("insert: block " + std::to_string(*std::adjacent_find(seen.begin(), seen.end())) +
-                                " appears more than once");
+  std::optional<int32_t> repeated;
+  for (int32_t b : adopted) {
+    if (seen_[b]) {
+      repeated = b;
+      break;
+    }
+    seen_[b] = 1;
   }
+  for (int32_t b : adopted) seen_[b] = 0;
+  if (repeated) throw std::invalid_argument("insert: block " + std::to_string(*repeated) + " appears more than once");
 
+  InsertResult out;
+  out.prefix_len = static_cast<int64_t>(w.matched);
   RadixNode* root = w.root != nullptr ? w.root : root_or_create(ns);
   int64_t now = ++clock_;
   root->last_access_time = now;
@@ -203,18 +215,19 @@ InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, cons
     node = split(w.partial, w.partial_len, ++clock_);
     node->priority = std::max(node->priority, priority);
   }
-  for (size_t i = 0; i < dup_pages; ++i) {
-    if (blocks[i] != tree_blocks[i]) {
-      out.displaced.push_back(blocks[i]);
-      blocks[i] = tree_blocks[i];
+  for (size_t p = first; p < dup_pages; ++p) {
+    int32_t& mine = blocks[p - first];
+    if (mine != present.blocks[p]) {
+      out.displaced.push_back(mine);
+      mine = present.blocks[p];
     }
   }
   if (w.matched < tokens.size()) {
     RadixNode* leaf = new_node(node, ++clock_);
     leaf->tokens.assign(tokens.begin() + static_cast<ptrdiff_t>(w.matched), tokens.end());
-    leaf->blocks.assign(blocks.begin() + static_cast<ptrdiff_t>(dup_pages), blocks.end());
+    leaf->blocks.assign(blocks.begin() + static_cast<ptrdiff_t>(dup_pages - first), blocks.end());
     leaf->priority = priority;
-    node->children.emplace(PageKey{leaf->tokens.data(), static_cast<size_t>(page_)}, leaf);
+    node->children.emplace(PageKey{leaf->tokens.data(), page}, leaf);
     for (int32_t b : leaf->blocks) in_tree_[b] = 1;
     evictable_size_ += static_cast<int64_t>(leaf->tokens.size());
     update_leaf_status(node);

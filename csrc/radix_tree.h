@@ -159,13 +159,16 @@ class RadixTree {
   // from lru). Creates the namespace's root if it has none.
   MatchResult match_prefix(TokenSpan tokens, const Namespace& ns);
 
-  // SGLang's insert: adds `tokens` (a whole number of pages) with `blocks`
-  // (one per page). Pages already present keep the tree's blocks: on return
-  // blocks[0 : prefix_len / page] hold the tree's ids, and every caller id
-  // that differed is listed in `displaced` (still the caller's to free). The
-  // remaining blocks now belong to the tree (it owns their pool reference).
+  // SGLang's insert: adds `tokens` (a whole number of pages) whose pages from
+  // token `start` on are stored in `blocks` (one per page). The caller already
+  // holds the first `start` tokens from the tree (SGLang's cache_protected_len),
+  // so they must be present. Pages already present keep the tree's blocks: on
+  // return the entries of `blocks` for them hold the tree's ids, and every
+  // caller id replaced is listed in `displaced` (still the caller's to free).
+  // The remaining blocks now belong to the tree (it owns their pool reference).
   // Walked nodes get a fresh last_access_time and priority = max(priority, p).
-  InsertResult insert(TokenSpan tokens, std::span<int32_t> blocks, const Namespace& ns, int64_t priority);
+  InsertResult insert(TokenSpan tokens, std::span<int32_t> blocks, const Namespace& ns, int64_t priority,
+                      int64_t start = 0);
 
   // Lock / unlock the path root -> node. A root is a no-op. unlock of an
   // unlocked node throws.
@@ -235,6 +238,7 @@ class RadixTree {
   std::unordered_map<std::string, RadixNode*> named_roots_;
   std::vector<RadixNode*> evictable_leaves_;
   std::vector<uint8_t> in_tree_;  // per pool block: 1 if a node holds it
+  std::vector<uint8_t> seen_;     // scratch for insert's duplicate check, left all-zero
   int64_t evictable_size_ = 0;
   int64_t protected_size_ = 0;
   int64_t clock_ = 0;

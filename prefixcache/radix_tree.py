@@ -24,10 +24,13 @@ The contract both trees keep:
   node splits it, every node walked gets a fresh `last_access_time`, and each node of
   the matched path counts a hit. SGLang's plain RadixCache never increments
   `hit_count` (so its `lfu` behaves as `lru`); we count hits, so `lfu` means LFU.
-- `insert(tokens, blocks, namespace, priority)` returns `prefix_len`, the leading
-  tokens already present. Those pages keep the tree's blocks: `blocks` is re-pointed
-  in place, and the caller's ids that differed come back as `displaced` (still the
-  caller's to free). The new pages' blocks now belong to the tree.
+- `insert(tokens, blocks, namespace, priority, start)` returns `prefix_len`, the
+  leading tokens already present. `blocks` hold the pages from token `start` on: the
+  caller already holds the first `start` tokens from the tree (SGLang's
+  `cache_protected_len`), so only new pages cost a conversion. Pages already present
+  keep the tree's blocks: their entries in `blocks` are re-pointed in place, and the
+  caller's ids that differed come back as `displaced` (still the caller's to free).
+  The new pages' blocks now belong to the tree.
 - A split keeps `lock_ref` (and priority and hit count) on both halves, so neither
   size moves; the new upper node is stamped as a new node, as SGLang's `_split_node`.
 - `lock` / `unlock` walk root -> node; a root is a no-op. `lock_ref(parent) >=
@@ -314,8 +317,11 @@ class PyRadixTree:
         blocks: MutableSequence[int],
         namespace: Namespace = None,
         priority: int = 0,
+        start: int = 0,
     ) -> RadixInsert:
-        """Insert whole pages; re-point `blocks[:prefix_len // page]` to the tree's."""
+        """Insert whole pages. `blocks` hold the pages from token `start` on (the caller
+        already holds the first `start` tokens from the tree); entries of pages already
+        in the tree are re-pointed to the tree's blocks in place."""
         key = _int32s(tokens, "tokens")
         namespace = _check_namespace(namespace)
         if isinstance(blocks, (tuple, str, bytes)) or not hasattr(blocks, "__setitem__"):
@@ -326,28 +332,35 @@ class PyRadixTree:
         page = self.page_size
         if len(key) % page:
             raise ValueError(f"insert: tokens has {len(key)} tokens, not a multiple of page_size {page}")
-        if len(ids) != len(key) // page:
+        if not 0 <= start <= len(key) or start % page:
+            raise ValueError(f"insert: start={start} must be a multiple of page_size {page} in [0, {len(key)}]")
+        first = start // page  # the page of blocks[0]
+        if len(ids) != len(key) // page - first:
             raise ValueError(
-                f"insert: blocks has {len(ids)} ids but {len(key)} tokens need {len(key) // page} (one per page)"
+                f"insert: blocks has {len(ids)} ids but tokens[{start}:{len(key)}] need "
+                f"{len(key) // page - first} (one per page)"
             )
         w = self._walk(key, self._roots.get(namespace))
+        if w.matched < start:
+            raise ValueError(f"insert: start={start} but only the first {w.matched} tokens are in the tree")
         dup_pages = w.matched // page
-        tree_blocks = self._collect(w).block_ids
+        present = self._collect(w).block_ids
 
         # Validate everything before changing anything.
         caller_owned = []
-        for i, b in enumerate(ids):
+        for p, b in enumerate(ids, start=first):
             if not 0 <= b < self.pool.num_blocks:
                 raise IndexError(f"insert: block id {b} is out of range [0, {self.pool.num_blocks})")
-            if i < dup_pages and b == tree_blocks[i]:
+            if p < dup_pages and b == present[p]:
                 continue
+            # A duplicate to hand back, or a new page to adopt: the caller must own it.
             if b in self._in_tree:
-                raise ValueError(f"insert: block {b} (page {i}) already belongs to the tree at another position")
+                raise ValueError(f"insert: block {b} (page {p}) already belongs to the tree at another position")
             if self.pool.ref_count(b) < 1:
                 raise ValueError(f"insert: block {b} is free in the pool")
             caller_owned.append(b)
         if len(set(caller_owned)) != len(caller_owned):
-            dup = min(b for b in caller_owned if caller_owned.count(b) > 1)
+            dup = next(b for i, b in enumerate(caller_owned) if b in caller_owned[:i])
             raise ValueError(f"insert: block {dup} appears more than once")
 
         root = w.root if w.root is not None else self._root_or_create(namespace)
@@ -362,14 +375,14 @@ class PyRadixTree:
             node = self._split(w.partial, w.partial_len)
             node.priority = max(node.priority, priority)
         displaced = []
-        for i in range(dup_pages):
-            if ids[i] != tree_blocks[i]:
-                displaced.append(ids[i])
-                blocks[i] = tree_blocks[i]
+        for p in range(first, dup_pages):
+            if ids[p - first] != present[p]:
+                displaced.append(ids[p - first])
+                blocks[p - first] = present[p]
         if w.matched < len(key):
             leaf = self._new_node(node)
             leaf.tokens = key[w.matched :]
-            leaf.blocks = ids[dup_pages:]
+            leaf.blocks = ids[dup_pages - first :]
             leaf.priority = priority
             node.children[self._page_key(leaf.tokens)] = leaf
             self._in_tree.update(leaf.blocks)

@@ -236,6 +236,23 @@ def test_insert_adopts_blocks_and_returns_duplicates(kind):
     tr.check()
 
 
+def test_insert_from_start_takes_only_the_callers_own_pages(kind):
+    tr = Tree(kind, page=2)
+    _, first = tr.insert([1, 2, 3, 4])
+    own = tr.pool.allocate(2)  # pages [3, 4] (a duplicate) and [5, 6]; [1, 2] is held from the tree
+    mine = list(own)
+    result = tr.t.insert([1, 2, 3, 4, 5, 6], own, None, 0, 2)
+    assert (result.prefix_len, result.displaced) == (4, mine[:1])
+    assert own == [first[1], mine[1]]
+    tr.pool.free(result.displaced)
+    assert tr.t.match([1, 2, 3, 4, 5, 6]).block_ids == [*first, mine[1]]
+    with pytest.raises(ValueError, match="only the first 6 tokens"):
+        tr.t.insert([1, 2, 3, 4, 5, 6, 7, 8, 9, 9], [0], None, 0, 8)
+    with pytest.raises(ValueError, match="start=3 must be a multiple"):
+        tr.t.insert([1, 2, 3, 4], [0], None, 0, 3)
+    tr.check()
+
+
 def test_custom_policy_is_called_once_per_candidate(kind):
     calls = []
 

@@ -73,14 +73,29 @@ class TwoTrees:
         assert results[0][0] == results[1][0], (op, args, results)
         return results
 
-    def insert(self, toks, ns, priority):
+    def insert(self, toks, ns, priority, start_pages=0):
+        """Insert with fresh blocks for the pages from `start` on (a start past what the
+        tree holds must be refused by both)."""
         key = toks[: len(toks) // self.page * self.page]
-        ids = [pool.allocate(len(key) // self.page) for pool in self.pools]
+        start = min(start_pages * self.page, len(key))
+        ids = [pool.allocate(len(key) // self.page - start // self.page) for pool in self.pools]
         assert ids[0] == ids[1]
         if ids[0] is None:
             return
         copies = (list(ids[0]), list(ids[1]))
-        (k0, r0), (_, r1) = (("ok", t.insert(key, c, ns, priority)) for t, c in zip(self.trees, copies))
+        results = []
+        for tree, blocks in zip(self.trees, copies):
+            try:
+                results.append(("ok", tree.insert(key, blocks, ns, priority, start)))
+            except ValueError as err:
+                results.append((type(err), None))
+        (k0, r0), (k1, r1) = results
+        assert k0 == k1, results
+        if k0 != "ok":
+            assert start > self.trees[0].match(key, ns).num_tokens
+            for pool, blocks in zip(self.pools, ids):
+                pool.free(blocks)
+            return
         assert fields(r0, "prefix_len", "node", "displaced") == fields(r1, "prefix_len", "node", "displaced")
         assert copies[0] == copies[1]  # both re-pointed the same way
         assert r0.prefix_len % self.page == 0
@@ -156,9 +171,9 @@ class TreeMachine(RuleBasedStateMachine):
     def setup(self, page, eviction):
         self.t = TwoTrees(page, eviction)
 
-    @rule(toks=tokens, ns=namespaces, priority=st.integers(0, 2))
-    def insert(self, toks, ns, priority):
-        self.t.insert(toks, ns, priority)
+    @rule(toks=tokens, ns=namespaces, priority=st.integers(0, 2), start_pages=st.sampled_from([0, 0, 1, 2]))
+    def insert(self, toks, ns, priority, start_pages):
+        self.t.insert(toks, ns, priority, start_pages)
 
     @rule(toks=tokens, ns=namespaces, bad=st.integers(-1, NUM_BLOCKS))
     def insert_foreign_block(self, toks, ns, bad):
@@ -210,7 +225,7 @@ def test_long_random_walks_match_model():
             return [rng.randint(0, 1) for _ in range(rng.randint(0, 9))]
 
         ops = [
-            (6, lambda: t.insert(toks(), rng.choice(NAMESPACES), rng.randint(0, 2))),
+            (6, lambda: t.insert(toks(), rng.choice(NAMESPACES), rng.randint(0, 2), rng.choice([0, 0, 1, 3]))),
             (4, lambda: t.match_prefix(toks(), rng.choice(NAMESPACES))),
             (2, lambda: t.match(toks(), rng.choice(NAMESPACES))),
             (2, lambda: t.known_nodes and t.lock(rng.choice(t.known_nodes))),
