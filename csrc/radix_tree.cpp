@@ -55,7 +55,7 @@ struct RadixTree::Walk {
 };
 
 RadixTree::RadixTree(BlockPool& pool, int64_t page_size, std::optional<EvictionOrder> order)
-    : pool_(pool), page_(page_size), order_(order) {
+    : pool_(pool), page_(static_cast<size_t>(page_size)), order_(order) {
   if (page_size < 1) throw std::invalid_argument("page_size must be >= 1, got " + std::to_string(page_size));
   in_tree_.assign(pool.num_blocks(), 0);
   seen_.assign(pool.num_blocks(), 0);
@@ -64,10 +64,9 @@ RadixTree::RadixTree(BlockPool& pool, int64_t page_size, std::optional<EvictionO
 // ---------------------------------------------------------------- look-up
 
 size_t RadixTree::mismatch(const RadixNode& node, TokenSpan key, size_t at) const {
-  size_t n = std::min(node.tokens.size(), key.size() - at);
-  auto first = key.begin() + static_cast<ptrdiff_t>(at);
-  size_t same = static_cast<size_t>(std::mismatch(node.tokens.begin(), node.tokens.begin() + static_cast<ptrdiff_t>(n), first).first -
-                                    node.tokens.begin());
+  const size_t n = std::min(node.tokens.size(), key.size() - at);
+  const int32_t* mine = node.tokens.data();
+  const size_t same = static_cast<size_t>(std::mismatch(mine, mine + n, key.data() + at).first - mine);
   if (same == node.tokens.size()) return same;
   return same / page_ * page_;  // a page that differs anywhere is a miss
 }
@@ -78,9 +77,8 @@ RadixTree::Walk RadixTree::walk(TokenSpan key, RadixNode* root) const {
   if (root == nullptr) return w;
   RadixNode* node = root;
   size_t at = 0;
-  const size_t page = static_cast<size_t>(page_);
   while (at < key.size()) {
-    auto it = node->children.find(PageKey{key.data() + at, page});
+    auto it = node->children.find(PageKey{key.data() + at, page_});
     if (it == node->children.end()) break;
     RadixNode* child = it->second;
     size_t same = mismatch(*child, key, at);
@@ -147,27 +145,26 @@ MatchResult RadixTree::match_prefix(TokenSpan tokens, const Namespace& ns) {
 
 InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, const Namespace& ns, int64_t priority,
                               int64_t start) {
-  const size_t page = static_cast<size_t>(page_);
-  if (tokens.size() % page != 0) {
+  if (tokens.size() % page_ != 0) {
     throw std::invalid_argument("insert: tokens has " + std::to_string(tokens.size()) +
                                 " tokens, not a multiple of page_size " + std::to_string(page_));
   }
-  if (start < 0 || static_cast<size_t>(start) > tokens.size() || start % page_ != 0) {
+  if (start < 0 || static_cast<size_t>(start) > tokens.size() || static_cast<size_t>(start) % page_ != 0) {
     throw std::invalid_argument("insert: start=" + std::to_string(start) + " must be a multiple of page_size " +
                                 std::to_string(page_) + " in [0, " + std::to_string(tokens.size()) + "]");
   }
-  const size_t first = static_cast<size_t>(start) / page;  // page of blocks[0]
-  if (blocks.size() != tokens.size() / page - first) {
+  const size_t first = static_cast<size_t>(start) / page_;  // page of blocks[0]
+  if (blocks.size() != tokens.size() / page_ - first) {
     throw std::invalid_argument("insert: blocks has " + std::to_string(blocks.size()) + " ids but tokens[" +
                                 std::to_string(start) + ":" + std::to_string(tokens.size()) + "] need " +
-                                std::to_string(tokens.size() / page - first) + " (one per page)");
+                                std::to_string(tokens.size() / page_ - first) + " (one per page)");
   }
   Walk w = walk(tokens, root_of(ns));
   if (w.matched < static_cast<size_t>(start)) {
     throw std::invalid_argument("insert: start=" + std::to_string(start) + " but only the first " +
                                 std::to_string(w.matched) + " tokens are in the tree");
   }
-  const size_t dup_pages = w.matched / page;
+  const size_t dup_pages = w.matched / page_;
   MatchResult present = collect(w);
 
   // Validate everything before changing anything.
@@ -227,7 +224,7 @@ InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, cons
     leaf->tokens.assign(tokens.begin() + static_cast<ptrdiff_t>(w.matched), tokens.end());
     leaf->blocks.assign(blocks.begin() + static_cast<ptrdiff_t>(dup_pages - first), blocks.end());
     leaf->priority = priority;
-    node->children.emplace(PageKey{leaf->tokens.data(), page}, leaf);
+    node->children.emplace(PageKey{leaf->tokens.data(), page_}, leaf);
     for (int32_t b : leaf->blocks) in_tree_[b] = 1;
     evictable_size_ += static_cast<int64_t>(leaf->tokens.size());
     update_leaf_status(node);
@@ -252,23 +249,22 @@ RadixNode* RadixTree::new_node(RadixNode* parent, int64_t stamp) {
 // lock_ref (so neither size moves), priority and hit_count, and is stamped as
 // a new node, as SGLang's _split_node does.
 RadixNode* RadixTree::split(RadixNode* child, size_t split_len, int64_t stamp) {
-  const size_t page = static_cast<size_t>(page_);
   RadixNode* parent = child->parent;
   RadixNode* mid = new_node(parent, stamp);
   auto cut = static_cast<ptrdiff_t>(split_len);
-  auto cut_pages = static_cast<ptrdiff_t>(split_len / page);
+  auto cut_pages = static_cast<ptrdiff_t>(split_len / page_);
   mid->tokens.assign(child->tokens.begin(), child->tokens.begin() + cut);
   mid->blocks.assign(child->blocks.begin(), child->blocks.begin() + cut_pages);
   mid->lock_ref = child->lock_ref;
   mid->priority = child->priority;
   mid->hit_count = child->hit_count;
   // Re-key while the child's first page is still intact: the map's key views it.
-  parent->children.erase(PageKey{child->tokens.data(), page});
-  parent->children.emplace(PageKey{mid->tokens.data(), page}, mid);
+  parent->children.erase(PageKey{child->tokens.data(), page_});
+  parent->children.emplace(PageKey{mid->tokens.data(), page_}, mid);
   child->tokens.erase(child->tokens.begin(), child->tokens.begin() + cut);
   child->blocks.erase(child->blocks.begin(), child->blocks.begin() + cut_pages);
   child->parent = mid;
-  mid->children.emplace(PageKey{child->tokens.data(), page}, child);
+  mid->children.emplace(PageKey{child->tokens.data(), page_}, child);
   return mid;
 }
 
@@ -346,7 +342,7 @@ void RadixTree::delete_leaf(RadixNode* leaf) {
   evictable_size_ -= static_cast<int64_t>(leaf->tokens.size());
   RadixNode* parent = leaf->parent;
   set_evictable_leaf(leaf, false);
-  parent->children.erase(PageKey{leaf->tokens.data(), static_cast<size_t>(page_)});
+  parent->children.erase(PageKey{leaf->tokens.data(), page_});
   nodes_.erase(leaf->id);
   update_leaf_status(parent);
 }
@@ -458,7 +454,6 @@ void RadixTree::check_invariants(const std::optional<std::vector<int64_t>>& lock
 
   std::vector<uint8_t> seen_block(in_tree_.size(), 0);
   int64_t num_nodes = 0, evictable = 0, protect = 0, num_blocks = 0, num_leaves = 0;
-  const size_t page = static_cast<size_t>(page_);
   std::vector<const RadixNode*> stack;
   for (const RadixNode* root : roots) {
     if (!root->tokens.empty() || !root->blocks.empty() || root->lock_ref != 0) {
@@ -474,14 +469,14 @@ void RadixTree::check_invariants(const std::optional<std::vector<int64_t>>& lock
       if (n->last_access_time > clock_ || n->creation_time > clock_) fail(node_str(*n) + " is stamped after the clock");
       for (const auto& [key, child] : n->children) {
         if (child->parent != n) fail(node_str(*child) + " parent link does not point to " + node_str(*n));
-        if (key.data != child->tokens.data() || key.len != page) fail(node_str(*child) + " is keyed by a stale page view");
+        if (key.data != child->tokens.data() || key.len != page_) fail(node_str(*child) + " is keyed by a stale page view");
         stack.push_back(child);
       }
       if (n->is_root()) continue;
       const auto len = static_cast<int64_t>(n->tokens.size());
       if (len == 0) fail(node_str(*n) + " is an empty non-root node");
-      if (n->tokens.size() % page != 0) fail(node_str(*n) + " holds " + std::to_string(len) + " tokens, not whole pages");
-      if (n->blocks.size() != n->tokens.size() / page) fail(node_str(*n) + " holds " + std::to_string(n->blocks.size()) + " blocks for " + std::to_string(len) + " tokens");
+      if (n->tokens.size() % page_ != 0) fail(node_str(*n) + " holds " + std::to_string(len) + " tokens, not whole pages");
+      if (n->blocks.size() != n->tokens.size() / page_) fail(node_str(*n) + " holds " + std::to_string(n->blocks.size()) + " blocks for " + std::to_string(len) + " tokens");
       if (n->lock_ref < 0) fail(node_str(*n) + " has negative lock_ref");
       if (!n->parent->is_root() && n->parent->lock_ref < n->lock_ref) fail(node_str(*n) + " is locked more than its parent");
       if (locked_nodes) {

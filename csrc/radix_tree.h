@@ -144,7 +144,7 @@ class RadixTree {
   RadixTree(const RadixTree&) = delete;
   RadixTree& operator=(const RadixTree&) = delete;
 
-  int64_t page_size() const { return page_; }
+  int64_t page_size() const { return static_cast<int64_t>(page_); }
   std::optional<EvictionOrder> order() const { return order_; }
 
   // Pure look-up: the longest cached whole-page prefix of `tokens` (cut to
@@ -231,7 +231,7 @@ class RadixTree {
   size_t mismatch(const RadixNode& node, TokenSpan key, size_t at) const;
 
   BlockPool& pool_;
-  int64_t page_;
+  size_t page_;  // tokens per page
   std::optional<EvictionOrder> order_;
   std::unordered_map<int64_t, std::unique_ptr<RadixNode>> nodes_;
   RadixNode* none_root_ = nullptr;

@@ -152,6 +152,21 @@ def test_events_chain_across_commits_and_namespaces():
     assert all(e.extra_keys == (None,) for e in stored[1:])
 
 
+def test_events_survive_a_split():
+    """SGLang test_hash_value_split: [1,2,3,4] then [1,2,5,6] at page 2 splits the first
+    node at (1, 2); the new page chains to (1, 2)'s hash, and evicting [3, 4] reports
+    the hash stored for it."""
+    cache = radix(block_size=2)
+    run(cache, "a", [1, 2, 3, 4, 0])
+    run(cache, "b", [1, 2, 5, 6, 0])
+    stored = [e for e in cache.drain_events() if isinstance(e, BlockStored)]
+    assert [e.token_ids for e in stored] == [(1, 2), (3, 4), (5, 6)]
+    assert stored[2].parent_block_hash == stored[0].block_hashes[0]
+    assert stored[2].block_hashes[0] == block_hashes([1, 2, 5, 6], 2)[1]
+    assert cache.evict(1) == 1  # the LRU leaf: [3, 4]
+    assert cache.drain_events() == [BlockRemoved(stored[1].block_hashes)]
+
+
 @pytest.mark.parametrize("page", [1, 2])
 def test_events_one_per_page(page):
     cache = radix(block_size=page)
