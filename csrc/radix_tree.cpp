@@ -311,6 +311,7 @@ std::pair<int64_t, int64_t> RadixTree::native_priority(const RadixNode& n) const
 }
 
 int64_t RadixTree::evict(int64_t num_tokens) {
+  last_evicted_.clear();
   if (!order_) throw std::invalid_argument("evict: this tree has no native eviction order; rank candidates with a priority function");
   return evict_by<std::pair<int64_t, int64_t>>(num_tokens, [this](const RadixNode& n) { return native_priority(n); });
 }

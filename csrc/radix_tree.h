@@ -251,8 +251,8 @@ class RadixTree {
 
 template <class Key, class Rank>
 int64_t RadixTree::evict_by(int64_t num_tokens, Rank&& rank) {
+  last_evicted_.clear();  // first: a call that throws has evicted nothing
   if (num_tokens < 0) throw std::invalid_argument("evict: num_tokens must be >= 0, got " + std::to_string(num_tokens));
-  last_evicted_.clear();
   struct Entry {
     Key key;
     int64_t id;

@@ -449,12 +449,12 @@ class PyRadixTree:
 
     def evict(self, num_tokens: int, priority: Callable[[Any], Any] | None = None) -> int:
         """Evict unlocked leaves until `num_tokens` are freed; returns tokens evicted."""
+        self._last_evicted = []  # first: a call that raises has evicted nothing
         if num_tokens < 0:
             raise ValueError(f"evict: num_tokens must be >= 0, got {num_tokens}")
         rank = priority if priority is not None else self._order
         if rank is None:
             raise ValueError("evict: this tree has no native eviction order; rank candidates with a priority function")
-        self._last_evicted = []
         heap = [(rank(leaf.candidate()), leaf.id, leaf) for leaf in self._evictable_leaves()]
         heapq.heapify(heap)
         evicted = 0

@@ -341,6 +341,10 @@ def test_bad_arguments_raise_and_change_nothing(kind):
     tr.pool.free(extra)
     assert (tr.t.total_size, tr.t.num_nodes, tr.t.clock, tr.pool.num_free) == before
     tr.check()
+    assert tr.t.evict(1) == 4 and tr.t.last_evicted() == owned
+    with pytest.raises(ValueError, match="num_tokens"):
+        tr.t.evict(-1)
+    assert tr.t.last_evicted() == []  # a refused call evicted nothing
     with pytest.raises(ValueError, match="page_size"):
         TREES[kind][0](tr.pool, 0, "lru")
     with pytest.raises(ValueError, match="allowed values"):
