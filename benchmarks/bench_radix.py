@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import random
 import sys
@@ -152,6 +153,16 @@ def best_of(repeat: int, make: Callable[[], object], workload: Workload):
     return hits, best, arm
 
 
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def first_difference(ours: list, theirs: list) -> str:
     for i, (a, b) in enumerate(zip(ours, theirs)):
         if a != b:
@@ -181,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         except SGLangUnavailable as err:
             print(f"SGLang side skipped: {err}")
 
-    print(f"# bench_radix  {datetime.date.today()}  {platform.machine()}  {platform.processor() or ''}  "
+    print(f"# bench_radix  {datetime.date.today()}  {cpu_model()} x{os.cpu_count()}  "
           f"Python {platform.python_version()}  seed {args.seed}  best of {args.repeat}")  # fmt: skip
     print(f"# command: python benchmarks/bench_radix.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     header = "| workload | page | pool blocks | hit tokens | hit rate | evicted blocks | ours µs/req |"
