@@ -53,7 +53,8 @@ std::vector<std::string_view> key_views(py::handle obj) {
 }  // namespace
 
 void bind_block_pool(py::module_& m) {
-  static py::exception<InvariantError> invariant_error(m, "InvariantError", PyExc_AssertionError);
+  // register_exception (not just py::exception) so a thrown InvariantError is translated.
+  py::register_exception<InvariantError>(m, "InvariantError", PyExc_AssertionError);
 
   py::class_<BlockPool>(m, "BlockPool", R"doc(
 Fixed pool of KV blocks shared by every prefix-cache strategy.

@@ -7,10 +7,12 @@ namespace py = pybind11;
 namespace prefixcache {
 void bind_block_pool(py::module_& m);
 void bind_hashing(py::module_& m);
+void bind_radix_tree(py::module_& m);
 }  // namespace prefixcache
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "prefixcache native core: block pool, hashing, radix tree, paged attention (CPU).";
   prefixcache::bind_block_pool(m);
   prefixcache::bind_hashing(m);
+  prefixcache::bind_radix_tree(m);
 }

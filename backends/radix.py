@@ -1,0 +1,324 @@
+"""The `radix` backend: SGLang's RadixAttention (`RadixCache`, v0.5.6) on the shared pool.
+
+Owns the request side of SGLang's radix cache: which tree node each live request
+locks, which of its blocks are its own and which are the tree's, when blocks are
+handed to the tree and when duplicates are freed, the KV events, and the stats. The
+tree itself (`prefixcache._C.RadixTree`, reference model `prefixcache.radix_tree`)
+holds the token runs, the lock refs and the eviction order.
+
+Must never: hash when events are disabled, free a block the tree holds, evict a block a
+live request uses, or leave anything changed by an `admit`/`append` that returns None.
+
+How SGLang's scheduler calls map onto the protocol (`mem_cache/radix_cache.py`,
+`mem_cache/common.py`, `managers/schedule_batch.py`):
+
+- `admit` = `match_prefix` on `tokens[:-1]` (`adjust_max_prefix_ids`: the last prompt
+  token is always computed) cut to whole pages, `inc_lock_ref` on the last matched
+  node, then `alloc_token_slots` for the rest of the prompt. Short of free blocks, the
+  tree evicts as many tokens as the allocation needs, as `evict_from_tree_cache` does,
+  and the allocation is retried. Feasibility is checked first (needed blocks <= free
+  blocks + evictable blocks outside the matched path), so a refused admission changes
+  nothing: no split, no recency, no stats but `rejected`.
+- `commit(n)` = `cache_unfinished_req`: the full pages of `tokens[:n]` are inserted,
+  the request's copies of pages the tree already had are freed and its block table is
+  re-pointed to the tree's blocks (protocol rule 4: radix frees the request's copy),
+  and the lock moves to the new last node. `protected` is SGLang's
+  `cache_protected_len`: the request's blocks before it belong to the tree.
+- `release` = `cache_finished_req` as fixed by SGLang PR #16521: every token whose KV
+  is computed, prompt and generated, is inserted; duplicates, the unaligned tail and
+  blocks never computed are freed; the lock is dropped.
+- `append` allocates blocks as tokens grow (`alloc_for_decode`), evicting like admit.
+
+The tree owns one pool reference per block it holds (request blocks are transferred
+on insert); a request's own blocks hold one reference each, so every pinned block of
+the pool is the tree's or exactly one live request's (`check_invariants`).
+
+Events: one `BlockStored` per page, carrying the chained block hash of the configured
+algorithm from `prefixcache.hashing.block_hashes`, the function the `hash` backend
+uses, so one consumer serves both; `BlockRemoved` per evicted page;
+`AllBlocksCleared` on reset.
+
+Inspection: `cache.tree` is the tree, with the API documented in
+`prefixcache.radix_tree` (`total_size`, `evictable_size`, `protected_size`,
+`root(namespace)`, `node(id)`, ...).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from prefixcache._C import BlockPool, InvariantError, RadixTree, int32_array
+from prefixcache.config import CacheConfig
+from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent
+from prefixcache.hashing import block_hashes, namespace_extra_keys
+from prefixcache.protocol import Admission, Match, Namespace, PrefixCache
+from prefixcache.registry import register_backend, resolve_eviction_policy
+from prefixcache.requests import Request, RequestTable, check_namespace, check_tokens
+from prefixcache.stats import CacheStats, StatsCounter
+
+__all__ = ["RadixCache"]
+
+
+def _int32_array(tokens: Sequence[int], *, allow_empty: bool = False) -> array:
+    """Token ids as an int32 array, which the tree reads in place (converted in C++)."""
+    return int32_array(check_tokens(tokens, allow_empty=allow_empty), "tokens")
+
+
+@dataclass(eq=False)
+class _RadixRequest(Request):
+    """A live request. `tokens` is an int32 array the tree reads in place;
+    `block_table[: protected // block_size]` are the tree's blocks, the rest its own."""
+
+    tokens: array
+    node: int = 0  # the tree node this request locks (a root: nothing locked)
+    protected: int = 0  # SGLang's cache_protected_len, in TOKENS
+    priority: int = 0
+
+
+@register_backend("radix")
+class RadixCache(PrefixCache):
+    """SGLang RadixAttention over the shared `BlockPool` (see the module docstring).
+
+    `admit` takes an extra keyword, `priority` (int, default 0): the nodes a request
+    inserts keep the highest priority that touched them, for `eviction: priority`.
+    """
+
+    def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
+        super().__init__(pool, config)
+        self.policy = resolve_eviction_policy(config.eviction)()
+        # A policy with a native order is evaluated in C++; otherwise the tree calls
+        # policy.priority() once per candidate when it evicts.
+        self.tree = RadixTree(pool, self.block_size, self.policy.native)
+        self._rank = None if self.policy.native else self.policy.priority
+        self._requests: RequestTable[_RadixRequest] = RequestTable()
+        self._stats = StatsCounter()
+        self._events = EventLog(config.enable_events)
+        self._page_hash: dict[int, bytes] = {}  # tree block -> its chained hash (events only)
+
+    # -- look-up -----------------------------------------------------------------------
+    def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
+        m = self.tree.match(tokens, check_namespace(namespace))
+        return Match(m.num_tokens, tuple(m.block_ids))
+
+    # -- request lifecycle ---------------------------------------------------------------
+    def admit(
+        self,
+        request_id: Hashable,
+        tokens: Sequence[int],
+        *,
+        namespace: Namespace = None,
+        priority: int = 0,
+    ) -> Admission | None:
+        self._requests.check_new(request_id)
+        toks = _int32_array(tokens)
+        namespace = check_namespace(namespace)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+        bs = self.block_size
+        key = memoryview(toks)[:-1]  # the last prompt token is always computed
+        probe = self.tree.match(key, namespace)
+        needed = -(-len(toks) // bs) - probe.num_tokens // bs
+        if needed > self._room(protecting=probe.unlocked_tokens):
+            self._stats.rejected += 1
+            return None
+        hit = self.tree.match_prefix(key, namespace)
+        self.tree.lock(hit.node)  # before evicting, so the hit cannot be evicted
+        table = hit.block_ids + self._allocate(needed)
+        self._requests.add(
+            _RadixRequest(
+                request_id,
+                toks,
+                namespace,
+                table,
+                num_cached_tokens=hit.num_tokens,
+                node=hit.node,
+                protected=hit.num_tokens,
+                priority=priority,
+            )
+        )
+        self._stats.record_query(len(toks), hit.num_tokens)
+        return Admission(tuple(table), hit.num_tokens)
+
+    def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
+        req = self._requests.get(request_id)
+        new = _int32_array(tokens, allow_empty=True)
+        needed = -(-(len(req.tokens) + len(new)) // self.block_size) - len(req.block_table)
+        blocks: list[int] = []
+        if needed > 0:
+            if needed > self._room(protecting=0):
+                self._stats.rejected += 1
+                return None
+            blocks = self._allocate(needed)
+        req.tokens.extend(new)
+        req.block_table.extend(blocks)
+        return blocks
+
+    def commit(self, request_id: Hashable, num_computed_tokens: int) -> None:
+        req = self._requests.get(request_id)
+        req.num_computed = req.check_commit(num_computed_tokens)
+        self._insert(req, req.num_computed)
+
+    def release(self, request_id: Hashable) -> None:
+        req = self._requests.pop(request_id)
+        # The cached prefix is computed even if nothing was committed since admission.
+        self._insert(req, max(req.num_computed, req.protected))
+        tail = req.block_table[req.protected // self.block_size :]
+        if tail:
+            self.pool.free(tail)  # the unaligned tail and blocks never computed
+        self.tree.unlock(req.node)
+
+    def block_table(self, request_id: Hashable) -> Sequence[int]:
+        return tuple(self._requests.get(request_id).block_table)
+
+    # -- maintenance ---------------------------------------------------------------------
+    def evict(self, num_blocks: int) -> int:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int):
+            raise TypeError(f"num_blocks must be an int, got {type(num_blocks).__name__}")
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        return self._evict_tokens(num_blocks * self.block_size)
+
+    def reset(self) -> bool:
+        if len(self._requests):
+            return False
+        self.tree.reset()
+        self._page_hash.clear()
+        self._stats.reset()
+        self._events.record(AllBlocksCleared())
+        return True
+
+    def stats(self) -> CacheStats:
+        return self._stats.snapshot()
+
+    def drain_events(self) -> list[KVEvent]:
+        return self._events.drain()
+
+    # -- internals -----------------------------------------------------------------------
+    def _room(self, *, protecting: int) -> int:
+        """Blocks an allocation can get: free ones plus what eviction can free once
+        `protecting` more tokens are locked."""
+        return self.pool.num_free + (self.tree.evictable_size - protecting) // self.block_size
+
+    def _allocate(self, num_blocks: int) -> list[int]:
+        """`num_blocks` fresh blocks; the caller has checked `_room`."""
+        blocks = self.pool.allocate(num_blocks)
+        if blocks is None:
+            # SGLang's evict_from_tree_cache evicts the whole allocation's worth, not
+            # just the shortfall; we do the same so hits match it under pressure.
+            self._evict_tokens(num_blocks * self.block_size)
+            blocks = self.pool.allocate(num_blocks)
+        if blocks is None:
+            raise InvariantError(f"radix: {num_blocks} blocks passed the room check but could not be allocated")
+        return blocks
+
+    def _evict_tokens(self, num_tokens: int) -> int:
+        """Evict at least `num_tokens` tokens if there are; returns blocks freed."""
+        freed = 0
+        try:
+            freed = self.tree.evict(num_tokens, self._rank) // self.block_size
+        except BaseException:
+            freed = len(self.tree.last_evicted())  # a Python policy raised; what went, went
+            raise
+        finally:
+            self._stats.evictions += freed
+            if self._events.enabled:
+                for block in self.tree.last_evicted():
+                    self._events.record(BlockRemoved(block_hashes=(self._page_hash.pop(block),)))
+        return freed
+
+    def _insert(self, req: _RadixRequest, num_computed: int) -> None:
+        """SGLang's cache_unfinished_req: hand the computed full pages to the tree, free
+        the request's duplicates, re-point its table, move its lock to the new end."""
+        bs = self.block_size
+        aligned = num_computed // bs * bs
+        if aligned == 0 or aligned < req.protected:
+            return
+        # Only the request's own pages cross into C++: the tree's are already there.
+        first, last = req.protected // bs, aligned // bs
+        own = req.block_table[first:last]
+        result = self.tree.insert(memoryview(req.tokens)[:aligned], own, req.namespace, req.priority, req.protected)
+        if result.displaced:
+            self.pool.free(result.displaced)
+            req.block_table[first:last] = own  # re-pointed to the tree's blocks
+        self._record_stored(req, result.prefix_len, aligned)
+        self.tree.lock(result.node)
+        self.tree.unlock(req.node)
+        req.node = result.node
+        req.protected = aligned
+
+    def _record_stored(self, req: _RadixRequest, start: int, end: int) -> None:
+        """One BlockStored per new page in tokens [start, end), chained to the page before."""
+        if not self._events.enabled or start >= end:
+            return
+        bs = self.block_size
+        first = start // bs
+        parent = self._page_hash[req.block_table[first - 1]] if first else None
+        hashes = block_hashes(
+            req.tokens[start:end],
+            bs,
+            self.config.hash.algorithm,
+            namespace=req.namespace,
+            seed=self.config.hash.seed,
+            parent=parent,
+        )
+        for i, block_hash in enumerate(hashes):
+            page = first + i
+            self._page_hash[req.block_table[page]] = block_hash
+            self._events.record(
+                BlockStored(
+                    block_hashes=(block_hash,),
+                    parent_block_hash=parent,
+                    token_ids=tuple(req.tokens[page * bs : (page + 1) * bs]),
+                    block_size=bs,
+                    extra_keys=(namespace_extra_keys(req.namespace) if page == 0 else None,),
+                )
+            )
+            parent = block_hash
+
+    # -- invariants ----------------------------------------------------------------------
+    def _tree_blocks(self) -> list[int]:
+        out: list[int] = []
+        stack = [self.tree.root(ns) for ns in self.tree.namespaces()]
+        while stack:
+            info = self.tree.node(stack.pop())
+            out += info.block_ids
+            stack += info.children.values()
+        return out
+
+    def check_invariants(self) -> None:
+        def fail(msg: str) -> None:
+            raise InvariantError(f"radix: {msg}")
+
+        self.pool.check_invariants()
+        self.tree.check_invariants([r.node for r in self._requests])
+        bs = self.block_size
+        tree_blocks = set(self._tree_blocks())
+        private: list[int] = []
+        for r in self._requests:
+            rid = r.request_id
+            if len(r.block_table) != -(-len(r.tokens) // bs):
+                fail(f"request {rid!r} has {len(r.block_table)} blocks for {len(r.tokens)} tokens")
+            if r.protected % bs or r.protected > len(r.tokens):
+                fail(f"request {rid!r} protects {r.protected} tokens of {len(r.tokens)}")
+            shared = r.block_table[: r.protected // bs]
+            m = self.tree.match(r.tokens[: r.protected], r.namespace)
+            if m.num_tokens != r.protected or m.block_ids != shared:
+                fail(f"request {rid!r}: its first {r.protected} tokens are not the tree's blocks {shared}")
+            private += r.block_table[r.protected // bs :]
+        if len(set(private)) != len(private):
+            fail("a block is owned by two requests, or twice by one")
+        if tree_blocks & set(private):
+            fail(f"blocks {sorted(tree_blocks & set(private))} are owned by a request and by the tree")
+        for b in [*tree_blocks, *private]:
+            if self.pool.ref_count(b) != 1:
+                fail(f"block {b} has {self.pool.ref_count(b)} references, expected 1 (its one owner)")
+        # The pool is this cache's alone, so nothing else may pin a block.
+        if self.pool.num_pinned != len(tree_blocks) + len(private):
+            fail(
+                f"{self.pool.num_pinned} blocks pinned but the tree holds {len(tree_blocks)} "
+                f"and live requests {len(private)}"
+            )
+        if self._events.enabled and set(self._page_hash) != tree_blocks:
+            fail("the page-hash table does not cover exactly the tree's blocks")

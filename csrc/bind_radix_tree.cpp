@@ -1,0 +1,266 @@
+// Python binding of RadixTree: converts tokens, block ids, namespaces and
+// results, nothing more. Token ids and block ids in int32 buffers
+// (array('i'), numpy int32) are read in place, without a per-element copy.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "radix_tree.h"
+
+namespace py = pybind11;
+
+namespace prefixcache {
+namespace {
+
+// A contiguous one-dimensional buffer, released on destruction.
+class Buffer {
+ public:
+  Buffer(py::handle obj, bool writable) {
+    int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    ok_ = PyObject_GetBuffer(obj.ptr(), &view_, flags) == 0;
+    if (!ok_) PyErr_Clear();
+  }
+  ~Buffer() {
+    if (ok_) PyBuffer_Release(&view_);
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  // The items as int32 if that is what the buffer holds.
+  std::optional<std::span<int32_t>> int32s() const {
+    if (!ok_ || view_.ndim != 1 || view_.itemsize != 4 || view_.format == nullptr) return std::nullopt;
+    std::string_view f(view_.format);
+    if (!f.empty() && (f[0] == '@' || f[0] == '=' || f[0] == '<')) f.remove_prefix(1);
+    if (f != "i" && f != "l") return std::nullopt;
+    return std::span<int32_t>(static_cast<int32_t*>(view_.buf), static_cast<size_t>(view_.shape[0]));
+  }
+
+ private:
+  Py_buffer view_{};
+  bool ok_ = false;
+};
+
+int32_t to_int32(PyObject* item, const char* what) {
+  int overflow = 0;
+  long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  if (overflow != 0 || v < INT32_MIN || v > INT32_MAX) {
+    throw std::invalid_argument(std::string(what) + ": " + py::repr(item).cast<std::string>() + " does not fit in int32");
+  }
+  return static_cast<int32_t>(v);
+}
+
+std::vector<int32_t> to_int32_vector(py::handle obj, const char* what) {
+  if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj)) {
+    throw py::type_error(std::string(what) + " must be a sequence of ints, got " + Py_TYPE(obj.ptr())->tp_name);
+  }
+  py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(obj.ptr(), what));
+  if (!seq) throw py::error_already_set();
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+  PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) out[i] = to_int32(items[i], what);
+  return out;
+}
+
+// Read-only int32 ids: a view of an int32 buffer, or a converted copy.
+class Int32Arg {
+ public:
+  Int32Arg(py::handle obj, const char* what) : buffer_(obj, false) {
+    if (auto view = buffer_.int32s()) {
+      span_ = *view;
+    } else {
+      owned_ = to_int32_vector(obj, what);
+      span_ = owned_;
+    }
+  }
+  std::span<const int32_t> span() const { return span_; }
+
+ private:
+  Buffer buffer_;
+  std::vector<int32_t> owned_;
+  std::span<const int32_t> span_;
+};
+
+Namespace to_namespace(py::handle obj) {
+  if (obj.is_none()) return std::nullopt;
+  if (!py::isinstance<py::str>(obj)) {
+    throw py::type_error(std::string("namespace must be a str or None, got ") + Py_TYPE(obj.ptr())->tp_name);
+  }
+  return obj.cast<std::string>();
+}
+
+py::object from_namespace(const Namespace& ns) { return ns ? py::object(py::str(*ns)) : py::object(py::none()); }
+
+py::list to_list(const std::vector<int32_t>& ids) {
+  py::list out(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) PyList_SET_ITEM(out.ptr(), i, PyLong_FromLong(ids[i]));
+  return out;
+}
+
+// array('i') from int32 ids: one memcpy, no Python int per id (the role a torch
+// index tensor plays in SGLang).
+py::object to_array(const int32_t* data, size_t n) {
+  static PyObject* array_type = py::object(py::module_::import("array").attr("array")).release().ptr();  // kept for the process
+  py::bytes raw(reinterpret_cast<const char*>(data), n * sizeof(int32_t));
+  return py::reinterpret_borrow<py::object>(array_type)("i", raw);
+}
+
+py::tuple to_tuple(const std::vector<int32_t>& ids) {
+  py::tuple out(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) PyTuple_SET_ITEM(out.ptr(), i, PyLong_FromLong(ids[i]));
+  return out;
+}
+
+// insert() re-points `blocks` in place: a writable int32 buffer is edited
+// directly; a list is converted, and the entries that changed are written back.
+InsertResult insert(RadixTree& tree, py::handle tokens, py::handle blocks, py::handle ns, int64_t priority,
+                    int64_t start) {
+  Int32Arg toks(tokens, "tokens");
+  Namespace name = to_namespace(ns);
+  Buffer buffer(blocks, true);
+  if (auto view = buffer.int32s()) return tree.insert(toks.span(), *view, name, priority, start);
+  if (!PyList_Check(blocks.ptr())) {
+    throw py::type_error(std::string("blocks must be a list or a writable int32 buffer (array('i')), got ") +
+                         Py_TYPE(blocks.ptr())->tp_name);
+  }
+  std::vector<int32_t> ids = to_int32_vector(blocks, "blocks");
+  InsertResult out = tree.insert(toks.span(), ids, name, priority, start);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (to_int32(PyList_GET_ITEM(blocks.ptr(), i), "blocks") != ids[i]) {
+      PyList_SetItem(blocks.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromLong(ids[i]));
+    }
+  }
+  return out;
+}
+
+// A Python policy's priority, ordered by Python's `<`.
+struct PyKey {
+  py::object value;
+  bool operator<(const PyKey& other) const {
+    int r = PyObject_RichCompareBool(value.ptr(), other.value.ptr(), Py_LT);
+    if (r < 0) throw py::error_already_set();
+    return r == 1;
+  }
+};
+
+}  // namespace
+
+void bind_radix_tree(py::module_& m) {
+  m.def(
+      "int32_array",
+      [](py::handle ids, const std::string& what) {
+        Int32Arg arg(ids, what.c_str());
+        return to_array(arg.span().data(), arg.span().size());
+      },
+      py::arg("ids"), py::arg("what") = "ids",
+      "Token or block ids as an array('i') the radix tree reads in place (ValueError beyond int32).");
+  py::class_<MatchResult>(m, "RadixMatch", "A look-up: num_tokens matched (whole pages) in block_ids.")
+      .def_readonly("num_tokens", &MatchResult::num_tokens)
+      .def_property_readonly("block_ids", [](const MatchResult& r) { return to_list(r.blocks); })
+      .def_readonly("node", &MatchResult::node, "Last node reached (0 if the namespace has no root).")
+      .def_readonly("unlocked_tokens", &MatchResult::unlocked_tokens,
+                    "Matched tokens in nodes with lock_ref 0 (what locking the match protects).");
+
+  py::class_<InsertResult>(m, "RadixInsert", "An insert: prefix_len tokens were already present.")
+      .def_readonly("prefix_len", &InsertResult::prefix_len)
+      .def_readonly("node", &InsertResult::node, "The node ending at the key's end.")
+      .def_property_readonly("displaced", [](const InsertResult& r) { return to_list(r.displaced); },
+                             "Caller block ids replaced by the tree's (duplicates; the caller frees them).");
+
+  py::class_<EvictionCandidate>(m, "EvictionCandidate", "What an eviction policy reads about a leaf.")
+      .def_readonly("node", &EvictionCandidate::node)
+      .def_readonly("num_tokens", &EvictionCandidate::num_tokens)
+      .def_readonly("last_access_time", &EvictionCandidate::last_access_time)
+      .def_readonly("creation_time", &EvictionCandidate::creation_time)
+      .def_readonly("hit_count", &EvictionCandidate::hit_count)
+      .def_readonly("priority", &EvictionCandidate::priority);
+
+  py::class_<NodeInfo>(m, "RadixNodeInfo", "A copy of one tree node.")
+      .def_readonly("id", &NodeInfo::id)
+      .def_readonly("parent", &NodeInfo::parent)
+      .def_property_readonly("namespace", [](const NodeInfo& n) { return from_namespace(n.ns); })
+      .def_property_readonly("tokens", [](const NodeInfo& n) { return to_tuple(n.tokens); })
+      .def_property_readonly("block_ids", [](const NodeInfo& n) { return to_tuple(n.blocks); })
+      .def_readonly("lock_ref", &NodeInfo::lock_ref)
+      .def_readonly("last_access_time", &NodeInfo::last_access_time)
+      .def_readonly("creation_time", &NodeInfo::creation_time)
+      .def_readonly("hit_count", &NodeInfo::hit_count)
+      .def_readonly("priority", &NodeInfo::priority)
+      .def_property_readonly("children", [](const NodeInfo& n) {
+        py::dict out;
+        for (const auto& [page, id] : n.children) out[to_tuple(page)] = id;
+        return out;
+      }, "{first page as a tuple: child id}, oldest child first.");
+
+  py::class_<RadixTree>(m, "RadixTree", R"doc(
+SGLang RadixAttention prefix tree over a BlockPool (see prefixcache/radix_tree.py
+for the reference model and the full contract).
+
+The tree owns one pool reference per block it holds. Sizes are in tokens.
+`eviction` is a native order (lru, lfu, fifo, mru, filo, priority) or None, in
+which case evict() needs `priority=` (a callable ranking EvictionCandidate).
+Not thread-safe.
+)doc")
+      .def(py::init([](BlockPool& pool, int64_t page_size, std::optional<std::string> eviction) {
+             std::optional<EvictionOrder> order;
+             if (eviction) order = parse_eviction_order(*eviction);
+             return std::make_unique<RadixTree>(pool, page_size, order);
+           }),
+           py::arg("pool"), py::arg("page_size"), py::arg("eviction") = "lru", py::keep_alive<1, 2>())
+      .def_property_readonly("page_size", &RadixTree::page_size)
+      .def_property_readonly("total_size", &RadixTree::total_size, "Tokens in the tree.")
+      .def_property_readonly("evictable_size", &RadixTree::evictable_size, "Tokens in unlocked nodes.")
+      .def_property_readonly("protected_size", &RadixTree::protected_size, "Tokens in locked nodes.")
+      .def_property_readonly("num_nodes", &RadixTree::num_nodes, "Nodes, namespace roots included.")
+      .def_property_readonly("clock", &RadixTree::clock, "The logical clock's current tick.")
+      .def(
+          "match",
+          [](const RadixTree& t, py::handle tokens, py::handle ns) {
+            Int32Arg toks(tokens, "tokens");
+            return t.match(toks.span(), to_namespace(ns));
+          },
+          py::arg("tokens"), py::arg("namespace") = py::none(),
+          "Pure look-up of the longest cached whole-page prefix; changes nothing.")
+      .def(
+          "match_prefix",
+          [](RadixTree& t, py::handle tokens, py::handle ns) {
+            Int32Arg toks(tokens, "tokens");
+            return t.match_prefix(toks.span(), to_namespace(ns));
+          },
+          py::arg("tokens"), py::arg("namespace") = py::none(),
+          "SGLang match_prefix: splits at the match's end, refreshes recency, counts a hit.")
+      .def("insert", &insert, py::arg("tokens"), py::arg("blocks"), py::arg("namespace") = py::none(),
+           py::arg("priority") = 0, py::arg("start") = 0,
+           "Insert whole pages; blocks hold the pages from token `start` on, and the entries of pages\n"
+           "already in the tree are re-pointed to the tree's blocks in place.")
+      .def("lock", &RadixTree::lock, py::arg("node"), "Lock root -> node.")
+      .def("unlock", &RadixTree::unlock, py::arg("node"), "Unlock root -> node.")
+      .def(
+          "evict",
+          [](RadixTree& t, int64_t num_tokens, py::object priority) {
+            if (priority.is_none()) return t.evict(num_tokens);
+            return t.evict_by<PyKey>(num_tokens, [&](const RadixNode& n) { return PyKey{priority(t.candidate(n))}; });
+          },
+          py::arg("num_tokens"), py::arg("priority") = py::none(),
+          "Evict unlocked leaves until num_tokens are freed; returns tokens evicted.")
+      .def(
+          "last_evicted", [](const RadixTree& t) { return to_list(t.last_evicted()); },
+          "Blocks freed by the latest evict call, in order (also after it raised).")
+      .def("reset", &RadixTree::reset, "Free every block and drop every node; ValueError if any is locked.")
+      .def(
+          "root", [](const RadixTree& t, py::handle ns) { return t.root(to_namespace(ns)); },
+          py::arg("namespace") = py::none(), "Id of the namespace's root, or None.")
+      .def(
+          "namespaces",
+          [](const RadixTree& t) {
+            py::list out;
+            for (const auto& ns : t.namespaces()) out.append(from_namespace(ns));
+            return out;
+          },
+          "Namespaces with a root (None first, then sorted).")
+      .def("node", &RadixTree::node, py::arg("id"), "A copy of node `id`.")
+      .def("check_invariants", &RadixTree::check_invariants, py::arg("locked_nodes") = py::none(),
+           "Raise InvariantError naming the first broken invariant.");
+}
+
+}  // namespace prefixcache

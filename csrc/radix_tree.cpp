@@ -1,0 +1,513 @@
+// RadixTree implementation. See radix_tree.h for what it owns and its invariants.
+#include "radix_tree.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace prefixcache {
+
+namespace {
+
+std::string node_str(const RadixNode& n) { return "node " + std::to_string(n.id); }
+
+}  // namespace
+
+EvictionOrder parse_eviction_order(const std::string& name) {
+  if (name == "lru") return EvictionOrder::kLru;
+  if (name == "lfu") return EvictionOrder::kLfu;
+  if (name == "fifo") return EvictionOrder::kFifo;
+  if (name == "mru") return EvictionOrder::kMru;
+  if (name == "filo") return EvictionOrder::kFilo;
+  if (name == "priority") return EvictionOrder::kPriority;
+  throw std::invalid_argument("eviction order '" + name +
+                              "' is not native; allowed values: lru, lfu, fifo, mru, filo, priority");
+}
+
+size_t PageKeyHash::operator()(const PageKey& k) const noexcept {
+  uint64_t h = k.len;
+  for (size_t i = 0; i < k.len; ++i) {
+    h = (h ^ static_cast<uint32_t>(k.data[i])) * 0x9E3779B97F4A7C15ULL;
+    h ^= h >> 29;
+  }
+  return static_cast<size_t>(h);
+}
+
+bool PageKeyEq::operator()(const PageKey& a, const PageKey& b) const noexcept {
+  return a.len == b.len && std::memcmp(a.data, b.data, a.len * sizeof(int32_t)) == 0;
+}
+
+// The path a key takes through one namespace's subtree, found without
+// changing anything: `path` holds the nodes matched whole; a match that ends
+// inside a node names it in `partial` with the tokens it matched there.
+struct RadixTree::Walk {
+  RadixNode* root = nullptr;
+  std::vector<RadixNode*> path;
+  RadixNode* partial = nullptr;
+  size_t partial_len = 0;
+  size_t matched = 0;
+
+  RadixNode* last() const {
+    if (partial != nullptr) return partial;
+    return path.empty() ? root : path.back();
+  }
+};
+
+RadixTree::RadixTree(BlockPool& pool, int64_t page_size, std::optional<EvictionOrder> order)
+    : pool_(pool), page_(static_cast<size_t>(page_size)), order_(order) {
+  if (page_size < 1) throw std::invalid_argument("page_size must be >= 1, got " + std::to_string(page_size));
+  in_tree_.assign(pool.num_blocks(), 0);
+  seen_.assign(pool.num_blocks(), 0);
+}
+
+// ---------------------------------------------------------------- look-up
+
+size_t RadixTree::mismatch(const RadixNode& node, TokenSpan key, size_t at) const {
+  const size_t n = std::min(node.tokens.size(), key.size() - at);
+  const int32_t* mine = node.tokens.data();
+  const size_t same = static_cast<size_t>(std::mismatch(mine, mine + n, key.data() + at).first - mine);
+  if (same == node.tokens.size()) return same;
+  return same / page_ * page_;  // a page that differs anywhere is a miss
+}
+
+RadixTree::Walk RadixTree::walk(TokenSpan key, RadixNode* root) const {
+  Walk w;
+  w.root = root;
+  if (root == nullptr) return w;
+  RadixNode* node = root;
+  size_t at = 0;
+  while (at < key.size()) {
+    auto it = node->children.find(PageKey{key.data() + at, page_});
+    if (it == node->children.end()) break;
+    RadixNode* child = it->second;
+    size_t same = mismatch(*child, key, at);
+    at += same;
+    if (same < child->tokens.size()) {
+      w.partial = child;
+      w.partial_len = same;
+      break;
+    }
+    w.path.push_back(child);
+    node = child;
+  }
+  w.matched = at;
+  return w;
+}
+
+MatchResult RadixTree::collect(const Walk& w) const {
+  MatchResult out;
+  out.num_tokens = static_cast<int64_t>(w.matched);
+  out.blocks.reserve(w.matched / page_);
+  for (RadixNode* n : w.path) {
+    out.blocks.insert(out.blocks.end(), n->blocks.begin(), n->blocks.end());
+    if (n->lock_ref == 0) out.unlocked_tokens += static_cast<int64_t>(n->tokens.size());
+  }
+  if (w.partial != nullptr) {
+    auto pages = static_cast<ptrdiff_t>(w.partial_len / page_);
+    out.blocks.insert(out.blocks.end(), w.partial->blocks.begin(), w.partial->blocks.begin() + pages);
+    if (w.partial->lock_ref == 0) out.unlocked_tokens += static_cast<int64_t>(w.partial_len);
+  }
+  RadixNode* last = w.last();
+  out.node = last != nullptr ? last->id : 0;
+  return out;
+}
+
+TokenSpan RadixTree::whole_pages(TokenSpan tokens) const {
+  return tokens.first(tokens.size() / page_ * page_);
+}
+
+MatchResult RadixTree::match(TokenSpan tokens, const Namespace& ns) const {
+  return collect(walk(whole_pages(tokens), root_of(ns)));
+}
+
+MatchResult RadixTree::match_prefix(TokenSpan tokens, const Namespace& ns) {
+  RadixNode* root = root_or_create(ns);
+  Walk w = walk(whole_pages(tokens), root);
+  MatchResult out = collect(w);
+  int64_t now = ++clock_;
+  root->last_access_time = now;
+  for (RadixNode* n : w.path) {
+    n->last_access_time = now;
+    ++n->hit_count;
+  }
+  if (w.partial != nullptr) {
+    // SGLang refreshes the node it is about to split, then splits it.
+    w.partial->last_access_time = now;
+    RadixNode* mid = split(w.partial, w.partial_len, ++clock_);
+    ++mid->hit_count;
+    out.node = mid->id;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- insert
+
+InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, const Namespace& ns, int64_t priority,
+                              int64_t start) {
+  if (tokens.size() % page_ != 0) {
+    throw std::invalid_argument("insert: tokens has " + std::to_string(tokens.size()) +
+                                " tokens, not a multiple of page_size " + std::to_string(page_));
+  }
+  if (start < 0 || static_cast<size_t>(start) > tokens.size() || static_cast<size_t>(start) % page_ != 0) {
+    throw std::invalid_argument("insert: start=" + std::to_string(start) + " must be a multiple of page_size " +
+                                std::to_string(page_) + " in [0, " + std::to_string(tokens.size()) + "]");
+  }
+  const size_t first = static_cast<size_t>(start) / page_;  // page of blocks[0]
+  if (blocks.size() != tokens.size() / page_ - first) {
+    throw std::invalid_argument("insert: blocks has " + std::to_string(blocks.size()) + " ids but tokens[" +
+                                std::to_string(start) + ":" + std::to_string(tokens.size()) + "] need " +
+                                std::to_string(tokens.size() / page_ - first) + " (one per page)");
+  }
+  Walk w = walk(tokens, root_of(ns));
+  if (w.matched < static_cast<size_t>(start)) {
+    throw std::invalid_argument("insert: start=" + std::to_string(start) + " but only the first " +
+                                std::to_string(w.matched) + " tokens are in the tree");
+  }
+  const size_t dup_pages = w.matched / page_;
+  MatchResult present = collect(w);
+
+  // Validate everything before changing anything.
+  std::vector<int32_t> adopted;  // caller-owned blocks named in this call
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    int32_t b = blocks[i];
+    size_t p = first + i;
+    if (b < 0 || b >= pool_.num_blocks()) {
+      throw std::out_of_range("insert: block id " + std::to_string(b) + " is out of range [0, " +
+                              std::to_string(pool_.num_blocks()) + ")");
+    }
+    if (p < dup_pages && b == present.blocks[p]) continue;
+    // A caller's block that is not the tree's: a duplicate to hand back, or
+    // a new page to adopt. Either way the caller must own it.
+    if (in_tree_[b]) {
+      throw std::invalid_argument("insert: block " + std::to_string(b) + " (page " + std::to_string(p) +
+                                  ") already belongs to the tree at another position");
+    }
+    if (pool_.ref_count(b) < 1) throw std::invalid_argument("insert: block " + std::to_string(b) + " is free in the pool");
+    adopted.push_back(b);
+  }
+  std::optional<int32_t> repeated;
+  for (int32_t b : adopted) {
+    if (seen_[b]) {
+      repeated = b;
+      break;
+    }
+    seen_[b] = 1;
+  }
+  for (int32_t b : adopted) seen_[b] = 0;
+  if (repeated) throw std::invalid_argument("insert: block " + std::to_string(*repeated) + " appears more than once");
+
+  InsertResult out;
+  out.prefix_len = static_cast<int64_t>(w.matched);
+  RadixNode* root = w.root != nullptr ? w.root : root_or_create(ns);
+  int64_t now = ++clock_;
+  root->last_access_time = now;
+  for (RadixNode* n : w.path) {
+    n->last_access_time = now;
+    n->priority = std::max(n->priority, priority);
+  }
+  RadixNode* node = w.last() != nullptr ? w.last() : root;
+  if (w.partial != nullptr) {
+    w.partial->last_access_time = now;
+    node = split(w.partial, w.partial_len, ++clock_);
+    node->priority = std::max(node->priority, priority);
+  }
+  for (size_t p = first; p < dup_pages; ++p) {
+    int32_t& mine = blocks[p - first];
+    if (mine != present.blocks[p]) {
+      out.displaced.push_back(mine);
+      mine = present.blocks[p];
+    }
+  }
+  if (w.matched < tokens.size()) {
+    RadixNode* leaf = new_node(node, ++clock_);
+    leaf->tokens.assign(tokens.begin() + static_cast<ptrdiff_t>(w.matched), tokens.end());
+    leaf->blocks.assign(blocks.begin() + static_cast<ptrdiff_t>(dup_pages - first), blocks.end());
+    leaf->priority = priority;
+    node->children.emplace(PageKey{leaf->tokens.data(), page_}, leaf);
+    for (int32_t b : leaf->blocks) in_tree_[b] = 1;
+    evictable_size_ += static_cast<int64_t>(leaf->tokens.size());
+    update_leaf_status(node);
+    update_leaf_status(leaf);
+    node = leaf;
+  }
+  out.node = node->id;
+  return out;
+}
+
+RadixNode* RadixTree::new_node(RadixNode* parent, int64_t stamp) {
+  auto owned = std::make_unique<RadixNode>();
+  RadixNode* n = owned.get();
+  n->id = next_id_++;
+  n->parent = parent;
+  n->creation_time = n->last_access_time = stamp;
+  nodes_.emplace(n->id, std::move(owned));
+  return n;
+}
+
+// child = [0, split_len) + [split_len, end) becomes mid -> child. mid inherits
+// lock_ref (so neither size moves), priority and hit_count, and is stamped as
+// a new node, as SGLang's _split_node does.
+RadixNode* RadixTree::split(RadixNode* child, size_t split_len, int64_t stamp) {
+  RadixNode* parent = child->parent;
+  RadixNode* mid = new_node(parent, stamp);
+  auto cut = static_cast<ptrdiff_t>(split_len);
+  auto cut_pages = static_cast<ptrdiff_t>(split_len / page_);
+  mid->tokens.assign(child->tokens.begin(), child->tokens.begin() + cut);
+  mid->blocks.assign(child->blocks.begin(), child->blocks.begin() + cut_pages);
+  mid->lock_ref = child->lock_ref;
+  mid->priority = child->priority;
+  mid->hit_count = child->hit_count;
+  // Re-key while the child's first page is still intact: the map's key views it.
+  parent->children.erase(PageKey{child->tokens.data(), page_});
+  parent->children.emplace(PageKey{mid->tokens.data(), page_}, mid);
+  child->tokens.erase(child->tokens.begin(), child->tokens.begin() + cut);
+  child->blocks.erase(child->blocks.begin(), child->blocks.begin() + cut_pages);
+  child->parent = mid;
+  mid->children.emplace(PageKey{child->tokens.data(), page_}, child);
+  return mid;
+}
+
+// ---------------------------------------------------------------- locks
+
+void RadixTree::lock(int64_t id) {
+  for (RadixNode* n = node_ptr(id, "lock"); !n->is_root(); n = n->parent) {
+    if (n->lock_ref++ == 0) {
+      auto len = static_cast<int64_t>(n->tokens.size());
+      evictable_size_ -= len;
+      protected_size_ += len;
+      update_leaf_status(n);
+    }
+  }
+}
+
+void RadixTree::unlock(int64_t id) {
+  RadixNode* start = node_ptr(id, "unlock");
+  if (!start->is_root() && start->lock_ref == 0) {
+    throw std::invalid_argument("unlock: " + node_str(*start) + " is not locked");
+  }
+  for (RadixNode* n = start; !n->is_root(); n = n->parent) {
+    if (--n->lock_ref == 0) {
+      auto len = static_cast<int64_t>(n->tokens.size());
+      evictable_size_ += len;
+      protected_size_ -= len;
+      update_leaf_status(n);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- eviction
+
+std::pair<int64_t, int64_t> RadixTree::native_priority(const RadixNode& n) const {
+  switch (*order_) {
+    case EvictionOrder::kLru: return {n.last_access_time, 0};
+    case EvictionOrder::kLfu: return {n.hit_count, n.last_access_time};
+    case EvictionOrder::kFifo: return {n.creation_time, 0};
+    case EvictionOrder::kMru: return {-n.last_access_time, 0};
+    case EvictionOrder::kFilo: return {-n.creation_time, 0};
+    case EvictionOrder::kPriority: return {n.priority, n.last_access_time};
+  }
+  return {0, 0};
+}
+
+int64_t RadixTree::evict(int64_t num_tokens) {
+  last_evicted_.clear();
+  if (!order_) throw std::invalid_argument("evict: this tree has no native eviction order; rank candidates with a priority function");
+  return evict_by<std::pair<int64_t, int64_t>>(num_tokens, [this](const RadixNode& n) { return native_priority(n); });
+}
+
+void RadixTree::update_leaf_status(RadixNode* n) {
+  set_evictable_leaf(n, !n->is_root() && n->lock_ref == 0 && n->children.empty());
+}
+
+void RadixTree::set_evictable_leaf(RadixNode* n, bool evictable) {
+  if (evictable && n->leaf_slot < 0) {
+    n->leaf_slot = static_cast<int64_t>(evictable_leaves_.size());
+    evictable_leaves_.push_back(n);
+  } else if (!evictable && n->leaf_slot >= 0) {
+    RadixNode* moved = evictable_leaves_.back();
+    evictable_leaves_[n->leaf_slot] = moved;
+    moved->leaf_slot = n->leaf_slot;
+    evictable_leaves_.pop_back();
+    n->leaf_slot = -1;
+  }
+}
+
+void RadixTree::delete_leaf(RadixNode* leaf) {
+  // Free first: if the pool refuses, the tree has not changed.
+  pool_.free(std::vector<int64_t>(leaf->blocks.begin(), leaf->blocks.end()));
+  for (int32_t b : leaf->blocks) {
+    in_tree_[b] = 0;
+    last_evicted_.push_back(b);
+  }
+  evictable_size_ -= static_cast<int64_t>(leaf->tokens.size());
+  RadixNode* parent = leaf->parent;
+  set_evictable_leaf(leaf, false);
+  parent->children.erase(PageKey{leaf->tokens.data(), page_});
+  nodes_.erase(leaf->id);
+  update_leaf_status(parent);
+}
+
+void RadixTree::reset() {
+  if (protected_size_ > 0) {
+    throw std::invalid_argument("reset: " + std::to_string(protected_size_) + " tokens are locked");
+  }
+  // Oldest node first, each in token order: the pool's free queue (and so
+  // every later allocation) does not depend on hash-map order.
+  std::vector<const RadixNode*> by_age;
+  for (const auto& [id, n] : nodes_) by_age.push_back(n.get());
+  std::sort(by_age.begin(), by_age.end(), [](const RadixNode* a, const RadixNode* b) { return a->id < b->id; });
+  std::vector<int64_t> all;
+  for (const RadixNode* n : by_age) all.insert(all.end(), n->blocks.begin(), n->blocks.end());
+  pool_.free(all);
+  nodes_.clear();
+  none_root_ = nullptr;
+  named_roots_.clear();
+  evictable_leaves_.clear();
+  std::fill(in_tree_.begin(), in_tree_.end(), 0);
+  evictable_size_ = protected_size_ = 0;
+  last_evicted_.clear();
+}
+
+// ---------------------------------------------------------------- roots and inspection
+
+RadixNode* RadixTree::root_of(const Namespace& ns) const {
+  if (!ns) return none_root_;
+  auto it = named_roots_.find(*ns);
+  return it == named_roots_.end() ? nullptr : it->second;
+}
+
+RadixNode* RadixTree::root_or_create(const Namespace& ns) {
+  RadixNode* root = root_of(ns);
+  if (root != nullptr) return root;
+  root = new_node(nullptr, clock_);
+  if (ns) {
+    named_roots_.emplace(*ns, root);
+  } else {
+    none_root_ = root;
+  }
+  return root;
+}
+
+std::optional<int64_t> RadixTree::root(const Namespace& ns) const {
+  RadixNode* r = root_of(ns);
+  if (r == nullptr) return std::nullopt;
+  return r->id;
+}
+
+std::vector<Namespace> RadixTree::namespaces() const {
+  std::vector<Namespace> out;
+  if (none_root_ != nullptr) out.emplace_back(std::nullopt);
+  std::vector<std::string> named;
+  for (const auto& [name, root] : named_roots_) named.push_back(name);
+  std::sort(named.begin(), named.end());
+  for (auto& name : named) out.emplace_back(std::move(name));
+  return out;
+}
+
+RadixNode* RadixTree::node_ptr(int64_t id, const char* what) const {
+  auto it = nodes_.find(id);
+  if (it == nodes_.end()) {
+    throw std::invalid_argument(std::string(what) + ": node " + std::to_string(id) + " does not exist (evicted, or never created)");
+  }
+  return it->second.get();
+}
+
+EvictionCandidate RadixTree::candidate(const RadixNode& n) const {
+  return EvictionCandidate{n.id, static_cast<int64_t>(n.tokens.size()), n.last_access_time,
+                           n.creation_time, n.hit_count, n.priority};
+}
+
+NodeInfo RadixTree::node(int64_t id) const {
+  const RadixNode* n = node_ptr(id, "node");
+  const RadixNode* root = n;
+  while (!root->is_root()) root = root->parent;
+  NodeInfo info{n->id, std::nullopt, std::nullopt, n->tokens, n->blocks, n->lock_ref,
+                n->last_access_time, n->creation_time, n->hit_count, n->priority, {}};
+  if (!n->is_root()) info.parent = n->parent->id;
+  if (root != none_root_) {
+    for (const auto& [name, r] : named_roots_) {
+      if (r == root) info.ns = name;
+    }
+  }
+  for (const auto& [key, child] : n->children) {
+    info.children.emplace_back(std::vector<int32_t>(key.data, key.data + key.len), child->id);
+  }
+  std::sort(info.children.begin(), info.children.end(),
+            [](const auto& a, const auto& b) { return a.second < b.second; });
+  return info;
+}
+
+void RadixTree::check_invariants(const std::optional<std::vector<int64_t>>& locked_nodes) const {
+  auto fail = [](const std::string& msg) { throw InvariantError("RadixTree: " + msg); };
+  std::vector<RadixNode*> roots;
+  if (none_root_ != nullptr) roots.push_back(none_root_);
+  for (const auto& [name, r] : named_roots_) roots.push_back(r);
+
+  std::unordered_map<const RadixNode*, int64_t> expected_locks;
+  if (locked_nodes) {
+    for (int64_t id : *locked_nodes) {
+      auto it = nodes_.find(id);
+      if (it == nodes_.end()) fail("a live lock names node " + std::to_string(id) + ", which does not exist");
+      for (const RadixNode* n = it->second.get(); !n->is_root(); n = n->parent) ++expected_locks[n];
+    }
+  }
+
+  std::vector<uint8_t> seen_block(in_tree_.size(), 0);
+  int64_t num_nodes = 0, evictable = 0, protect = 0, num_blocks = 0, num_leaves = 0;
+  std::vector<const RadixNode*> stack;
+  for (const RadixNode* root : roots) {
+    if (!root->tokens.empty() || !root->blocks.empty() || root->lock_ref != 0) {
+      fail("namespace root " + node_str(*root) + " holds tokens, blocks or a lock");
+    }
+    stack.push_back(root);
+    while (!stack.empty()) {
+      const RadixNode* n = stack.back();
+      stack.pop_back();
+      ++num_nodes;
+      auto found = nodes_.find(n->id);
+      if (found == nodes_.end() || found->second.get() != n) fail(node_str(*n) + " is not registered under its id");
+      if (n->last_access_time > clock_ || n->creation_time > clock_) fail(node_str(*n) + " is stamped after the clock");
+      for (const auto& [key, child] : n->children) {
+        if (child->parent != n) fail(node_str(*child) + " parent link does not point to " + node_str(*n));
+        if (key.data != child->tokens.data() || key.len != page_) fail(node_str(*child) + " is keyed by a stale page view");
+        stack.push_back(child);
+      }
+      if (n->is_root()) continue;
+      const auto len = static_cast<int64_t>(n->tokens.size());
+      if (len == 0) fail(node_str(*n) + " is an empty non-root node");
+      if (n->tokens.size() % page_ != 0) fail(node_str(*n) + " holds " + std::to_string(len) + " tokens, not whole pages");
+      if (n->blocks.size() != n->tokens.size() / page_) fail(node_str(*n) + " holds " + std::to_string(n->blocks.size()) + " blocks for " + std::to_string(len) + " tokens");
+      if (n->lock_ref < 0) fail(node_str(*n) + " has negative lock_ref");
+      if (!n->parent->is_root() && n->parent->lock_ref < n->lock_ref) fail(node_str(*n) + " is locked more than its parent");
+      if (locked_nodes) {
+        auto it = expected_locks.find(n);
+        int64_t want = it == expected_locks.end() ? 0 : it->second;
+        if (n->lock_ref != want) fail(node_str(*n) + " has lock_ref " + std::to_string(n->lock_ref) + " but live requests hold " + std::to_string(want));
+      }
+      (n->lock_ref == 0 ? evictable : protect) += len;
+      bool leaf = n->lock_ref == 0 && n->children.empty();
+      if (leaf != (n->leaf_slot >= 0)) fail(node_str(*n) + " evictable-leaf flag is wrong");
+      if (leaf) {
+        ++num_leaves;
+        if (n->leaf_slot >= static_cast<int64_t>(evictable_leaves_.size()) || evictable_leaves_[n->leaf_slot] != n) fail(node_str(*n) + " leaf slot is stale");
+      }
+      for (int32_t b : n->blocks) {
+        if (b < 0 || static_cast<size_t>(b) >= in_tree_.size()) fail(node_str(*n) + " holds out-of-range block " + std::to_string(b));
+        if (seen_block[b]) fail("block " + std::to_string(b) + " is held twice");
+        seen_block[b] = 1;
+        if (!in_tree_[b]) fail("block " + std::to_string(b) + " is not flagged as the tree's");
+        if (pool_.ref_count(b) < 1) fail("block " + std::to_string(b) + " is in the tree but free in the pool");
+        ++num_blocks;
+      }
+    }
+  }
+  if (num_nodes != static_cast<int64_t>(nodes_.size())) fail(std::to_string(nodes_.size()) + " nodes registered but " + std::to_string(num_nodes) + " reachable");
+  if (num_leaves != static_cast<int64_t>(evictable_leaves_.size())) fail("evictable leaf list has stale entries");
+  if (evictable != evictable_size_) fail("evictable_size is " + std::to_string(evictable_size_) + ", nodes hold " + std::to_string(evictable));
+  if (protect != protected_size_) fail("protected_size is " + std::to_string(protected_size_) + ", nodes hold " + std::to_string(protect));
+  int64_t flagged = std::count(in_tree_.begin(), in_tree_.end(), static_cast<uint8_t>(1));
+  if (flagged != num_blocks) fail(std::to_string(flagged) + " blocks flagged as the tree's but nodes hold " + std::to_string(num_blocks));
+}
+
+}  // namespace prefixcache

@@ -1,0 +1,295 @@
+// RadixTree: SGLang's RadixAttention prefix tree (mem_cache/radix_cache.py,
+// v0.5.6) over the shared BlockPool.
+//
+// Owns: the compressed prefix tree of cached token runs, one pool reference per
+// block it holds, the lock refs that protect the paths of live requests, the
+// exact evictable / protected sizes, a logical clock for recency, and eviction
+// of unlocked leaves by policy priority. Mirrors the pure-Python reference
+// model in prefixcache/radix_tree.py; the two must agree operation for
+// operation (tests/test_radix_tree_stateful.py).
+//
+// Never does: allocate blocks, hash, record events, or know about requests.
+// The caller (backends/radix.py) allocates a request's blocks, hands them to
+// the tree with insert() and frees the duplicates insert() gives back.
+// Every bad argument throws (std::invalid_argument -> ValueError,
+// std::out_of_range -> IndexError) before anything changes.
+//
+// Shape. Each namespace (SGLang's extra_key; nullopt is a namespace of its
+// own) has its own root, so equal tokens in two namespaces never share a node.
+// A non-root node holds a run of tokens whose length is a positive multiple
+// of the page size (SGLang's page_size, our block_size) and one block per
+// page. Children are keyed by their first page; pages compare whole, so a
+// difference anywhere in a page is a miss for that page.
+//
+// Invariants (checked by check_invariants):
+//   * lock_ref(parent) >= lock_ref(child): a request locks root -> node.
+//   * evictable_size = tokens in nodes with lock_ref 0, protected_size = the
+//     rest; a node's split keeps its lock_ref on both halves, so a split moves
+//     neither size.
+//   * The evictable leaves are exactly the non-root nodes with lock_ref 0 and
+//     no children; every unlocked node is reachable by evicting leaves, so
+//     evictable_size is what evicting everything would free.
+//   * Every block in the tree appears once and holds a pool reference.
+//
+// Clock. A counter, not wall time, so replays are reproducible. Each match
+// or insert takes one tick for the nodes it walks; each node it creates takes
+// a tick of its own (SGLang stamps new nodes with time.monotonic() after the
+// walk's timestamp, so they sort as more recent; the order is the same).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "block_pool.h"
+
+namespace prefixcache {
+
+using Namespace = std::optional<std::string>;
+using TokenSpan = std::span<const int32_t>;
+
+// The built-in eviction orders, evaluated natively. A priority is a pair
+// compared lexicographically; the smallest is evicted first, ties go to the
+// older node (smaller id). They match prefixcache/eviction.py.
+enum class EvictionOrder { kLru, kLfu, kFifo, kMru, kFilo, kPriority };
+
+// Parses a policy's `native` name: lru, lfu, fifo, mru, filo, priority.
+EvictionOrder parse_eviction_order(const std::string& name);
+
+struct RadixNode;
+
+// A view of a page of tokens: a child's key, or a look-up into a query.
+struct PageKey {
+  const int32_t* data;
+  size_t len;
+};
+struct PageKeyHash {
+  size_t operator()(const PageKey& k) const noexcept;
+};
+struct PageKeyEq {
+  bool operator()(const PageKey& a, const PageKey& b) const noexcept;
+};
+// The key views the child's own first page, so the child's tokens must be
+// re-keyed whenever they change (only a split changes them).
+using ChildMap = std::unordered_map<PageKey, RadixNode*, PageKeyHash, PageKeyEq>;
+
+struct RadixNode {
+  int64_t id = 0;
+  RadixNode* parent = nullptr;  // nullptr for a namespace root
+  std::vector<int32_t> tokens;  // the run this edge adds; empty for a root
+  std::vector<int32_t> blocks;  // one per page of `tokens`
+  ChildMap children;
+  int64_t lock_ref = 0;
+  int64_t last_access_time = 0;
+  int64_t creation_time = 0;
+  int64_t hit_count = 0;
+  int64_t priority = 0;
+  int64_t leaf_slot = -1;  // index in RadixTree::evictable_leaves_, or -1
+
+  bool is_root() const { return parent == nullptr; }
+};
+
+// What a policy may read about an eviction candidate (prefixcache.eviction.Candidate).
+struct EvictionCandidate {
+  int64_t node;
+  int64_t num_tokens;
+  int64_t last_access_time;
+  int64_t creation_time;
+  int64_t hit_count;
+  int64_t priority;
+};
+
+struct MatchResult {
+  int64_t num_tokens = 0;          // matched tokens, whole pages
+  std::vector<int32_t> blocks;     // the blocks holding them
+  int64_t node = 0;                // last node of the match (see match / match_prefix)
+  int64_t unlocked_tokens = 0;     // matched tokens in nodes with lock_ref 0
+};
+
+struct InsertResult {
+  int64_t prefix_len = 0;          // leading tokens that were already in the tree
+  int64_t node = 0;                // the node that ends at the inserted key's end
+  std::vector<int32_t> displaced;  // caller's blocks replaced by the tree's (duplicates)
+};
+
+// A copy of one node, for inspection and tests.
+struct NodeInfo {
+  int64_t id;
+  std::optional<int64_t> parent;
+  Namespace ns;
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> blocks;
+  int64_t lock_ref;
+  int64_t last_access_time;
+  int64_t creation_time;
+  int64_t hit_count;
+  int64_t priority;
+  std::vector<std::pair<std::vector<int32_t>, int64_t>> children;  // (first page, id), by id
+};
+
+class RadixTree {
+ public:
+  // `pool` must outlive the tree. page_size is in tokens (1 = token level).
+  // Without an order, only evict_by() can evict (a policy the caller ranks).
+  RadixTree(BlockPool& pool, int64_t page_size, std::optional<EvictionOrder> order);
+  RadixTree(const RadixTree&) = delete;
+  RadixTree& operator=(const RadixTree&) = delete;
+
+  int64_t page_size() const { return static_cast<int64_t>(page_); }
+  std::optional<EvictionOrder> order() const { return order_; }
+
+  // Pure look-up: the longest cached whole-page prefix of `tokens` (cut to
+  // whole pages first). Splits nothing and touches no clock. `node` is the
+  // deepest node the match reaches, which may extend past num_tokens.
+  MatchResult match(TokenSpan tokens, const Namespace& ns) const;
+
+  // SGLang's match_prefix: the same look-up, but a match that ends inside a
+  // node splits it so `node` ends exactly at num_tokens, every node walked
+  // gets a fresh last_access_time, and each node of the matched path counts a
+  // hit (SGLang's plain RadixCache never counts hits; we do, so lfu differs
+  // from lru). Creates the namespace's root if it has none.
+  MatchResult match_prefix(TokenSpan tokens, const Namespace& ns);
+
+  // SGLang's insert: adds `tokens` (a whole number of pages) whose pages from
+  // token `start` on are stored in `blocks` (one per page). The caller already
+  // holds the first `start` tokens from the tree (SGLang's cache_protected_len),
+  // so they must be present. Pages already present keep the tree's blocks: on
+  // return the entries of `blocks` for them hold the tree's ids, and every
+  // caller id replaced is listed in `displaced` (still the caller's to free).
+  // The remaining blocks now belong to the tree (it owns their pool reference).
+  // Walked nodes get a fresh last_access_time and priority = max(priority, p).
+  InsertResult insert(TokenSpan tokens, std::span<int32_t> blocks, const Namespace& ns, int64_t priority,
+                      int64_t start = 0);
+
+  // Lock / unlock the path root -> node. A root is a no-op. unlock of an
+  // unlocked node throws.
+  void lock(int64_t node);
+  void unlock(int64_t node);
+
+  // Evicts unlocked leaves, lowest priority first, until at least num_tokens
+  // are freed or nothing is evictable; a parent whose last child goes (and
+  // that is unlocked) becomes a candidate. Frees the blocks to the pool and
+  // returns the tokens evicted (may exceed num_tokens: leaves go whole).
+  // Uses the native order; throws if the tree was built without one.
+  int64_t evict(int64_t num_tokens);
+
+  // evict() ordered by a caller's priority. `rank` is called once per
+  // candidate (each initial leaf, then each parent as it becomes one), never
+  // per comparison. If rank or a comparison throws, what was evicted stays
+  // evicted and consistent, and last_evicted() lists it.
+  template <class Key, class Rank>
+  int64_t evict_by(int64_t num_tokens, Rank&& rank);
+
+  // Blocks freed by the latest evict call, in eviction order (leaf by leaf,
+  // each leaf's in token order).
+  const std::vector<int32_t>& last_evicted() const { return last_evicted_; }
+
+  // Frees every block and drops every node; throws if anything is locked.
+  // Ids and the clock keep counting.
+  void reset();
+
+  int64_t total_size() const { return evictable_size_ + protected_size_; }
+  int64_t evictable_size() const { return evictable_size_; }
+  int64_t protected_size() const { return protected_size_; }
+  int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size()); }  // roots included
+  int64_t clock() const { return clock_; }
+  std::optional<int64_t> root(const Namespace& ns) const;
+  std::vector<Namespace> namespaces() const;  // those with a root, sorted (None first)
+  NodeInfo node(int64_t id) const;
+  EvictionCandidate candidate(const RadixNode& node) const;
+
+  // Throws InvariantError naming the first broken invariant (see the top of
+  // this file). With `locked_nodes` (one entry per live lock), also requires
+  // every lock_ref to equal the number of those nodes in its subtree.
+  void check_invariants(const std::optional<std::vector<int64_t>>& locked_nodes) const;
+
+ private:
+  struct Walk;  // a look-up's path, computed before anything changes
+
+  Walk walk(TokenSpan key, RadixNode* root) const;
+  MatchResult collect(const Walk& w) const;
+  TokenSpan whole_pages(TokenSpan tokens) const;
+  RadixNode* root_of(const Namespace& ns) const;
+  RadixNode* root_or_create(const Namespace& ns);
+  RadixNode* node_ptr(int64_t id, const char* what) const;
+  RadixNode* new_node(RadixNode* parent, int64_t stamp);
+  RadixNode* split(RadixNode* child, size_t split_len, int64_t stamp);
+  void touch_path(const Walk& w, int64_t access_time, std::optional<int64_t> priority);
+  void update_leaf_status(RadixNode* node);
+  void set_evictable_leaf(RadixNode* node, bool evictable);
+  void delete_leaf(RadixNode* leaf);
+  std::pair<int64_t, int64_t> native_priority(const RadixNode& node) const;
+  size_t mismatch(const RadixNode& node, TokenSpan key, size_t at) const;
+
+  BlockPool& pool_;
+  size_t page_;  // tokens per page
+  std::optional<EvictionOrder> order_;
+  std::unordered_map<int64_t, std::unique_ptr<RadixNode>> nodes_;
+  RadixNode* none_root_ = nullptr;
+  std::unordered_map<std::string, RadixNode*> named_roots_;
+  std::vector<RadixNode*> evictable_leaves_;
+  std::vector<uint8_t> in_tree_;  // per pool block: 1 if a node holds it
+  std::vector<uint8_t> seen_;     // scratch for insert's duplicate check, left all-zero
+  int64_t evictable_size_ = 0;
+  int64_t protected_size_ = 0;
+  int64_t clock_ = 0;
+  int64_t next_id_ = 1;
+  std::vector<int32_t> last_evicted_;
+};
+
+// ---------------------------------------------------------------------------
+// Template definition (here so the Python binding can rank with Python keys).
+
+template <class Key, class Rank>
+int64_t RadixTree::evict_by(int64_t num_tokens, Rank&& rank) {
+  last_evicted_.clear();  // first: a call that throws has evicted nothing
+  if (num_tokens < 0) throw std::invalid_argument("evict: num_tokens must be >= 0, got " + std::to_string(num_tokens));
+  struct Entry {
+    Key key;
+    int64_t id;
+    RadixNode* node;
+  };
+  // std heaps are max-heaps: "a goes below b" when a should be evicted later.
+  auto later = [](const Entry& a, const Entry& b) {
+    if (b.key < a.key) return true;
+    if (a.key < b.key) return false;
+    return a.id > b.id;
+  };
+  std::vector<Entry> heap;
+  heap.reserve(evictable_leaves_.size());
+  for (RadixNode* leaf : evictable_leaves_) heap.push_back(Entry{rank(*leaf), leaf->id, leaf});
+  std::make_heap(heap.begin(), heap.end(), later);
+
+  int64_t evicted = 0;
+  while (evicted < num_tokens && !heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), later);
+    Entry top = std::move(heap.back());
+    heap.pop_back();
+    RadixNode* leaf = top.node;
+    RadixNode* parent = leaf->parent;
+    // Rank the parent before changing anything, so a throwing rank leaves
+    // this step undone.
+    std::optional<Key> parent_key;
+    if (!parent->is_root() && parent->children.size() == 1 && parent->lock_ref == 0) {
+      parent_key.emplace(rank(*parent));
+    }
+    evicted += static_cast<int64_t>(leaf->tokens.size());
+    delete_leaf(leaf);
+    if (parent_key) {
+      heap.push_back(Entry{std::move(*parent_key), parent->id, parent});
+      std::push_heap(heap.begin(), heap.end(), later);
+    }
+  }
+  return evicted;
+}
+
+}  // namespace prefixcache

@@ -1,0 +1,242 @@
+"""Random operation sequences through the native RadixTree and its Python model.
+
+Both trees get the same operations on their own pools (native `BlockPool`, Python
+`PyBlockPool`). After every step they must return the same results, hold the same
+nodes (ids, tokens, blocks, children, lock refs, clock stamps, hit counts,
+priorities), leave the pools identical, and pass their invariant checks with the
+locks the test holds. Errors must match in type and change nothing.
+
+Two drivers share the operations of `TwoTrees`: a hypothesis state machine (short
+runs, shrunk to a minimal failing sequence) and seeded long random walks (deep
+states: splits of hit, locked, prioritised nodes; cascading evictions).
+"""
+
+from __future__ import annotations
+
+import random
+
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from prefixcache.block_pool import BlockPool, PyBlockPool
+from prefixcache.radix_tree import NATIVE_ORDERS, PyRadixTree, RadixTree
+
+NUM_BLOCKS = 24
+NAMESPACES = [None, "a", "b"]
+EVICTIONS = [*NATIVE_ORDERS, None]  # None: the custom Python policy below
+NODE_FIELDS = (
+    "id", "parent", "namespace", "tokens", "block_ids", "lock_ref",
+    "last_access_time", "creation_time", "hit_count", "priority", "children",
+)  # fmt: skip
+
+
+def odd_sizes_first(c):
+    """A custom Python policy (native=None): odd-length leaves first, then most hit."""
+    return (c.num_tokens % 2 == 0, -c.hit_count, c.creation_time)
+
+
+def dump(tree) -> list:
+    out = []
+    for ns in tree.namespaces():
+        stack = [tree.root(ns)]
+        while stack:
+            info = tree.node(stack.pop())
+            out.append(tuple(getattr(info, f) for f in NODE_FIELDS))
+            stack.extend(reversed(list(info.children.values())))
+    return out
+
+
+def fields(result, *names):
+    return tuple(getattr(result, n) for n in names)
+
+
+class TwoTrees:
+    """The native tree and the model side by side; every operation runs on both."""
+
+    def __init__(self, page: int, eviction: str | None) -> None:
+        self.page = page
+        self.rank = None if eviction is not None else odd_sizes_first
+        self.pools = (BlockPool(NUM_BLOCKS), PyBlockPool(NUM_BLOCKS))
+        self.trees = (RadixTree(self.pools[0], page, eviction), PyRadixTree(self.pools[1], page, eviction))
+        self.known_nodes: list[int] = []  # ids seen; some may since be gone
+        self.locks: list[int] = []  # one entry per lock the test holds
+
+    def both(self, op: str, *args):
+        """(kind, result) of each tree; kinds ("ok" or the error type) must agree."""
+        results = []
+        for tree in self.trees:
+            try:
+                results.append(("ok", getattr(tree, op)(*args)))
+            except (ValueError, IndexError, TypeError) as err:
+                results.append((type(err), None))
+        assert results[0][0] == results[1][0], (op, args, results)
+        return results
+
+    def insert(self, toks, ns, priority, start_pages=0):
+        """Insert with fresh blocks for the pages from `start` on (a start past what the
+        tree holds must be refused by both)."""
+        key = toks[: len(toks) // self.page * self.page]
+        start = min(start_pages * self.page, len(key))
+        ids = [pool.allocate(len(key) // self.page - start // self.page) for pool in self.pools]
+        assert ids[0] == ids[1]
+        if ids[0] is None:
+            return
+        copies = (list(ids[0]), list(ids[1]))
+        results = []
+        for tree, blocks in zip(self.trees, copies):
+            try:
+                results.append(("ok", tree.insert(key, blocks, ns, priority, start)))
+            except ValueError as err:
+                results.append((type(err), None))
+        (k0, r0), (k1, r1) = results
+        assert k0 == k1, results
+        if k0 != "ok":
+            assert start > self.trees[0].match(key, ns).num_tokens
+            for pool, blocks in zip(self.pools, ids):
+                pool.free(blocks)
+            return
+        assert fields(r0, "prefix_len", "node", "displaced") == fields(r1, "prefix_len", "node", "displaced")
+        assert copies[0] == copies[1]  # both re-pointed the same way
+        assert r0.prefix_len % self.page == 0
+        for pool in self.pools:
+            pool.free(r0.displaced)
+        self.known_nodes.append(r0.node)
+
+    def insert_foreign_block(self, toks, ns, bad):
+        """Blocks the caller does not own (free, the tree's, out of range) are refused."""
+        key = toks[: len(toks) // self.page * self.page]
+        if key:
+            self.both("insert", key, [bad] * (len(key) // self.page), ns, 0)
+
+    def match(self, toks, ns):
+        (_, m0), (_, m1) = self.both("match", toks, ns)
+        names = ("num_tokens", "block_ids", "node", "unlocked_tokens")
+        assert fields(m0, *names) == fields(m1, *names)
+
+    def match_prefix(self, toks, ns):
+        (_, m0), (_, m1) = self.both("match_prefix", toks, ns)
+        names = ("num_tokens", "block_ids", "node", "unlocked_tokens")
+        assert fields(m0, *names) == fields(m1, *names)
+        self.known_nodes.append(m0.node)
+
+    def lock(self, node):
+        (kind, _), _ = self.both("lock", node)
+        if kind == "ok" and self.trees[0].node(node).parent is not None:  # a root: no-op
+            self.locks.append(node)
+
+    def unlock(self, node):
+        if node not in self.locks and self.lock_ref(node) > 0:
+            return  # locked through a descendant we hold: unlocking it is a caller bug
+        (kind, _), _ = self.both("unlock", node)
+        if node in self.locks:
+            assert kind == "ok"
+            self.locks.remove(node)
+
+    def lock_ref(self, node) -> int:
+        try:
+            return self.trees[0].node(node).lock_ref
+        except ValueError:
+            return 0  # evicted
+
+    def evict(self, num_tokens):
+        (_, n0), (_, n1) = self.both("evict", num_tokens, self.rank)
+        assert n0 == n1
+        assert self.trees[0].last_evicted() == self.trees[1].last_evicted()
+        assert n0 == len(self.trees[0].last_evicted()) * self.page
+
+    def reset(self):
+        (kind, _), _ = self.both("reset")
+        assert (kind == "ok") == (not self.locks)
+
+    def check(self):
+        native, model = self.trees
+        for attr in ("total_size", "evictable_size", "protected_size", "num_nodes", "clock"):
+            assert getattr(native, attr) == getattr(model, attr), attr
+        assert native.namespaces() == model.namespaces()
+        assert dump(native) == dump(model)
+        assert self.pools[0].free_queue() == self.pools[1].free_queue()
+        for tree, pool in zip(self.trees, self.pools):
+            tree.check_invariants(self.locks)
+            pool.check_invariants()
+
+
+# A small alphabet, so that prefixes are shared and nodes split often.
+tokens = st.lists(st.integers(0, 1), max_size=8)
+namespaces = st.sampled_from(NAMESPACES)
+
+
+class TreeMachine(RuleBasedStateMachine):
+    @initialize(page=st.sampled_from([1, 2, 3]), eviction=st.sampled_from(EVICTIONS))
+    def setup(self, page, eviction):
+        self.t = TwoTrees(page, eviction)
+
+    @rule(toks=tokens, ns=namespaces, priority=st.integers(0, 2), start_pages=st.sampled_from([0, 0, 1, 2]))
+    def insert(self, toks, ns, priority, start_pages):
+        self.t.insert(toks, ns, priority, start_pages)
+
+    @rule(toks=tokens, ns=namespaces, bad=st.integers(-1, NUM_BLOCKS))
+    def insert_foreign_block(self, toks, ns, bad):
+        self.t.insert_foreign_block(toks, ns, bad)
+
+    @rule(toks=tokens, ns=namespaces)
+    def match(self, toks, ns):
+        self.t.match(toks, ns)
+
+    @rule(toks=tokens, ns=namespaces)
+    def match_prefix(self, toks, ns):
+        self.t.match_prefix(toks, ns)
+
+    @precondition(lambda self: self.t.known_nodes)
+    @rule(data=st.data())
+    def lock(self, data):
+        self.t.lock(data.draw(st.sampled_from(self.t.known_nodes)))
+
+    @precondition(lambda self: self.t.known_nodes)
+    @rule(data=st.data())
+    def unlock(self, data):
+        self.t.unlock(data.draw(st.sampled_from(self.t.known_nodes)))
+
+    @rule(num_tokens=st.integers(0, 12))
+    def evict(self, num_tokens):
+        self.t.evict(num_tokens)
+
+    @rule()
+    def reset(self):
+        self.t.reset()
+
+    @invariant()
+    def same_trees(self):
+        if hasattr(self, "t"):
+            self.t.check()
+
+
+TreeMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+test_radix_tree_matches_model = TreeMachine.TestCase
+
+
+def test_long_random_walks_match_model():
+    """Seeded walks of 250 steps, weighted towards inserts and matches."""
+    for seed in range(28):
+        rng = random.Random(seed)
+        t = TwoTrees(page=rng.choice([1, 2, 3]), eviction=EVICTIONS[seed % len(EVICTIONS)])
+
+        def toks():
+            return [rng.randint(0, 1) for _ in range(rng.randint(0, 9))]
+
+        ops = [
+            (6, lambda: t.insert(toks(), rng.choice(NAMESPACES), rng.randint(0, 2), rng.choice([0, 0, 1, 3]))),
+            (4, lambda: t.match_prefix(toks(), rng.choice(NAMESPACES))),
+            (2, lambda: t.match(toks(), rng.choice(NAMESPACES))),
+            (2, lambda: t.known_nodes and t.lock(rng.choice(t.known_nodes))),
+            (2, lambda: t.locks and t.unlock(rng.choice(t.locks))),
+            (1, lambda: t.known_nodes and t.unlock(rng.choice(t.known_nodes))),
+            (3, lambda: t.evict(rng.choice([0, 1, 2, 4, 8, 32]))),
+            (1, lambda: t.insert_foreign_block(toks(), rng.choice(NAMESPACES), rng.randint(-1, NUM_BLOCKS))),
+            (1, lambda: rng.random() < 0.2 and t.locks and t.unlock(t.locks[0])),
+            (1, lambda: rng.random() < 0.1 and t.reset()),
+        ]
+        weights = [w for w, _ in ops]
+        for _ in range(250):
+            rng.choices(ops, weights)[0][1]()
+            t.check()
