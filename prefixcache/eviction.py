@@ -5,9 +5,10 @@ priority; the LOWEST priority is evicted first) and the built-in policies, each 
 lines, registered by name for `eviction:` in YAML. A candidate is anything with the
 attributes of `Candidate`: for `radix` a tree leaf, for other strategies a block.
 
-Must never: walk a tree, touch the pool or keep state of its own. Backends call
-`priority()` once per candidate when it becomes evictable or is touched, never per
-comparison, so a Python policy costs one call per candidate, not per operation.
+Must never: walk a tree, touch the pool or keep state of its own. A backend calls
+`priority()` once per candidate when it collects candidates for an eviction, never per
+comparison, so a Python policy costs one call per candidate, not per operation; the
+built-ins name a `native` ordering and are never called back at all.
 Recency and creation are logical clocks (counters), so replays are reproducible.
 """
 

@@ -8,7 +8,7 @@ import prefixcache.testing as kit
 from prefixcache import registry
 from prefixcache.backends.hash import HashCache
 
-BUILTINS = ["hash"]
+BUILTINS = ["hash", "radix"]
 
 
 @pytest.mark.parametrize("backend", BUILTINS)
