@@ -6,9 +6,11 @@ namespace py = pybind11;
 
 namespace prefixcache {
 void bind_block_pool(py::module_& m);
+void bind_attention(py::module_& m);
 }  // namespace prefixcache
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "prefixcache native core: block pool, hashing, radix tree, paged attention (CPU).";
   prefixcache::bind_block_pool(m);
+  prefixcache::bind_attention(m);
 }
