@@ -32,6 +32,12 @@
 #endif
 #define PC_INLINE inline __attribute__((always_inline))
 
+// The 32-byte vector helpers are always inlined into one clone, so the ABI note GCC
+// gives for passing them by value in the baseline clone never applies.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
 namespace prefixcache {
 namespace {
 
@@ -49,6 +55,36 @@ PC_INLINE vf loadv(const float* p) {
 PC_INLINE void storev(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 PC_INLINE float hsum(vf v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+typedef int32_t vi __attribute__((vector_size(32)));
+PC_INLINE vf splat(float x) { return vf{x, x, x, x, x, x, x, x}; }
+PC_INLINE float hmax(vf v) {
+  float m = v[0];
+  for (int i = 1; i < 8; ++i) m = std::max(m, v[i]);
+  return m;
+}
+
+// exp(x) on 8 lanes, Cephes expf (about 1 ulp on [-87, 0], all the softmax needs: its
+// arguments are scores minus the running max). Below -87, which includes the -inf of a
+// masked key, the result is exactly 0. Scalar std::exp per score cost more than the
+// dot products it follows.
+PC_INLINE vf exp8(vf x) {
+  const vi dead = x < splat(-87.f);
+  x = dead ? splat(-87.f) : x;
+  vf fx = x * splat(1.44269504088896341f) + splat(0.5f);
+  vf n = __builtin_convertvector(__builtin_convertvector(fx, vi), vf);
+  n = n > fx ? n - splat(1.f) : n;  // floor
+  x = x - n * splat(0.693359375f) - n * splat(-2.12194440e-4f);
+  vf y = splat(1.9875691500e-4f);
+  y = y * x + splat(1.3981999507e-3f);
+  y = y * x + splat(8.3334519073e-3f);
+  y = y * x + splat(4.1665795894e-2f);
+  y = y * x + splat(1.6666665459e-1f);
+  y = y * x + splat(5.0000001201e-1f);
+  y = y * (x * x) + x + splat(1.f);
+  const vi pow2 = (__builtin_convertvector(n, vi) + 127) << 23;
+  return (vf)((vi)(y * (vf)pow2) & ~dead);
 }
 
 PC_INLINE float bits_to_float(uint32_t u) {
@@ -179,6 +215,36 @@ PC_INLINE void scores_rows(const float* q, int64_t d, const float* const* krow, 
   }
 }
 
+// One online-softmax step for one row over n <= kChunk scores in place: the running max
+// m and sum l absorb the chunk, O is rescaled when the max moves, and s becomes P.
+PC_INLINE void softmax_chunk(float* s, int n, float& m, float& l, float* o, int64_t d) {
+  const int n8 = (n + 7) & ~7;
+  for (int j = n; j < n8; ++j) s[j] = kNegInf;  // padding lanes: P = 0
+  vf vmax = splat(m);
+  for (int j = 0; j < n8; j += 8) {
+    const vf x = loadv(s + j);
+    vmax = x > vmax ? x : vmax;
+  }
+  const float mx = hmax(vmax);
+  if (mx == kNegInf) {  // nothing visible to this row yet
+    std::fill(s, s + n8, 0.f);
+    return;
+  }
+  vf sum = {};
+  for (int j = 0; j < n8; j += 8) {
+    const vf p = exp8(loadv(s + j) - splat(mx));
+    storev(s + j, p);
+    sum += p;
+  }
+  if (mx != m) {
+    const float alpha = std::exp(m - mx);  // 0 on the first visible chunk
+    for (int64_t x = 0; x < d; ++x) o[x] *= alpha;
+    l *= alpha;
+    m = mx;
+  }
+  l += hsum(sum);
+}
+
 // O[r] += sum_j P[r][j] v_j for NR rows, 16 dims at a time held in registers.
 template <int NR>
 PC_INLINE void accumulate_rows(float* o, int64_t d, const float* p, const float* const* vrow, int n) {
@@ -241,8 +307,24 @@ PC_INLINE void run_item(const PagedAttentionArgs& a, const WorkItem& item, Scrat
 
   const int64_t first_pos = row_pos(0);
   const int64_t key_end = row_pos(nr - 1) + 1;  // the tile's last row sees keys [0, key_end)
+  // Blocks sit anywhere in the pool, so the hardware prefetcher stalls at every block
+  // boundary; ask for the next chunk's K/V rows (into L2) while this chunk computes.
+  constexpr int64_t kLine = 64;
+  const int64_t row_bytes = d * static_cast<int64_t>(sizeof(T));
+  auto prefetch_chunk = [&](int64_t c) {
+    const int64_t end = std::min<int64_t>(key_end, c + kChunk);
+    for (int64_t t = c; t < end; ++t) {
+      const char* row = reinterpret_cast<const char*>(kv + static_cast<int64_t>(blocks[t / bs]) * block_stride + (t % bs) * d);
+      for (int64_t x = 0; x < row_bytes; x += kLine) {
+        __builtin_prefetch(row + k_head * sizeof(T) + x, 0, 2);
+        __builtin_prefetch(row + v_head * sizeof(T) + x, 0, 2);
+      }
+    }
+  };
+  prefetch_chunk(0);
   for (int64_t c = 0; c < key_end; c += kChunk) {
     const int n = static_cast<int>(std::min<int64_t>(kChunk, key_end - c));
+    if (c + kChunk < key_end) prefetch_chunk(c + kChunk);
     for (int j = 0; j < n; ++j) {
       const int64_t t = c + j;
       const int64_t base = static_cast<int64_t>(blocks[t / bs]) * block_stride + (t % bs) * d;
@@ -272,26 +354,7 @@ PC_INLINE void run_item(const PagedAttentionArgs& a, const WorkItem& item, Scrat
         const int64_t visible = std::clamp<int64_t>(row_pos(r) + 1 - c, 0, n);
         for (int j = static_cast<int>(visible); j < n; ++j) s[j] = kNegInf;
       }
-      float mx = sc.m[r];
-      for (int j = 0; j < n; ++j) mx = std::max(mx, s[j]);
-      if (mx == kNegInf) continue;  // nothing visible to this row yet: P row is all zeros
-      float sum = 0.f;
-      for (int j = 0; j < n; ++j) {
-        s[j] = std::exp(s[j] - mx);
-        sum += s[j];
-      }
-      if (mx != sc.m[r]) {
-        const float alpha = std::exp(sc.m[r] - mx);  // 0 on the first visible chunk
-        float* o = sc.o.data() + r * d;
-        for (int64_t x = 0; x < d; ++x) o[x] *= alpha;
-        sc.l[r] *= alpha;
-        sc.m[r] = mx;
-      }
-      sc.l[r] += sum;
-    }
-    // A row that saw no key in this chunk still has -inf scores; its P must be zero.
-    for (r = 0; r < nr; ++r) {
-      if (sc.m[r] == kNegInf) std::fill(sc.s.data() + r * kChunk, sc.s.data() + r * kChunk + n, 0.f);
+      softmax_chunk(s, n, sc.m[r], sc.l[r], sc.o.data() + r * d, d);
     }
 
     r = 0;
@@ -331,7 +394,8 @@ void validate(const PagedAttentionArgs& a) {
   if (a.num_blocks < 1) bad("num_blocks must be >= 1");
   if (a.num_kv_indices < 0) bad("num_kv_indices must be >= 0");
   if (!(a.scale > 0.f) || !std::isfinite(a.scale)) bad("scale must be finite and > 0");
-  if (a.q_indptr == nullptr || a.kv_indptr == nullptr || a.kv_lens == nullptr) bad("index arrays must not be null");
+  if (a.q_indptr == nullptr || a.kv_indptr == nullptr) bad("q_indptr and kv_indptr must not be null");
+  if (a.batch_size > 0 && a.kv_lens == nullptr) bad("kv_lens must not be null");
   if (a.num_kv_indices > 0 && a.kv_indices == nullptr) bad("kv_indices must not be null");
   if (a.q_indptr[0] != 0 || a.kv_indptr[0] != 0) bad("q_indptr[0] and kv_indptr[0] must be 0");
   for (int64_t i = 0; i < a.batch_size; ++i) {

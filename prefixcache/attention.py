@@ -362,6 +362,8 @@ def _run_cpu(
     out: torch.Tensor,
     lse: torch.Tensor | None,
 ) -> None:
+    if plan.total_q == 0:
+        return
     _C.paged_attention_cpu(
         q.data_ptr(),
         kv.data_ptr(),
@@ -406,17 +408,18 @@ def _reference(
         blocks = plan.kv_indices[k0 : k0 + (kv_len + bs - 1) // bs].long()
         pages = kv.index_select(0, blocks).float()  # [n, 2, Hkv, bs, D]
         k, v = (pages[:, j].permute(1, 0, 2, 3).reshape(num_kv_heads, -1, head_dim)[:, :kv_len] for j in (0, 1))
-        k = k.repeat_interleave(group, dim=0)  # query head h reads KV head h // group
-        v = v.repeat_interleave(group, dim=0)
         qi = q[q0:q1].float().transpose(0, 1)  # [H, n_q, D]
         n_q = q1 - q0
         # Query j is token kv_len - n_q + j: it sees keys 0..that position (bottom-right aligned).
         pos = torch.arange(kv_len - n_q, kv_len, device=q.device)
         mask = torch.arange(kv_len, device=q.device)[None, :] <= pos[:, None]
-        o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale)
+        # Query head h reads KV head h // group (enable_gqa); one query sees every key.
+        o = F.scaled_dot_product_attention(
+            qi, k, v, attn_mask=None if n_q == 1 else mask, scale=scale, enable_gqa=group > 1
+        )
         out[q0:q1] = o.transpose(0, 1).to(out.dtype)
         if lse is not None:
-            scores = (qi @ k.transpose(1, 2)) * scale
+            scores = (qi @ k.repeat_interleave(group, dim=0).transpose(1, 2)) * scale
             lse[q0:q1] = scores.masked_fill(~mask, float("-inf")).logsumexp(-1).transpose(0, 1)
 
 
