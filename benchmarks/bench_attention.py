@@ -157,6 +157,8 @@ def time_gpu(fn: Callable[[], object], iters: int = 50) -> float:
 def run_gpu() -> dict:
     from prefixcache import _attention_cuda
 
+    if not torch.cuda.is_available():
+        raise SystemExit("--gpu needs a CUDA GPU and a CUDA build of torch")
     impls = (["cuda"] if _C.cuda_compiled else []) + (["cupy"] if _has_cupy() else [])
     props = torch.cuda.get_device_properties(0)
     print(f"# bench_attention (GPU): {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, "

@@ -173,18 +173,25 @@ __device__ __forceinline__ void write_result(const Params& p, long long row_inde
   }
 }
 
-// Loads VEC consecutive elements (VEC * sizeof(T) bytes, a multiple of 16) as floats.
+// VEC consecutive elements held as raw 16-byte words, so loads can be issued early and
+// converted to float only when used (fewer registers than floats for 16-bit types).
 template <class DT, int VEC>
-__device__ __forceinline__ void load_vec(const typename DT::T* src, float* dst) {
+struct RawVec {
+  uint4 w[VEC * sizeof(typename DT::T) / 16];
+};
+
+template <class DT, int VEC>
+__device__ __forceinline__ void load_raw(const typename DT::T* src, RawVec<DT, VEC>& r) {
+#pragma unroll
+  for (int i = 0; i < VEC * (int)sizeof(typename DT::T) / 16; ++i) r.w[i] = __ldg(reinterpret_cast<const uint4*>(src) + i);
+}
+
+template <class DT, int VEC>
+__device__ __forceinline__ void unpack(const RawVec<DT, VEC>& r, float* dst) {
   typedef typename DT::T T;
-  constexpr int kPer16 = 16 / sizeof(T);
+  const T* e = reinterpret_cast<const T*>(r.w);
 #pragma unroll
-  for (int i = 0; i < VEC / kPer16; ++i) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(src) + i);
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int j = 0; j < kPer16; ++j) dst[i * kPer16 + j] = to_float(DT(), e[j]);
-  }
+  for (int i = 0; i < VEC; ++i) dst[i] = to_float(DT(), e[i]);
 }
 
 template <class DT, int D, int ROWS>
@@ -212,7 +219,9 @@ __device__ __forceinline__ void simt_attention(const Params& p) {
   for (int r = 0; r < ROWS; ++r) {
     if (r < t.nr) {
       const int row = t.r0 + r;
-      load_vec<DT, VEC>(static_cast<const T*>(p.q) + t.row_index(p, row) * D + sub * VEC, qf[r]);
+      RawVec<DT, VEC> raw;
+      load_raw<DT, VEC>(static_cast<const T*>(p.q) + t.row_index(p, row) * D + sub * VEC, raw);
+      unpack<DT, VEC>(raw, qf[r]);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) qf[r][i] *= p.scale_log2;
       qpos[r] = t.query_pos(row);
@@ -239,20 +248,40 @@ __device__ __forceinline__ void simt_attention(const Params& p) {
   const long long k_off = (long long)t.h * bs * D + sub * VEC;
   const long long v_off = (long long)(p.num_kv_heads + t.h) * bs * D + sub * VEC;
 
-  for (int base = t.t0; base < t.t1; base += NG * U) {
-    float kf[U][VEC], vf[U][VEC];
+  // Software pipeline: the next step's K/V loads are in flight while this step computes,
+  // so each thread always has 2 * U * VEC * sizeof(T) bytes outstanding.
+  constexpr int STEP = NG * U;
+  RawVec<DT, VEC> k_next[U], v_next[U];
+  auto fetch = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int pos = base + u * NG + g;
+      if (pos < t.t1) {
+        const long long row = (long long)blocks[pos / bs] * block_stride + (long long)(pos % bs) * D;
+        load_raw<DT, VEC>(kv + row + k_off, k_next[u]);
+        load_raw<DT, VEC>(kv + row + v_off, v_next[u]);
+      } else {
+        k_next[u] = RawVec<DT, VEC>{};
+        v_next[u] = RawVec<DT, VEC>{};
+      }
+    }
+  };
+  if (t.t0 < t.t1) fetch(t.t0);
+  for (int base = t.t0; base < t.t1; base += STEP) {
+    RawVec<DT, VEC> k_cur[U], v_cur[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      k_cur[u] = k_next[u];
+      v_cur[u] = v_next[u];
+    }
+    if (base + STEP < t.t1) fetch(base + STEP);
     int pos[U];
+    float kf[U][VEC], vf[U][VEC];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       pos[u] = base + u * NG + g;
-      if (pos[u] < t.t1) {
-        const long long row = (long long)blocks[pos[u] / bs] * block_stride + (long long)(pos[u] % bs) * D;
-        load_vec<DT, VEC>(kv + row + k_off, kf[u]);
-        load_vec<DT, VEC>(kv + row + v_off, vf[u]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) kf[u][i] = vf[u][i] = 0.f;
-      }
+      unpack<DT, VEC>(k_cur[u], kf[u]);
+      unpack<DT, VEC>(v_cur[u], vf[u]);
     }
     float s[U][ROWS];
 #pragma unroll

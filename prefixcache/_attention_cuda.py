@@ -28,6 +28,7 @@ MMA_ROWS = 64  # rows (query x group head) per pa_mma CTA: 4 warps x 16
 MMA_HEAD_DIMS = (64, 128)
 SIMT_ROWS = (1, 2, 4, 8)  # the instantiated pa_simt row tiles
 MIN_SPLIT_TOKENS = 256  # below this a split costs more in merging than it gains
+SIMT_CTAS_PER_SM = 8
 _LOG2E = 1.4426950408889634
 _TAGS = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
@@ -53,9 +54,10 @@ def launch_config(
 ) -> LaunchConfig:
     """The kernel and grid for one batch. Pure: depends on shapes only (tested on CPU).
 
-    Split-KV kicks in when the batch alone gives too few CTAs to keep every SM busy (two
-    per SM for the bandwidth-bound decode kernel, one for the compute-bound MMA kernel),
-    cutting each request's keys into splits of at least MIN_SPLIT_TOKENS.
+    Split-KV kicks in when the batch alone gives too few CTAs: the bandwidth-bound decode
+    kernel wants SIMT_CTAS_PER_SM per SM (several waves of its ~3 resident CTAs per SM, so
+    the last wave is not a long tail), the compute-bound MMA kernel one per SM. Keys are cut
+    into equal splits of at least MIN_SPLIT_TOKENS; the merge costs one small extra kernel.
     """
     tag = _TAGS[dtype]
     max_rows = max_q_len * group
@@ -63,13 +65,13 @@ def launch_config(
         kernel, rows, target = f"pa_mma_{tag}_d{head_dim}", MMA_ROWS, num_sms
     else:
         rows = next(r for r in SIMT_ROWS if r >= min(max_rows, SIMT_ROWS[-1]))
-        kernel, target = f"pa_simt_{tag}_d{head_dim}_r{rows}", 2 * num_sms
+        kernel, target = f"pa_simt_{tag}_d{head_dim}_r{rows}", SIMT_CTAS_PER_SM * num_sms
     row_tiles = max(1, math.ceil(max_rows / rows))
     base = row_tiles * num_kv_heads * batch_size
     num_splits, split_tokens = 1, max(1, max_kv_len)
-    if base < target and max_kv_len > MIN_SPLIT_TOKENS:
-        wanted = math.ceil(target / base)
-        split_tokens = max(MIN_SPLIT_TOKENS, 64 * max(1, max_kv_len // wanted // 64))
+    if base < target and max_kv_len >= 2 * MIN_SPLIT_TOKENS:
+        wanted = min(math.ceil(target / base), max_kv_len // MIN_SPLIT_TOKENS)
+        split_tokens = 64 * math.ceil(max_kv_len / wanted / 64)
         num_splits = math.ceil(max_kv_len / split_tokens)
     if batch_size > 65535 or num_kv_heads > 65535:
         raise ValueError(f"batch_size and num_kv_heads must be <= 65535 on CUDA, got {batch_size}, {num_kv_heads}")

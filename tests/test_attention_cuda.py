@@ -41,19 +41,25 @@ def expected_kernels() -> set[str]:
 # ---- launch planning (pure, runs everywhere) ----
 
 
-def test_decode_benchmark_shape_needs_no_split():
+def test_decode_benchmark_shape_splits_into_equal_parts():
+    # 64 requests x 8 KV heads = 512 CTAs would be 1.3 waves; 3 equal splits make 3.9.
     cfg = launch_config(torch.bfloat16, 128, 4, 8, 64, 1, 4096, num_sms=132)
     assert cfg.kernel == "pa_simt_bf16_d128_r4"
-    assert (cfg.grid, cfg.num_splits) == ((1, 8, 64), 1)
-    assert cfg.split_tokens >= 4096
+    assert (cfg.grid, cfg.num_splits, cfg.split_tokens) == ((3, 8, 64), 3, 1408)
 
 
 def test_small_batch_long_context_splits_kv():
     cfg = launch_config(torch.bfloat16, 128, 4, 8, 1, 1, 32768, num_sms=132)
-    assert cfg.num_splits > 1 and cfg.split_tokens >= 256
-    assert cfg.num_splits * cfg.split_tokens >= 32768
+    assert cfg.split_tokens >= 256 and cfg.split_tokens % 64 == 0
+    assert cfg.num_splits * cfg.split_tokens >= 32768 > (cfg.num_splits - 1) * cfg.split_tokens
     assert cfg.grid == (cfg.num_splits, 8, 1)
-    assert 8 * cfg.num_splits >= 2 * 132  # enough CTAs to keep every SM streaming
+    # Capped by the minimum split size: 128 splits of 256 keys, 1,024 CTAs for 132 SMs.
+    assert (cfg.num_splits, cfg.split_tokens) == (128, 256)
+
+
+def test_short_contexts_and_big_batches_do_not_split():
+    assert launch_config(torch.bfloat16, 128, 4, 8, 4, 1, 300, num_sms=132).num_splits == 1
+    assert launch_config(torch.bfloat16, 128, 4, 8, 256, 1, 4096, num_sms=132).num_splits == 1
 
 
 def test_prefill_uses_tensor_cores_for_half_types_only():
