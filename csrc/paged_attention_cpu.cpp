@@ -311,20 +311,18 @@ PC_INLINE void run_item(const PagedAttentionArgs& a, const WorkItem& item, Scrat
   // boundary; ask for the next chunk's K/V rows (into L2) while this chunk computes.
   constexpr int64_t kLine = 64;
   const int64_t row_bytes = d * static_cast<int64_t>(sizeof(T));
-  auto prefetch_chunk = [&](int64_t c) {
+  auto prefetch_chunk = [&](int64_t c, int64_t head) {
     const int64_t end = std::min<int64_t>(key_end, c + kChunk);
     for (int64_t t = c; t < end; ++t) {
-      const char* row = reinterpret_cast<const char*>(kv + static_cast<int64_t>(blocks[t / bs]) * block_stride + (t % bs) * d);
-      for (int64_t x = 0; x < row_bytes; x += kLine) {
-        __builtin_prefetch(row + k_head * sizeof(T) + x, 0, 2);
-        __builtin_prefetch(row + v_head * sizeof(T) + x, 0, 2);
-      }
+      const char* row = reinterpret_cast<const char*>(kv + static_cast<int64_t>(blocks[t / bs]) * block_stride + (t % bs) * d + head);
+      for (int64_t x = 0; x < row_bytes; x += kLine) __builtin_prefetch(row + x, 0, 2);
     }
   };
-  prefetch_chunk(0);
+  prefetch_chunk(0, k_head);
+  prefetch_chunk(0, v_head);
   for (int64_t c = 0; c < key_end; c += kChunk) {
     const int n = static_cast<int>(std::min<int64_t>(kChunk, key_end - c));
-    if (c + kChunk < key_end) prefetch_chunk(c + kChunk);
+    const bool more = c + kChunk < key_end;
     for (int j = 0; j < n; ++j) {
       const int64_t t = c + j;
       const int64_t base = static_cast<int64_t>(blocks[t / bs]) * block_stride + (t % bs) * d;
@@ -343,6 +341,7 @@ PC_INLINE void run_item(const PagedAttentionArgs& a, const WorkItem& item, Scrat
       }
     }
 
+    if (more) prefetch_chunk(c + kChunk, k_head);
     int r = 0;
     for (; r + 4 <= nr; r += 4) scores_rows<4>(sc.q.data() + r * d, d, sc.krow, n, sc.s.data() + r * kChunk);
     for (; r < nr; ++r) scores_rows<1>(sc.q.data() + r * d, d, sc.krow, n, sc.s.data() + r * kChunk);
@@ -357,6 +356,7 @@ PC_INLINE void run_item(const PagedAttentionArgs& a, const WorkItem& item, Scrat
       softmax_chunk(s, n, sc.m[r], sc.l[r], sc.o.data() + r * d, d);
     }
 
+    if (more) prefetch_chunk(c + kChunk, v_head);
     r = 0;
     for (; r + 4 <= nr; r += 4) accumulate_rows<4>(sc.o.data() + r * d, d, sc.s.data() + r * kChunk, sc.vrow, n);
     for (; r < nr; ++r) accumulate_rows<1>(sc.o.data() + r * d, d, sc.s.data() + r * kChunk, sc.vrow, n);
