@@ -181,6 +181,7 @@ def call(batch, **changes):
         (lambda b: {"kv": b.kv.double()}, ValueError, "kv.dtype must be one of"),
         (lambda b: {"kv": b.kv.half()}, ValueError, r"kv.dtype \(torch.float16\) must equal q.dtype"),
         (lambda b: {"q": b.q.to(torch.int32)}, ValueError, "q.dtype must be one of"),
+        (lambda b: {"kv": b.kv.to("meta")}, ValueError, "kv must be on a cpu or cuda device"),
         (lambda b: {"q": b.q[:, :3].contiguous()}, ValueError, "multiple of num_kv_heads"),
         (lambda b: {"q": b.q[..., :32].contiguous(), "kv": b.kv[..., :32].contiguous()}, ValueError, "head_dim must be one of"),
         (lambda b: {"kv": b.kv[..., :32]}, ValueError, "kv must be contiguous"),
