@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from prefixcache import _C
-from prefixcache.attention import PagedAttentionPlan, plan_paged_attention
+from prefixcache.attention import PagedAttentionPlan, available_gpu_impls, plan_paged_attention
 
 H200_BANDWIDTH_GBS = 4300.0
 
@@ -159,7 +159,7 @@ def run_gpu() -> dict:
 
     if not torch.cuda.is_available():
         raise SystemExit("--gpu needs a CUDA GPU and a CUDA build of torch")
-    impls = (["cuda"] if _C.cuda_compiled else []) + (["cupy"] if _has_cupy() else [])
+    impls = available_gpu_impls()
     props = torch.cuda.get_device_properties(0)
     print(f"# bench_attention (GPU): {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, "
           f"paths {impls}")
@@ -194,14 +194,6 @@ def run_gpu() -> dict:
         torch.cuda.empty_cache()
     print("# targets: decode 64x4096 <= 320 us and >= 80% of 4.3 TB/s on an H200")
     return {"device": props.name, "rows": rows}
-
-
-def _has_cupy() -> bool:
-    try:
-        import cupy  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def main() -> None:

@@ -44,7 +44,7 @@ __all__ = [
     "paged_attention",
     "write_kv",
     "merge_attention_states",
-    "cuda_kernel_available",
+    "available_gpu_impls",
 ]
 
 #: One layer's KV cache: ``[num_blocks, 2, num_kv_heads, block_size, head_dim]``, K at index 0
@@ -63,15 +63,17 @@ _INT32_MAX = 2**31 - 1
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
-def cuda_kernel_available() -> str | None:
-    """Which GPU path `impl="auto"` takes for CUDA tensors: "cuda", "cupy", or None."""
-    if _C.cuda_compiled:
-        return "cuda"
+def _has_cupy() -> bool:
     try:
         import cupy  # noqa: F401
     except ImportError:
-        return None
-    return "cupy"
+        return False
+    return True
+
+
+def available_gpu_impls() -> list[str]:
+    """The GPU paths this install has, best first: "cuda" (compiled into _C), "cupy" (NVRTC)."""
+    return (["cuda"] if _C.cuda_compiled else []) + (["cupy"] if _has_cupy() else [])
 
 
 def _host_ints(name: str, value: object) -> torch.Tensor:
@@ -233,9 +235,9 @@ def plan_paged_attention(
             bad_id = lo if lo < 0 else hi
             raise ValueError(f"kv_indices holds block id {bad_id}, outside the pool [0, {num_blocks})")
 
-    device = torch.device(device)
     host = [t.to(torch.int32).contiguous() for t in (qi, ki, idx, lens)]
-    dev = [t.to(device) for t in host] if device.type != "cpu" else host
+    dev = [t.to(device) for t in host] if torch.device(device).type != "cpu" else host
+    device = dev[0].device  # "cuda" becomes "cuda:0", as q.device reads
     return PagedAttentionPlan(
         batch_size=batch_size,
         total_q=int(qi[-1]),
@@ -343,9 +345,10 @@ def _choose_impl(impl: str, device: torch.device) -> str:
         return "cpu"
     if impl == "cpu":
         raise ValueError("impl='cpu' needs CPU tensors; these are on a CUDA device")
-    available = cuda_kernel_available()
     if impl == "auto":
-        impl = available or "cuda"
+        impl = (available_gpu_impls() or ["cuda"])[0]
+    if impl == "cupy" and not _has_cupy():
+        raise RuntimeError("impl='cupy' needs the cupy package (pip install 'prefixcache[cupy]')")
     if impl == "cuda" and not _C.cuda_compiled:
         raise RuntimeError(
             "prefixcache._C was built without CUDA (nvcc not found or PREFIXCACHE_CUDA=0); rebuild with "

@@ -20,7 +20,7 @@ from attention_cases import BLOCK_SIZES, DECODE, HEADS, PREFILL, check_against_r
 
 from prefixcache import _C
 from prefixcache._attention_cuda import MMA_HEAD_DIMS, SIMT_ROWS, kernel_source, launch_config
-from prefixcache.attention import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
+from prefixcache.attention import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, available_gpu_impls
 
 SOURCE = kernel_source()
 TAGS = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -136,21 +136,8 @@ def test_nvcc_assembles_for_each_target(tmp_path, arch):
 # ---- numerics on a GPU ----
 
 
-def gpu_impls() -> list[str]:
-    impls = []
-    if _C.cuda_compiled:
-        impls.append("cuda")
-    try:
-        import cupy  # noqa: F401
-
-        impls.append("cupy")
-    except ImportError:
-        pass
-    return impls
-
-
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
-IMPLS = gpu_impls() or ["cuda"]
+IMPLS = available_gpu_impls() or ["cuda"]
 
 
 @needs_gpu
@@ -161,7 +148,7 @@ IMPLS = gpu_impls() or ["cuda"]
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("shape", [DECODE, PREFILL], ids=["decode", "prefill"])
 def test_gpu_matches_reference(shape, head_dim, heads, block_size, dtype, impl):
-    if impl not in gpu_impls():
+    if impl not in available_gpu_impls():
         pytest.skip(f"{impl} path not available")
     batch = make_batch(*shape, num_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim, block_size=block_size,
                        dtype=dtype, device="cuda")
@@ -173,7 +160,7 @@ def test_gpu_matches_reference(shape, head_dim, heads, block_size, dtype, impl):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("q_len", [1, 300])
 def test_gpu_split_kv_and_head_dim_256(q_len, dtype, impl):
-    if impl not in gpu_impls():
+    if impl not in available_gpu_impls():
         pytest.skip(f"{impl} path not available")
     # One request with a long context: few CTAs, so the planner splits the keys.
     for head_dim in (128, 256):
