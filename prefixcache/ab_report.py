@@ -8,6 +8,7 @@ is drawn, and its absence is a `PlotUnavailable` that says how to install it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -139,12 +140,15 @@ def plot_ab(result: ABResult, path: str | Path) -> None:
     plt.close(fig)
 
 
-def plot_sweep(result: SweepResult, path: str | Path) -> None:
-    """Hit ratio against capacity (log x), whole run and last 50%, every series."""
+def plot_sweep(
+    result: SweepResult, path: str | Path, marks: Sequence[tuple[str, float, float]] = (), title: str = ""
+) -> None:
+    """Hit ratio against capacity (log x), whole run and last 50%, every series; `marks`
+    are reference points (label, capacity TOKENS, whole-run ratio), e.g. published figures."""
     plt = _pyplot()
     fig, panels = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
     block_sizes = sorted({p.block_size for p in result.points})
-    for panel, metric, title in ((panels[0], "hit_ratio", "whole run"),
+    for panel, metric, heading in ((panels[0], "hit_ratio", "whole run"),
                                  (panels[1], "last_half_hit_ratio", "last 50% of requests")):
         arm_index = 0
         for name, points in result.series().items():
@@ -157,12 +161,18 @@ def plot_sweep(result: SweepResult, path: str | Path) -> None:
                 arm_index += 1
         panel.set_xscale("log")
         panel.set_xlabel("pool capacity (tokens)")
-        panel.set_title(title)
+        panel.set_title(heading)
         panel.grid(True, alpha=0.3)
+    seen: dict[float, int] = {}  # labels at one capacity are stacked, not overprinted
+    for label, capacity, ratio in marks:
+        below = seen[capacity] = seen.get(capacity, -1) + 1
+        panels[0].plot([capacity], [ratio], marker="x", markersize=9, color="crimson", linestyle="none")
+        panels[0].annotate(label, (capacity, ratio), textcoords="offset points", xytext=(6, -12 - 11 * below),
+                           fontsize=8, color="crimson")
     panels[0].set_ylabel("token hit ratio")
     panels[0].set_ylim(0, 1)
     panels[1].legend(fontsize=8)
-    fig.suptitle(f"{result.workload['name']}: hit ratio vs capacity")
+    fig.suptitle(title or f"{result.workload['name']}: hit ratio vs capacity")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
