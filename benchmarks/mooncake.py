@@ -8,8 +8,9 @@ last 50% of requests, evictions and wall time; then both ceilings (a real cache'
 published convention where partial blocks count and a whole prompt may hit), the checks
 against the Mooncake paper (FAST'25, Fig. 9 and Table 2; see ../shared/traces/README.md),
 the replay cost per million requests, and, when `kvcache-simulator` is installed (a dev
-dependency), its LRU under the published convention, for the whole trace and its last 50%. Writes `<out>/mooncake_<trace>.png` (hit ratio vs
-capacity, published points marked) and `<out>/mooncake_<trace>.csv`.
+dependency), its LRU under the published convention, for the whole trace and its last 50%.
+Writes `<out>/mooncake_<trace>.png` (hit ratio vs capacity, published points marked) and
+`<out>/mooncake_<trace>.csv`.
 
     python benchmarks/mooncake.py --trace ../shared/traces/mooncake_synthetic_trace.jsonl \\
         ../shared/traces/mooncake_conversation_trace.jsonl --out docs
@@ -166,7 +167,8 @@ def run_trace(path: Path, args: argparse.Namespace) -> None:
     swept = sweep(config, capacities, workload, on_result=show)
     total = time.perf_counter() - t1
     ceiling = results[capacities[-1]].bound("infinite", 512)
-    print(f"ceiling: {ceiling.hit_ratio:.4f} / {ceiling.last_half_hit_ratio:.4f} (real cache: full blocks, hit <= len-1); "
+    print(f"ceiling: {ceiling.hit_ratio:.4f} / {ceiling.last_half_hit_ratio:.4f} "
+          "(real cache: full blocks, hit <= len-1); "
           f"{published[0]:.4f} / {published[1]:.4f} (published convention: partial blocks count, whole prompt may hit)")
     for line in report_checks(path.stem, results, published, sims):
         print("check: " + line)

@@ -152,7 +152,8 @@ def test_measurements_are_recorded():
 
 def test_bounds_are_computed_per_block_size_present():
     w = aligned_workloads()[1]
-    result = run_ab(ab(capacity=4096, hash_16=HASH16, radix_1=RADIX1, radix_4=CacheConfig(backend="radix", block_size=4)), w)
+    radix4 = CacheConfig(backend="radix", block_size=4)
+    result = run_ab(ab(capacity=4096, hash_16=HASH16, radix_1=RADIX1, radix_4=radix4), w)
     assert [(b.bound, b.block_size, b.capacity_blocks) for b in result.bounds] == [
         ("infinite", 1, None), ("belady", 1, 4096), ("infinite", 4, None), ("belady", 4, 1024),
         ("infinite", 16, None), ("belady", 16, 256),

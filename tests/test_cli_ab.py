@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -101,10 +102,9 @@ def test_mooncake_config_replays_the_trace_given_on_the_command_line(tmp_path, c
 
 
 def test_missing_matplotlib_still_writes_json_and_csv_and_says_how_to_install(tmp_path, capsys, monkeypatch):
-    def no_matplotlib():
-        raise PlotUnavailable("PNG plots need matplotlib, which is not installed: " + prefixcache.ab_report.INSTALL_PLOT)
-
-    monkeypatch.setattr(prefixcache.ab_report, "_pyplot", no_matplotlib)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    with pytest.raises(PlotUnavailable, match="PNG plots need matplotlib, which is not installed"):
+        prefixcache.ab_report.plot_ab(None, tmp_path / "x.png")  # type: ignore[arg-type]
     assert main(["ab", str(tiny(tmp_path)), "--out", str(tmp_path)]) == 0
     err = capsys.readouterr().err
     assert "pip install 'prefixcache[plot]'" in err and "no ab.png written" in err
