@@ -33,6 +33,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_model  # noqa: E402
+
 BLOCK_SIZE = 16
 VOCAB = 128_256  # Llama 3: most ids need 5 CBOR bytes, as in production
 
@@ -252,16 +255,6 @@ def hashing_cost(reqs: list[Req], repeat: int) -> tuple[float, float]:
     return out[0], out[1]
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vllm-dir", type=Path, help="cache directory for vLLM 0.33's wheel and sources")
@@ -281,7 +274,7 @@ def main() -> int:
 
     from prefixcache import _C
 
-    print(f"# bench_hash: {cpu_name()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+    print(f"# bench_hash: {cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"SHA-256 on {'the CPU SHA extensions' if _C.sha256_uses_cpu_extensions() else 'portable code'}")
     print(f"# block_size {BLOCK_SIZE}, num_blocks {args.num_blocks} (vLLM {args.num_blocks + 1}), "
           f"concurrency {args.concurrency}, best of {args.repeat}")

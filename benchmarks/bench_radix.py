@@ -40,6 +40,7 @@ from pathlib import Path
 from prefixcache import CacheConfig, build_cache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_model  # noqa: E402
 from sglang_reference import SGLangArm, SGLangUnavailable, load_sglang  # noqa: E402
 
 VOCAB = 32000
@@ -151,16 +152,6 @@ def best_of(repeat: int, make: Callable[[], object], workload: Workload):
         hits, seconds = replay(arm, workload)
         best = min(best, seconds)
     return hits, best, arm
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def first_difference(ours: list, theirs: list) -> str:

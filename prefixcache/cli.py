@@ -1,9 +1,14 @@
 """The `prefixcache` command line: thin glue from arguments to the library.
 
-Owns argument parsing and printing. Every subcommand calls one library function and
-prints its result; none holds logic of its own.
+Owns argument parsing, printing and where output files go. Every subcommand calls
+library functions and shows their results; none holds logic of its own.
 
-    prefixcache validate FILE     check a YAML config and print the resolved values
+    prefixcache validate FILE                 check a cache or A/B YAML, print the resolved values
+    prefixcache ab [CONFIG] [--out DIR] [--trace PATH]
+                                              A/B the arms of CONFIG (default: the shipped
+                                              configs/ab.yaml): table, JSON, CSV, PNG
+    prefixcache sweep CONFIG [--capacities N ...] [--out DIR] [--trace PATH]
+                                              hit ratio vs capacity: table, CSV, JSON, PNG
 
 Must never: implement caching, workloads or experiments here.
 """
@@ -11,41 +16,168 @@ Must never: implement caching, workloads or experiments here.
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 
 import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from prefixcache.config import ConfigError, load_config
+from prefixcache.ab_config import ABConfig, is_ab_mapping, load_ab_config, parse_ab_config, parse_tokens
+from prefixcache.config import ConfigError, load_config, load_yaml, to_plain
+from prefixcache.workloads import Workload
 
-__all__ = ["main"]
+__all__ = ["main", "DEFAULT_AB_CONFIG"]
+
+DEFAULT_AB_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "ab.yaml"
+"""The shipped A/B (`prefixcache ab` with no file): in the source tree the package is installed from."""
 
 
-def _plain(value: object) -> object:
-    """Dataclasses and read-only mappings as plain YAML-able data."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if hasattr(value, "items"):
-        return {k: _plain(v) for k, v in value.items()}  # type: ignore[union-attr]
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    return value
+def _console() -> Console:
+    # A pipe or a test gets the terminal's width if it has one, else wide enough for the table.
+    return Console(width=shutil.get_terminal_size((160, 24)).columns)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    config = load_config(args.file)
-    print(f"# {args.file}: valid")
-    print(yaml.safe_dump({"cache": _plain(config)}, sort_keys=False), end="")
+    data = load_yaml(args.file)
+    if not is_ab_mapping(data):
+        config = load_config(args.file)
+        print(f"# {args.file}: valid")
+        print(yaml.safe_dump({"cache": to_plain(config)}, sort_keys=False), end="")
+        return 0
+    ab = parse_ab_config(data, str(args.file))
+    print(f"# {args.file}: valid A/B; every arm's num_blocks = capacity_tokens // block_size")
+    print(yaml.safe_dump(to_plain(ab), sort_keys=False), end="")
+    spec = ab.workload
+    if spec.generator is not None:
+        w = _workload(ab, args.file)
+        analytic = ", ".join(f"B={b}: {w.analytic_hit_ratio(b):.4f}" for b in ab.block_sizes
+                             if w.analytic_hit_ratio(b) is not None)
+        print(f"# workload {w.name}: {len(w):,} requests, {w.prompt_tokens:,} prompt tokens"
+              + (f"; analytic ceiling {analytic}" if analytic else ""))
+    elif spec.mooncake is not None and spec.mooncake.path is None:
+        print("# workload: a Mooncake trace, path given at run time with --trace PATH")
     return 0
+
+
+@contextmanager
+def _progress(console: Console) -> Iterator[Callable[[str, int, int], None]]:
+    """A `prefixcache.ab.Progress` callback drawing one rich bar per label."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def update(label: str, completed: int, total: int) -> None:
+            if label not in tasks:
+                tasks[label] = bar.add_task(label, total=total)
+            bar.update(tasks[label], completed=completed)
+
+        yield update
+
+
+def _workload(config: ABConfig, path: str) -> Workload:
+    """The config's workload; its errors name the config file too."""
+    try:
+        return config.workload.build()
+    except ConfigError as err:
+        raise err.within("", path) from None
+
+
+def _load(config_path: str | None, trace: str | None) -> tuple[ABConfig, str]:
+    path = config_path
+    if path is None:
+        if not DEFAULT_AB_CONFIG.is_file():
+            raise ConfigError("", f"the shipped default {DEFAULT_AB_CONFIG} is not there (installed without the "
+                              "source tree?); pass a config: prefixcache ab path/to/ab.yaml")
+        path = str(DEFAULT_AB_CONFIG)
+    config = load_ab_config(path)
+    return (config.with_trace(trace) if trace else config), path
+
+
+def _plot(console: Console, draw: Callable[[], None], path: Path) -> None:
+    from prefixcache.ab_report import PlotUnavailable
+
+    try:
+        draw()
+    except PlotUnavailable as err:
+        print(f"note: {err}; no {path.name} written", file=sys.stderr)
+        return
+    console.print(f"wrote {path}")
+
+
+def cmd_ab(args: argparse.Namespace) -> int:
+    from prefixcache.ab import run_ab
+    from prefixcache.ab_report import ab_table, plot_ab
+
+    console = _console()
+    config, path = _load(args.config, args.trace)
+    console.print(f"# config: {path}" + (" (the shipped default)" if args.config is None else ""))
+    workload = _workload(config, path)
+    with _progress(console) as progress:
+        result = run_ab(config, workload, progress=progress)
+    console.print(ab_table(result))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result.write_json(out / "ab.json")
+    result.write_csv(out / "ab_summary.csv", out / "ab_requests.csv")
+    console.print(f"wrote {out / 'ab.json'}, {out / 'ab_summary.csv'}, {out / 'ab_requests.csv'}")
+    _plot(console, lambda: plot_ab(result, out / "ab.png"), out / "ab.png")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from prefixcache.ab import sweep
+    from prefixcache.ab_report import plot_sweep, sweep_table
+
+    console = _console()
+    config, path = _load(args.config, args.trace)
+    capacities = tuple(args.capacities) if args.capacities else config.sweep_capacities_or_default()
+    workload = _workload(config, path)
+    with _progress(console) as progress:
+        try:
+            result = sweep(config, capacities, workload, progress=progress)
+        except ValueError as err:
+            raise ConfigError("--capacities", str(err)) from None
+    console.print(sweep_table(result))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result.write_json(out / "sweep.json")
+    result.write_csv(out / "sweep.csv")
+    console.print(f"wrote {out / 'sweep.json'}, {out / 'sweep.csv'}")
+    _plot(console, lambda: plot_sweep(result, out / "sweep.png"), out / "sweep.png")
+    return 0
+
+
+def _capacity(text: str) -> int:
+    try:
+        return parse_tokens(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prefixcache", description="Prefix caching for LLM inference.")
     sub = parser.add_subparsers(dest="command", required=True)
-    validate = sub.add_parser("validate", help="check a YAML config and print the resolved values")
+    validate = sub.add_parser("validate", help="check a cache or A/B YAML file and print the resolved values")
     validate.add_argument("file")
     validate.set_defaults(func=cmd_validate)
+
+    ab = sub.add_parser("ab", help="replay one workload through every arm of an A/B config, with the bounds")
+    ab.add_argument("config", nargs="?", help=f"A/B YAML (default: the shipped {DEFAULT_AB_CONFIG.name})")
+    ab.add_argument("--out", default="out/ab", help="folder for ab.json, ab_summary.csv, ab_requests.csv, ab.png")
+    ab.add_argument("--trace", help="replay this Mooncake JSONL trace instead of the config's workload")
+    ab.set_defaults(func=cmd_ab)
+
+    sw = sub.add_parser("sweep", help="hit ratio vs pool capacity for every arm and both bounds")
+    sw.add_argument("config", help="A/B YAML")
+    sw.add_argument("--capacities", type=_capacity, nargs="+",
+                    help="pool sizes in TOKENS, e.g. 4096 1e5 (default: the config's sweep_capacities)")
+    sw.add_argument("--out", default="out/sweep", help="folder for sweep.json, sweep.csv, sweep.png")
+    sw.add_argument("--trace", help="replay this Mooncake JSONL trace instead of the config's workload")
+    sw.set_defaults(func=cmd_sweep)
     return parser
 
 

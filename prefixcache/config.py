@@ -40,6 +40,7 @@ __all__ = [
     "load_yaml",
     "load_config",
     "parse_cache_config",
+    "to_plain",
 ]
 
 HASH_ALGORITHMS = ("sha256_cbor", "sha256", "xxhash", "xxhash_cbor")
@@ -271,3 +272,15 @@ def load_config(source: str | Path) -> CacheConfig:
     if "cache" not in data:
         raise ConfigError("cache", "missing required section", str(source))
     return parse_cache_config(data["cache"], "cache", str(source))
+
+
+def to_plain(value: Any) -> Any:
+    """A config (dataclasses, read-only mappings, tuples) as plain dicts and lists, for
+    YAML and JSON output."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {k: to_plain(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [to_plain(v) for v in value]
+    return value

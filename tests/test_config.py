@@ -113,7 +113,10 @@ def test_programmatic_configs_are_validated_too():
 def test_shipped_configs_load():
     from pathlib import Path
 
+    from prefixcache.ab_config import is_ab_mapping, load_ab_config
+    from prefixcache.config import load_yaml
+
     configs = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
     assert configs, "configs/ holds the shipped YAML files"
     for path in configs:
-        load_config(path)
+        (load_ab_config if is_ab_mapping(load_yaml(path)) else load_config)(path)

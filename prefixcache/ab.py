@@ -1,0 +1,545 @@
+"""The A/B runner: one workload replayed through several caches of equal capacity, next to
+the two reference bounds, with results as data (JSON and CSV).
+
+Owns the replay of a `Workload` through a `PrefixCache` (`replay_arm`), the reference
+lines on the same workload (`ReferenceBounds`: infinite ceiling and Belady at the same
+capacity, per block size present), the A/B and the capacity sweep (`run_ab`, `sweep`),
+and their results (`ArmResult`, `ABResult`, `SweepResult`). Must never: print, plot or
+parse arguments (`prefixcache.ab_report` and `prefixcache.cli` do), or reach into a
+backend past the protocol.
+
+Replay model. It is the model of `prefixcache.workloads.blocks` and the bounds, so an
+arm's per-request hits compare one to one with theirs. Requests go in arrival order;
+for each one the runner calls, through the protocol:
+
+    admit(i, prompt)            the hit is what the arm reports (whole blocks, <= P-1)
+    commit(i, P)                the uncached prompt tokens are computed
+    append(i, output)           the whole output at once (P + O tokens in the table)
+    commit(i, P + O)
+    release(i)                  full blocks of prompt + output stay cached
+
+With `max_concurrent = K` up to K requests are live at once: request i is admitted while
+the K-1 before it still hold their blocks (already committed, so they can be hit), and the
+oldest is released when a K+1-th would start. K = 1 is the bounds' model exactly. When the
+pool cannot hold request i (`admit` or `append` returns None) the runner releases the
+oldest other live request, as if it had finished, and retries; each such retry counts in
+`waits`. A request whose footprint, ceil((P + O) / B) blocks, exceeds the pool can never
+run: it is not offered to the cache, counts 0 hit tokens and is listed in `rejected`,
+as in the bounds. Under K > 1 live requests pin more blocks than the bounds assume, so
+Belady is then a reference line rather than a bound; the ceiling still bounds every
+request (every block an earlier request computed is committed before i is admitted).
+
+Measured per arm: per-request hit tokens (`HitCounts`), evicted blocks (the cache's own
+`stats().evictions`), peak pinned blocks (the most distinct blocks that live requests'
+block tables hold at once: backend-neutral, unlike the pool's ref counts, which for
+`radix` include the tree's own reference), bookkeeping time per request (only the cache
+calls for that request, `time.perf_counter_ns` around each), and KV events by type.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefixcache import build_cache
+from prefixcache.ab_config import ABConfig
+from prefixcache.config import CacheConfig, from_mapping, to_plain
+from prefixcache.protocol import PrefixCache
+from prefixcache.workloads import BlockPlan, BoundResult, HitCounts, Workload, belady, infinite_cache
+
+__all__ = [
+    "ArmResult",
+    "ABResult",
+    "SweepPoint",
+    "SweepResult",
+    "ReferenceBounds",
+    "Progress",
+    "replay_arm",
+    "run_ab",
+    "sweep",
+    "percentile",
+    "bound_name",
+    "describe_workload",
+    "write_csv",
+]
+
+Progress = Callable[[str, int, int], None]
+"""`progress(label, completed, total)`: called as a replay advances (requests done of total)."""
+
+_PROGRESS_EVERY = 64  # requests between progress calls: a rich refresh costs more than a request
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank `q`-th percentile (0 < q <= 100) of `values`; 0.0 when empty."""
+    if not values:
+        return 0.0
+    if not 0 < q <= 100:
+        raise ValueError(f"q must be in (0, 100], got {q!r}")
+    ordered = sorted(values)
+    return float(ordered[max(1, math.ceil(len(ordered) * q / 100)) - 1])
+
+
+def bound_name(bound: str, block_size: int) -> str:
+    """The series name of a bound line, e.g. 'ceiling B=16' (cannot clash with an arm name,
+    which has no space)."""
+    return f"{'ceiling' if bound == 'infinite' else bound} B={block_size}"
+
+
+def write_csv(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """`rows` (dicts with the same keys) as a CSV file with a header line; None -> empty."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    """What one arm did on the workload. Counts in TOKENS unless a name says blocks.
+
+    hits:             per-request hit and prompt tokens, in arrival order
+    bookkeeping_us:   per request, the MICROSECONDS spent in its cache calls
+    evicted_blocks:   cached blocks the cache dropped to make room (`stats().evictions`)
+    peak_pinned_blocks: the most distinct blocks live requests held at once
+    events:           KV events emitted, by type name
+    rejected:         indices of requests larger than the pool (0 hits, never admitted)
+    waits:            admissions/appends retried after releasing the oldest live request
+    wall_s:           wall time of the whole replay, SECONDS (token conversion included)
+    """
+
+    name: str
+    config: CacheConfig
+    hits: HitCounts
+    bookkeeping_us: tuple[float, ...]
+    evicted_blocks: int
+    peak_pinned_blocks: int
+    events: Mapping[str, int]
+    rejected: tuple[int, ...] = ()
+    waits: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def capacity_blocks(self) -> int:
+        return self.config.num_blocks
+
+    @property
+    def hit_ratio(self) -> float:
+        """Token hit ratio of the whole run."""
+        return self.hits.hit_ratio
+
+    @property
+    def last_half_hit_ratio(self) -> float:
+        """Token hit ratio of the last 50% of requests."""
+        return self.hits.last_half_hit_ratio
+
+    @property
+    def prefill_tokens_saved(self) -> int:
+        """Prompt TOKENS served from cache over the run."""
+        return self.hits.total_hit_tokens
+
+    @property
+    def evicted_tokens(self) -> int:
+        """Evicted blocks in TOKENS (comparable across block sizes)."""
+        return self.evicted_blocks * self.block_size
+
+    @property
+    def us_p50(self) -> float:
+        """Median bookkeeping MICROSECONDS per request."""
+        return percentile(self.bookkeeping_us, 50)
+
+    @property
+    def us_p99(self) -> float:
+        """99th-percentile bookkeeping MICROSECONDS per request."""
+        return percentile(self.bookkeeping_us, 99)
+
+    @property
+    def events_total(self) -> int:
+        return sum(self.events.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "config": to_plain(self.config),
+            "hit_ratio": self.hit_ratio,
+            "last_half_hit_ratio": self.last_half_hit_ratio,
+            "prefill_tokens_saved": self.prefill_tokens_saved,
+            "evicted_blocks": self.evicted_blocks,
+            "peak_pinned_blocks": self.peak_pinned_blocks,
+            "bookkeeping_us_p50": self.us_p50,
+            "bookkeeping_us_p99": self.us_p99,
+            "events": dict(self.events),
+            "rejected": list(self.rejected),
+            "waits": self.waits,
+            "wall_s": self.wall_s,
+            "hit_tokens": list(self.hits.hit_tokens),
+            "bookkeeping_us": list(self.bookkeeping_us),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], prompt_tokens: Sequence[int]) -> ArmResult:
+        return cls(
+            data["name"], from_mapping(CacheConfig, data["config"], "config"),
+            HitCounts(data["hit_tokens"], prompt_tokens), tuple(data["bookkeeping_us"]),
+            data["evicted_blocks"], data["peak_pinned_blocks"], data["events"], tuple(data["rejected"]),
+            data["waits"], data["wall_s"],
+        )
+
+
+def _bound_dict(b: BoundResult) -> dict[str, Any]:
+    return {
+        "name": bound_name(b.bound, b.block_size), "bound": b.bound, "block_size": b.block_size,
+        "capacity_blocks": b.capacity_blocks, "hit_ratio": b.hit_ratio,
+        "last_half_hit_ratio": b.last_half_hit_ratio, "evicted_blocks": b.evictions,
+        "rejected": list(b.rejected), "hit_tokens": list(b.hits.hit_tokens),
+    }
+
+
+def _bound_from_dict(data: Mapping[str, Any], prompt_tokens: Sequence[int]) -> BoundResult:
+    return BoundResult(data["bound"], data["block_size"], data["capacity_blocks"],
+                       HitCounts(data["hit_tokens"], prompt_tokens), data["evicted_blocks"], tuple(data["rejected"]))
+
+
+class _Replay:
+    """One arm's replay state: the cache, the live requests, and what is measured."""
+
+    def __init__(self, workload: Workload, name: str, cache: PrefixCache, max_concurrent: int) -> None:
+        self.workload, self.name, self.cache, self.max_concurrent = workload, name, cache, max_concurrent
+        n = len(workload)
+        self.hits = [0] * n
+        self.ns = [0] * n  # bookkeeping NANOSECONDS per request
+        self.live: deque[int] = deque()
+        self.events: Counter[str] = Counter()
+        self.peak_pinned = 0
+        self.waits = 0
+
+    def call(self, i: int, method: Callable[..., Any], *args: Any) -> Any:
+        """One cache call on behalf of request i, timed into its bookkeeping."""
+        t0 = time.perf_counter_ns()
+        out = method(*args)
+        self.ns[i] += time.perf_counter_ns() - t0
+        return out
+
+    def finish_oldest(self, current: int) -> None:
+        """Release the oldest live request other than `current` to make room."""
+        for j in self.live:
+            if j != current:
+                self.live.remove(j)
+                self.call(j, self.cache.release, j)
+                self.waits += 1
+                return
+        r = self.workload.requests[current]
+        raise RuntimeError(
+            f"arm {self.name!r}: request {current} ({len(r.prompt)} + {len(r.output)} tokens) fits the pool of "
+            f"{self.cache.config.num_blocks} blocks but the cache refused it with nothing else live"
+        )
+
+    def until_done(self, i: int, method: Callable[..., Any], *args: Any) -> Any:
+        """`method(*args)` for request i, releasing older live requests until it succeeds."""
+        out = self.call(i, method, *args)
+        while out is None:
+            self.finish_oldest(i)
+            out = self.call(i, method, *args)
+        return out
+
+    def run(self, i: int) -> None:
+        r, cache = self.workload.requests[i], self.cache
+        prompt, output = r.prompt.tolist(), r.output.tolist()
+        while len(self.live) >= self.max_concurrent:
+            j = self.live.popleft()
+            self.call(j, cache.release, j)
+        admission = self.until_done(i, lambda: cache.admit(i, prompt, namespace=r.namespace))
+        self.hits[i] = admission.num_cached_tokens
+        self.live.append(i)
+        self.call(i, cache.commit, i, len(prompt))
+        self.until_done(i, cache.append, i, output)
+        self.call(i, cache.commit, i, len(prompt) + len(output))
+        pinned = {b for j in self.live for b in cache.block_table(j)}
+        self.peak_pinned = max(self.peak_pinned, len(pinned))
+        self.events.update(type(e).__name__ for e in cache.drain_events())
+
+    def drain(self) -> None:
+        while self.live:
+            j = self.live.popleft()
+            self.call(j, self.cache.release, j)
+        self.events.update(type(e).__name__ for e in self.cache.drain_events())
+
+
+def replay_arm(
+    workload: Workload,
+    name: str,
+    config: CacheConfig,
+    *,
+    max_concurrent: int = 1,
+    progress: Progress | None = None,
+    check_invariants: bool = True,
+) -> ArmResult:
+    """Replay `workload` through a fresh cache built from `config` (module docstring)."""
+    if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 1:
+        raise ValueError(f"max_concurrent must be an int >= 1, got {max_concurrent!r}")
+    t0 = time.perf_counter()
+    cache = build_cache(config)
+    state = _Replay(workload, name, cache, max_concurrent)
+    bs, n = config.block_size, len(workload)
+    rejected = []
+    for i, r in enumerate(workload.requests):
+        if -(-(len(r.prompt) + len(r.output)) // bs) > config.num_blocks:
+            rejected.append(i)
+        else:
+            state.run(i)
+        if progress is not None and (i + 1) % _PROGRESS_EVERY == 0:
+            progress(name, i + 1, n)
+    state.drain()
+    if check_invariants:
+        cache.check_invariants()
+    if progress is not None:
+        progress(name, n, n)
+    prompts = [len(r.prompt) for r in workload.requests]
+    return ArmResult(
+        name, config, HitCounts(state.hits, prompts), tuple(t / 1000.0 for t in state.ns),
+        cache.stats().evictions, state.peak_pinned, dict(state.events), tuple(rejected), state.waits,
+        time.perf_counter() - t0,
+    )
+
+
+class ReferenceBounds:
+    """The ceiling and Belady of one workload at each block size, block plans built once
+    (so a sweep pays for them once per block size, not per capacity)."""
+
+    def __init__(self, workload: Workload, block_sizes: Sequence[int]) -> None:
+        self.plans = {b: BlockPlan.of(workload, b) for b in sorted(set(block_sizes))}
+        self._ceilings = {b: infinite_cache(p) for b, p in self.plans.items()}
+
+    def ceiling(self, block_size: int) -> BoundResult:
+        return self._ceilings[block_size]
+
+    def at(self, capacity_tokens: int) -> list[BoundResult]:
+        """Ceiling and Belady (pool of capacity_tokens // B blocks) per block size B."""
+        out = []
+        for b, plan in self.plans.items():
+            out += [self._ceilings[b], belady(plan, capacity_tokens // b)]
+        return out
+
+
+@dataclass(frozen=True)
+class ABResult:
+    """An A/B on one workload: every arm and the reference bounds, request by request."""
+
+    workload: Mapping[str, Any]  # name, generator, params, requests, tokens, analytic ratios
+    capacity_tokens: int
+    max_concurrent: int
+    prompt_tokens: tuple[int, ...]
+    arms: tuple[ArmResult, ...]
+    bounds: tuple[BoundResult, ...] = ()
+
+    def arm(self, name: str) -> ArmResult:
+        for a in self.arms:
+            if a.name == name:
+                return a
+        raise KeyError(f"no arm {name!r}; arms: {', '.join(a.name for a in self.arms)}")
+
+    def bound(self, bound: str, block_size: int) -> BoundResult:
+        """The bound 'infinite' (the ceiling) or 'belady' at `block_size` TOKENS."""
+        for b in self.bounds:
+            if b.bound == bound and b.block_size == block_size:
+                return b
+        raise KeyError(f"no bound {bound!r} at block size {block_size}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "workload": dict(self.workload), "capacity_tokens": self.capacity_tokens,
+            "max_concurrent": self.max_concurrent, "prompt_tokens": list(self.prompt_tokens),
+            "arms": [a.to_dict() for a in self.arms], "bounds": [_bound_dict(b) for b in self.bounds],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ABResult:
+        prompts = tuple(data["prompt_tokens"])
+        return cls(data["workload"], data["capacity_tokens"], data["max_concurrent"], prompts,
+                   tuple(ArmResult.from_dict(a, prompts) for a in data["arms"]),
+                   tuple(_bound_from_dict(b, prompts) for b in data["bounds"]))
+
+    def write_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def read_json(cls, path: str | Path) -> ABResult:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def write_csv(self, summary_path: str | Path, requests_path: str | Path) -> None:
+        """The summary (a row per arm and bound) and the per-request table as CSV files."""
+        write_csv(summary_path, self.summary_rows())
+        write_csv(requests_path, self.request_rows())
+
+    def summary_rows(self) -> list[dict[str, Any]]:
+        """One row per arm, then per bound: what the terminal table and summary CSV show."""
+        rows = []
+        for a in self.arms:
+            rows.append({
+                "series": a.name, "kind": "arm", "backend": a.config.backend, "block_size": a.block_size,
+                "capacity_blocks": a.capacity_blocks, "capacity_tokens": a.capacity_blocks * a.block_size,
+                "hit_ratio": a.hit_ratio, "last_half_hit_ratio": a.last_half_hit_ratio,
+                "prefill_tokens_saved": a.prefill_tokens_saved, "evicted_blocks": a.evicted_blocks,
+                "evicted_tokens": a.evicted_tokens, "peak_pinned_blocks": a.peak_pinned_blocks,
+                "bookkeeping_us_p50": a.us_p50, "bookkeeping_us_p99": a.us_p99, "events": a.events_total,
+                "rejected": len(a.rejected), "waits": a.waits,
+            })
+        for b in self.bounds:
+            blocks = b.capacity_blocks
+            rows.append({
+                "series": bound_name(b.bound, b.block_size), "kind": "bound", "backend": b.bound,
+                "block_size": b.block_size, "capacity_blocks": blocks,
+                "capacity_tokens": None if blocks is None else blocks * b.block_size,
+                "hit_ratio": b.hit_ratio, "last_half_hit_ratio": b.last_half_hit_ratio,
+                "prefill_tokens_saved": b.hits.total_hit_tokens, "evicted_blocks": b.evictions,
+                "evicted_tokens": b.evictions * b.block_size, "peak_pinned_blocks": None,
+                "bookkeeping_us_p50": None, "bookkeeping_us_p99": None, "events": None,
+                "rejected": len(b.rejected), "waits": None,
+            })
+        return rows
+
+    def request_rows(self) -> list[dict[str, Any]]:
+        """One row per request: prompt tokens, hit tokens of every series, µs of every arm."""
+        rows = []
+        for i, p in enumerate(self.prompt_tokens):
+            row: dict[str, Any] = {"request": i, "prompt_tokens": p}
+            for a in self.arms:
+                row[f"hit:{a.name}"] = a.hits.hit_tokens[i]
+            for b in self.bounds:
+                row[f"hit:{bound_name(b.bound, b.block_size)}"] = b.hits.hit_tokens[i]
+            for a in self.arms:
+                row[f"us:{a.name}"] = a.bookkeeping_us[i]
+            rows.append(row)
+        return rows
+
+
+def describe_workload(workload: Workload, block_sizes: Sequence[int]) -> dict[str, Any]:
+    """The workload's identity and size, and its analytic ceiling at each block size."""
+    return {
+        "name": workload.name, "generator": workload.generator, "params": dict(workload.params),
+        "requests": len(workload), "prompt_tokens": workload.prompt_tokens, "output_tokens": workload.output_tokens,
+        "analytic_hit_ratio": {str(b): workload.analytic_hit_ratio(b) for b in block_sizes},
+        "analytic_exact": workload.analytic_exact,
+    }
+
+
+def run_ab(
+    config: ABConfig,
+    workload: Workload | None = None,
+    *,
+    progress: Progress | None = None,
+    bounds: bool = True,
+    bounds_cache: ReferenceBounds | None = None,
+) -> ABResult:
+    """Replay the workload (built from `config.workload` unless given) through every arm,
+    and compute the bounds at `config.capacity_tokens` for each block size present."""
+    if workload is None:
+        workload = config.workload.build()
+    arms = tuple(
+        replay_arm(workload, name, cache, max_concurrent=config.max_concurrent, progress=progress)
+        for name, cache in config.arms.items()
+    )
+    refs: list[BoundResult] = []
+    if bounds:
+        if progress is not None:
+            progress("bounds", 0, 1)
+        refs = (bounds_cache or ReferenceBounds(workload, config.block_sizes)).at(config.capacity_tokens)
+        if progress is not None:
+            progress("bounds", 1, 1)
+    return ABResult(describe_workload(workload, config.block_sizes), config.capacity_tokens, config.max_concurrent,
+                    tuple(len(r.prompt) for r in workload.requests), arms, tuple(refs))
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One series at one capacity. `kind` is 'arm' or 'bound'; ratios are token hit ratios."""
+
+    series: str
+    kind: str
+    block_size: int
+    capacity_tokens: int
+    hit_ratio: float
+    last_half_hit_ratio: float
+    evicted_blocks: int
+    rejected: int
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Hit ratio against capacity for every arm and both bounds on one workload."""
+
+    workload: Mapping[str, Any]
+    capacities: tuple[int, ...]  # TOKENS
+    points: tuple[SweepPoint, ...] = field(default=())
+
+    def series(self) -> dict[str, list[SweepPoint]]:
+        """Points grouped by series, each in capacity order."""
+        out: dict[str, list[SweepPoint]] = {}
+        for p in sorted(self.points, key=lambda p: p.capacity_tokens):
+            out.setdefault(p.series, []).append(p)
+        return out
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [dataclasses.asdict(p) for p in self.points]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"workload": dict(self.workload), "capacities": list(self.capacities), "points": self.rows()}
+
+    def write_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    def write_csv(self, path: str | Path) -> None:
+        """A row per (series, capacity)."""
+        write_csv(path, self.rows())
+
+
+def _points(result: ABResult) -> list[SweepPoint]:
+    return [
+        SweepPoint(row["series"], row["kind"], row["block_size"], result.capacity_tokens, row["hit_ratio"],
+                   row["last_half_hit_ratio"], row["evicted_blocks"], row["rejected"])
+        for row in result.summary_rows()
+    ]
+
+
+def sweep(
+    config: ABConfig,
+    capacities: Sequence[int],
+    workload: Workload | None = None,
+    *,
+    progress: Progress | None = None,
+    on_result: Callable[[ABResult], None] | None = None,
+) -> SweepResult:
+    """`run_ab` at each capacity (TOKENS), the workload and block plans built once.
+    `on_result` sees each capacity's full `ABResult` as it completes."""
+    if not capacities:
+        raise ValueError("sweep needs at least one capacity (TOKENS)")
+    for c in capacities:
+        if isinstance(c, bool) or not isinstance(c, int) or c < max(config.block_sizes):
+            raise ValueError(
+                f"capacity {c!r} must be an int of TOKENS >= the largest block size {max(config.block_sizes)}"
+            )
+    if workload is None:
+        workload = config.workload.build()
+    refs = ReferenceBounds(workload, config.block_sizes)
+    points: list[SweepPoint] = []
+    for capacity in capacities:
+        labelled = None
+        if progress is not None:
+            def labelled(label: str, done: int, total: int, _c: int = capacity) -> None:
+                progress(f"{label} @ {_c:,}", done, total)
+        result = run_ab(config.with_capacity(capacity), workload, progress=labelled, bounds_cache=refs)
+        if on_result is not None:
+            on_result(result)
+        points += _points(result)
+    return SweepResult(describe_workload(workload, config.block_sizes), tuple(capacities), tuple(points))

@@ -1,0 +1,229 @@
+"""The A/B experiment file (`ab.yaml`): its schema as frozen dataclasses, and its loader.
+
+Owns `ABConfig` (one workload, the pool capacity every arm shares, the arms),
+`WorkloadSpec` (a generator by name with its parameters, or a Mooncake trace) and
+`MooncakeSpec`, parsed by `prefixcache.config.from_mapping`, so every mistake is a
+`ConfigError` naming the file, the key path and what is allowed. Must never: run a
+replay or build a cache (`prefixcache.ab` does both).
+
+    workload:
+      generator: multi_turn          # a name in prefixcache.workloads.GENERATORS ...
+      params: {seed: 0}              # ... and its keyword arguments
+      # mooncake: {path: null, limit: null, outputs: true}   # ... or a Mooncake trace
+    capacity_tokens: 32768           # pool size in TOKENS, the same for every arm
+    max_concurrent: 1                # requests live at once during the replay
+    sweep_capacities: [8192, 32768]  # TOKENS; what `prefixcache sweep` tries by default
+    arms:                            # name -> a `cache:` section without num_blocks
+      hash/16: {backend: hash, block_size: 16}
+      radix/1: {backend: radix, block_size: 1}
+
+Capacity is given once, in TOKENS, because arms may differ in block size: an arm of
+block size B gets `num_blocks = capacity_tokens // B` blocks, so every arm holds the
+same number of tokens (exactly, when capacity_tokens is a multiple of every B; else
+each arm gets the whole blocks that fit). Setting `num_blocks` in an arm is an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefixcache.config import CacheConfig, ConfigError, from_mapping, load_yaml
+from prefixcache.workloads import GENERATORS, Workload, generate, read_mooncake
+from prefixcache.workloads.mooncake import MOONCAKE_BLOCK_SIZE
+
+__all__ = ["ABConfig", "WorkloadSpec", "MooncakeSpec", "load_ab_config", "parse_ab_config", "is_ab_mapping",
+           "parse_tokens"]
+
+ARM_NAME = re.compile(r"[A-Za-z0-9_.:/+-]+")
+
+
+@dataclass(frozen=True)
+class MooncakeSpec:
+    """A Mooncake JSONL trace to replay.
+
+    path:       the trace; null = given on the command line (`--trace PATH`)
+    limit:      replay only the first `limit` records (null: all)
+    outputs:    commit each request's output too (fresh tokens that take cache room, as
+                in a real engine); false replays prompts only, as the Mooncake paper and
+                kvcache-simulator do
+    block_size: TOKENS per `hash_ids` block in the trace (512 in the published traces;
+                not the cache's block size)
+    """
+
+    path: str | None = None
+    limit: int | None = None
+    outputs: bool = True
+    block_size: int = MOONCAKE_BLOCK_SIZE
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError("limit", f"must be an integer >= 1 or null, got {self.limit!r}")
+        if self.block_size < 1:
+            raise ConfigError("block_size", f"must be an integer >= 1, got {self.block_size!r}")
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Where the requests come from: exactly one of `generator` (with `params`) or `mooncake`.
+
+    generator: a name in `prefixcache.workloads.GENERATORS`
+    params:    that generator's keyword arguments (seed included); defaults otherwise
+    mooncake:  a Mooncake trace (see MooncakeSpec)
+    """
+
+    generator: str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    mooncake: MooncakeSpec | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", types.MappingProxyType(dict(self.params)))
+        if (self.generator is None) == (self.mooncake is None):
+            raise ConfigError(
+                "", "give exactly one of 'generator' (a name: " + ", ".join(GENERATORS)
+                + ") or 'mooncake' (a trace: {path: ...})"
+            )
+        if self.mooncake is not None:
+            if self.params:
+                raise ConfigError("params", "parameters are for a generator; a trace takes none")
+            return
+        if self.generator not in GENERATORS:
+            raise ConfigError(
+                "generator", f"unknown generator {self.generator!r}; allowed values: {', '.join(GENERATORS)}"
+            )
+        allowed = inspect.signature(GENERATORS[self.generator].make).parameters
+        for key in self.params:
+            if key not in allowed:
+                raise ConfigError(
+                    f"params.{key}",
+                    f"unknown parameter of generator {self.generator!r}; allowed keys: {', '.join(allowed)}",
+                )
+
+    def build(self) -> Workload:
+        """The workload: generated, or read from the trace. A bad parameter value, a
+        missing trace path or an unreadable trace is a ConfigError under `workload`."""
+        if self.generator is not None:
+            try:
+                return generate(self.generator, **self.params)
+            except (TypeError, ValueError) as err:
+                raise ConfigError("workload.params", str(err)) from None
+        spec = self.mooncake
+        assert spec is not None  # __post_init__: exactly one of the two
+        if spec.path is None:
+            raise ConfigError("workload.mooncake.path", "no trace given: set it, or pass --trace PATH")
+        try:
+            return read_mooncake(spec.path, block_size=spec.block_size, limit=spec.limit, outputs=spec.outputs)
+        except OSError as err:
+            raise ConfigError("workload.mooncake.path", f"cannot read trace {spec.path!r}: {err.strerror}") from None
+        except ValueError as err:
+            raise ConfigError("workload.mooncake.path", str(err)) from None
+
+
+@dataclass(frozen=True)
+class ABConfig:
+    """One A/B experiment (see the module docstring).
+
+    workload:         the requests (WorkloadSpec)
+    arms:             arm name -> CacheConfig; `num_blocks` is set from capacity_tokens
+    capacity_tokens:  pool size in TOKENS shared by every arm (and by Belady)
+    max_concurrent:   requests live at once (1 = strictly one after another, the model
+                      the bounds use; see `prefixcache.ab`)
+    sweep_capacities: default capacities, in TOKENS, for `prefixcache sweep`
+    """
+
+    workload: WorkloadSpec
+    arms: Mapping[str, CacheConfig]
+    capacity_tokens: int
+    max_concurrent: int = 1
+    sweep_capacities: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.capacity_tokens < 1:
+            raise ConfigError("capacity_tokens", f"must be an integer >= 1, got {self.capacity_tokens!r}")
+        if self.max_concurrent < 1:
+            raise ConfigError("max_concurrent", f"must be an integer >= 1, got {self.max_concurrent!r}")
+        for i, capacity in enumerate(self.sweep_capacities):
+            if capacity < 1:
+                raise ConfigError(f"sweep_capacities[{i}]", f"must be an integer >= 1 (TOKENS), got {capacity!r}")
+        if not self.arms:
+            raise ConfigError("arms", "needs at least one arm: name -> {backend: ..., block_size: ...}")
+        arms = {}
+        for name, cache in self.arms.items():
+            if not isinstance(name, str) or not ARM_NAME.fullmatch(name):
+                raise ConfigError(
+                    f"arms.{name}", "an arm name is letters, digits and _ . : / + - (e.g. 'radix/16')"
+                )
+            if cache.block_size > self.capacity_tokens:
+                raise ConfigError(
+                    f"arms.{name}.block_size",
+                    f"{cache.block_size} TOKENS is more than capacity_tokens={self.capacity_tokens}: "
+                    "the pool would have no block",
+                )
+            arms[name] = cache.replace(num_blocks=self.capacity_tokens // cache.block_size)
+        object.__setattr__(self, "arms", types.MappingProxyType(arms))
+
+    @property
+    def block_sizes(self) -> tuple[int, ...]:
+        """The distinct block sizes of the arms, in TOKENS, ascending."""
+        return tuple(sorted({c.block_size for c in self.arms.values()}))
+
+    def sweep_capacities_or_default(self) -> tuple[int, ...]:
+        """`sweep_capacities`, or capacity_tokens times 1/16, 1/8, ... 4 (TOKENS, at
+        least the largest block size)."""
+        if self.sweep_capacities:
+            return self.sweep_capacities
+        floor = max(self.block_sizes)
+        return tuple(sorted({max(self.capacity_tokens * 2**k // 16, floor) for k in range(7)}))
+
+    def with_capacity(self, capacity_tokens: int) -> ABConfig:
+        """The same experiment at another pool size (TOKENS)."""
+        return dataclasses.replace(self, capacity_tokens=capacity_tokens)
+
+    def with_trace(self, path: str | Path) -> ABConfig:
+        """The same arms on the Mooncake trace at `path` (the file's other trace
+        settings kept when its workload is a trace already)."""
+        spec = self.workload.mooncake or MooncakeSpec()
+        return dataclasses.replace(self, workload=WorkloadSpec(mooncake=dataclasses.replace(spec, path=str(path))))
+
+
+def parse_tokens(text: str) -> int:
+    """A count of TOKENS written as an int or like 3e6; ValueError otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"a capacity in TOKENS must be a number like 32768 or 3e6, got {text!r}") from None
+    if not value.is_integer() or value < 1:
+        raise ValueError(f"a capacity in TOKENS must be a whole number >= 1, got {text!r}")
+    return int(value)
+
+
+def is_ab_mapping(data: Mapping[str, Any]) -> bool:
+    """Whether a YAML file's top level is an A/B experiment (rather than a `cache:` file)."""
+    return "arms" in data or "workload" in data
+
+
+def parse_ab_config(data: Any, source: str | None = None) -> ABConfig:
+    """An A/B mapping -> ABConfig; errors carry `source` (the file) and the key path."""
+    try:
+        arms = data.get("arms") if isinstance(data, Mapping) else None
+        for name, arm in (arms.items() if isinstance(arms, Mapping) else ()):
+            if isinstance(arm, Mapping) and "num_blocks" in arm:
+                raise ConfigError(
+                    f"arms.{name}.num_blocks",
+                    "set the pool size once with capacity_tokens (TOKENS); each arm gets "
+                    "capacity_tokens // block_size blocks",
+                )
+        return from_mapping(ABConfig, data)
+    except ConfigError as err:
+        raise err.within("", source) from None
+
+
+def load_ab_config(source: str | Path) -> ABConfig:
+    """The A/B experiment in a YAML file, validated."""
+    return parse_ab_config(load_yaml(source), str(source))

@@ -1,0 +1,144 @@
+"""`prefixcache ab`, `sweep` and `validate` on A/B files, end to end on small configs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import prefixcache.ab_report
+from prefixcache.ab import ABResult
+from prefixcache.ab_report import PlotUnavailable
+from prefixcache.cli import DEFAULT_AB_CONFIG, main
+from prefixcache.workloads import synthetic_records, write_records
+
+CONFIGS = Path(__file__).parent.parent / "configs"
+
+TINY = """
+workload:
+  generator: shared_prefix
+  params: {num_groups: 3, prompts_per_group: 4, system_prompt_len: 100, question_len: 20, output_len: 8, seed: 2}
+capacity_tokens: 512
+sweep_capacities: [256, 1024]
+arms:
+  hash/16: {backend: hash, block_size: 16}
+  radix/1: {backend: radix, block_size: 1}
+"""
+
+
+def tiny(tmp_path: Path, text: str = TINY) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def is_png(path: Path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_ab_writes_table_json_csv_and_png(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["ab", str(tiny(tmp_path)), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "A/B on shared_prefix: 12 requests" in text and "pool 512 tokens" in text
+    for series in ("hash/16", "radix/1", "ceiling B=1", "belady B=16"):
+        assert series in text
+    result = ABResult.read_json(out / "ab.json")
+    assert [a.name for a in result.arms] == ["hash/16", "radix/1"]
+    assert [a.capacity_blocks for a in result.arms] == [32, 512]
+    assert (out / "ab_summary.csv").read_text().count("\n") == 1 + 2 + 4
+    assert (out / "ab_requests.csv").read_text().count("\n") == 1 + 12
+    assert is_png(out / "ab.png")
+
+
+def test_ab_without_arguments_runs_the_shipped_default_within_a_minute(tmp_path, capsys):
+    start = time.perf_counter()
+    assert main(["ab", "--out", str(tmp_path)]) == 0
+    assert time.perf_counter() - start < 60
+    text = capsys.readouterr().out
+    assert f"config: {DEFAULT_AB_CONFIG} (the shipped default)" in text
+    summary = json.loads((tmp_path / "ab.json").read_text())
+    assert [a["name"] for a in summary["arms"]] == ["hash/16", "radix/16", "radix/1"]
+    assert summary["workload"]["requests"] == 512 and is_png(tmp_path / "ab.png")
+
+
+def test_sweep_writes_csv_and_png(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(tiny(tmp_path)), "--capacities", "256", "2e3", "--out", str(out)]) == 0
+    assert "Sweep on shared_prefix" in capsys.readouterr().out
+    rows = (out / "sweep.csv").read_text().splitlines()
+    assert rows[0] == "series,kind,block_size,capacity_tokens,hit_ratio,last_half_hit_ratio,evicted_blocks,rejected"
+    assert len(rows) == 1 + 6 * 2 and {r.split(",")[3] for r in rows[1:]} == {"256", "2000"}
+    assert is_png(out / "sweep.png")
+    assert json.loads((out / "sweep.json").read_text())["capacities"] == [256, 2000]
+
+
+def test_sweep_defaults_to_the_configs_capacities_and_rejects_bad_ones(tmp_path, capsys):
+    assert main(["sweep", str(tiny(tmp_path)), "--out", str(tmp_path / "s")]) == 0
+    assert json.loads((tmp_path / "s" / "sweep.json").read_text())["capacities"] == [256, 1024]
+    with pytest.raises(SystemExit):
+        main(["sweep", str(tiny(tmp_path)), "--capacities", "lots"])
+    assert "a capacity in TOKENS must be a number like 32768 or 3e6, got 'lots'" in capsys.readouterr().err
+    assert main(["sweep", str(tiny(tmp_path)), "--capacities", "8", "--out", str(tmp_path / "s")]) == 2
+    assert "--capacities: capacity 8 must be an int of TOKENS >= the largest block size 16" in capsys.readouterr().err
+
+
+def test_mooncake_config_replays_the_trace_given_on_the_command_line(tmp_path, capsys):
+    trace = tmp_path / "trace.jsonl"
+    write_records(trace, synthetic_records(120, seed=4))
+    assert main(["ab", str(CONFIGS / "mooncake.yaml")]) == 2
+    assert "workload.mooncake.path: no trace given: set it, or pass --trace PATH" in capsys.readouterr().err
+    out = tmp_path / "out"
+    assert main(["ab", str(CONFIGS / "mooncake.yaml"), "--trace", str(trace), "--out", str(out)]) == 0
+    result = ABResult.read_json(out / "ab.json")
+    assert result.workload["name"] == "trace" and len(result.prompt_tokens) == 120
+    assert [(a.name, a.block_size, a.capacity_blocks) for a in result.arms] == [
+        ("hash/512", 512, 5859), ("radix/512", 512, 5859)]
+    assert result.arm("hash/512").hits == result.bound("infinite", 512).hits  # 3M tokens hold it all
+
+
+def test_missing_matplotlib_still_writes_json_and_csv_and_says_how_to_install(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    with pytest.raises(PlotUnavailable, match="PNG plots need matplotlib, which is not installed"):
+        prefixcache.ab_report.plot_ab(None, tmp_path / "x.png")  # type: ignore[arg-type]
+    assert main(["ab", str(tiny(tmp_path)), "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "pip install 'prefixcache[plot]'" in err and "no ab.png written" in err
+    assert (tmp_path / "ab.json").exists() and (tmp_path / "ab_summary.csv").exists()
+    assert not (tmp_path / "ab.png").exists()
+
+
+def test_validate_an_ab_file_prints_resolved_arms_and_the_workload(tmp_path, capsys):
+    assert main(["validate", str(tiny(tmp_path))]) == 0
+    out = capsys.readouterr().out
+    assert "valid A/B" in out and "num_blocks: 32" in out and "num_blocks: 512" in out
+    assert "# workload shared_prefix: 12 requests" in out and "analytic ceiling B=1: 0.6250, B=16: 0.6000" in out
+    assert main(["validate", str(CONFIGS / "mooncake.yaml")]) == 0
+    assert "path given at run time with --trace PATH" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (("capacity_tokens: 512", "capacity_tokens: -5"), "capacity_tokens: must be an integer >= 1, got -5"),
+        (("hash/16: {backend: hash, block_size: 16}", "hash/16: {backend: hash, block_size: 16, num_blocks: 9}"),
+         "arms.hash/16.num_blocks: set the pool size once with capacity_tokens"),
+        (("radix/1: {backend: radix, block_size: 1}", "radix/1: {backend: radix, block_size: 1, eviction: rand}"),
+         "arms.radix/1.eviction: unknown eviction policy 'rand'; known: fifo, filo, lfu, lru"),
+        (("generator: shared_prefix", "generator: shared"), "workload.generator: unknown generator 'shared'; "
+         "allowed values: shared_prefix, few_shot"),
+        (("seed: 2}", "sead: 2}"), "workload.params.sead: unknown parameter of generator 'shared_prefix'; "
+         "allowed keys: num_groups, prompts_per_group"),
+        (("num_groups: 3", "num_groups: -3"), "workload.params: num_groups must be an int >= 1, got -3"),
+    ],
+)
+def test_bad_ab_files_exit_2_with_file_key_path_and_allowed_values(tmp_path, capsys, change, message):
+    path = tiny(tmp_path, TINY.replace(*change))
+    assert main(["validate", str(path)]) == 2
+    assert f"error: {path}: {message}" in capsys.readouterr().err
+    assert main(["ab", str(path), "--out", str(tmp_path / "o")]) == 2
+    assert f"error: {path}: {message}" in capsys.readouterr().err
