@@ -4,6 +4,8 @@ Owns argument parsing and printing. Every subcommand calls one library function 
 prints its result; none holds logic of its own.
 
     prefixcache validate FILE     check a YAML config and print the resolved values
+    prefixcache generate --config FILE --prompts FILE.jsonl
+                                  run prompts through the engine; completions + metrics
 
 Must never: implement caching, workloads or experiments here.
 """
@@ -40,12 +42,23 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    from prefixcache.engine.cli import generate  # late: the engine needs torch
+
+    return generate(args.config, args.prompts, as_json=args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prefixcache", description="Prefix caching for LLM inference.")
     sub = parser.add_subparsers(dest="command", required=True)
     validate = sub.add_parser("validate", help="check a YAML config and print the resolved values")
     validate.add_argument("file")
     validate.set_defaults(func=cmd_validate)
+    gen = sub.add_parser("generate", help="run prompts (JSONL) through the engine; completions and metrics")
+    gen.add_argument("--config", required=True, help="YAML with cache: and engine: sections")
+    gen.add_argument("--prompts", required=True, help='JSONL: {"prompt": str} or {"messages": [...]}, optional "namespace", "max_tokens"')
+    gen.add_argument("--json", action="store_true", help="one JSON object per completion instead of text")
+    gen.set_defaults(func=cmd_generate)
     return parser
 
 
