@@ -178,6 +178,13 @@ class Engine:
         t0 = time.perf_counter()
         work = self.scheduler.schedule()
         if not work:
+            if self.has_unfinished():
+                # Cannot happen for a request add_request accepted (it fits the empty pool);
+                # raising beats a generate() loop that never ends.
+                raise RuntimeError(
+                    f"no request could be scheduled: {len(self.scheduler.waiting)} waiting, "
+                    f"{len(self.scheduler.running)} running, {self.cache.pool.num_free} free blocks"
+                )
             return []
         chunks = [
             SeqChunk(w.seq.tokens[w.start : w.start + w.num_tokens], w.start, self.scheduler.block_table(w.seq), w.samples)
