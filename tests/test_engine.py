@@ -86,7 +86,7 @@ def _pressure_requests(vocab: int) -> list[GenerationRequest]:
 
 @pytest.mark.parametrize("backend", [*BACKENDS, None])
 def test_small_pool_completes_every_request(tiny, backend):
-    # Each request needs up to 5 blocks of 16 over its life; 6 of them at once need ~27.
+    # Each request needs 3 to 5 blocks of 16 over its life; all 6 at once need 24.
     # A pool of 8 makes admissions wait and decodes preempt; every request still finishes
     # with the output it has on a pool big enough for all of them.
     reqs = _pressure_requests(tiny.weights.config.vocab_size)
