@@ -2,7 +2,8 @@
 
 Owns: the KV layout (`KV_LAYOUT`, named once here), validation of a ragged batch, dispatch to
 the three implementations, the torch reference every other implementation is tested against,
-`write_kv` (storing new tokens' K/V into their blocks) and `merge_attention_states`.
+`write_kv` / `plan_write_kv` (storing new tokens' K/V into their blocks, validated once per
+batch) and `merge_attention_states`.
 
 Implementations (`impl=`):
 - ``"cpu"``: the C++ kernel in `prefixcache._C` (csrc/paged_attention_cpu.cpp), CPU tensors.
@@ -43,6 +44,8 @@ __all__ = [
     "plan_paged_attention",
     "paged_attention",
     "write_kv",
+    "KVWritePlan",
+    "plan_write_kv",
     "merge_attention_states",
     "available_gpu_impls",
 ]
@@ -426,30 +429,55 @@ def _reference(
             lse[q0:q1] = scores.masked_fill(~mask, float("-inf")).logsumexp(-1).transpose(0, 1)
 
 
-def write_kv(kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping) -> None:
-    """Store new tokens' K and V (``[num_tokens, num_kv_heads, head_dim]``) into `kv`.
+@dataclass(frozen=True, eq=False)
+class KVWritePlan:
+    """Validated destination slots for one step's new tokens, reusable by every layer.
 
-    `slot_mapping[t]` is token t's slot, ``block_id * block_size + offset``. Slots must be
-    in the pool and distinct (two tokens in one slot is a bug upstream, so a ValueError).
+    Built by `plan_write_kv`; `blocks`/`offsets` (int64 on `device`) are each token's
+    block id and slot within the block, so a layer's write is one indexed store.
     """
-    _check_tensor("kv", kv, 5, "[num_blocks, 2, num_kv_heads, block_size, head_dim]")
-    num_blocks, two, num_kv_heads, block_size, head_dim = kv.shape
-    if two != 2:
-        raise ValueError(f"kv.shape[1] must be 2 (K then V), got {two}")
-    for name, t in (("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 3 or tuple(t.shape[1:]) != (num_kv_heads, head_dim):
+
+    num_tokens: int
+    num_blocks: int  # blocks in the pool
+    block_size: int  # tokens per block
+    device: torch.device
+    blocks: torch.Tensor
+    offsets: torch.Tensor
+
+    def run(self, kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store `k`, `v` (``[num_tokens, num_kv_heads, head_dim]``) into one layer's `kv`."""
+        _check_tensor("kv", kv, 5, "[num_blocks, 2, num_kv_heads, block_size, head_dim]")
+        num_blocks, two, num_kv_heads, block_size, head_dim = kv.shape
+        if two != 2:
+            raise ValueError(f"kv.shape[1] must be 2 (K then V), got {two}")
+        if (num_blocks, block_size) != (self.num_blocks, self.block_size) or kv.device != self.device:
             raise ValueError(
-                f"{name} must be [num_tokens, {num_kv_heads}, {head_dim}] to match kv, got {tuple(t.shape)}"
+                f"kv is {num_blocks} blocks of {block_size} on {kv.device} but the plan was made for "
+                f"{self.num_blocks} blocks of {self.block_size} on {self.device}"
             )
-        if t.dtype != kv.dtype or t.device != kv.device:
-            raise ValueError(f"{name} must be {kv.dtype} on {kv.device}, got {t.dtype} on {t.device}")
-    if k.shape[0] != v.shape[0]:
-        raise ValueError(f"k and v must have the same number of tokens, got {k.shape[0]} and {v.shape[0]}")
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != 3 or tuple(t.shape[1:]) != (num_kv_heads, head_dim):
+                raise ValueError(
+                    f"{name} must be [num_tokens, {num_kv_heads}, {head_dim}] to match kv, got {tuple(t.shape)}"
+                )
+            if t.dtype != kv.dtype or t.device != kv.device:
+                raise ValueError(f"{name} must be {kv.dtype} on {kv.device}, got {t.dtype} on {t.device}")
+            if t.shape[0] != self.num_tokens:
+                raise ValueError(f"slot_mapping has {self.num_tokens} entries for {t.shape[0]} tokens in {name}")
+        # Advanced indices split by the head slice put the token dim first: [T, Hkv, D], like k.
+        kv[self.blocks, 0, :, self.offsets] = k
+        kv[self.blocks, 1, :, self.offsets] = v
+
+
+def plan_write_kv(
+    slot_mapping, *, num_blocks: int, block_size: int, device: torch.device | str = "cpu"
+) -> KVWritePlan:
+    """Validate new tokens' slots once (``block_id * block_size + offset`` each) and return
+    the plan every layer's write reuses. Slots must be in the pool and distinct (two
+    tokens in one slot is a bug upstream, so a ValueError)."""
     slots = _host_ints("slot_mapping", slot_mapping)
-    if slots.numel() != k.shape[0]:
-        raise ValueError(f"slot_mapping has {slots.numel()} entries for {k.shape[0]} tokens")
     if slots.numel():
         capacity = num_blocks * block_size
         lo, hi = int(slots.min()), int(slots.max())
@@ -457,11 +485,29 @@ def write_kv(kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping) -
             raise ValueError(f"slot_mapping holds slot {lo if lo < 0 else hi}, outside [0, {capacity})")
         if torch.unique(slots).numel() != slots.numel():
             raise ValueError("slot_mapping holds a slot twice")
-    slots = slots.to(kv.device)
-    blocks, offsets = slots // block_size, slots % block_size
-    # Advanced indices split by the head slice put the token dim first: [T, Hkv, D], like k.
-    kv[blocks, 0, :, offsets] = k
-    kv[blocks, 1, :, offsets] = v
+    slots = slots.to(device)
+    return KVWritePlan(
+        num_tokens=slots.numel(),
+        num_blocks=num_blocks,
+        block_size=block_size,
+        device=slots.device,
+        blocks=slots // block_size,
+        offsets=slots % block_size,
+    )
+
+
+def write_kv(kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping) -> None:
+    """Store new tokens' K and V (``[num_tokens, num_kv_heads, head_dim]``) into `kv`.
+
+    `slot_mapping[t]` is token t's slot, ``block_id * block_size + offset``. Slots must be
+    in the pool and distinct (two tokens in one slot is a bug upstream, so a ValueError).
+    For one batch written into many layers, `plan_write_kv` once and `run` per layer.
+    """
+    _check_tensor("kv", kv, 5, "[num_blocks, 2, num_kv_heads, block_size, head_dim]")
+    if kv.shape[1] != 2:
+        raise ValueError(f"kv.shape[1] must be 2 (K then V), got {kv.shape[1]}")
+    plan = plan_write_kv(slot_mapping, num_blocks=kv.shape[0], block_size=kv.shape[3], device=kv.device)
+    plan.run(kv, k, v)
 
 
 def merge_attention_states(

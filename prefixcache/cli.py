@@ -9,6 +9,9 @@ library functions and shows their results; none holds logic of its own.
                                               configs/ab.yaml): table, JSON, CSV, PNG
     prefixcache sweep CONFIG [--capacities N ...] [--out DIR] [--trace PATH]
                                               hit ratio vs capacity: table, CSV, JSON, PNG
+    prefixcache generate --config FILE --prompts FILE.jsonl
+                                              run prompts through the engine: completions
+                                              and a metrics table
 
 Must never: implement caching, workloads or experiments here.
 """
@@ -158,6 +161,12 @@ def _capacity(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    from prefixcache.engine.cli import generate  # late: the engine needs torch
+
+    return generate(args.config, args.prompts, as_json=args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prefixcache", description="Prefix caching for LLM inference.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -178,6 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--out", default="out/sweep", help="folder for sweep.json, sweep.csv, sweep.png")
     sw.add_argument("--trace", help="replay this Mooncake JSONL trace instead of the config's workload")
     sw.set_defaults(func=cmd_sweep)
+
+    gen = sub.add_parser("generate", help="run prompts (JSONL) through the engine; completions and metrics")
+    gen.add_argument("--config", required=True, help="YAML with cache: and engine: sections")
+    gen.add_argument("--prompts", required=True, help='JSONL: {"prompt": str} or {"messages": [...]}, optional "namespace", "max_tokens"')
+    gen.add_argument("--json", action="store_true", help="one JSON object per completion instead of text")
+    gen.set_defaults(func=cmd_generate)
     return parser
 
 

@@ -1,0 +1,239 @@
+"""Time to first token with and without prefix caching, on the real SmolLM2-135M, CPU.
+
+Three arms share one loaded model and the same pool geometry: `none` (engine
+`prefix_caching: false`: same pool, same scheduler, no hits), `hash` and `radix`.
+
+Part 1, shared system prompt (the workloads package's `shared_prefix`: one group, a
+2,048-token system prompt + 64-token questions, 16 requests):
+  sequential  requests arrive one at a time (each after the previous one finished), so
+              TTFT is prefill latency without queueing. The three arms are interleaved
+              request by request (rotating which goes first) so machine noise hits
+              them alike. Target: TTFT p50 cached <= 0.15x uncached.
+  burst       all 16 arrive at once (continuous batching, 2,048-token step budget):
+              TTFT includes queueing behind other prefills.
+Part 2, no sharing (`no_sharing`: every prompt distinct, 0% hits): throughput with the
+cache on vs off, fresh engines per repeat, arms interleaved in rotating order, repeated;
+reports the median and spread of wall and process CPU time of each arm relative to
+`none` in the same repeat, and the time spent inside cache calls (the bookkeeping the
+cache adds, measured directly). Target: overhead < 0.5%.
+
+    python benchmarks/bench_ttft.py [--threads 2] [--parts sequential,burst,nohit]
+                                    [--repeats 5] [--json FILE]
+
+OMP_WAIT_POLICY defaults to PASSIVE here (set before torch loads): on a shared 2-core
+machine, spinning OpenMP threads slow a busy neighbour's and our steps by 10-20x.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+
+from prefixcache.config import CacheConfig  # noqa: E402
+from prefixcache.engine import Engine, EngineConfig, GenerationRequest, ServingConfig, load_model  # noqa: E402
+from prefixcache.engine.metrics import format_table, percentile  # noqa: E402
+from prefixcache.workloads import no_sharing, shared_prefix  # noqa: E402
+
+ARMS = ("none", "hash", "radix")
+
+
+def make_engine(model, arm: str, *, block_size: int, num_blocks: int, budget: int, max_tokens: int) -> Engine:
+    cache = CacheConfig(backend="hash" if arm == "none" else arm, block_size=block_size, num_blocks=num_blocks)
+    engine = EngineConfig(
+        model="smollm2", prefix_caching=arm != "none", max_num_batched_tokens=budget, max_num_seqs=16, max_tokens=max_tokens
+    )
+    return Engine(ServingConfig(cache, engine), model=model)
+
+
+def warm_up(engine: Engine) -> None:
+    """One short request so thread pools and allocators are warm, then clean counters."""
+    engine.generate([GenerationRequest(prompt=[100, 200, 300], max_tokens=2, namespace="warm-up")])
+    engine.reset_stats()
+
+
+def requests_of(workload, vocab: int, max_tokens: int) -> list[GenerationRequest]:
+    return [GenerationRequest(prompt=[t % vocab for t in r.prompt.tolist()], max_tokens=max_tokens) for r in workload.requests]
+
+
+def arm_row(arm: str, outs, wall_s: float, stats, base_ttft: float | None) -> list[object]:
+    ttfts = [o.metrics.ttft_s for o in outs]
+    hit = [o.metrics.ttft_s for o in outs if o.metrics.cached_tokens > 0]
+    p50 = percentile(ttfts, 50)
+    return [
+        arm,
+        round(p50 * 1000, 1),
+        "1.00x" if base_ttft is None else f"{p50 / base_ttft:.3f}x",
+        round(percentile(hit, 50) * 1000, 1) if hit else None,
+        stats.prefill_tokens_computed,
+        stats.prefill_tokens_saved,
+        round(wall_s, 2),
+    ]
+
+
+HEAD = ["arm", "TTFT p50 ms", "vs none", "TTFT p50 of hits ms", "prefill computed", "prefill saved", "total s"]
+
+
+def part_sequential(model, args, reqs) -> tuple[str, dict]:
+    engines = {a: make_engine(model, a, block_size=args.block_size, num_blocks=args.num_blocks, budget=args.budget,
+                              max_tokens=args.output) for a in ARMS}
+    for e in engines.values():
+        warm_up(e)
+    outs: dict[str, list] = {a: [] for a in ARMS}
+    wall = dict.fromkeys(ARMS, 0.0)
+    for i, r in enumerate(reqs):
+        order = ARMS[i % 3:] + ARMS[: i % 3]
+        for a in order:
+            t0 = time.perf_counter()
+            outs[a] += engines[a].generate([r])
+            wall[a] += time.perf_counter() - t0
+        print(f"  sequential request {i + 1}/{len(reqs)}: " + ", ".join(
+            f"{a} {outs[a][-1].metrics.ttft_s * 1000:.0f} ms" for a in ARMS), file=sys.stderr, flush=True)
+    same = all(o.token_ids == n.token_ids for a in ARMS for o, n in zip(outs[a], outs["none"]))
+    base = percentile([o.metrics.ttft_s for o in outs["none"]], 50)
+    rows = [arm_row(a, outs[a], wall[a], engines[a].stats(), None if a == "none" else base) for a in ARMS]
+    for e in engines.values():
+        e.check_invariants()
+    result = {"rows": rows, "same_outputs": same, "ttft_s": {a: [o.metrics.ttft_s for o in outs[a]] for a in ARMS}}
+    return format_table(HEAD, rows) + f"\n\nGreedy outputs identical across arms: {same}", result
+
+
+def part_burst(model, args, reqs) -> tuple[str, dict]:
+    rows, outs_by = [], {}
+    base = None
+    for a in ARMS:
+        engine = make_engine(model, a, block_size=args.block_size, num_blocks=args.num_blocks, budget=args.budget,
+                             max_tokens=args.output)
+        warm_up(engine)
+        t0 = time.perf_counter()
+        outs = engine.generate(reqs)
+        wall = time.perf_counter() - t0
+        print(f"  burst {a}: {wall:.1f} s", file=sys.stderr, flush=True)
+        engine.check_invariants()
+        outs_by[a] = outs
+        rows.append(arm_row(a, outs, wall, engine.stats(), base))
+        if a == "none":
+            base = percentile([o.metrics.ttft_s for o in outs], 50)
+        del engine
+        gc.collect()
+    same = all(o.token_ids == n.token_ids for a in ARMS for o, n in zip(outs_by[a], outs_by["none"]))
+    return format_table(HEAD, rows) + f"\n\nGreedy outputs identical across arms: {same}", {"rows": rows, "same_outputs": same}
+
+
+def part_nohit(model, args) -> tuple[str, dict]:
+    vocab = model.weights.config.vocab_size
+    wl = no_sharing(args.nohit_requests, args.nohit_prompt, args.nohit_output, seed=0)
+    reqs = requests_of(wl, vocab, args.nohit_output)
+    num_blocks = args.nohit_requests * -(-(args.nohit_prompt + args.nohit_output) // args.block_size) + 8
+    times: dict[str, list[float]] = {a: [] for a in ARMS}
+    cpu: dict[str, list[float]] = {a: [] for a in ARMS}
+    cache_s: dict[str, list[float]] = {a: [] for a in ARMS}
+    tokens = 0
+    for rep in range(args.repeats):
+        order = ARMS[rep % 3:] + ARMS[: rep % 3]
+        for a in order:
+            engine = make_engine(model, a, block_size=args.block_size, num_blocks=num_blocks, budget=args.budget,
+                                 max_tokens=args.nohit_output)
+            warm_up(engine)
+            t0, c0 = time.perf_counter(), time.process_time()
+            outs = engine.generate(reqs)
+            times[a].append(time.perf_counter() - t0)
+            cpu[a].append(time.process_time() - c0)
+            stats = engine.stats()
+            assert stats.prefill_tokens_saved == 0, "the no-sharing workload must not hit"
+            cache_s[a].append(stats.cache_s)
+            tokens = stats.prompt_tokens + stats.output_tokens
+            del engine, outs
+            gc.collect()
+        print(f"  no-hit repeat {rep + 1}/{args.repeats}: " + ", ".join(f"{a} {times[a][-1]:.2f} s" for a in ARMS),
+              file=sys.stderr, flush=True)
+    def vs_none(a: str, series: dict[str, list[float]]) -> tuple[str, str]:
+        if a == "none":
+            return "-", "-"
+        r = [x / n - 1 for x, n in zip(series[a], series["none"])]
+        return f"{statistics.median(r) * 100:+.2f}%", f"{min(r) * 100:+.2f}% .. {max(r) * 100:+.2f}%"
+
+    rows = []
+    for a in ARMS:
+        med = statistics.median(times[a])
+        rows.append([
+            a,
+            round(med, 3),
+            round(tokens / med, 1),
+            *vs_none(a, times),
+            round(statistics.median(cpu[a]), 3),
+            *vs_none(a, cpu),
+            round(statistics.median(cache_s[a]) * 1000, 2),
+            f"{statistics.median(cache_s[a]) / med * 100:.4f}%",
+        ])
+    head = ["arm", "wall s (median)", "tokens/s", "wall vs none (median)", "spread (min .. max)", "CPU s (median)",
+            "CPU vs none (median)", "spread (min .. max)", "in cache calls ms", "cache calls / wall"]
+    return format_table(head, rows), {"rows": rows, "times": times, "cpu": cpu, "cache_s": cache_s}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--parts", default="sequential,burst,nohit")
+    p.add_argument("--requests", type=int, default=16)
+    p.add_argument("--system", type=int, default=2048, help="shared system prompt, TOKENS")
+    p.add_argument("--question", type=int, default=64, help="question, TOKENS")
+    p.add_argument("--output", type=int, default=16, help="output per request, TOKENS")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--budget", type=int, default=2048, help="max_num_batched_tokens")
+    p.add_argument("--num-blocks", type=int, default=0, help="pool size (0: enough for every request at once)")
+    p.add_argument("--nohit-requests", type=int, default=8)
+    p.add_argument("--nohit-prompt", type=int, default=256)
+    p.add_argument("--nohit-output", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", help="write the measurements here")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    per_request = args.system + args.question + args.output
+    if not args.num_blocks:
+        args.num_blocks = args.requests * -(-per_request // args.block_size) + 16
+    parts = args.parts.split(",")
+
+    t0 = time.perf_counter()
+    model = load_model("smollm2")
+    print(f"# bench_ttft: {datetime.date.today()}, {platform.machine()} {os.cpu_count()} CPUs, Python "
+          f"{platform.python_version()}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
+    print(f"# SmolLM2-135M-Instruct Q4_1 -> fp32 (loaded in {time.perf_counter() - t0:.1f} s), context length "
+          f"{model.weights.config.max_position} tokens; block_size {args.block_size}, pool {args.num_blocks} blocks, "
+          f"step budget {args.budget} tokens")
+    out: dict = {"args": vars(args)}
+    vocab = model.weights.config.vocab_size
+    wl = shared_prefix(1, args.requests, args.system, args.question, args.output, seed=0)
+    reqs = requests_of(wl, vocab, args.output)
+    if "sequential" in parts:
+        text, out["sequential"] = part_sequential(model, args, reqs)
+        print(f"\n## Shared {args.system}-token system prompt + {args.question}-token questions, {args.requests} requests, "
+              f"{args.output} output tokens each, arriving one at a time\n\n{text}", flush=True)
+    if "burst" in parts:
+        text, out["burst"] = part_burst(model, args, reqs)
+        print(f"\n## The same {args.requests} requests arriving at once\n\n{text}", flush=True)
+    if "nohit" in parts:
+        text, out["nohit"] = part_nohit(model, args)
+        print(f"\n## No sharing (0% hits): {args.nohit_requests} distinct {args.nohit_prompt}-token prompts, "
+              f"{args.nohit_output} output tokens each, all at once; {args.repeats} repeats, arms interleaved\n\n{text}",
+              flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

