@@ -70,7 +70,7 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
       .def_property_readonly("num_pinned", &BlockPool::num_pinned, "Blocks with ref > 0.")
       .def_property_readonly("num_cached", &BlockPool::num_cached, "Blocks holding a key.")
       .def_property_readonly("num_evicted", &BlockPool::num_evicted,
-                             "Cached blocks whose key allocate() or evict_front() dropped, since construction.")
+                             "Cached blocks whose key allocate(), evict_front() or evict_blocks() dropped, since construction.")
       .def(
           "allocate",
           [](BlockPool& p, int64_t n) -> py::object {
@@ -129,6 +129,16 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
             return out;
           },
           py::arg("n"), "Drop the keys of the first n keyed free blocks (LRU first); return them.")
+      .def(
+          "evict_blocks",
+          [](BlockPool& p, py::handle ids) {
+            py::list out;
+            for (const auto& k : p.evict_blocks(to_ids(ids))) out.append(py::bytes(k));
+            return out;
+          },
+          py::arg("ids"),
+          "Drop the keys of these free, keyed blocks and move them to the front of the free queue\n"
+          "(reused next), in the given order; return their keys. All or nothing.")
       .def(
           "last_removed",
           [](const BlockPool& p) {
