@@ -219,11 +219,12 @@ class HashCache(PrefixCache):
 
     def release(self, request_id: Hashable) -> None:
         # Every full computed block was cached by its commit; only freeing is left.
-        request = self._requests.pop(request_id)
+        request = self._requests.get(request_id)
         table = request.block_table[::-1]
         if request.copy_source is not None:
             table.append(request.copy_source)
-        self._unpin(table, request)
+        self._unpin(table, request)  # a Python policy may raise here: then the request stays live
+        self._requests.pop(request_id)
 
     def block_table(self, request_id: Hashable) -> Sequence[int]:
         return tuple(self._requests.get(request_id).block_table)
@@ -321,6 +322,11 @@ class HashCache(PrefixCache):
     def block_hash(self, request: HashRequest, i: int) -> bytes:
         """The chained hash of the request's block i (its first full blocks only)."""
         return self._digest(request, i)
+
+    @property
+    def digest_size(self) -> int:
+        """Bytes per block hash in a packed chain (`digests` of `partial_hit`)."""
+        return self._digest_size
 
     def _usable(
         self, tokens: list[int], namespace: Namespace, digests: bytes, hits: list[int], limit: int

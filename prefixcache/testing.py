@@ -183,7 +183,9 @@ def rule_admit_hit_is_capped_whole_blocks(make: CacheFactory, bs: int) -> None:
     shadow.write(adm.block_table, None, prompt, 0, len(prompt))
     cache.commit("a", len(prompt))
     cache.release("a")
-    for probe in (prompt, prompt[: 3 * bs], prompt[: 2 * bs + 1], prompt + [7, 8], prompt[: 2 * bs] + [5] * bs):
+    probes = [prompt, prompt[: 3 * bs], prompt[: 2 * bs + 1], prompt + [7, 8], prompt[: 2 * bs] + [5] * bs]
+    probes.append(prompt[: 2 * bs + bs // 2] + [5] * bs)  # half of block 2 matches: a partial hit if offered
+    for probe in probes:
         expected = cache.match(probe[:-1]).num_tokens
         adm = cache.admit("b", probe)
         assert adm is not None
@@ -256,17 +258,24 @@ def rule_lifecycle_errors(make: CacheFactory, bs: int) -> None:
 
 
 def rule_namespaces_isolate(make: CacheFactory, bs: int) -> None:
-    """Requests in different namespaces never share a block."""
+    """Requests in different namespaces never share a block: the same prompt misses in
+    every other namespace, and any later hit is that namespace's own KV."""
     cache = make(bs, 32)
+    shadow = KVShadow(bs, 32)
     prompt = list(range(40, 40 + 3 * bs + 1))
     for ns in ("a", "b", None):
         adm = cache.admit(ns, prompt, namespace=ns)
         assert adm is not None and adm.num_cached_tokens == 0, f"namespace {ns!r} hit another's blocks"
+        shadow.write(adm.block_table, ns, prompt, 0, len(prompt))
         cache.commit(ns, len(prompt))
         cache.release(ns)
     for ns in ("a", "b", None):
+        expected = cache.match(prompt[:-1], namespace=ns).num_tokens
         adm = cache.admit("again", prompt, namespace=ns)
-        assert adm is not None and adm.num_cached_tokens > 0, f"namespace {ns!r} lost its own blocks"
+        assert adm is not None
+        check_admission(cache, adm, prompt, expected, f"admit in namespace {ns!r}")
+        shadow.copy(adm.copies)
+        shadow.check(adm.block_table, ns, prompt, adm.num_cached_tokens, f"admit in namespace {ns!r}")
         cache.release("again")
     _release_all_and_drain(cache, [])
 
@@ -283,8 +292,46 @@ def rule_reset_refuses_while_live(make: CacheFactory, bs: int) -> None:
     assert cache.admit("r", prompt).num_cached_tokens == 0, "reset must drop every cached block"
 
 
+def rule_copy_sources_stay_pinned(make: CacheFactory, bs: int) -> None:
+    """Partial hits: a copy's source survives until the request's first commit, even if
+    another request then takes every free block and writes into them."""
+    if bs < 2:
+        return
+    cache = make(bs, 8)
+    shadow = KVShadow(bs, 8)
+    first = list(range(60, 60 + 2 * bs + 1))
+    adm = cache.admit("a", first)
+    assert adm is not None
+    shadow.write(adm.block_table, None, first, 0, len(first))
+    cache.commit("a", len(first))
+    cache.release("a")
+    probe = first[: bs + bs // 2] + [5] * bs  # block 1 matches for half its tokens
+    adm = cache.admit("b", probe)
+    assert adm is not None
+    check_admission(cache, adm, probe, cache.match(probe[:-1]).num_tokens, "admit of b")
+    if adm.copies:
+        filler = list(range(900, 900 + cache.pool.num_free * bs))
+        other = cache.admit("c", filler) if filler else None
+        if other is not None:
+            shadow.copy(other.copies)
+            shadow.write(other.block_table, None, filler, other.num_cached_tokens, len(filler))
+            cache.commit("c", len(filler))
+    shadow.copy(adm.copies)  # b's first forward pass
+    shadow.check(adm.block_table, None, probe, adm.num_cached_tokens, "b after another request ran")
+    _release_all_and_drain(cache, [rid for rid in ("b", "c") if _is_live(cache, rid)])
+
+
+def _is_live(cache: PrefixCache, request_id: Hashable) -> bool:
+    try:
+        cache.block_table(request_id)
+    except KeyError:
+        return False
+    return True
+
+
 RULE_CHECKS: tuple[Callable[[CacheFactory, int], None], ...] = (
     rule_admit_hit_is_capped_whole_blocks,
+    rule_copy_sources_stay_pinned,
     rule_refusal_changes_nothing,
     rule_lifecycle_errors,
     rule_namespaces_isolate,
