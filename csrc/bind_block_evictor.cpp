@@ -1,10 +1,10 @@
 // Python binding of BlockEvictor and of EvictionCandidate: converts ids, keys
 // and candidates, nothing more. `BlockEvictor` ranks with a native order;
 // `CallbackBlockEvictor` calls a Python priority function once per candidate.
-#include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "bind_convert.h"
 #include "bind_py_key.h"
 #include "block_evictor.h"
 
@@ -12,26 +12,6 @@ namespace py = pybind11;
 
 namespace prefixcache {
 namespace {
-
-std::vector<int64_t> to_ids(py::handle obj) {
-  PyObject* seq = obj.ptr();
-  if (!PyList_Check(seq)) return py::cast<std::vector<int64_t>>(obj);
-  Py_ssize_t n = PyList_GET_SIZE(seq);
-  std::vector<int64_t> ids(static_cast<size_t>(n));
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    long long v = PyLong_AsLongLong(PyList_GET_ITEM(seq, i));
-    if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
-    ids[i] = v;
-  }
-  return ids;
-}
-
-std::string_view bytes_view(py::handle obj, const char* what) {
-  if (!PyBytes_Check(obj.ptr())) {
-    throw py::type_error(std::string(what) + " must be bytes, got " + Py_TYPE(obj.ptr())->tp_name);
-  }
-  return std::string_view(PyBytes_AS_STRING(obj.ptr()), PyBytes_GET_SIZE(obj.ptr()));
-}
 
 py::list to_bytes_list(const std::vector<std::string>& keys) {
   py::list out;

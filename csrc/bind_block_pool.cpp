@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "bind_convert.h"
 #include "block_pool.h"
 
 namespace py = pybind11;
@@ -12,21 +13,6 @@ namespace {
 std::optional<py::bytes> to_bytes(const std::optional<std::string>& key) {
   if (!key) return std::nullopt;
   return py::bytes(*key);
-}
-
-// Block ids from any sequence of ints. Lists (the common case) take a fast path
-// that skips pybind11's generic sequence caster; it costs most of a small call.
-std::vector<int64_t> to_ids(py::handle obj) {
-  PyObject* seq = obj.ptr();
-  if (!PyList_Check(seq)) return py::cast<std::vector<int64_t>>(obj);
-  Py_ssize_t n = PyList_GET_SIZE(seq);
-  std::vector<int64_t> ids(static_cast<size_t>(n));
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    long long v = PyLong_AsLongLong(PyList_GET_ITEM(seq, i));
-    if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
-    ids[i] = v;
-  }
-  return ids;
 }
 
 py::list to_list(const std::vector<int32_t>& ids) {

@@ -29,37 +29,18 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from prefixcache._C import BlockEvictor, CallbackBlockEvictor, InvariantError
-from prefixcache.eviction import GhostTable
+from prefixcache.eviction import CandidateRecord, GhostTable
 
-__all__ = ["BlockEvictor", "CallbackBlockEvictor", "PyBlockEvictor", "BlockCandidate", "ghost_key"]
+__all__ = ["BlockEvictor", "CallbackBlockEvictor", "PyBlockEvictor", "ghost_key"]
 
 
 def ghost_key(block_hash: bytes) -> int:
     """A block hash's key in the ghost table: its first 8 bytes, little-endian."""
     return int.from_bytes(block_hash[:8].ljust(8, b"\0"), "little")
-
-
-@dataclass(frozen=True)
-class BlockCandidate:
-    """What a policy reads about a block (`_C.EvictionCandidate` natively)."""
-
-    block: int = 0
-    num_tokens: int = 0
-    last_access_time: int = 0
-    creation_time: int = 0
-    hit_count: int = 0
-    priority: int = 0
-    use_count: int = 0
-    last_use: int = 0
-    request_tokens: int = 0
-
-    @property
-    def node(self) -> int:  # the native candidate answers to both names
-        return self.block
 
 
 class PyBlockEvictor:
@@ -74,7 +55,7 @@ class PyBlockEvictor:
         self.block_size = block_size
         self._rank = priority
         self._ghost = GhostTable(ghost_capacity)
-        self._attrs = [BlockCandidate(b, block_size) for b in range(pool.num_blocks)]
+        self._attrs = [CandidateRecord(b, block_size) for b in range(pool.num_blocks)]
         self._version = [0] * pool.num_blocks
         self._keyed = [False] * pool.num_blocks
         self._heap: list[tuple[Any, int, int, int]] = []  # (key, seq, block, version)
@@ -120,7 +101,7 @@ class PyBlockEvictor:
         self.clock += 1
         for i, b in enumerate(ids):
             uses = 1 + self._ghost.take(ghost_key(keys[i * key_size : (i + 1) * key_size]))
-            self._attrs[b] = BlockCandidate(
+            self._attrs[b] = CandidateRecord(
                 b, self.block_size, self.clock, self.clock, 0, priority, uses, self.traffic, 0
             )
             self._keyed[b] = True
@@ -137,9 +118,9 @@ class PyBlockEvictor:
         self.pool.free(ids)
         self.clock += len(fresh)
         for c, key in zip(fresh, keys):
-            self._attrs[c.block] = c
-            self._version[c.block] += 1
-            heapq.heappush(self._heap, (key, self._seq, c.block, self._version[c.block]))
+            self._attrs[c.id] = c
+            self._version[c.id] += 1
+            heapq.heappush(self._heap, (key, self._seq, c.id, self._version[c.id]))
             self._seq += 1
         self.num_candidates += len(fresh)
         if len(self._heap) > 2 * self.pool.num_blocks + 64:
@@ -175,7 +156,7 @@ class PyBlockEvictor:
         self.num_candidates = 0
         self._ghost.clear()
 
-    def candidate(self, id: int) -> BlockCandidate:
+    def candidate(self, id: int) -> CandidateRecord:
         if not 0 <= id < self.pool.num_blocks:
             raise IndexError(f"candidate: block id {id} is out of range [0, {self.pool.num_blocks})")
         return self._attrs[id]

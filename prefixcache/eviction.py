@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from prefixcache.registry import register_eviction_policy
@@ -39,6 +40,7 @@ __all__ = [
     "FILO",
     "Priority",
     "GSLRU",
+    "CandidateRecord",
     "GhostTable",
     "mix64",
     "chain_page_key",
@@ -73,6 +75,30 @@ class Candidate(Protocol):
     last_use: int
     request_tokens: int
     num_tokens: int
+
+
+@dataclass(frozen=True)
+class CandidateRecord:
+    """A `Candidate` as plain data: what the Python reference models (`PyRadixTree`,
+    `PyBlockEvictor`) hand a policy, as the native code hands `_C.EvictionCandidate`."""
+
+    id: int = 0
+    num_tokens: int = 0
+    last_access_time: int = 0
+    creation_time: int = 0
+    hit_count: int = 0
+    priority: int = 0
+    use_count: int = 0
+    last_use: int = 0
+    request_tokens: int = 0
+
+    @property
+    def node(self) -> int:
+        return self.id
+
+    @property
+    def block(self) -> int:
+        return self.id
 
 
 class EvictionPolicy(ABC):

@@ -69,6 +69,7 @@ __all__ = [
     "PrefixCache",
     "Match",
     "Admission",
+    "Copy",
     "CacheStats",
     "KVEvent",
     "BlockStored",

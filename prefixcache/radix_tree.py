@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixcache._C import InvariantError, RadixTree
-from prefixcache.eviction import GhostTable, chain_page_key, namespace_key
+from prefixcache.eviction import CandidateRecord, GhostTable, chain_page_key, namespace_key
 from prefixcache.protocol import Namespace, as_tokens
 
 __all__ = ["RadixTree", "PyRadixTree", "RadixMatch", "RadixInsert", "NodeInfo", "Candidate"]
@@ -115,19 +115,7 @@ class NodeInfo:
     children: dict[tuple[int, ...], int]
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """What an eviction policy reads about a leaf (`EvictionCandidate` natively)."""
-
-    node: int
-    num_tokens: int
-    last_access_time: int
-    creation_time: int
-    hit_count: int
-    priority: int
-    use_count: int
-    last_use: int
-    request_tokens: int
+Candidate = CandidateRecord  # what a policy reads about a leaf (`EvictionCandidate` natively)
 
 
 @dataclass(eq=False)
