@@ -132,7 +132,9 @@ class HashCache(PrefixCache):
         namespace = check_namespace(namespace)
         digests = self._prompt_digests(tokens, namespace)
         hits = self.pool.lookup_chain_packed(digests, self._digest_size)
-        hits, partial = self._usable(tokens, namespace, digests, hits, len(tokens))
+        partial = None
+        if self._trims or self.partial_hits:
+            hits, partial = self._usable(tokens, namespace, digests, hits, len(tokens))
         if partial is not None:
             return Match(len(hits) * self.block_size + partial[1], (*hits, partial[0]))
         return Match(len(hits) * self.block_size, tuple(hits))
@@ -157,7 +159,9 @@ class HashCache(PrefixCache):
         bs, ds = self.block_size, self._digest_size
         # The hit covers at most len(tokens) - 1 tokens: every full block but one that ends the prompt.
         hits = self.pool.lookup_chain_packed(digests if len(tokens) % bs else digests[:-ds], ds)
-        hits, partial = self._usable(tokens, namespace, digests, hits, len(tokens) - 1)
+        partial = None
+        if self._trims or self.partial_hits:  # only a subclass with a hook pays for it
+            hits, partial = self._usable(tokens, namespace, digests, hits, len(tokens) - 1)
         pinned = hits if partial is None else [*hits, partial[0]]
         num_new = _ceil_div(len(tokens), bs) - len(hits)
         if num_new + (self.pool.count_free(pinned) if pinned else 0) > self.pool.num_free:
@@ -165,7 +169,11 @@ class HashCache(PrefixCache):
             self._last_refused = (request_id, namespace, tokens, digests)
             return None
         self._last_refused = None
-        self._pin(pinned, len(tokens) // bs * bs, priority)  # before allocating, so allocation cannot evict them
+        # Pin before allocating, so allocation cannot evict them.
+        if self._evictor is not None:
+            self._evictor.admit(pinned, len(tokens) // bs * bs, priority)
+        elif pinned:
+            self.pool.touch(pinned)
         table = hits + self._allocate(num_new)
         num_hit_tokens = len(hits) * bs + (partial[1] if partial else 0)
         copies = ((partial[0], table[len(hits)], partial[1]),) if partial else ()
@@ -356,13 +364,6 @@ class HashCache(PrefixCache):
         if policy.native is not None:
             return BlockEvictor(self.pool, self.block_size, policy.native, ghost_capacity=ghost, **policy.native_params())
         return CallbackBlockEvictor(self.pool, self.block_size, policy.priority, ghost)
-
-    def _pin(self, blocks: list[int], prompt_tokens: int, priority: int) -> None:
-        """Pin an admission's hit blocks (`prompt_tokens`: its whole-block TOKENS)."""
-        if self._evictor is not None:
-            self._evictor.admit(blocks, prompt_tokens, priority)
-        elif blocks:
-            self.pool.touch(blocks)
 
     def _unpin(self, blocks: list[int], request: HashRequest) -> None:
         """Drop the request's reference on `blocks` (in free-queue order)."""
