@@ -45,7 +45,18 @@ Events are vLLM's: one `BlockStored` per commit that caches blocks (their hashes
 parent hash of the first, their tokens, per-block extra keys in vLLM's event form,
 `group_idx=0`), one `BlockRemoved` per hash dropped, `AllBlocksCleared` on `reset`.
 
-Eviction order is the free queue's (LRU); `eviction:` must be `lru`.
+Eviction. With `eviction: lru` (the default) the free queue's order is the policy, at no
+added cost. Any other policy (`prefixcache.eviction`, or a plugin's) runs through a
+`BlockEvictor` (`prefixcache.block_evictor`): blocks are ranked once, when their last
+reference is dropped, and before an allocation takes n blocks the policy's victims are
+uncached and moved to the front of the free queue, so allocation only ever reuses
+keyless blocks. `admit` takes `priority=` (int) for `eviction: priority`.
+
+Extension hooks for subclasses (docs/extending.md): `usable_hit` (the protocol's) trims
+a hit in `match` and `admit` alike; `blocks_cached` is told about every newly indexed
+run of blocks; with `partial_hits = True`, `partial_hit` may offer a cached block whose
+head matches the first block that missed, which `admit` pins and hands to the engine
+as a copy (`Admission.copies`).
 """
 
 from __future__ import annotations
@@ -54,12 +65,12 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from prefixcache._C import BlockPool, InvariantError
-from prefixcache.config import CacheConfig, ConfigError
+from prefixcache._C import BlockEvictor, BlockPool, CallbackBlockEvictor, InvariantError
+from prefixcache.config import CacheConfig
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent, event_extra_keys
 from prefixcache.hashing import chain_digests, namespace_extra_keys, none_hash
 from prefixcache.protocol import Admission, Match, Namespace, PrefixCache, as_tokens
-from prefixcache.registry import register_backend
+from prefixcache.registry import register_backend, resolve_eviction_policy
 from prefixcache.requests import Request, RequestTable, check_namespace, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
 
@@ -78,10 +89,15 @@ class HashRequest(Request):
                        appended blocks); block i's is `HashCache._digest(request, i)`
     num_cached_blocks: leading blocks of `block_table` whose hash is in the index
                        (vLLM `num_cached_block`); always `num_computed // block_size`
+    priority:          the request's priority (`eviction: priority`)
+    copy_source:       the cached block a partial hit copies from, pinned by the
+                       request until its first commit or its release (else None)
     """
 
     digests: bytes = b""
     num_cached_blocks: int = 0
+    priority: int = 0
+    copy_source: int | None = None
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -94,14 +110,9 @@ class HashCache(PrefixCache):
 
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)
-        if config.eviction != "lru":
-            raise ConfigError(
-                "eviction",
-                f"the hash backend evicts in free-queue (LRU) order only; got {config.eviction!r}; "
-                "allowed values: lru",
-            )
-        if config.options:
-            raise ConfigError("options", f"the hash backend takes no options, got {dict(config.options)!r}")
+        self.policy = resolve_eviction_policy(config.eviction)()
+        self._evictor = self._make_evictor()  # None: the free queue's LRU
+        self._trims = type(self).usable_hit is not PrefixCache.usable_hit
         self._algorithm = config.hash.algorithm
         self._none_hash = none_hash(self._algorithm, config.hash.seed)
         self._digest_size = len(self._none_hash)  # bytes per block hash in a packed chain
@@ -118,14 +129,24 @@ class HashCache(PrefixCache):
     # -- look-up --------------------------------------------------------------------
     def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
         tokens = check_tokens(tokens, allow_empty=True)
-        digests = self._prompt_digests(tokens, check_namespace(namespace))
+        namespace = check_namespace(namespace)
+        digests = self._prompt_digests(tokens, namespace)
         hits = self.pool.lookup_chain_packed(digests, self._digest_size)
+        partial = None
+        if self._trims or self.partial_hits:
+            hits, partial = self._usable(tokens, namespace, digests, hits, len(tokens))
+        if partial is not None:
+            return Match(len(hits) * self.block_size + partial[1], (*hits, partial[0]))
         return Match(len(hits) * self.block_size, tuple(hits))
 
     # -- request lifecycle ------------------------------------------------------------
     def admit(
-        self, request_id: Hashable, tokens: Sequence[int], *, namespace: Namespace = None
+        self, request_id: Hashable, tokens: Sequence[int], *, namespace: Namespace = None, priority: int = 0
     ) -> Admission | None:
+        """`priority` (int): kept by the blocks the request hits and caches, for
+        `eviction: priority`."""
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
         tokens = check_tokens(tokens)
         namespace = check_namespace(namespace)
         self._requests.check_new(request_id)
@@ -138,16 +159,24 @@ class HashCache(PrefixCache):
         bs, ds = self.block_size, self._digest_size
         # The hit covers at most len(tokens) - 1 tokens: every full block but one that ends the prompt.
         hits = self.pool.lookup_chain_packed(digests if len(tokens) % bs else digests[:-ds], ds)
+        partial = None
+        if self._trims or self.partial_hits:  # only a subclass with a hook pays for it
+            hits, partial = self._usable(tokens, namespace, digests, hits, len(tokens) - 1)
+        pinned = hits if partial is None else [*hits, partial[0]]
         num_new = _ceil_div(len(tokens), bs) - len(hits)
-        if num_new + (self.pool.count_free(hits) if hits else 0) > self.pool.num_free:
+        if num_new + (self.pool.count_free(pinned) if pinned else 0) > self.pool.num_free:
             self._stats.rejected += 1
             self._last_refused = (request_id, namespace, tokens, digests)
             return None
         self._last_refused = None
-        if hits:
-            self.pool.touch(hits)
+        # Pin before allocating, so allocation cannot evict them.
+        if self._evictor is not None:
+            self._evictor.admit(pinned, len(tokens) // bs * bs, priority)
+        elif pinned:
+            self.pool.touch(pinned)
         table = hits + self._allocate(num_new)
-        num_hit_tokens = len(hits) * bs
+        num_hit_tokens = len(hits) * bs + (partial[1] if partial else 0)
+        copies = ((partial[0], table[len(hits)], partial[1]),) if partial else ()
         self._requests.add(
             HashRequest(
                 request_id,
@@ -158,10 +187,12 @@ class HashCache(PrefixCache):
                 num_computed=num_hit_tokens,
                 digests=digests,
                 num_cached_blocks=len(hits),
+                priority=priority,
+                copy_source=partial[0] if partial else None,
             )
         )
         self._stats.record_query(len(tokens), num_hit_tokens)
-        return Admission(tuple(table), num_hit_tokens)
+        return Admission(tuple(table), num_hit_tokens, copies)
 
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         # Called once per decoded token: kept to the bare arithmetic.
@@ -190,22 +221,33 @@ class HashCache(PrefixCache):
         if num_full_blocks > request.num_cached_blocks:  # most decode steps fill no block
             self._cache_full_blocks(request, num_full_blocks)  # may raise: nothing changed yet
         request.num_computed = n
+        if request.copy_source is not None:  # the engine has done the copy by now
+            self._unpin([request.copy_source], request)
+            request.copy_source = None
 
     def release(self, request_id: Hashable) -> None:
         # Every full computed block was cached by its commit; only freeing is left.
-        request = self._requests.pop(request_id)
-        self.pool.free(request.block_table[::-1])
+        request = self._requests.get(request_id)
+        table = request.block_table[::-1]
+        if request.copy_source is not None:
+            table.append(request.copy_source)
+        self._unpin(table, request)  # a Python policy may raise here: then the request stays live
+        self._requests.pop(request_id)
 
     def block_table(self, request_id: Hashable) -> Sequence[int]:
         return tuple(self._requests.get(request_id).block_table)
 
     # -- maintenance ------------------------------------------------------------------
     def evict(self, num_blocks: int) -> int:
-        """Drop the hashes of up to `num_blocks` free cached blocks, least recently
-        freed first. They were already free; now they can no longer be hit."""
+        """Drop the hashes of up to `num_blocks` free cached blocks, in the policy's
+        order (LRU: least recently freed first). They were already free; now they can
+        no longer be hit."""
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0:
             raise ValueError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
-        removed = self.pool.evict_front(num_blocks)
+        if self._evictor is not None:
+            removed = self._evictor.evict(num_blocks)
+        else:
+            removed = self.pool.evict_front(num_blocks)
         self._record_removed(removed)
         return len(removed)
 
@@ -213,6 +255,8 @@ class HashCache(PrefixCache):
         if self.pool.num_pinned:
             return False
         self.pool.uncache_all()
+        if self._evictor is not None:
+            self._evictor.reset()
         self._stats.reset()
         self._evicted_at_reset = self.pool.num_evicted
         self._events.record(AllBlocksCleared())
@@ -227,6 +271,8 @@ class HashCache(PrefixCache):
 
     def check_invariants(self) -> None:
         self.pool.check_invariants()
+        if self._evictor is not None:
+            self._evictor.check_invariants()
         bs = self.block_size
         refs: Counter[int] = Counter()
         for r in self._requests:
@@ -248,6 +294,10 @@ class HashCache(PrefixCache):
                 if i >= r.num_cached_blocks and (key is not None or self.pool.ref_count(block) != 1):
                     raise InvariantError(f"{who}: uncached block {block} (#{i}) is shared or holds a hash")
             refs.update(table)
+            if r.copy_source is not None:
+                if self.pool.key(r.copy_source) is None:
+                    raise InvariantError(f"{who}: copy source block {r.copy_source} holds no hash")
+                refs[r.copy_source] += 1
         for block, count in refs.items():
             if self.pool.ref_count(block) != count:
                 raise InvariantError(
@@ -257,6 +307,70 @@ class HashCache(PrefixCache):
             raise InvariantError(f"{self.pool.num_pinned} blocks pinned but live tables hold {len(refs)}")
         if self._stats.hits > self._stats.queries:
             raise InvariantError(f"stats: {self._stats.hits} hit tokens > {self._stats.queries} queried")
+
+    # -- extension hooks (docs/extending.md) -------------------------------------------
+    def partial_hit(
+        self, tokens: list[int], namespace: Namespace, digests: bytes, num_hit_blocks: int, limit: int
+    ) -> tuple[int, int] | None:
+        """Partial-hit hook, called only when the class sets `partial_hits = True`.
+
+        The first `num_hit_blocks` blocks of `tokens` hit; `digests` packs the chained
+        hashes of its full blocks (`block_hash` reads one). Return `(block, n)`: a
+        cached block, in the same chain (its parent is hit block num_hit_blocks - 1, or
+        the namespace's root), whose first n tokens, 1 <= n <= min(limit, block_size),
+        equal the next tokens of the prompt; or None. `limit` is what is left of the
+        prompt after the hit (len - 1 - hit in `admit`). Must not change anything.
+        Default: None."""
+        return None
+
+    def blocks_cached(self, request: HashRequest, start: int, stop: int) -> None:
+        """Hook: blocks [start, stop) of `request.block_table` were just indexed under
+        `block_hash(request, i)`. Default: nothing."""
+
+    def block_hash(self, request: HashRequest, i: int) -> bytes:
+        """The chained hash of the request's block i (its first full blocks only)."""
+        return self._digest(request, i)
+
+    @property
+    def digest_size(self) -> int:
+        """Bytes per block hash in a packed chain (`digests` of `partial_hit`)."""
+        return self._digest_size
+
+    def _usable(
+        self, tokens: list[int], namespace: Namespace, digests: bytes, hits: list[int], limit: int
+    ) -> tuple[list[int], tuple[int, int] | None]:
+        """The hit blocks `usable_hit` keeps, and a partial block if the class has
+        `partial_hits` and nothing was trimmed. `limit`: TOKENS a hit may cover."""
+        bs = self.block_size
+        if self._trims:
+            keep = self.checked_usable_hit(tokens[:limit], len(hits) * bs, namespace)
+            if keep < len(hits) * bs:
+                return hits[: keep // bs], None
+        if not self.partial_hits or limit - len(hits) * bs < 1:
+            return hits, None
+        partial = self.partial_hit(tokens, namespace, digests, len(hits), limit - len(hits) * bs)
+        if partial is not None:
+            block, n = partial
+            if not 1 <= n <= min(bs - 1, limit - len(hits) * bs) or self.pool.key(block) is None or block in hits:
+                raise ValueError(f"partial_hit returned {partial!r}: needs a cached block and 1 <= n < block_size")
+        return hits, partial
+
+    # -- eviction policy (a BlockEvictor unless the free queue's LRU is the policy) ----
+    def _make_evictor(self) -> BlockEvictor | CallbackBlockEvictor | None:
+        policy = self.policy
+        if policy.native == "lru":
+            return None
+        ghost = policy.history * self.pool.num_blocks
+        if policy.native is not None:
+            return BlockEvictor(self.pool, self.block_size, policy.native, ghost_capacity=ghost, **policy.native_params())
+        return CallbackBlockEvictor(self.pool, self.block_size, policy.priority, ghost)
+
+    def _unpin(self, blocks: list[int], request: HashRequest) -> None:
+        """Drop the request's reference on `blocks` (in free-queue order)."""
+        if self._evictor is not None:
+            self._evictor.free(blocks, request.num_cached_blocks * self.block_size)
+        else:
+            self.pool.free(blocks)
 
     # -- internals --------------------------------------------------------------------
     def _prompt_digests(self, tokens: list[int], namespace: Namespace) -> bytes:
@@ -271,6 +385,8 @@ class HashCache(PrefixCache):
 
     def _allocate(self, n: int) -> list[int]:
         """n fresh blocks; the caller checked there is room. Reports what reuse evicted."""
+        if self._evictor is not None:  # the policy picks the victims; allocation takes only them
+            self._record_removed(self._evictor.make_room(n))
         blocks = self.pool.allocate(n)
         assert blocks is not None, "caller checked the pool has room"
         if self._events.enabled:
@@ -295,10 +411,12 @@ class HashCache(PrefixCache):
                 request.digests[-ds:] if num_hashed else self._none_hash,
                 None if num_hashed else namespace_extra_keys(request.namespace),
             )
-        self.pool.cache_many_packed(
-            request.block_table[start:num_full_blocks], request.digests[start * ds : num_full_blocks * ds], ds
-        )
+        blocks, keys = request.block_table[start:num_full_blocks], request.digests[start * ds : num_full_blocks * ds]
+        self.pool.cache_many_packed(blocks, keys, ds)
+        if self._evictor is not None:
+            self._evictor.cached(blocks, keys, ds, request.priority)
         request.num_cached_blocks = num_full_blocks
+        self.blocks_cached(request, start, num_full_blocks)
         if self._events.enabled:
             self._events.record(self._stored_event(request, start, num_full_blocks))
 

@@ -6,7 +6,8 @@ handed to the tree and when duplicates are freed, the KV events, and the stats. 
 tree itself (`prefixcache._C.RadixTree`, reference model `prefixcache.radix_tree`)
 holds the token runs, the lock refs and the eviction order.
 
-Must never: hash when events are disabled, free a block the tree holds, evict a block a
+Must never: hash blocks for events when events are disabled (a history policy's
+64-bit page keys are the tree's own business), free a block the tree holds, evict a block a
 live request uses, or leave anything changed by an `admit`/`append` that returns None.
 
 How SGLang's scheduler calls map onto the protocol (`mem_cache/radix_cache.py`,
@@ -37,6 +38,11 @@ Events: one `BlockStored` per page, carrying the chained block hash of the confi
 algorithm from `prefixcache.hashing.block_hashes`, the function the `hash` backend
 uses, so one consumer serves both; `BlockRemoved` per evicted page;
 `AllBlocksCleared` on reset.
+
+Extension: `usable_hit` (the protocol's hook) trims a hit in `match` and `admit` alike;
+`admit` then matches, splits and locks only the part it keeps. Eviction policies come
+from `prefixcache.eviction` or a plugin; native ones (and their `native_params`, and a
+`history` ghost table) are evaluated in C++, others called once per candidate.
 
 Inspection: `cache.tree` is the tree, with the API documented in
 `prefixcache.radix_tree` (`total_size`, `evictable_size`, `protected_size`,
@@ -90,8 +96,11 @@ class RadixCache(PrefixCache):
         self.policy = resolve_eviction_policy(config.eviction)()
         # A policy with a native order is evaluated in C++; otherwise the tree calls
         # policy.priority() once per candidate when it evicts.
-        self.tree = RadixTree(pool, self.block_size, self.policy.native)
+        params = self.policy.native_params() if self.policy.native else {}
+        ghost = self.policy.history * pool.num_blocks  # pages remembered after eviction
+        self.tree = RadixTree(pool, self.block_size, self.policy.native, ghost_capacity=ghost, **params)
         self._rank = None if self.policy.native else self.policy.priority
+        self._trims = type(self).usable_hit is not PrefixCache.usable_hit
         self._requests: RequestTable[_RadixRequest] = RequestTable()
         self._stats = StatsCounter()
         self._events = EventLog(config.enable_events)
@@ -99,7 +108,11 @@ class RadixCache(PrefixCache):
 
     # -- look-up -----------------------------------------------------------------------
     def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
-        m = self.tree.match(tokens, check_namespace(namespace))
+        namespace = check_namespace(namespace)
+        m = self.tree.match(tokens, namespace)
+        if self._trims:
+            keep = self.checked_usable_hit(tokens, m.num_tokens, namespace)
+            return Match(keep, tuple(m.block_ids[: keep // self.block_size]))
         return Match(m.num_tokens, tuple(m.block_ids))
 
     # -- request lifecycle ---------------------------------------------------------------
@@ -119,6 +132,11 @@ class RadixCache(PrefixCache):
         bs = self.block_size
         key = memoryview(toks)[:-1]  # the last prompt token is always computed
         probe = self.tree.match(key, namespace)
+        if self._trims:
+            keep = self.checked_usable_hit(key, probe.num_tokens, namespace)
+            if keep < probe.num_tokens:  # the hit stops earlier: match and lock only that much
+                key = key[:keep]
+                probe = self.tree.match(key, namespace)
         needed = -(-len(toks) // bs) - probe.num_tokens // bs
         if needed > self._room(protecting=probe.unlocked_tokens):
             self._stats.rejected += 1

@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "bind_convert.h"
 #include "block_pool.h"
 
 namespace py = pybind11;
@@ -12,21 +13,6 @@ namespace {
 std::optional<py::bytes> to_bytes(const std::optional<std::string>& key) {
   if (!key) return std::nullopt;
   return py::bytes(*key);
-}
-
-// Block ids from any sequence of ints. Lists (the common case) take a fast path
-// that skips pybind11's generic sequence caster; it costs most of a small call.
-std::vector<int64_t> to_ids(py::handle obj) {
-  PyObject* seq = obj.ptr();
-  if (!PyList_Check(seq)) return py::cast<std::vector<int64_t>>(obj);
-  Py_ssize_t n = PyList_GET_SIZE(seq);
-  std::vector<int64_t> ids(static_cast<size_t>(n));
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    long long v = PyLong_AsLongLong(PyList_GET_ITEM(seq, i));
-    if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
-    ids[i] = v;
-  }
-  return ids;
 }
 
 py::list to_list(const std::vector<int32_t>& ids) {
@@ -70,7 +56,7 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
       .def_property_readonly("num_pinned", &BlockPool::num_pinned, "Blocks with ref > 0.")
       .def_property_readonly("num_cached", &BlockPool::num_cached, "Blocks holding a key.")
       .def_property_readonly("num_evicted", &BlockPool::num_evicted,
-                             "Cached blocks whose key allocate() or evict_front() dropped, since construction.")
+                             "Cached blocks whose key allocate(), evict_front() or evict_blocks() dropped, since construction.")
       .def(
           "allocate",
           [](BlockPool& p, int64_t n) -> py::object {
@@ -129,6 +115,16 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
             return out;
           },
           py::arg("n"), "Drop the keys of the first n keyed free blocks (LRU first); return them.")
+      .def(
+          "evict_blocks",
+          [](BlockPool& p, py::handle ids) {
+            py::list out;
+            for (const auto& k : p.evict_blocks(to_ids(ids))) out.append(py::bytes(k));
+            return out;
+          },
+          py::arg("ids"),
+          "Drop the keys of these free, keyed blocks and move them to the front of the free queue\n"
+          "(reused next), in the given order; return their keys. All or nothing.")
       .def(
           "last_removed",
           [](const BlockPool& p) {

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "bind_py_key.h"
 #include "radix_tree.h"
 
 namespace py = pybind11;
@@ -133,16 +134,6 @@ InsertResult insert(RadixTree& tree, py::handle tokens, py::handle blocks, py::h
   return out;
 }
 
-// A Python policy's priority, ordered by Python's `<`.
-struct PyKey {
-  py::object value;
-  bool operator<(const PyKey& other) const {
-    int r = PyObject_RichCompareBool(value.ptr(), other.value.ptr(), Py_LT);
-    if (r < 0) throw py::error_already_set();
-    return r == 1;
-  }
-};
-
 }  // namespace
 
 void bind_radix_tree(py::module_& m) {
@@ -167,14 +158,6 @@ void bind_radix_tree(py::module_& m) {
       .def_property_readonly("displaced", [](const InsertResult& r) { return to_list(r.displaced); },
                              "Caller block ids replaced by the tree's (duplicates; the caller frees them).");
 
-  py::class_<EvictionCandidate>(m, "EvictionCandidate", "What an eviction policy reads about a leaf.")
-      .def_readonly("node", &EvictionCandidate::node)
-      .def_readonly("num_tokens", &EvictionCandidate::num_tokens)
-      .def_readonly("last_access_time", &EvictionCandidate::last_access_time)
-      .def_readonly("creation_time", &EvictionCandidate::creation_time)
-      .def_readonly("hit_count", &EvictionCandidate::hit_count)
-      .def_readonly("priority", &EvictionCandidate::priority);
-
   py::class_<NodeInfo>(m, "RadixNodeInfo", "A copy of one tree node.")
       .def_readonly("id", &NodeInfo::id)
       .def_readonly("parent", &NodeInfo::parent)
@@ -186,6 +169,9 @@ void bind_radix_tree(py::module_& m) {
       .def_readonly("creation_time", &NodeInfo::creation_time)
       .def_readonly("hit_count", &NodeInfo::hit_count)
       .def_readonly("priority", &NodeInfo::priority)
+      .def_readonly("use_count", &NodeInfo::use_count)
+      .def_readonly("last_use", &NodeInfo::last_use)
+      .def_readonly("request_tokens", &NodeInfo::request_tokens)
       .def_property_readonly("children", [](const NodeInfo& n) {
         py::dict out;
         for (const auto& [page, id] : n.children) out[to_tuple(page)] = id;
@@ -197,22 +183,29 @@ SGLang RadixAttention prefix tree over a BlockPool (see prefixcache/radix_tree.p
 for the reference model and the full contract).
 
 The tree owns one pool reference per block it holds. Sizes are in tokens.
-`eviction` is a native order (lru, lfu, fifo, mru, filo, priority) or None, in
-which case evict() needs `priority=` (a callable ranking EvictionCandidate).
-Not thread-safe.
+`eviction` is a native order (lru, lfu, fifo, mru, filo, priority, gslru) or None,
+in which case evict() needs `priority=` (a callable ranking EvictionCandidate).
+`protect_tokens` / `size_weight` parameterize gslru; `ghost_capacity` (pages) keeps
+the use counts of evicted content (0: none). Not thread-safe.
 )doc")
-      .def(py::init([](BlockPool& pool, int64_t page_size, std::optional<std::string> eviction) {
+      .def(py::init([](BlockPool& pool, int64_t page_size, std::optional<std::string> eviction,
+                       int64_t protect_tokens, int64_t size_weight, int64_t ghost_capacity) {
              std::optional<EvictionOrder> order;
              if (eviction) order = parse_eviction_order(*eviction);
-             return std::make_unique<RadixTree>(pool, page_size, order);
+             return std::make_unique<RadixTree>(pool, page_size, order, OrderParams{protect_tokens, size_weight},
+                                                ghost_capacity);
            }),
-           py::arg("pool"), py::arg("page_size"), py::arg("eviction") = "lru", py::keep_alive<1, 2>())
+           py::arg("pool"), py::arg("page_size"), py::arg("eviction") = "lru", py::arg("protect_tokens") = 0,
+           py::arg("size_weight") = 0, py::arg("ghost_capacity") = 0, py::keep_alive<1, 2>())
       .def_property_readonly("page_size", &RadixTree::page_size)
       .def_property_readonly("total_size", &RadixTree::total_size, "Tokens in the tree.")
       .def_property_readonly("evictable_size", &RadixTree::evictable_size, "Tokens in unlocked nodes.")
       .def_property_readonly("protected_size", &RadixTree::protected_size, "Tokens in locked nodes.")
       .def_property_readonly("num_nodes", &RadixTree::num_nodes, "Nodes, namespace roots included.")
       .def_property_readonly("clock", &RadixTree::clock, "The logical clock's current tick.")
+      .def_property_readonly("traffic", &RadixTree::traffic, "TOKENS (whole pages) match_prefix was asked for.")
+      .def_property_readonly("ghost_size", [](const RadixTree& t) { return t.ghost().size(); },
+                             "Evicted pages whose use count is remembered.")
       .def(
           "match",
           [](const RadixTree& t, py::handle tokens, py::handle ns) {

@@ -228,6 +228,29 @@ std::vector<std::string> BlockPool::evict_front(int64_t n) {
   return keys;
 }
 
+std::vector<std::string> BlockPool::evict_blocks(const std::vector<int64_t>& ids) {
+  check_unique(ids, "evict_blocks");
+  for (int64_t id : ids) {
+    if (ref_[id] != 0) throw std::invalid_argument("evict_blocks: " + block_str(id) + " is in use");
+    if (!index_.has_key(static_cast<int32_t>(id))) throw std::invalid_argument("evict_blocks: " + block_str(id) + " holds no key");
+  }
+  std::vector<std::string> keys;
+  keys.reserve(ids.size());
+  for (int64_t id : ids) {
+    int32_t b = static_cast<int32_t>(id);
+    keys.push_back(index_.key(b));
+    index_.erase(b);
+    ++num_evicted_;
+  }
+  // Pushing at the front one by one reverses, so push them backwards.
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+    int32_t b = static_cast<int32_t>(*it);
+    unlink(b);
+    link_before(b, next_[head_]);
+  }
+  return keys;
+}
+
 int32_t BlockPool::ref_count(int64_t id) const { return ref_[check_id(id, "ref_count")]; }
 
 std::optional<std::string> BlockPool::key(int64_t id) const {

@@ -44,7 +44,7 @@ class BlockPool {
   int32_t num_free() const { return num_free_; }
   int32_t num_pinned() const { return num_blocks_ - num_free_; }
   int32_t num_cached() const { return index_.size(); }
-  // Cached blocks whose key allocate() or evict_front() dropped, since construction.
+  // Cached blocks whose key allocate(), evict_front() or evict_blocks() dropped, since construction.
   int64_t num_evicted() const { return num_evicted_; }
 
   // Takes n blocks from the front of the free queue, each with ref 1. A taken
@@ -85,6 +85,12 @@ class BlockPool {
   // is keyless, so the queue still reuses keyless blocks first. Counts toward
   // num_evicted. O(k + n), k = keyless free blocks ahead of them.
   std::vector<std::string> evict_front(int64_t n);
+  // Drops the keys of the given free, keyed blocks and moves them to the FRONT
+  // of the free queue in the given order (reused next), returning their keys:
+  // eviction in an order a policy chose rather than the queue's. Validated
+  // first (each id once, free and keyed), so all or nothing. Counts toward
+  // num_evicted. O(len(ids)).
+  std::vector<std::string> evict_blocks(const std::vector<int64_t>& ids);
 
   // Keys dropped by the most recent allocate() call, in allocation order.
   std::vector<std::string_view> last_removed() const {

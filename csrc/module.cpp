@@ -8,6 +8,7 @@ namespace prefixcache {
 void bind_block_pool(py::module_& m);
 void bind_hashing(py::module_& m);
 void bind_radix_tree(py::module_& m);
+void bind_block_evictor(py::module_& m);
 void bind_attention(py::module_& m);
 }  // namespace prefixcache
 
@@ -16,5 +17,6 @@ PYBIND11_MODULE(_C, m) {
   prefixcache::bind_block_pool(m);
   prefixcache::bind_hashing(m);
   prefixcache::bind_radix_tree(m);
+  prefixcache::bind_block_evictor(m);
   prefixcache::bind_attention(m);
 }

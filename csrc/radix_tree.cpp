@@ -14,17 +14,6 @@ std::string node_str(const RadixNode& n) { return "node " + std::to_string(n.id)
 
 }  // namespace
 
-EvictionOrder parse_eviction_order(const std::string& name) {
-  if (name == "lru") return EvictionOrder::kLru;
-  if (name == "lfu") return EvictionOrder::kLfu;
-  if (name == "fifo") return EvictionOrder::kFifo;
-  if (name == "mru") return EvictionOrder::kMru;
-  if (name == "filo") return EvictionOrder::kFilo;
-  if (name == "priority") return EvictionOrder::kPriority;
-  throw std::invalid_argument("eviction order '" + name +
-                              "' is not native; allowed values: lru, lfu, fifo, mru, filo, priority");
-}
-
 size_t PageKeyHash::operator()(const PageKey& k) const noexcept {
   uint64_t h = k.len;
   for (size_t i = 0; i < k.len; ++i) {
@@ -54,8 +43,10 @@ struct RadixTree::Walk {
   }
 };
 
-RadixTree::RadixTree(BlockPool& pool, int64_t page_size, std::optional<EvictionOrder> order)
-    : pool_(pool), page_(static_cast<size_t>(page_size)), order_(order) {
+RadixTree::RadixTree(BlockPool& pool, int64_t page_size, std::optional<EvictionOrder> order, OrderParams params,
+                     int64_t ghost_capacity)
+    : pool_(pool), page_(static_cast<size_t>(page_size)), order_(order), params_(params), ghost_(ghost_capacity) {
+  if (ghost_capacity < 0) throw std::invalid_argument("ghost_capacity must be >= 0, got " + std::to_string(ghost_capacity));
   if (page_size < 1) throw std::invalid_argument("page_size must be >= 1, got " + std::to_string(page_size));
   in_tree_.assign(pool.num_blocks(), 0);
   seen_.assign(pool.num_blocks(), 0);
@@ -123,19 +114,23 @@ MatchResult RadixTree::match(TokenSpan tokens, const Namespace& ns) const {
 
 MatchResult RadixTree::match_prefix(TokenSpan tokens, const Namespace& ns) {
   RadixNode* root = root_or_create(ns);
-  Walk w = walk(whole_pages(tokens), root);
+  TokenSpan key = whole_pages(tokens);
+  Walk w = walk(key, root);
   MatchResult out = collect(w);
   int64_t now = ++clock_;
+  traffic_ += static_cast<int64_t>(key.size());
   root->last_access_time = now;
   for (RadixNode* n : w.path) {
     n->last_access_time = now;
     ++n->hit_count;
+    ++n->use_count;
   }
   if (w.partial != nullptr) {
     // SGLang refreshes the node it is about to split, then splits it.
     w.partial->last_access_time = now;
     RadixNode* mid = split(w.partial, w.partial_len, ++clock_);
     ++mid->hit_count;
+    ++mid->use_count;
     out.node = mid->id;
   }
   return out;
@@ -201,16 +196,21 @@ InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, cons
   out.prefix_len = static_cast<int64_t>(w.matched);
   RadixNode* root = w.root != nullptr ? w.root : root_or_create(ns);
   int64_t now = ++clock_;
+  const auto request_tokens = static_cast<int64_t>(tokens.size());
   root->last_access_time = now;
+  size_t offset = 0;  // tokens before the node: the caller's own prefix counted its use already
   for (RadixNode* n : w.path) {
     n->last_access_time = now;
     n->priority = std::max(n->priority, priority);
+    stamp_use(n, offset >= static_cast<size_t>(start), request_tokens);
+    offset += n->tokens.size();
   }
   RadixNode* node = w.last() != nullptr ? w.last() : root;
   if (w.partial != nullptr) {
     w.partial->last_access_time = now;
     node = split(w.partial, w.partial_len, ++clock_);
     node->priority = std::max(node->priority, priority);
+    stamp_use(node, offset >= static_cast<size_t>(start), request_tokens);
   }
   for (size_t p = first; p < dup_pages; ++p) {
     int32_t& mine = blocks[p - first];
@@ -224,6 +224,18 @@ InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, cons
     leaf->tokens.assign(tokens.begin() + static_cast<ptrdiff_t>(w.matched), tokens.end());
     leaf->blocks.assign(blocks.begin() + static_cast<ptrdiff_t>(dup_pages - first), blocks.end());
     leaf->priority = priority;
+    leaf->last_use = traffic_;
+    leaf->request_tokens = request_tokens;
+    int64_t history = 0;
+    if (ghost_.enabled()) {
+      uint64_t key = node->tail_key;
+      for (size_t p = 0; p < leaf->blocks.size(); ++p) {
+        key = page_key_after(key, *leaf, p);
+        history = std::max(history, ghost_.take(key));
+      }
+      leaf->tail_key = key;
+    }
+    leaf->use_count = 1 + history;
     node->children.emplace(PageKey{leaf->tokens.data(), page_}, leaf);
     for (int32_t b : leaf->blocks) in_tree_[b] = 1;
     evictable_size_ += static_cast<int64_t>(leaf->tokens.size());
@@ -233,6 +245,23 @@ InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, cons
   }
   out.node = node->id;
   return out;
+}
+
+void RadixTree::stamp_use(RadixNode* n, bool counts, int64_t request_tokens) {
+  n->last_use = traffic_;
+  n->request_tokens = request_tokens;
+  if (counts) ++n->use_count;
+}
+
+uint64_t RadixTree::page_key_after(uint64_t parent_key, const RadixNode& n, size_t page) const {
+  return chain_page_key(parent_key, n.tokens.data() + page * page_, page_);
+}
+
+uint64_t RadixTree::namespace_key(const Namespace& ns) const {
+  if (!ns) return mix64(0x9E3779B97F4A7C15ULL);
+  uint64_t h = mix64(0x51afd7ed558ccdULL ^ ns->size());
+  for (unsigned char c : *ns) h = mix64(h ^ c);
+  return h;
 }
 
 RadixNode* RadixTree::new_node(RadixNode* parent, int64_t stamp) {
@@ -258,6 +287,14 @@ RadixNode* RadixTree::split(RadixNode* child, size_t split_len, int64_t stamp) {
   mid->lock_ref = child->lock_ref;
   mid->priority = child->priority;
   mid->hit_count = child->hit_count;
+  mid->use_count = child->use_count;
+  mid->last_use = child->last_use;
+  mid->request_tokens = child->request_tokens;
+  if (ghost_.enabled()) {
+    uint64_t key = parent->tail_key;
+    for (size_t p = 0; p < mid->blocks.size(); ++p) key = page_key_after(key, *mid, p);
+    mid->tail_key = key;
+  }
   // Re-key while the child's first page is still intact: the map's key views it.
   parent->children.erase(PageKey{child->tokens.data(), page_});
   parent->children.emplace(PageKey{mid->tokens.data(), page_}, mid);
@@ -298,22 +335,10 @@ void RadixTree::unlock(int64_t id) {
 
 // ---------------------------------------------------------------- eviction
 
-std::pair<int64_t, int64_t> RadixTree::native_priority(const RadixNode& n) const {
-  switch (*order_) {
-    case EvictionOrder::kLru: return {n.last_access_time, 0};
-    case EvictionOrder::kLfu: return {n.hit_count, n.last_access_time};
-    case EvictionOrder::kFifo: return {n.creation_time, 0};
-    case EvictionOrder::kMru: return {-n.last_access_time, 0};
-    case EvictionOrder::kFilo: return {-n.creation_time, 0};
-    case EvictionOrder::kPriority: return {n.priority, n.last_access_time};
-  }
-  return {0, 0};
-}
-
 int64_t RadixTree::evict(int64_t num_tokens) {
   last_evicted_.clear();
   if (!order_) throw std::invalid_argument("evict: this tree has no native eviction order; rank candidates with a priority function");
-  return evict_by<std::pair<int64_t, int64_t>>(num_tokens, [this](const RadixNode& n) { return native_priority(n); });
+  return evict_by<NativeKey>(num_tokens, [this](const RadixNode& n) { return native_key(*order_, params_, candidate(n)); });
 }
 
 void RadixTree::update_leaf_status(RadixNode* n) {
@@ -342,6 +367,13 @@ void RadixTree::delete_leaf(RadixNode* leaf) {
   }
   evictable_size_ -= static_cast<int64_t>(leaf->tokens.size());
   RadixNode* parent = leaf->parent;
+  if (ghost_.enabled()) {
+    uint64_t key = parent->tail_key;
+    for (size_t p = 0; p < leaf->blocks.size(); ++p) {
+      key = page_key_after(key, *leaf, p);
+      ghost_.put(key, leaf->use_count);
+    }
+  }
   set_evictable_leaf(leaf, false);
   parent->children.erase(PageKey{leaf->tokens.data(), page_});
   nodes_.erase(leaf->id);
@@ -367,6 +399,7 @@ void RadixTree::reset() {
   std::fill(in_tree_.begin(), in_tree_.end(), 0);
   evictable_size_ = protected_size_ = 0;
   last_evicted_.clear();
+  ghost_.clear();
 }
 
 // ---------------------------------------------------------------- roots and inspection
@@ -381,6 +414,7 @@ RadixNode* RadixTree::root_or_create(const Namespace& ns) {
   RadixNode* root = root_of(ns);
   if (root != nullptr) return root;
   root = new_node(nullptr, clock_);
+  if (ghost_.enabled()) root->tail_key = namespace_key(ns);
   if (ns) {
     named_roots_.emplace(*ns, root);
   } else {
@@ -414,16 +448,17 @@ RadixNode* RadixTree::node_ptr(int64_t id, const char* what) const {
 }
 
 EvictionCandidate RadixTree::candidate(const RadixNode& n) const {
-  return EvictionCandidate{n.id, static_cast<int64_t>(n.tokens.size()), n.last_access_time,
-                           n.creation_time, n.hit_count, n.priority};
+  return EvictionCandidate{n.id,           static_cast<int64_t>(n.tokens.size()), n.last_access_time,
+                           n.creation_time, n.hit_count, n.priority, n.use_count, n.last_use, n.request_tokens};
 }
 
 NodeInfo RadixTree::node(int64_t id) const {
   const RadixNode* n = node_ptr(id, "node");
   const RadixNode* root = n;
   while (!root->is_root()) root = root->parent;
-  NodeInfo info{n->id, std::nullopt, std::nullopt, n->tokens, n->blocks, n->lock_ref,
-                n->last_access_time, n->creation_time, n->hit_count, n->priority, {}};
+  NodeInfo info{n->id,       std::nullopt, std::nullopt, n->tokens, n->blocks, n->lock_ref,
+                n->last_access_time, n->creation_time, n->hit_count, n->priority, n->use_count, n->last_use,
+                n->request_tokens, {}};
   if (!n->is_root()) info.parent = n->parent->id;
   if (root != none_root_) {
     for (const auto& [name, r] : named_roots_) {

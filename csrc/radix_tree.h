@@ -51,20 +51,28 @@
 #include <vector>
 
 #include "block_pool.h"
+#include "eviction_order.h"
+#include "ghost_table.h"
 
 namespace prefixcache {
 
 using Namespace = std::optional<std::string>;
 using TokenSpan = std::span<const int32_t>;
 
-// The built-in eviction orders, evaluated natively. A priority is a pair
-// compared lexicographically; the smallest is evicted first, ties go to the
-// older node (smaller id). They match prefixcache/eviction.py.
-enum class EvictionOrder { kLru, kLfu, kFifo, kMru, kFilo, kPriority };
-
-// Parses a policy's `native` name: lru, lfu, fifo, mru, filo, priority.
-EvictionOrder parse_eviction_order(const std::string& name);
-
+// The built-in eviction orders (eviction_order.h) are evaluated natively: a
+// priority is a pair compared lexicographically; the smallest is evicted
+// first, ties go to the older node (smaller id).
+//
+// Use history (for orders that count reuse, gslru). Each node also keeps
+// use_count (requests that used it: each match_prefix that hits it, each
+// insert that walks it beyond the inserting request's own prefix, the one
+// that creates it), last_use (the traffic clock, TOKENS admitted by
+// match_prefix, at the latest insert that walked it) and request_tokens (that
+// insert's length). With a ghost table (ghost_capacity > 0), a node's pages
+// have 64-bit content keys chained from the namespace root (chain_page_key);
+// an evicted leaf leaves its use count under each page's key, and a new leaf
+// continues the largest count its pages left, so content that comes back is
+// known to be reused. Without one, none of this hashing happens.
 struct RadixNode;
 
 // A view of a page of tokens: a child's key, or a look-up into a query.
@@ -93,19 +101,13 @@ struct RadixNode {
   int64_t creation_time = 0;
   int64_t hit_count = 0;
   int64_t priority = 0;
+  int64_t use_count = 0;       // see "Use history" above
+  int64_t last_use = 0;        // traffic clock at the latest insert through it
+  int64_t request_tokens = 0;  // that insert's length, TOKENS
+  uint64_t tail_key = 0;       // content key of its last page (a root: of its namespace); ghost only
   int64_t leaf_slot = -1;  // index in RadixTree::evictable_leaves_, or -1
 
   bool is_root() const { return parent == nullptr; }
-};
-
-// What a policy may read about an eviction candidate (prefixcache.eviction.Candidate).
-struct EvictionCandidate {
-  int64_t node;
-  int64_t num_tokens;
-  int64_t last_access_time;
-  int64_t creation_time;
-  int64_t hit_count;
-  int64_t priority;
 };
 
 struct MatchResult {
@@ -133,6 +135,9 @@ struct NodeInfo {
   int64_t creation_time;
   int64_t hit_count;
   int64_t priority;
+  int64_t use_count;
+  int64_t last_use;
+  int64_t request_tokens;
   std::vector<std::pair<std::vector<int32_t>, int64_t>> children;  // (first page, id), by id
 };
 
@@ -140,7 +145,9 @@ class RadixTree {
  public:
   // `pool` must outlive the tree. page_size is in tokens (1 = token level).
   // Without an order, only evict_by() can evict (a policy the caller ranks).
-  RadixTree(BlockPool& pool, int64_t page_size, std::optional<EvictionOrder> order);
+  // `params` go to the order (gslru); ghost_capacity is in pages (0: no history).
+  RadixTree(BlockPool& pool, int64_t page_size, std::optional<EvictionOrder> order, OrderParams params = {},
+            int64_t ghost_capacity = 0);
   RadixTree(const RadixTree&) = delete;
   RadixTree& operator=(const RadixTree&) = delete;
 
@@ -202,6 +209,8 @@ class RadixTree {
   int64_t protected_size() const { return protected_size_; }
   int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size()); }  // roots included
   int64_t clock() const { return clock_; }
+  int64_t traffic() const { return traffic_; }
+  const GhostTable& ghost() const { return ghost_; }
   std::optional<int64_t> root(const Namespace& ns) const;
   std::vector<Namespace> namespaces() const;  // those with a root, sorted (None first)
   NodeInfo node(int64_t id) const;
@@ -227,12 +236,16 @@ class RadixTree {
   void update_leaf_status(RadixNode* node);
   void set_evictable_leaf(RadixNode* node, bool evictable);
   void delete_leaf(RadixNode* leaf);
-  std::pair<int64_t, int64_t> native_priority(const RadixNode& node) const;
+  void stamp_use(RadixNode* n, bool counts, int64_t request_tokens);
+  uint64_t page_key_after(uint64_t parent_key, const RadixNode& n, size_t page) const;
+  uint64_t namespace_key(const Namespace& ns) const;
   size_t mismatch(const RadixNode& node, TokenSpan key, size_t at) const;
 
   BlockPool& pool_;
   size_t page_;  // tokens per page
   std::optional<EvictionOrder> order_;
+  OrderParams params_;
+  GhostTable ghost_;
   std::unordered_map<int64_t, std::unique_ptr<RadixNode>> nodes_;
   RadixNode* none_root_ = nullptr;
   std::unordered_map<std::string, RadixNode*> named_roots_;
@@ -242,6 +255,7 @@ class RadixTree {
   int64_t evictable_size_ = 0;
   int64_t protected_size_ = 0;
   int64_t clock_ = 0;
+  int64_t traffic_ = 0;  // TOKENS (whole pages) match_prefix was asked for
   int64_t next_id_ = 1;
   std::vector<int32_t> last_evicted_;
 };

@@ -268,6 +268,27 @@ class PyBlockPool:
             node = node.next
         return keys
 
+    def evict_blocks(self, ids: Sequence[int]) -> list[bytes]:
+        """Drop the keys of these free, keyed blocks and move them to the front of the
+        free queue in the given order (reused next); return their keys. All or nothing."""
+        blocks = self._unique(ids, "evict_blocks")
+        for block in blocks:
+            if block.ref_cnt:
+                raise ValueError(f"evict_blocks: block {block.block_id} is in use")
+            if block.key is None:
+                raise ValueError(f"evict_blocks: block {block.block_id} holds no key")
+        keys = []
+        for block in blocks:
+            keys.append(block.key)
+            self._drop_key(block)
+            self.num_evicted += 1
+        for block in reversed(blocks):
+            self._queue.remove(block)
+            front = self._queue.head.next
+            assert front is not None
+            self._queue.insert_before(block, front)
+        return keys
+
     def lookup_chain_packed(self, keys: bytes, key_size: int) -> list[int]:
         """lookup_chain over keys packed back to back in `keys`, key_size bytes each."""
         return self.lookup_chain(_split_packed(keys, key_size, "lookup_chain_packed"))

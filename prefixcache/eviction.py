@@ -1,34 +1,104 @@
 """Eviction policies: which unpinned cached entry goes first.
 
 Owns the `EvictionPolicy` strategy (one method: map a candidate to a sortable
-priority; the LOWEST priority is evicted first) and the built-in policies, each a few
-lines, registered by name for `eviction:` in YAML. A candidate is anything with the
-attributes of `Candidate`: for `radix` a tree leaf, for other strategies a block.
+priority; the LOWEST priority is evicted first), the built-in policies, each a few
+lines, registered by name for `eviction:` in YAML, and `GhostTable`, the reference of
+the native memory of evicted content that history-aware policies read.
+
+A candidate is anything with the attributes of `Candidate`:
+- `radix`: an unlocked tree LEAF (a run of pages). Evicting it frees all its blocks;
+  its parent becomes a candidate when its last child goes.
+- `hash`: a FREE block that still holds its hash (released, not reused yet). Any such
+  block may go, whatever its position in a prefix; `lru` is the pool's free queue
+  itself and never builds candidates at all.
 
 Must never: walk a tree, touch the pool or keep state of its own. A backend calls
-`priority()` once per candidate when it collects candidates for an eviction, never per
-comparison, so a Python policy costs one call per candidate, not per operation; the
-built-ins name a `native` ordering and are never called back at all.
+`priority()` ONCE per candidate, when it becomes a candidate (a radix leaf when an
+eviction starts or when its last child goes; a hash block when its last reference is
+dropped), never per comparison and never per operation. So a Python policy costs one
+call per candidate; a policy whose `native` names a C++ ordering is never called back
+at all (its `priority()` is the executable definition the native code mirrors).
 Recency and creation are logical clocks (counters), so replays are reproducible.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from prefixcache.registry import register_eviction_policy
 
-__all__ = ["Candidate", "EvictionPolicy", "LRU", "LFU", "FIFO", "MRU", "FILO", "Priority"]
+__all__ = [
+    "Candidate",
+    "EvictionPolicy",
+    "LRU",
+    "LFU",
+    "FIFO",
+    "MRU",
+    "FILO",
+    "Priority",
+    "GSLRU",
+    "CandidateRecord",
+    "GhostTable",
+    "mix64",
+    "chain_page_key",
+    "namespace_key",
+]
 
 
 class Candidate(Protocol):
-    """What a policy may read about an eviction candidate."""
+    """What a policy may read about an eviction candidate (`_C.EvictionCandidate`).
 
-    last_access_time: int  # logical clock of the last match / insert that touched it
-    creation_time: int  # logical clock when it was created
-    hit_count: int  # times it was part of a hit
-    priority: int  # request priority that last touched it (0 if none)
+    | attribute | radix leaf | hash block |
+    |---|---|---|
+    | `node` / `block` | node id | block id |
+    | `num_tokens` | tokens in the leaf's run | the block size |
+    | `last_access_time` | clock of the last match / insert through it | clock of its last hit, or of the free that made it a candidate (one tick per freed block, in free order, so ordering by it IS the free-queue LRU) |
+    | `creation_time` | clock when the node was created | clock when the block was cached |
+    | `hit_count` | match_prefix hits on it | admissions that hit it |
+    | `priority` | highest request priority that touched it | same |
+    | `use_count` | requests that used it: hits, the insert that created it, inserts that walked it past their own prefix | hits, plus 1 for the request that computed it |
+    | `last_use` | traffic clock (TOKENS admitted) at the last insert through it | traffic clock when it was freed |
+    | `request_tokens` | length of that insert (whole pages, TOKENS) | whole-block prompt TOKENS of the request that freed it |
+
+    With history (a policy with `history > 0`), content evicted and computed again
+    continues its `use_count` from a bounded `GhostTable` of evicted content.
+    """
+
+    last_access_time: int
+    creation_time: int
+    hit_count: int
+    priority: int
+    use_count: int
+    last_use: int
+    request_tokens: int
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class CandidateRecord:
+    """A `Candidate` as plain data: what the Python reference models (`PyRadixTree`,
+    `PyBlockEvictor`) hand a policy, as the native code hands `_C.EvictionCandidate`."""
+
+    id: int = 0
+    num_tokens: int = 0
+    last_access_time: int = 0
+    creation_time: int = 0
+    hit_count: int = 0
+    priority: int = 0
+    use_count: int = 0
+    last_use: int = 0
+    request_tokens: int = 0
+
+    @property
+    def node(self) -> int:
+        return self.id
+
+    @property
+    def block(self) -> int:
+        return self.id
 
 
 class EvictionPolicy(ABC):
@@ -36,12 +106,19 @@ class EvictionPolicy(ABC):
 
     name: ClassVar[str] = ""
     #: Name of the native (C++) ordering with the same result, if there is one; the
-    #: native tree then never calls `priority()`.
+    #: native code then never calls `priority()`.
     native: ClassVar[str | None] = None
+    #: Size of the ghost table of evicted content, in multiples of the pool's blocks
+    #: (0: `use_count` forgets content once it is evicted).
+    history: ClassVar[int] = 0
 
     @abstractmethod
     def priority(self, candidate: Candidate) -> Any:
         """A sortable key; lower means evicted sooner."""
+
+    def native_params(self) -> dict[str, int]:
+        """Parameters of the native ordering (names of `_C.RadixTree` keywords)."""
+        return {}
 
 
 @register_eviction_policy("lru")
@@ -95,3 +172,97 @@ class Priority(EvictionPolicy):
 
     def priority(self, candidate: Candidate) -> Any:
         return (candidate.priority, candidate.last_access_time)
+
+
+@register_eviction_policy("gslru")
+class GSLRU(EvictionPolicy):
+    """Ghost-backed, size-aware segmented LRU, on the traffic clock (TOKENS admitted).
+
+    Content used by two requests or more (counting uses before an eviction, from a
+    ghost table of `history` x pool blocks) is PROTECTED: it ranks as if last used
+    `protect_tokens` of traffic later. Content used once is PROBATIONARY: it ranks as if
+    last used `size_weight` tokens of traffic earlier per token of the request that
+    used it, so a large one-off prompt goes before a small one (small conversations
+    come back more often, and cost less to keep). Within a segment, LRU.
+
+    The defaults were chosen on the Mooncake traces (README "Extending": what was
+    tried, and the sensitivity); subclass to change them.
+    """
+
+    native = "gslru"
+    history = 4
+    protect_tokens: ClassVar[int] = 10_000_000
+    size_weight: ClassVar[int] = 150
+
+    def priority(self, candidate: Candidate) -> Any:
+        if candidate.use_count >= 2:
+            return candidate.last_use + self.protect_tokens
+        return candidate.last_use - self.size_weight * candidate.request_tokens
+
+    def native_params(self) -> dict[str, int]:
+        return {"protect_tokens": self.protect_tokens, "size_weight": self.size_weight}
+
+
+# --------------------------------------------------------------------------- history
+
+
+class GhostTable:
+    """Bounded memory of evicted content: key -> use count at eviction, for at most
+    `capacity` keys, the oldest put forgotten first (re-putting moves a key to the
+    back). The reference of csrc/ghost_table.h, entry for entry."""
+
+    def __init__(self, capacity: int = 0) -> None:
+        self.capacity = max(0, capacity)
+        self._uses: OrderedDict[int, int] = OrderedDict()
+
+    @property
+    def enabled(self) -> bool:
+        return self.capacity > 0
+
+    def __len__(self) -> int:
+        return len(self._uses)
+
+    def put(self, key: int, uses: int) -> None:
+        if not self.capacity:
+            return
+        self._uses.pop(key, None)
+        self._uses[key] = uses
+        while len(self._uses) > self.capacity:
+            self._uses.popitem(last=False)
+
+    def take(self, key: int) -> int:
+        return self._uses.pop(key, 0)
+
+    def clear(self) -> None:
+        self._uses.clear()
+
+
+_M64 = (1 << 64) - 1
+
+
+def mix64(x: int) -> int:
+    """splitmix64's finalizer (csrc/ghost_table.h)."""
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _M64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def chain_page_key(parent: int, tokens: list[int]) -> int:
+    """A radix page's 64-bit content key: FNV-1a over its 32-bit tokens from the parent's key."""
+    h = parent ^ 0xCBF29CE484222325
+    for t in tokens:
+        h = ((h ^ (t & 0xFFFFFFFF)) * 0x100000001B3) & _M64
+    return mix64(h)
+
+
+def namespace_key(namespace: str | None) -> int:
+    """The content key a namespace's pages chain from."""
+    if namespace is None:
+        return mix64(0x9E3779B97F4A7C15)
+    data = namespace.encode()
+    h = mix64(0x51AFD7ED558CCD ^ len(data))
+    for c in data:
+        h = mix64(h ^ c)
+    return h

@@ -12,7 +12,9 @@ Rules every implementation obeys (the conformance kit tests each one):
 1. `admit` returns `Admission(block_table, num_cached_tokens)`. The hit is the longest
    cached prefix, capped at `len(tokens) - 1` (the last prompt token is always
    computed, so its logits exist), and is a whole number of blocks. Hit blocks are
-   pinned; blocks for the rest of the prompt are allocated.
+   pinned; blocks for the rest of the prompt are allocated. The hit equals
+   `match(tokens[:-1]).num_tokens`. (A backend whose class declares `partial_hits =
+   True` may also hit part of a block; see "Partial hits" below.)
 2. `admit` and `append` are atomic: when there is no room even after evicting
    everything evictable they return `None` and change nothing.
 3. Nothing pinned by a live request is ever evicted or reused.
@@ -27,15 +29,35 @@ Rules every implementation obeys (the conformance kit tests each one):
    model output.
 7. After every request is released no block is pinned, and every block is free or
    cached; `check_invariants` verifies this and the backend's own structure.
+
+Partial hits (copy-on-write), for classes that declare `partial_hits = True` only:
+the hit may end inside a block, as TensorRT-LLM reuses the matching head of the first
+block that differs. Then `num_cached_tokens` need not be a multiple of the block
+size, and `Admission.copies` lists `(src_block, dst_block, num_tokens)` triples: the
+engine copies the KV of the first `num_tokens` slots of `src_block` into the same
+slots of `dst_block` (every layer, K and V) BEFORE it computes anything for the
+request, then computes from token `num_cached_tokens` on, as usual. `dst_block` is
+the request's own block at index `num_cached_tokens // block_size` of its table;
+`src_block` is a cached block the request keeps pinned until its first `commit` or
+its `release`, whichever comes first, so nothing can overwrite it before the copy.
+`match` reports such a hit the same way: `num_tokens` counts the partial tokens and
+`block_ids` ends with the source block. Backends without the flag never return
+copies, and every hit of theirs is whole blocks.
+
+Extension hooks: `usable_hit` decides how much of the longest cached prefix a hit
+uses; the built-in backends call it in both `match` and `admit`, so the two agree for
+any override. `option_defaults` declares the `options:` a class accepts (YAML
+`cache.options`), validated once in `PrefixCache.__init__` into `self.options`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from prefixcache.config import ConfigError
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from prefixcache.stats import CacheStats
 
@@ -47,6 +69,7 @@ __all__ = [
     "PrefixCache",
     "Match",
     "Admission",
+    "Copy",
     "CacheStats",
     "KVEvent",
     "BlockStored",
@@ -63,19 +86,28 @@ Namespace = str | None
 
 @dataclass(frozen=True)
 class Match:
-    """A look-up result: the first `num_tokens` tokens are cached in `block_ids`."""
+    """A look-up result: the first `num_tokens` tokens are cached in `block_ids`
+    (token i in slot i % block_size of block_ids[i // block_size])."""
 
     num_tokens: int
     block_ids: tuple[int, ...]
 
 
+Copy = tuple[int, int, int]
+"""(src_block, dst_block, num_tokens): copy the KV of the first `num_tokens` slots of
+`src_block` into `dst_block` before computing the request (partial hits only)."""
+
+
 @dataclass(frozen=True)
 class Admission:
     """An admitted request: its block table (blocks for the whole prompt, in order) and
-    how many leading prompt tokens are already computed (a multiple of the block size)."""
+    how many leading prompt tokens are already computed (a multiple of the block size,
+    except for backends with `partial_hits`). `copies` are KV copies the engine does
+    before computing the request (empty unless the backend has `partial_hits`)."""
 
     block_table: tuple[int, ...]
     num_cached_tokens: int
+    copies: tuple[Copy, ...] = ()
 
 
 def as_tokens(tokens: Sequence[int]) -> list[int]:
@@ -103,6 +135,11 @@ class PrefixCache(ABC):
 
     #: Name under which the class is registered (set by `register_backend`).
     name: ClassVar[str] = ""
+    #: True if hits may end inside a block, with `Admission.copies` (module docstring).
+    partial_hits: ClassVar[bool] = False
+    #: The `options:` this class accepts, with their defaults (subclasses add theirs;
+    #: a value must have its default's type, ints accepted for floats).
+    option_defaults: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         if pool.num_blocks != config.num_blocks:
@@ -112,6 +149,49 @@ class PrefixCache(ABC):
         self.pool = pool
         self.config = config
         self.block_size = config.block_size
+        self.options: Mapping[str, Any] = self._parse_options(config.options)
+
+    @classmethod
+    def _parse_options(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """`given` over the defaults of every class in the MRO; ConfigError for an
+        unknown key or a value of the wrong type."""
+        defaults: dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):
+            defaults.update(getattr(klass, "option_defaults", {}) or {})
+        out = dict(defaults)
+        for key, value in given.items():
+            if key not in defaults:
+                allowed = ", ".join(sorted(defaults)) or "none"
+                raise ConfigError(f"options.{key}", f"unknown option for backend {cls.__qualname__}; allowed: {allowed}")
+            default = defaults[key]
+            ok = isinstance(value, type(default)) and not (isinstance(value, bool) and not isinstance(default, bool))
+            if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+                ok, value = True, float(value)
+            if default is not None and not ok:
+                raise ConfigError(
+                    f"options.{key}", f"must be {type(default).__name__} (default {default!r}), got {value!r}"
+                )
+            out[key] = value
+        return out
+
+    # -- extension hooks -----------------------------------------------------------------
+    def usable_hit(self, tokens: Sequence[int], num_tokens: int, namespace: Namespace = None) -> int:
+        """Matching-policy hook: of the longest cached prefix of `tokens`, `num_tokens`
+        TOKENS in whole blocks, how many a hit uses: a multiple of the block size in
+        [0, num_tokens]. The built-in backends apply it in `match` and in `admit` (there
+        after the len - 1 cap), so `admit` hit == `match(tokens[:-1])` for any override.
+        Default: all of it."""
+        return num_tokens
+
+    def checked_usable_hit(self, tokens: Sequence[int], num_tokens: int, namespace: Namespace = None) -> int:
+        """`usable_hit`, with a clear error if an override breaks its contract."""
+        keep = self.usable_hit(tokens, num_tokens, namespace)
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep % self.block_size or not 0 <= keep <= num_tokens:
+            raise ValueError(
+                f"{type(self).__qualname__}.usable_hit returned {keep!r}: must be a multiple of "
+                f"block_size {self.block_size} in [0, {num_tokens}]"
+            )
+        return keep
 
     # -- look-up (pure: pins nothing, changes no recency, counts no stats) ----------
     @abstractmethod

@@ -43,6 +43,15 @@ The contract both trees keep:
 - Clock: a counter, not wall time, so replays are reproducible. Each match or insert
   takes one tick for the nodes it walks; each node it creates takes a tick of its own
   (SGLang stamps new nodes with `time.monotonic()` after the walk; same order).
+- Use history (for policies that count reuse, `gslru`): `traffic` counts the TOKENS
+  (whole pages) `match_prefix` was asked for. Each node keeps `use_count` (+1 per
+  `match_prefix` that hits it, per `insert` that walks it beyond the caller's own
+  prefix `start`, and 1 for the insert that creates it), `last_use` (traffic at the
+  latest insert through it) and `request_tokens` (that insert's length). With
+  `ghost_capacity > 0`, pages have 64-bit content keys chained from the namespace
+  (`prefixcache.eviction.chain_page_key`): an evicted leaf leaves its use count under
+  each page's key in a `GhostTable`, and a new leaf starts at 1 + the largest count its
+  pages left, so content that comes back is known to be reused.
 
 Inspection (both trees): `total_size`, `evictable_size`, `protected_size` (tokens),
 `num_nodes` (roots included), `clock`, `root(namespace)` (id or None),
@@ -58,11 +67,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixcache._C import InvariantError, RadixTree
+from prefixcache.eviction import CandidateRecord, GhostTable, chain_page_key, namespace_key
 from prefixcache.protocol import Namespace, as_tokens
 
 __all__ = ["RadixTree", "PyRadixTree", "RadixMatch", "RadixInsert", "NodeInfo", "Candidate"]
 
-NATIVE_ORDERS = ("lru", "lfu", "fifo", "mru", "filo", "priority")
+NATIVE_ORDERS = ("lru", "lfu", "fifo", "mru", "filo", "priority", "gslru")
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 
 
@@ -99,19 +109,13 @@ class NodeInfo:
     creation_time: int
     hit_count: int
     priority: int
+    use_count: int
+    last_use: int
+    request_tokens: int
     children: dict[tuple[int, ...], int]
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """What an eviction policy reads about a leaf (`EvictionCandidate` natively)."""
-
-    node: int
-    num_tokens: int
-    last_access_time: int
-    creation_time: int
-    hit_count: int
-    priority: int
+Candidate = CandidateRecord  # what a policy reads about a leaf (`EvictionCandidate` natively)
 
 
 @dataclass(eq=False)
@@ -126,6 +130,10 @@ class _Node:
     creation_time: int = 0
     hit_count: int = 0
     priority: int = 0
+    use_count: int = 0
+    last_use: int = 0
+    request_tokens: int = 0
+    tail_key: int = 0  # content key of the last page (a root: of its namespace); ghost only
 
     @property
     def is_root(self) -> bool:
@@ -133,7 +141,15 @@ class _Node:
 
     def candidate(self) -> Candidate:
         return Candidate(
-            self.id, len(self.tokens), self.last_access_time, self.creation_time, self.hit_count, self.priority
+            self.id,
+            len(self.tokens),
+            self.last_access_time,
+            self.creation_time,
+            self.hit_count,
+            self.priority,
+            self.use_count,
+            self.last_use,
+            self.request_tokens,
         )
 
 
@@ -174,13 +190,23 @@ def _int32s(values: Sequence[int], what: str) -> list[int]:
 class PyRadixTree:
     """Pure-Python model of `RadixTree`: same API, results and errors. For tests."""
 
-    def __init__(self, pool: Any, page_size: int, eviction: str | None = "lru") -> None:
+    def __init__(
+        self,
+        pool: Any,
+        page_size: int,
+        eviction: str | None = "lru",
+        protect_tokens: int = 0,
+        size_weight: int = 0,
+        ghost_capacity: int = 0,
+    ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         if eviction is not None and eviction not in NATIVE_ORDERS:
             raise ValueError(
                 f"eviction order {eviction!r} is not native; allowed values: {', '.join(NATIVE_ORDERS)}"
             )
+        if ghost_capacity < 0:
+            raise ValueError(f"ghost_capacity must be >= 0, got {ghost_capacity}")
         self.pool = pool
         self.page_size = page_size
         # The reference ranks with the registered policy classes themselves.
@@ -188,7 +214,12 @@ class PyRadixTree:
         if eviction is not None:
             from prefixcache.registry import resolve_eviction_policy
 
-            self._order = resolve_eviction_policy(eviction)().priority
+            policy = resolve_eviction_policy(eviction)()
+            if eviction == "gslru":  # the native tree takes its parameters as arguments
+                policy.protect_tokens, policy.size_weight = protect_tokens, size_weight  # type: ignore[misc]
+            self._order = policy.priority
+        self._ghost = GhostTable(ghost_capacity)
+        self.traffic = 0
         self._nodes: dict[int, _Node] = {}
         self._roots: dict[Namespace, _Node] = {}
         self._in_tree: set[int] = set()
@@ -233,11 +264,18 @@ class PyRadixTree:
             creation_time=n.creation_time,
             hit_count=n.hit_count,
             priority=n.priority,
+            use_count=n.use_count,
+            last_use=n.last_use,
+            request_tokens=n.request_tokens,
             children={key: child.id for key, child in children},
         )
 
     def last_evicted(self) -> list[int]:
         return list(self._last_evicted)
+
+    @property
+    def ghost_size(self) -> int:
+        return len(self._ghost)
 
     # -- look-up -------------------------------------------------------------------
     def _page_key(self, tokens: Sequence[int], at: int = 0) -> tuple[int, ...]:
@@ -299,14 +337,17 @@ class PyRadixTree:
         w = self._walk(key, root)
         out = self._collect(w)
         self.clock += 1
+        self.traffic += len(key)
         now = root.last_access_time = self.clock
         for n in w.path:
             n.last_access_time = now
             n.hit_count += 1
+            n.use_count += 1
         if w.partial is not None:
             w.partial.last_access_time = now  # SGLang refreshes it, then splits it
             mid = self._split(w.partial, w.partial_len)
             mid.hit_count += 1
+            mid.use_count += 1
             out = RadixMatch(out.num_tokens, out.block_ids, mid.id, out.unlocked_tokens)
         return out
 
@@ -366,14 +407,18 @@ class PyRadixTree:
         root = w.root if w.root is not None else self._root_or_create(namespace)
         self.clock += 1
         now = root.last_access_time = self.clock
+        offset = 0  # tokens before the node: the caller's own prefix counted its use already
         for n in w.path:
             n.last_access_time = now
             n.priority = max(n.priority, priority)
+            self._stamp_use(n, offset >= start, len(key))
+            offset += len(n.tokens)
         node = w.last or root
         if w.partial is not None:
             w.partial.last_access_time = now
             node = self._split(w.partial, w.partial_len)
             node.priority = max(node.priority, priority)
+            self._stamp_use(node, offset >= start, len(key))
         displaced = []
         for p in range(first, dup_pages):
             if ids[p - first] != present[p]:
@@ -384,11 +429,31 @@ class PyRadixTree:
             leaf.tokens = key[w.matched :]
             leaf.blocks = ids[dup_pages - first :]
             leaf.priority = priority
+            leaf.last_use, leaf.request_tokens = self.traffic, len(key)
+            history = 0
+            if self._ghost.enabled:
+                keys = self._page_keys(node.tail_key, leaf)
+                history = max(self._ghost.take(k) for k in keys)
+                leaf.tail_key = keys[-1]
+            leaf.use_count = 1 + history
             node.children[self._page_key(leaf.tokens)] = leaf
             self._in_tree.update(leaf.blocks)
             self.evictable_size += len(leaf.tokens)
             node = leaf
         return RadixInsert(w.matched, node.id, displaced)
+
+    def _stamp_use(self, n: _Node, counts: bool, request_tokens: int) -> None:
+        n.last_use, n.request_tokens = self.traffic, request_tokens
+        if counts:
+            n.use_count += 1
+
+    def _page_keys(self, parent_key: int, n: _Node) -> list[int]:
+        """Content keys of `n`'s pages, chained from its parent's tail key."""
+        keys, key, page = [], parent_key, self.page_size
+        for at in range(0, len(n.tokens), page):
+            key = chain_page_key(key, n.tokens[at : at + page])
+            keys.append(key)
+        return keys
 
     def _new_node(self, parent: _Node | None) -> _Node:
         self.clock += 1
@@ -406,6 +471,9 @@ class PyRadixTree:
         mid.tokens, child.tokens = child.tokens[:split_len], child.tokens[split_len:]
         mid.blocks, child.blocks = child.blocks[:pages], child.blocks[pages:]
         mid.lock_ref, mid.priority, mid.hit_count = child.lock_ref, child.priority, child.hit_count
+        mid.use_count, mid.last_use, mid.request_tokens = child.use_count, child.last_use, child.request_tokens
+        if self._ghost.enabled:
+            mid.tail_key = self._page_keys(parent.tail_key, mid)[-1]
         parent.children[self._page_key(mid.tokens)] = mid
         mid.children[self._page_key(child.tokens)] = child
         child.parent = mid
@@ -474,6 +542,10 @@ class PyRadixTree:
 
     def _delete_leaf(self, leaf: _Node) -> None:
         self.pool.free(list(leaf.blocks))  # first: if the pool refuses, nothing changed
+        assert leaf.parent is not None
+        if self._ghost.enabled:
+            for key in self._page_keys(leaf.parent.tail_key, leaf):
+                self._ghost.put(key, leaf.use_count)
         self._in_tree.difference_update(leaf.blocks)
         self._last_evicted += leaf.blocks
         self.evictable_size -= len(leaf.tokens)
@@ -491,11 +563,14 @@ class PyRadixTree:
         self._in_tree.clear()
         self.evictable_size = self.protected_size = 0
         self._last_evicted = []
+        self._ghost.clear()
 
     def _root_or_create(self, namespace: Namespace) -> _Node:
         root = self._roots.get(namespace)
         if root is None:
             root = _Node(self._next_id, None, last_access_time=self.clock, creation_time=self.clock)
+            if self._ghost.enabled:
+                root.tail_key = namespace_key(namespace)
             self._next_id += 1
             self._nodes[root.id] = root
             self._roots[namespace] = root

@@ -7,6 +7,10 @@ real engine's KV writes would. The shadow is the oracle that works for any strat
 
 - a hit must point at blocks whose shadow equals the request's own prompt and
   namespace (rules 1 and 6: a hit is real KV of the same tokens; namespaces isolate);
+- a backend that declares `partial_hits` may end a hit inside a block: the shadow
+  applies `Admission.copies` as an engine would, at the request's first commit (so the
+  source must stay intact until then: it is checked at every step), and only then is
+  the hit's KV checked; any other backend must return whole-block hits and no copies;
 - a block the request is about to write must not be in any other live request's table
   (rule 3: nothing pinned is reused);
 - a refused `admit`/`append` leaves pool and tables exactly as they were (rule 2);
@@ -37,10 +41,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from prefixcache._C import BlockPool
 from prefixcache.config import CacheConfig
-from prefixcache.protocol import PrefixCache
+from prefixcache.protocol import Admission, PrefixCache
 from prefixcache.registry import available_backends, resolve_backend
 
-__all__ = ["check_backend", "conformance_test_case", "CacheFactory", "KVShadow", "RULE_CHECKS"]
+__all__ = ["check_backend", "check_admission", "conformance_test_case", "CacheFactory", "KVShadow", "RULE_CHECKS"]
 
 CacheFactory = Callable[[int, int], PrefixCache]
 """(block_size, num_blocks) -> a fresh cache on a fresh pool."""
@@ -107,6 +111,40 @@ class KVShadow:
                     f"which holds {held!r}, not {(namespace, tokens[pos])!r}"
                 )
 
+    def check_block(self, block: int, namespace: Any, tokens: Sequence[int], what: str) -> None:
+        """Block `block`'s first len(tokens) slots hold `tokens` for `namespace`."""
+        self.check([block], namespace, tokens, len(tokens), what)
+
+    def copy(self, copies: Sequence[tuple[int, int, int]]) -> None:
+        """The engine copied the first n slots of src into dst, for each (src, dst, n)."""
+        for src, dst, n in copies:
+            self.slots[dst][:n] = self.slots[src][:n]
+
+
+def check_admission(
+    cache: PrefixCache, adm: Admission, tokens: Sequence[int], expected_hit: int, what: str
+) -> None:
+    """Rule 1 on one admission: the hit is what match(tokens[:-1]) said, capped, and whole
+    blocks unless the class declares `partial_hits`, in which case any partial block comes
+    with exactly one well-formed copy into the request's own block."""
+    bs = cache.block_size
+    hit = adm.num_cached_tokens
+    assert hit == expected_hit, f"{what}: admit hit {hit} tokens, match(tokens[:-1]) says {expected_hit}"
+    assert 0 <= hit <= len(tokens) - 1, f"{what}: hit {hit} for {len(tokens)} tokens"
+    assert len(adm.block_table) == math.ceil(len(tokens) / bs), f"{what}: table of {len(adm.block_table)} blocks"
+    if not type(cache).partial_hits:
+        assert hit % bs == 0, f"{what}: hit {hit} is not whole blocks of {bs} (the class has no partial_hits)"
+        assert not adm.copies, f"{what}: copies {adm.copies} from a class without partial_hits"
+        return
+    if hit % bs == 0:
+        assert not adm.copies, f"{what}: copies {adm.copies} but the hit {hit} is whole blocks"
+        return
+    assert len(adm.copies) == 1, f"{what}: a hit ending inside a block needs one copy, got {adm.copies}"
+    src, dst, n = adm.copies[0]
+    assert dst == adm.block_table[hit // bs], f"{what}: copy into {dst}, but the partial block is {adm.block_table[hit // bs]}"
+    assert n == hit % bs, f"{what}: copies {n} tokens, the hit ends {hit % bs} into its block"
+    assert src not in adm.block_table, f"{what}: copy source {src} is in the request's own table"
+
 
 def _pool_state(cache: PrefixCache, live: Sequence[Hashable]) -> tuple:
     pool = cache.pool
@@ -145,15 +183,15 @@ def rule_admit_hit_is_capped_whole_blocks(make: CacheFactory, bs: int) -> None:
     shadow.write(adm.block_table, None, prompt, 0, len(prompt))
     cache.commit("a", len(prompt))
     cache.release("a")
-    for probe in (prompt, prompt[: 3 * bs], prompt[: 2 * bs + 1], prompt + [7, 8]):
+    probes = [prompt, prompt[: 3 * bs], prompt[: 2 * bs + 1], prompt + [7, 8], prompt[: 2 * bs] + [5] * bs]
+    probes.append(prompt[: 2 * bs + bs // 2] + [5] * bs)  # half of block 2 matches: a partial hit if offered
+    for probe in probes:
         expected = cache.match(probe[:-1]).num_tokens
         adm = cache.admit("b", probe)
         assert adm is not None
-        hit = adm.num_cached_tokens
-        assert hit == expected, f"admit hit {hit} tokens, match(tokens[:-1]) says {expected}"
-        assert hit % bs == 0 and hit <= len(probe) - 1, f"hit {hit} for {len(probe)} tokens, block {bs}"
-        assert len(adm.block_table) == math.ceil(len(probe) / bs)
-        shadow.check(adm.block_table, None, probe, hit, "admit")
+        check_admission(cache, adm, probe, expected, "admit")
+        shadow.copy(adm.copies)
+        shadow.check(adm.block_table, None, probe, adm.num_cached_tokens, "admit")
         cache.release("b")
     _release_all_and_drain(cache, [])
 
@@ -220,17 +258,24 @@ def rule_lifecycle_errors(make: CacheFactory, bs: int) -> None:
 
 
 def rule_namespaces_isolate(make: CacheFactory, bs: int) -> None:
-    """Requests in different namespaces never share a block."""
+    """Requests in different namespaces never share a block: the same prompt misses in
+    every other namespace, and any later hit is that namespace's own KV."""
     cache = make(bs, 32)
+    shadow = KVShadow(bs, 32)
     prompt = list(range(40, 40 + 3 * bs + 1))
     for ns in ("a", "b", None):
         adm = cache.admit(ns, prompt, namespace=ns)
         assert adm is not None and adm.num_cached_tokens == 0, f"namespace {ns!r} hit another's blocks"
+        shadow.write(adm.block_table, ns, prompt, 0, len(prompt))
         cache.commit(ns, len(prompt))
         cache.release(ns)
     for ns in ("a", "b", None):
+        expected = cache.match(prompt[:-1], namespace=ns).num_tokens
         adm = cache.admit("again", prompt, namespace=ns)
-        assert adm is not None and adm.num_cached_tokens > 0, f"namespace {ns!r} lost its own blocks"
+        assert adm is not None
+        check_admission(cache, adm, prompt, expected, f"admit in namespace {ns!r}")
+        shadow.copy(adm.copies)
+        shadow.check(adm.block_table, ns, prompt, adm.num_cached_tokens, f"admit in namespace {ns!r}")
         cache.release("again")
     _release_all_and_drain(cache, [])
 
@@ -247,8 +292,46 @@ def rule_reset_refuses_while_live(make: CacheFactory, bs: int) -> None:
     assert cache.admit("r", prompt).num_cached_tokens == 0, "reset must drop every cached block"
 
 
+def rule_copy_sources_stay_pinned(make: CacheFactory, bs: int) -> None:
+    """Partial hits: a copy's source survives until the request's first commit, even if
+    another request then takes every free block and writes into them."""
+    if bs < 2:
+        return
+    cache = make(bs, 8)
+    shadow = KVShadow(bs, 8)
+    first = list(range(60, 60 + 2 * bs + 1))
+    adm = cache.admit("a", first)
+    assert adm is not None
+    shadow.write(adm.block_table, None, first, 0, len(first))
+    cache.commit("a", len(first))
+    cache.release("a")
+    probe = first[: bs + bs // 2] + [5] * bs  # block 1 matches for half its tokens
+    adm = cache.admit("b", probe)
+    assert adm is not None
+    check_admission(cache, adm, probe, cache.match(probe[:-1]).num_tokens, "admit of b")
+    if adm.copies:
+        filler = list(range(900, 900 + cache.pool.num_free * bs))
+        other = cache.admit("c", filler) if filler else None
+        if other is not None:
+            shadow.copy(other.copies)
+            shadow.write(other.block_table, None, filler, other.num_cached_tokens, len(filler))
+            cache.commit("c", len(filler))
+    shadow.copy(adm.copies)  # b's first forward pass
+    shadow.check(adm.block_table, None, probe, adm.num_cached_tokens, "b after another request ran")
+    _release_all_and_drain(cache, [rid for rid in ("b", "c") if _is_live(cache, rid)])
+
+
+def _is_live(cache: PrefixCache, request_id: Hashable) -> bool:
+    try:
+        cache.block_table(request_id)
+    except KeyError:
+        return False
+    return True
+
+
 RULE_CHECKS: tuple[Callable[[CacheFactory, int], None], ...] = (
     rule_admit_hit_is_capped_whole_blocks,
+    rule_copy_sources_stay_pinned,
     rule_refusal_changes_nothing,
     rule_lifecycle_errors,
     rule_namespaces_isolate,
@@ -305,12 +388,22 @@ def conformance_test_case(
                 assert self.state() == before, "a refused admit changed the pool or a block table"
                 return
             hit = adm.num_cached_tokens
-            assert hit == expected, f"admit hit {hit}, match(tokens[:-1]) said {expected}"
-            assert hit % bs == 0 and hit <= len(tokens) - 1
+            check_admission(self.cache, adm, tokens, expected, f"admit of request {rid}")
             assert list(adm.block_table) == list(self.cache.block_table(rid))
-            assert len(adm.block_table) == math.ceil(len(tokens) / bs)
-            self.shadow.check(adm.block_table, namespace, tokens, hit, f"admit of request {rid}")
-            self.live[rid] = {"tokens": list(tokens), "ns": namespace, "computed": hit}
+            # An engine copies at the request's first forward pass, which may come after
+            # other admissions: the copies are applied at its first commit.
+            self.live[rid] = {"tokens": list(tokens), "ns": namespace, "computed": hit, "copies": adm.copies}
+            self.check_live(rid, f"admit of request {rid}")
+
+        def check_live(self, rid: int, what: str) -> None:
+            """A live request's computed KV is in its table; a pending copy's source still
+            holds the tokens the copy stands for."""
+            req = self.live[rid]
+            table, tokens, copies = self.cache.block_table(rid), req["tokens"], req["copies"]
+            whole = req["computed"] // bs * bs if copies else req["computed"]
+            self.shadow.check(table, req["ns"], tokens, whole, what)
+            for src, _, n in copies:
+                self.shadow.check_block(src, req["ns"], tokens[whole : whole + n], f"{what}: copy source {src}")
 
         @precondition(lambda self: self.live)
         @rule(data=st.data())
@@ -319,6 +412,8 @@ def conformance_test_case(
             req = self.live[rid]
             n = data.draw(st.integers(req["computed"], len(req["tokens"])))
             table = list(self.cache.block_table(rid))
+            self.shadow.copy(req["copies"])  # the engine's first forward pass starts with the copies
+            req["copies"] = ()
             others = {b for other, r in self.live.items() if other != rid for b in self.cache.block_table(other)}
             for pos in range(req["computed"], n):
                 block = table[pos // bs]
@@ -364,7 +459,9 @@ def conformance_test_case(
         def match_is_pure(self, tokens: list[int], namespace: str | None) -> None:
             before, stats = self.state(), self.cache.stats()
             m = self.cache.match(tokens, namespace=namespace)
-            assert m.num_tokens % bs == 0 and len(m.block_ids) == m.num_tokens // bs
+            assert len(m.block_ids) == math.ceil(m.num_tokens / bs) and m.num_tokens <= len(tokens)
+            if not type(self.cache).partial_hits:
+                assert m.num_tokens % bs == 0, f"match of {m.num_tokens} tokens is not whole blocks"
             self.shadow.check(m.block_ids, namespace, tokens, m.num_tokens, "match")
             assert self.state() == before and self.cache.stats() == stats, "match() changed state"
 
@@ -383,9 +480,8 @@ def conformance_test_case(
                 return
             self.cache.check_invariants()
             for rid, req in self.live.items():
-                table = self.cache.block_table(rid)
-                assert len(table) == math.ceil(len(req["tokens"]) / bs)
-                self.shadow.check(table, req["ns"], req["tokens"], req["computed"], f"live request {rid}")
+                assert len(self.cache.block_table(rid)) == math.ceil(len(req["tokens"]) / bs)
+                self.check_live(rid, f"live request {rid}")
 
         def teardown(self) -> None:
             if hasattr(self, "cache"):

@@ -263,6 +263,40 @@ def test_evict_front_never_touches_pinned_blocks(make):
         pool.evict_front(-1)
 
 
+def test_evict_blocks_uncaches_and_moves_to_front_in_given_order(make):
+    pool = make(6)
+    pool.allocate(5)
+    for b, key in zip([0, 1, 2, 3], [b"a", b"b", b"c", b"d"]):
+        pool.cache(b, key)
+    pool.free([4, 3, 2, 1, 0])  # queue: 4 (keyless), 5, then 3, 2, 1, 0
+    assert pool.evict_blocks([1, 3]) == [b"b", b"d"]
+    # The victims are next to be reused, in the order given, ahead of the keyless blocks.
+    assert pool.free_queue() == [1, 3, 4, 5, 2, 0]
+    assert [pool.key(b) for b in range(4)] == [b"a", None, b"c", None]
+    assert (pool.num_cached, pool.num_evicted) == (2, 2)
+    assert pool.allocate(2) == [1, 3] and pool.last_removed() == []
+    assert pool.evict_blocks([]) == []
+    pool.check_invariants()
+
+
+def test_evict_blocks_refuses_pinned_keyless_or_repeated_blocks_and_changes_nothing(make):
+    pool = make(4)
+    pool.allocate(3)
+    pool.cache(0, b"a")
+    pool.cache(1, b"b")
+    pool.free([1, 2])
+    before = (pool.free_queue(), pool.num_cached, pool.num_evicted)
+    for ids, error, message in (
+        ([1, 0], ValueError, "evict_blocks: block 0 is in use"),
+        ([1, 2], ValueError, "evict_blocks: block 2 holds no key"),
+        ([1, 1], ValueError, "evict_blocks: block 1 appears more than once"),
+        ([1, 4], IndexError, "evict_blocks: block id 4 is out of range"),
+    ):
+        with pytest.raises(error, match=message):
+            pool.evict_blocks(ids)
+        assert (pool.free_queue(), pool.num_cached, pool.num_evicted) == before
+
+
 def test_packed_keys_are_the_same_as_a_list(make):
     pool = make(6)
     pool.allocate(4)

@@ -72,6 +72,10 @@ class PoolMachine(RuleBasedStateMachine):
     def evict_front(self, n):
         self.both("evict_front", n)
 
+    @rule(block_ids=ids)
+    def evict_blocks(self, block_ids):
+        self.both("evict_blocks", block_ids)
+
     @rule(block_ids=ids, keys=st.lists(st.sampled_from(KEYS), max_size=5), key_size=st.sampled_from([0, 2, 4]))
     def cache_many_packed(self, block_ids, keys, key_size):
         self.both("cache_many_packed", block_ids, b"".join(keys), key_size)

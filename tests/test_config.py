@@ -82,7 +82,7 @@ def test_defaults(tmp_path):
         ("cache: {hash: {algo: sha256}}", "cache.hash.algo: unknown key; allowed keys: algorithm, seed"),
         ("cache: {hash: {seed: 5}}", "cache.hash.seed: must be a string, got int 5"),
         ("cache: {hash: sha256}", "cache.hash: must be a mapping, got str 'sha256'"),
-        ("cache: {eviction: random}", "cache.eviction: unknown eviction policy 'random'; known: fifo, filo, lfu, lru"),
+        ("cache: {eviction: random}", "cache.eviction: unknown eviction policy 'random'; known: fifo, filo, gslru, lfu, lru"),
         ("cache: {enable_events: 1}", "cache.enable_events: must be true or false, got 1"),
         ("cache: {options: [1]}", "cache.options: must be a mapping"),
         ("cache: [1, 2]", "cache: must be a mapping, got list"),

@@ -1,4 +1,5 @@
-"""The conformance kit (prefixcache.testing) over every built-in backend, and proof it can fail."""
+"""The conformance kit (prefixcache.testing) over every registered backend, both example
+plugins, eviction policies of both strategies, and proof that it can fail."""
 
 from __future__ import annotations
 
@@ -7,20 +8,45 @@ import pytest
 import prefixcache.testing as kit
 from prefixcache import registry
 from prefixcache.backends.hash import HashCache
+from prefixcache.eviction import EvictionPolicy
 
-BUILTINS = ["hash", "radix"]
+
+class OldestCreatedFirst(EvictionPolicy):
+    """A Python policy (no native order): the backends call it once per candidate."""
+
+    def priority(self, candidate):
+        return (candidate.creation_time, -candidate.use_count)
 
 
-@pytest.mark.parametrize("backend", BUILTINS)
+# (id, backend spec, config): every registered backend as it ships, the examples through
+# their "module:Class" paths (tests/conftest.py puts examples/ on sys.path), and the
+# eviction policies that change what each strategy evicts.
+SUBJECTS = [
+    *[(name, name, {}) for name in registry.available_backends()],
+    ("min_match-hash", "min_match:MinMatchHash", {"options": {"min_tokens": 3}}),
+    ("min_match-radix", "min_match:MinMatchRadix", {"options": {"min_tokens": 3}}),
+    ("partial_block", "partial_block:PartialBlockHash", {}),
+    ("hash-lfu", "hash", {"eviction": "lfu"}),
+    ("hash-gslru", "hash", {"eviction": "gslru"}),
+    ("hash-python-policy", "hash", {"eviction": f"{__name__}:OldestCreatedFirst"}),
+    ("radix-gslru", "radix", {"eviction": "gslru"}),
+    ("radix-python-policy", "radix", {"eviction": f"{__name__}:OldestCreatedFirst"}),
+]
+IDS = [s[0] for s in SUBJECTS]
+
+
+@pytest.mark.parametrize(("name", "backend", "config"), SUBJECTS, ids=IDS)
 @pytest.mark.parametrize("block_size", [1, 4])
 @pytest.mark.parametrize("check", kit.RULE_CHECKS, ids=lambda c: c.__name__)
-def test_rules(backend, block_size, check):
-    check(kit._factory(backend), block_size)
+def test_rules(name, backend, config, block_size, check):
+    check(kit._factory(backend, **config), block_size)
 
 
-for _name in BUILTINS:
+for _id, _backend, _config in SUBJECTS:
     for _bs in (1, 3):
-        globals()[f"TestConformance_{_name}_bs{_bs}"] = kit.conformance_test_case(_name, block_size=_bs)
+        globals()[f"TestConformance_{_id.replace('-', '_')}_bs{_bs}"] = kit.conformance_test_case(
+            _backend, block_size=_bs, max_examples=30, **_config
+        )
 
 
 class IgnoresNamespace(HashCache):
@@ -51,10 +77,48 @@ class LiesInMatch(HashCache):
         return type(m)(m.num_tokens + self.block_size, m.block_ids + (0,))
 
 
-@pytest.mark.parametrize("broken", [IgnoresNamespace, LeaksOnRefusal, LiesInMatch])
+class CopiesWithoutPartialHits(HashCache):
+    """Broken on purpose: returns a copy although the class declares no partial hits."""
+
+    def admit(self, request_id, tokens, *, namespace=None, priority=0):
+        adm = super().admit(request_id, tokens, namespace=namespace)
+        if adm is not None and adm.num_cached_tokens:
+            return type(adm)(adm.block_table, adm.num_cached_tokens, ((adm.block_table[0], adm.block_table[-1], 1),))
+        return adm
+
+
+from partial_block import PartialBlockHash  # noqa: E402  (examples/ is on sys.path: conftest)
+
+
+class OvercopiesPartial(PartialBlockHash):
+    """Broken on purpose: a partial hit claims one token more than the source holds."""
+
+    def partial_hit(self, tokens, namespace, digests, num_hit_blocks, limit):
+        found = super().partial_hit(tokens, namespace, digests, num_hit_blocks, limit)
+        if found is not None and found[1] + 1 < min(limit + 1, self.block_size):
+            return found[0], found[1] + 1
+        return found
+
+
+class UnpinsCopySource(PartialBlockHash):
+    """Broken on purpose: lets the copy source go before the engine has copied it."""
+
+    def admit(self, request_id, tokens, *, namespace=None, priority=0):
+        adm = super().admit(request_id, tokens, namespace=namespace)
+        request = self._requests.get(request_id) if adm is not None else None
+        if request is not None and request.copy_source is not None:
+            self.pool.free([request.copy_source])
+            request.copy_source = None
+        return adm
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [IgnoresNamespace, LeaksOnRefusal, LiesInMatch, CopiesWithoutPartialHits, OvercopiesPartial, UnpinsCopySource],
+)
 def test_kit_catches_broken_backends(broken):
     with pytest.raises(AssertionError):
-        kit.check_backend(broken, block_sizes=(2,), max_examples=30)
+        kit.check_backend(broken, block_sizes=(4,), max_examples=60)
 
 
 def test_check_backend_one_line_passes_for_hash():

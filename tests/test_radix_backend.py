@@ -363,3 +363,24 @@ def test_custom_python_policy():
     assert cache.evict(1) == 4  # the longest, although the most recent
     assert cache.match([7, 8]).num_tokens == 2
     assert LongestFirst.calls == 2 + 2
+
+
+def test_gslru_protects_reused_content_and_remembers_it_after_eviction():
+    """gslru on the tree: a prefix used twice outlives a flood of one-off prompts that
+    pushes it out under LRU; content evicted and inserted again continues its use count."""
+    caches = {e: radix(num_blocks=12, eviction=e, enable_events=False) for e in ("lru", "gslru")}
+    shared = list(range(9))
+    for cache in caches.values():
+        run(cache, "a", shared)
+        run(cache, "b", shared)
+        for i in range(6):
+            run(cache, f"x{i}", list(range(1000 * (i + 1), 1000 * (i + 1) + 9)))
+        cache.check_invariants()
+    assert caches["lru"].match(shared).num_tokens < 8
+    assert caches["gslru"].match(shared).num_tokens == 8
+    cache = caches["gslru"]
+    cache.evict(12)
+    assert cache.tree.total_size == 0 and cache.tree.ghost_size > 0
+    run(cache, "c", shared)
+    leaf = cache.tree.node(cache.tree.match(shared).node)
+    assert leaf.use_count == 3  # two uses before the eviction, one now

@@ -3,7 +3,7 @@
 Both trees get the same operations on their own pools (native `BlockPool`, Python
 `PyBlockPool`). After every step they must return the same results, hold the same
 nodes (ids, tokens, blocks, children, lock refs, clock stamps, hit counts,
-priorities), leave the pools identical, and pass their invariant checks with the
+priorities, use counts with their ghost history, traffic stamps), leave the pools identical, and pass their invariant checks with the
 locks the test holds. Errors must match in type and change nothing.
 
 Two drivers share the operations of `TwoTrees`: a hypothesis state machine (short
@@ -28,12 +28,18 @@ EVICTIONS = [*NATIVE_ORDERS, None]  # None: the custom Python policy below
 NODE_FIELDS = (
     "id", "parent", "namespace", "tokens", "block_ids", "lock_ref",
     "last_access_time", "creation_time", "hit_count", "priority", "children",
+    "use_count", "last_use", "request_tokens",
 )  # fmt: skip
+# gslru at this scale: a little protection, a strong size penalty, a ghost smaller
+# than the pool so that history is both remembered and forgotten. The custom Python
+# policy keeps a ghost too, so use counts with history are compared on both.
+GSLRU_ARGS = {"protect_tokens": 4, "size_weight": 1}
+GHOST_PAGES = 10
 
 
 def odd_sizes_first(c):
-    """A custom Python policy (native=None): odd-length leaves first, then most hit."""
-    return (c.num_tokens % 2 == 0, -c.hit_count, c.creation_time)
+    """A custom Python policy (native=None): odd-length leaves first, then most used."""
+    return (c.num_tokens % 2 == 0, -c.use_count, -c.hit_count, c.creation_time)
 
 
 def dump(tree) -> list:
@@ -58,7 +64,13 @@ class TwoTrees:
         self.page = page
         self.rank = None if eviction is not None else odd_sizes_first
         self.pools = (BlockPool(NUM_BLOCKS), PyBlockPool(NUM_BLOCKS))
-        self.trees = (RadixTree(self.pools[0], page, eviction), PyRadixTree(self.pools[1], page, eviction))
+        kwargs = dict(GSLRU_ARGS) if eviction == "gslru" else {}
+        if eviction in ("gslru", None):
+            kwargs["ghost_capacity"] = GHOST_PAGES
+        self.trees = (
+            RadixTree(self.pools[0], page, eviction, **kwargs),
+            PyRadixTree(self.pools[1], page, eviction, **kwargs),
+        )
         self.known_nodes: list[int] = []  # ids seen; some may since be gone
         self.locks: list[int] = []  # one entry per lock the test holds
 
@@ -151,7 +163,7 @@ class TwoTrees:
 
     def check(self):
         native, model = self.trees
-        for attr in ("total_size", "evictable_size", "protected_size", "num_nodes", "clock"):
+        for attr in ("total_size", "evictable_size", "protected_size", "num_nodes", "clock", "traffic", "ghost_size"):
             assert getattr(native, attr) == getattr(model, attr), attr
         assert native.namespaces() == model.namespaces()
         assert dump(native) == dump(model)

@@ -1,0 +1,76 @@
+// Eviction orders shared by the radix tree (leaves) and the block evictor
+// (free cached blocks of the hash strategy): what a candidate looks like and
+// the native priority of each built-in policy.
+//
+// Owns: EvictionCandidate (what a policy may read, prefixcache.eviction.Candidate),
+// the EvictionOrder enum and its parser, the parameters of the orders that have
+// some, and native_key(): the sortable key of a candidate, smallest evicted
+// first. Mirrors the priority() methods of prefixcache/eviction.py exactly.
+//
+// Never does: keep state, walk a structure or touch the pool. A structure
+// computes a candidate's key once, when it becomes a candidate, and orders by it.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace prefixcache {
+
+// lru, lfu, fifo, mru, filo, priority are SGLang's; gslru is ours (eviction.py).
+enum class EvictionOrder { kLru, kLfu, kFifo, kMru, kFilo, kPriority, kGslru };
+
+// Parses a policy's `native` name; std::invalid_argument names the allowed values.
+inline EvictionOrder parse_eviction_order(const std::string& name) {
+  if (name == "lru") return EvictionOrder::kLru;
+  if (name == "lfu") return EvictionOrder::kLfu;
+  if (name == "fifo") return EvictionOrder::kFifo;
+  if (name == "mru") return EvictionOrder::kMru;
+  if (name == "filo") return EvictionOrder::kFilo;
+  if (name == "priority") return EvictionOrder::kPriority;
+  if (name == "gslru") return EvictionOrder::kGslru;
+  throw std::invalid_argument("eviction order '" + name +
+                              "' is not native; allowed values: lru, lfu, fifo, mru, filo, priority, gslru");
+}
+
+// Parameters of the orders that take some (gslru). TOKENS.
+struct OrderParams {
+  int64_t protect_tokens = 0;  // gslru: how much later a reused candidate goes
+  int64_t size_weight = 0;     // gslru: how much earlier a fresh one goes, per token of its request
+};
+
+// What a policy may read about a candidate (a radix leaf, or a free cached
+// block). Times are logical clocks; `last_use` is the traffic clock (TOKENS of
+// prompts admitted so far) at the candidate's last use.
+struct EvictionCandidate {
+  int64_t id = 0;               // node id (radix) or block id (hash)
+  int64_t num_tokens = 0;       // tokens it holds (a leaf's run, a block's size)
+  int64_t last_access_time = 0;
+  int64_t creation_time = 0;
+  int64_t hit_count = 0;        // times it was part of a hit
+  int64_t priority = 0;         // highest request priority that touched it
+  int64_t use_count = 0;        // requests that used it (hit or computed it), history included
+  int64_t last_use = 0;         // traffic clock at its last use
+  int64_t request_tokens = 0;   // whole-block prompt TOKENS of the request that last used it
+};
+
+using NativeKey = std::pair<int64_t, int64_t>;
+
+// The key of `c` under `order`: compared lexicographically, smallest evicted first.
+inline NativeKey native_key(EvictionOrder order, const OrderParams& params, const EvictionCandidate& c) {
+  switch (order) {
+    case EvictionOrder::kLru: return {c.last_access_time, 0};
+    case EvictionOrder::kLfu: return {c.hit_count, c.last_access_time};
+    case EvictionOrder::kFifo: return {c.creation_time, 0};
+    case EvictionOrder::kMru: return {-c.last_access_time, 0};
+    case EvictionOrder::kFilo: return {-c.creation_time, 0};
+    case EvictionOrder::kPriority: return {c.priority, c.last_access_time};
+    case EvictionOrder::kGslru:
+      if (c.use_count >= 2) return {c.last_use + params.protect_tokens, 0};
+      return {c.last_use - params.size_weight * c.request_tokens, 0};
+  }
+  return {0, 0};
+}
+
+}  // namespace prefixcache
