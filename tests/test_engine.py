@@ -148,3 +148,20 @@ def test_text_and_chat_prompts_on_the_byte_tokenizer(tiny):
     assert chat.prompt_token_ids[0] == 257  # <|im_start|>
     assert chat.token_ids == text.token_ids
     assert text.metrics.cached_tokens > 0  # the rendered chat was cached by the first request
+
+
+def test_partial_block_copies_keep_the_output(tiny, waves, uncached):
+    """The copy-on-write plugin (examples/partial_block.py) hits inside blocks: the engine
+    must copy the reused slots before the forward pass, and the output must not change."""
+    engine = engine_for(tiny, serving("tiny", backend="partial_block:PartialBlockHash", block_size=16))
+    copies: list = []
+    take = engine.scheduler.take_copies
+    engine.scheduler.take_copies = lambda: copies.extend(c := take()) or c  # record what was applied
+    got = run_waves(engine, waves)
+    assert_same_outputs(got, uncached[16])
+    assert copies, "the workload reuses a block head, so at least one copy must happen"
+    whole = run_waves(engine_for(tiny, serving("tiny", backend="hash", block_size=16)), waves)
+    assert_same_outputs(whole, uncached[16])
+    saved_partial = engine.stats().prefill_tokens_saved
+    assert saved_partial > sum(o.metrics.cached_tokens for o in whole)  # the copies saved compute
+    assert saved_partial % 16 != 0

@@ -186,6 +186,9 @@ class Engine:
                     f"{len(self.scheduler.running)} running, {self.cache.pool.num_free} free blocks"
                 )
             return []
+        # A partial-hit backend (Admission.copies) reuses the head of a cached block by
+        # copying it into the request's own block; the copy must land before this pass.
+        self.model.copy_blocks(self.scheduler.take_copies())
         chunks = [
             SeqChunk(w.seq.tokens[w.start : w.start + w.num_tokens], w.start, self.scheduler.block_table(w.seq), w.samples)
             for w in work

@@ -72,6 +72,16 @@ class LlamaModel:
         self.kv = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(c.num_layers)]
         self.num_blocks, self.block_size = num_blocks, block_size
 
+    @torch.inference_mode()
+    def copy_blocks(self, copies: Sequence[tuple[int, int, int]]) -> None:
+        """Apply an admission's copy-on-write list: the first `n` TOKENS of block `src`
+        into block `dst`, K and V, in every layer (`Admission.copies`)."""
+        for src, dst, n in copies:
+            if not (0 <= src < self.num_blocks and 0 <= dst < self.num_blocks and 0 <= n <= self.block_size):
+                raise ValueError(f"copy ({src}, {dst}, {n}) is outside a pool of {self.num_blocks} blocks of {self.block_size}")
+            for kv in self.kv:
+                kv[dst, :, :, :n] = kv[src, :, :, :n]
+
     def plan(self, chunks: Sequence[SeqChunk]) -> StepPlan:
         """The batch of one step, laid out for every layer (batch.plan_step)."""
         if not self.kv:

@@ -96,6 +96,9 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefill_tokens_computed = 0
         self.prefill_tokens_saved = 0
+        # Copy-on-write requests of this step's admissions (Admission.copies): the engine
+        # applies them to the KV pool before the forward pass that reads them.
+        self.pending_copies: list[tuple[int, int, int]] = []
 
     # -- the cache, timed ---------------------------------------------------------------
     def _timed(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -141,6 +144,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(seq)
+            self.pending_copies.extend(adm.copies)
             seq.admitted = True
             seq.num_computed = adm.num_cached_tokens
             seq.num_in_cache = len(seq.tokens)
@@ -151,6 +155,11 @@ class Scheduler:
             out.append(Scheduled(seq, seq.num_computed, n, prefill=True))
             budget -= n
         return out
+
+    def take_copies(self) -> list[tuple[int, int, int]]:
+        """The (src, dst, num_tokens) copies admitted since the last call, oldest first."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
 
     def _append_or_preempt(self, seq: Sequence) -> tuple[bool, int]:
         """Give the cache `seq`'s sampled tokens, preempting the newest running requests
