@@ -46,6 +46,23 @@ parent hash of the first, their tokens, per-block extra keys in vLLM's event for
 `group_idx=0`), one `BlockRemoved` per hash dropped, `AllBlocksCleared` on `reset`.
 
 Eviction order is the free queue's (LRU); `eviction:` must be `lru`.
+
+Hit verification. Under `sha256_cbor`/`sha256` a hash hit is trusted, as vLLM trusts
+it: nobody can find SHA-256 collisions, and that path pays nothing extra. Under
+`xxhash`/`xxhash_cbor` (128-bit, not collision resistant: a collision would hand a
+request another prompt's KV, or another tenant's) every hit is proved before it is
+used: `BlockContents` keeps each cached block's exact token ids, its parent block and
+the namespace of its chain, and a block found by its hash counts only if it holds
+exactly the request's tokens after exactly the request's prefix, in its namespace.
+Key i's holders are tried earliest first; the first one that proves the position is
+the hit; a key whose holders all fail stops the hit there (a miss: the rest is
+computed afresh and cached under the same key beside the impostor) and counts in
+`stats().verify_failures`. A request's namespace and adapter are part of the proof.
+
+Namespaces (`prefixcache.isolation`): a str salt, or `Isolation(salt, lora)` with a
+LoRA adapter. The salt is `("cache_salt", salt)` on the first block's extra keys, the
+adapter `("lora", name, path)` on every block's (vLLM 0.33); events carry the adapter's
+name in `lora_name` and, untagged, in `extra_keys`.
 """
 
 from __future__ import annotations
@@ -54,10 +71,11 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from prefixcache._C import BlockPool, InvariantError
+from prefixcache._C import BlockContents, BlockPool, InvariantError
 from prefixcache.config import CacheConfig, ConfigError
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent, event_extra_keys
-from prefixcache.hashing import chain_digests, namespace_extra_keys, none_hash
+from prefixcache.hashing import CRYPTOGRAPHIC, chain_digests, namespace_extra_keys, none_hash
+from prefixcache.isolation import Isolation, exact_bytes
 from prefixcache.protocol import Admission, Match, Namespace, PrefixCache, as_tokens
 from prefixcache.registry import register_backend
 from prefixcache.requests import Request, RequestTable, check_namespace, check_tokens
@@ -78,10 +96,13 @@ class HashRequest(Request):
                        appended blocks); block i's is `HashCache._digest(request, i)`
     num_cached_blocks: leading blocks of `block_table` whose hash is in the index
                        (vLLM `num_cached_block`); always `num_computed // block_size`
+    namespace_bytes:   `isolation.exact_bytes(namespace)`, what hit verification
+                       compares (only set when the cache verifies hits)
     """
 
     digests: bytes = b""
     num_cached_blocks: int = 0
+    namespace_bytes: bytes = b""
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -105,6 +126,8 @@ class HashCache(PrefixCache):
         self._algorithm = config.hash.algorithm
         self._none_hash = none_hash(self._algorithm, config.hash.seed)
         self._digest_size = len(self._none_hash)  # bytes per block hash in a packed chain
+        # Hits found through a non-cryptographic hash are proved against exact contents.
+        self._contents = None if self._algorithm in CRYPTOGRAPHIC else BlockContents(pool, self.block_size)
         self._requests: RequestTable[HashRequest] = RequestTable()
         self._events = EventLog(config.enable_events)
         self._stats = StatsCounter()
@@ -118,8 +141,8 @@ class HashCache(PrefixCache):
     # -- look-up --------------------------------------------------------------------
     def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
         tokens = check_tokens(tokens, allow_empty=True)
-        digests = self._prompt_digests(tokens, check_namespace(namespace))
-        hits = self.pool.lookup_chain_packed(digests, self._digest_size)
+        namespace = check_namespace(namespace)
+        hits, _, _ = self._lookup(self._prompt_digests(tokens, namespace), tokens, self._namespace_bytes(namespace))
         return Match(len(hits) * self.block_size, tuple(hits))
 
     # -- request lifecycle ------------------------------------------------------------
@@ -137,7 +160,8 @@ class HashCache(PrefixCache):
             digests = self._prompt_digests(tokens, namespace)
         bs, ds = self.block_size, self._digest_size
         # The hit covers at most len(tokens) - 1 tokens: every full block but one that ends the prompt.
-        hits = self.pool.lookup_chain_packed(digests if len(tokens) % bs else digests[:-ds], ds)
+        namespace_bytes = self._namespace_bytes(namespace)
+        hits, refuted, walked = self._lookup(digests if len(tokens) % bs else digests[:-ds], tokens, namespace_bytes)
         num_new = _ceil_div(len(tokens), bs) - len(hits)
         if num_new + (self.pool.count_free(hits) if hits else 0) > self.pool.num_free:
             self._stats.rejected += 1
@@ -146,6 +170,8 @@ class HashCache(PrefixCache):
         self._last_refused = None
         if hits:
             self.pool.touch(hits)
+            if walked:  # keep the copies this request uses together provable together
+                self._contents.adopt(hits, tokens, namespace_bytes)
         table = hits + self._allocate(num_new)
         num_hit_tokens = len(hits) * bs
         self._requests.add(
@@ -158,9 +184,11 @@ class HashCache(PrefixCache):
                 num_computed=num_hit_tokens,
                 digests=digests,
                 num_cached_blocks=len(hits),
+                namespace_bytes=namespace_bytes,
             )
         )
         self._stats.record_query(len(tokens), num_hit_tokens)
+        self._stats.verify_failures += refuted
         return Admission(tuple(table), num_hit_tokens)
 
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
@@ -241,6 +269,13 @@ class HashCache(PrefixCache):
                     f"{who}: {r.num_cached_blocks} cached blocks, {r.num_computed} computed tokens, "
                     f"{num_hashed} hashes"
                 )
+            if self._contents is not None and r.num_cached_blocks:
+                proved = self._contents.verify_table(table[: r.num_cached_blocks], r.tokens, r.namespace_bytes)
+                if proved < r.num_cached_blocks:
+                    raise InvariantError(
+                        f"{who}: cached block {table[proved]} (#{proved}) does not hold exactly the request's "
+                        "tokens after its prefix"
+                    )
             for i, block in enumerate(table):
                 key = self.pool.key(block)
                 if i < r.num_cached_blocks and key != self._digest(r, i):
@@ -255,6 +290,8 @@ class HashCache(PrefixCache):
                 )
         if self.pool.num_pinned != len(refs):
             raise InvariantError(f"{self.pool.num_pinned} blocks pinned but live tables hold {len(refs)}")
+        if self._contents is not None:
+            self._contents.check_invariants()
         if self._stats.hits > self._stats.queries:
             raise InvariantError(f"stats: {self._stats.hits} hit tokens > {self._stats.queries} queried")
 
@@ -262,8 +299,25 @@ class HashCache(PrefixCache):
     def _prompt_digests(self, tokens: list[int], namespace: Namespace) -> bytes:
         """Packed hashes of the full blocks of `tokens`, the first salted with the namespace."""
         return chain_digests(
-            tokens, self.block_size, self._algorithm, self._none_hash, namespace_extra_keys(namespace)
+            tokens,
+            self.block_size,
+            self._algorithm,
+            self._none_hash,
+            namespace_extra_keys(namespace),
+            namespace_extra_keys(namespace, first_block=False),
         )
+
+    def _namespace_bytes(self, namespace: Namespace) -> bytes:
+        """What hit verification compares (nothing without verification)."""
+        return b"" if self._contents is None else exact_bytes(namespace)
+
+    def _lookup(self, digests: bytes, tokens: list[int], namespace_bytes: bytes) -> tuple[list[int], bool, bool]:
+        """The cached blocks of the leading keys of `digests` (packed); whether
+        verification refuted a key; whether a hit is a copy to `adopt` once used.
+        Under a cryptographic hash: the pool's look-up, False, False."""
+        if self._contents is None:
+            return self.pool.lookup_chain_packed(digests, self._digest_size), False, False
+        return self._contents.lookup_chain(digests, self._digest_size, tokens, namespace_bytes)
 
     def _digest(self, request: HashRequest, i: int) -> bytes:
         """The hash of the request's block i."""
@@ -293,24 +347,31 @@ class HashCache(PrefixCache):
                 bs,
                 self._algorithm,
                 request.digests[-ds:] if num_hashed else self._none_hash,
-                None if num_hashed else namespace_extra_keys(request.namespace),
+                namespace_extra_keys(request.namespace, first_block=not num_hashed),
+                namespace_extra_keys(request.namespace, first_block=False),
             )
-        self.pool.cache_many_packed(
-            request.block_table[start:num_full_blocks], request.digests[start * ds : num_full_blocks * ds], ds
-        )
+        blocks = request.block_table[start:num_full_blocks]
+        if self._contents is not None:
+            # First: it validates the tokens (all or nothing), and blocks without a
+            # key are never looked up, so recording them early is harmless.
+            parent = request.block_table[start - 1] if start else -1
+            self._contents.record(parent, blocks, request.tokens, start * bs, request.namespace_bytes)
+        self.pool.cache_many_packed(blocks, request.digests[start * ds : num_full_blocks * ds], ds)
         request.num_cached_blocks = num_full_blocks
         if self._events.enabled:
             self._events.record(self._stored_event(request, start, num_full_blocks))
 
     def _stored_event(self, request: HashRequest, start: int, stop: int) -> BlockStored:
         """vLLM's BlockStored for blocks [start, stop) of one request."""
-        bs = self.block_size
-        salt = event_extra_keys(namespace_extra_keys(request.namespace))
+        bs, namespace = self.block_size, request.namespace
+        first = event_extra_keys(namespace_extra_keys(namespace))
+        later = event_extra_keys(namespace_extra_keys(namespace, first_block=False))
         return BlockStored(
             block_hashes=tuple(self._digest(request, i) for i in range(start, stop)),
             parent_block_hash=self._digest(request, start - 1) if start else None,
             token_ids=tuple(request.tokens[start * bs : stop * bs]),
             block_size=bs,
-            extra_keys=tuple(salt if i == 0 else None for i in range(start, stop)),
+            lora_name=namespace.lora.name if isinstance(namespace, Isolation) else None,
+            extra_keys=tuple(first if i == 0 else later for i in range(start, stop)),
             group_idx=_GROUP,
         )

@@ -8,6 +8,7 @@ namespace prefixcache {
 void bind_block_pool(py::module_& m);
 void bind_hashing(py::module_& m);
 void bind_radix_tree(py::module_& m);
+void bind_block_contents(py::module_& m);
 }  // namespace prefixcache
 
 PYBIND11_MODULE(_C, m) {
@@ -15,4 +16,5 @@ PYBIND11_MODULE(_C, m) {
   prefixcache::bind_block_pool(m);
   prefixcache::bind_hashing(m);
   prefixcache::bind_radix_tree(m);
+  prefixcache::bind_block_contents(m);
 }

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from prefixcache.isolation import Isolation, LoRA, Namespace
 from prefixcache.stats import CacheStats
 
 if TYPE_CHECKING:
@@ -53,12 +54,11 @@ __all__ = [
     "BlockRemoved",
     "AllBlocksCleared",
     "Namespace",
+    "Isolation",
+    "LoRA",
     "as_tokens",
 ]
 
-Namespace = str | None
-"""Tenant / adapter isolation key: requests in different namespaces never share a block.
-`None` is a namespace of its own (vLLM `cache_salt`, SGLang `extra_key`)."""
 
 
 @dataclass(frozen=True)

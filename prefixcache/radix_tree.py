@@ -58,12 +58,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixcache._C import InvariantError, RadixTree
-from prefixcache.protocol import Namespace, as_tokens
+from prefixcache.protocol import as_tokens
 
 __all__ = ["RadixTree", "PyRadixTree", "RadixMatch", "RadixInsert", "NodeInfo", "Candidate"]
 
 NATIVE_ORDERS = ("lru", "lfu", "fifo", "mru", "filo", "priority")
 _INT32 = (-(1 << 31), (1 << 31) - 1)
+
+Namespace = str | None
+"""A tree namespace: one root per value. The `radix` backend passes
+`prefixcache.isolation.exact_key(namespace)`, so a LoRA namespace is a str here too."""
 
 
 @dataclass(frozen=True)
