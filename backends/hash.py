@@ -51,9 +51,10 @@ Hit verification. Under `sha256_cbor`/`sha256` a hash hit is trusted, as vLLM tr
 it: nobody can find SHA-256 collisions, and that path pays nothing extra. Under
 `xxhash`/`xxhash_cbor` (128-bit, not collision resistant: a collision would hand a
 request another prompt's KV, or another tenant's) every hit is proved before it is
-used: `BlockContents` keeps each cached block's exact token ids, its parent block and
-the namespace of its chain, and a block found by its hash counts only if it holds
-exactly the request's tokens after exactly the request's prefix, in its namespace.
+used: `BlockContents` keeps, per cached block, an immutable record of what its KV was
+computed from (its exact token ids, the record of the block before it, the namespace
+at the chain's start), and a block found by its hash counts only if it holds exactly
+the request's tokens after exactly the request's prefix, in its namespace.
 Key i's holders are tried earliest first; the first one that proves the position is
 the hit; a key whose holders all fail stops the hit there (a miss: the rest is
 computed afresh and cached under the same key beside the impostor) and counts in
@@ -142,7 +143,7 @@ class HashCache(PrefixCache):
     def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
         tokens = check_tokens(tokens, allow_empty=True)
         namespace = check_namespace(namespace)
-        hits, _, _ = self._lookup(self._prompt_digests(tokens, namespace), tokens, self._namespace_bytes(namespace))
+        hits, _ = self._lookup(self._prompt_digests(tokens, namespace), tokens, self._namespace_bytes(namespace))
         return Match(len(hits) * self.block_size, tuple(hits))
 
     # -- request lifecycle ------------------------------------------------------------
@@ -161,7 +162,7 @@ class HashCache(PrefixCache):
         bs, ds = self.block_size, self._digest_size
         # The hit covers at most len(tokens) - 1 tokens: every full block but one that ends the prompt.
         namespace_bytes = self._namespace_bytes(namespace)
-        hits, refuted, walked = self._lookup(digests if len(tokens) % bs else digests[:-ds], tokens, namespace_bytes)
+        hits, refuted = self._lookup(digests if len(tokens) % bs else digests[:-ds], tokens, namespace_bytes)
         num_new = _ceil_div(len(tokens), bs) - len(hits)
         if num_new + (self.pool.count_free(hits) if hits else 0) > self.pool.num_free:
             self._stats.rejected += 1
@@ -170,8 +171,6 @@ class HashCache(PrefixCache):
         self._last_refused = None
         if hits:
             self.pool.touch(hits)
-            if walked:  # keep the copies this request uses together provable together
-                self._contents.adopt(hits, tokens, namespace_bytes)
         table = hits + self._allocate(num_new)
         num_hit_tokens = len(hits) * bs
         self._requests.add(
@@ -311,12 +310,11 @@ class HashCache(PrefixCache):
         """What hit verification compares (nothing without verification)."""
         return b"" if self._contents is None else exact_bytes(namespace)
 
-    def _lookup(self, digests: bytes, tokens: list[int], namespace_bytes: bytes) -> tuple[list[int], bool, bool]:
-        """The cached blocks of the leading keys of `digests` (packed); whether
-        verification refuted a key; whether a hit is a copy to `adopt` once used.
-        Under a cryptographic hash: the pool's look-up, False, False."""
+    def _lookup(self, digests: bytes, tokens: list[int], namespace_bytes: bytes) -> tuple[list[int], bool]:
+        """The cached blocks of the leading keys of `digests` (packed), and whether
+        verification refuted a key (never, under a cryptographic hash: no verification)."""
         if self._contents is None:
-            return self.pool.lookup_chain_packed(digests, self._digest_size), False, False
+            return self.pool.lookup_chain_packed(digests, self._digest_size), False
         return self._contents.lookup_chain(digests, self._digest_size, tokens, namespace_bytes)
 
     def _digest(self, request: HashRequest, i: int) -> bytes:

@@ -86,15 +86,16 @@ py::list to_list(const std::vector<int32_t>& ids) {
 
 void bind_block_contents(py::module_& m) {
   py::class_<BlockContents>(m, "BlockContents", R"doc(
-Exactly what each cached block of a BlockPool was computed from: its token ids,
-its parent block (and that block's generation then), and the namespace of a
-chain's first block. Proves hits found through a non-cryptographic hash
+Exactly what each cached block of a BlockPool was computed from: a per-block
+immutable content node (its token ids, the node of the block before it, and at a
+chain's start the namespace). Proves hits found through a non-cryptographic hash
 (see csrc/block_contents.h and prefixcache/block_contents.py). Namespaces are
 bytes compared exactly. Not thread-safe.
 )doc")
       .def(py::init<const BlockPool&, int64_t>(), py::arg("pool"), py::arg("block_size"), py::keep_alive<1, 2>())
       .def_property_readonly("block_size", &BlockContents::block_size)
       .def_property_readonly("num_blocks", &BlockContents::num_blocks)
+      .def_property_readonly("num_nodes", &BlockContents::num_nodes, "Content nodes alive.")
       .def_property_readonly("wide", &BlockContents::wide, "Whether token storage was widened to int64.")
       .def(
           "record",
@@ -107,8 +108,8 @@ bytes compared exactly. Not thread-safe.
                      static_cast<int64_t>(representable) / c.block_size());
           },
           py::arg("parent"), py::arg("blocks"), py::arg("tokens"), py::arg("first_token"), py::arg("namespace"),
-          "blocks now hold tokens[first_token : first_token + len(blocks) * block_size]; blocks[0]'s parent "
-          "is `parent` (-1: it starts a chain in `namespace`).")
+          "blocks now hold tokens[first_token : first_token + len(blocks) * block_size]; blocks[0] follows "
+          "`parent` (-1: it starts a chain in `namespace`).")
       .def(
           "lookup_chain",
           [](const BlockContents& c, py::handle keys, int64_t key_size, py::handle tokens, py::handle ns) {
@@ -117,12 +118,11 @@ bytes compared exactly. Not thread-safe.
             auto [toks, representable] = token_ids(tokens, 0, num_keys * c.block_size());
             toks.resize(representable);
             VerifiedChain r = c.lookup_chain(packed, key_size, toks, bytes_arg(ns, "namespace"));
-            return py::make_tuple(to_list(r.blocks), r.failed, r.walked);
+            return py::make_tuple(to_list(r.blocks), r.failed);
           },
           py::arg("keys"), py::arg("key_size"), py::arg("tokens"), py::arg("namespace"),
-          "(blocks, failed, walked): the hits among the packed keys' holders that prove the request's "
-          "blocks, stopping at the first key that has none (failed: it had holders, none proved; walked: "
-          "a hit was proved through its ancestry, adopt() it once the blocks are used).")
+          "(blocks, failed): the hits among the packed keys' holders that prove the request's blocks, "
+          "stopping at the first key that has none (failed: it had holders, none proved).")
       .def(
           "verify_table",
           [](const BlockContents& c, py::handle table, py::handle tokens, py::handle ns) {
@@ -133,19 +133,8 @@ bytes compared exactly. Not thread-safe.
           },
           py::arg("table"), py::arg("tokens"), py::arg("namespace"),
           "How many leading blocks of a request's table prove its first blocks.")
-      .def(
-          "adopt",
-          [](BlockContents& c, py::handle chain, py::handle tokens, py::handle ns) {
-            std::vector<int32_t> ids = block_ids(chain);
-            auto [toks, representable] = token_ids(tokens, 0, static_cast<int64_t>(ids.size()) * c.block_size());
-            toks.resize(representable);
-            return c.adopt(ids, toks, bytes_arg(ns, "namespace"));
-          },
-          py::arg("chain"), py::arg("tokens"), py::arg("namespace"),
-          "Re-point each proved block of a request's chain at the block before it; returns how many proved.")
-      .def("parent", &BlockContents::parent, py::arg("id"))
-      .def("generation", &BlockContents::generation, py::arg("id"))
-      .def("tokens", &BlockContents::tokens, py::arg("id"))
+      .def("tokens", &BlockContents::tokens, py::arg("id"), "Token ids of the block's node ([] without one).")
+      .def("depth", &BlockContents::depth, py::arg("id"), "Nodes from the chain start through the block's (0: none).")
       .def("check_invariants", &BlockContents::check_invariants,
            "Raise InvariantError naming the first broken invariant.");
 }
