@@ -45,7 +45,8 @@ Events are vLLM's: one `BlockStored` per commit that caches blocks (their hashes
 parent hash of the first, their tokens, per-block extra keys in vLLM's event form,
 `group_idx=0`), one `BlockRemoved` per hash dropped, `AllBlocksCleared` on `reset`.
 
-Eviction order is the free queue's (LRU); `eviction:` must be `lru`.
+Eviction order is the free queue's (LRU); `eviction:` must be `lru`. The only option
+is `verify_hits` (below).
 
 Hit verification. Under `sha256_cbor`/`sha256` a hash hit is trusted, as vLLM trusts
 it: nobody can find SHA-256 collisions, and that path pays nothing extra. Under
@@ -59,6 +60,8 @@ Key i's holders are tried earliest first; the first one that proves the position
 the hit; a key whose holders all fail stops the hit there (a miss: the rest is
 computed afresh and cached under the same key beside the impostor) and counts in
 `stats().verify_failures`. A request's namespace and adapter are part of the proof.
+`options: {verify_hits: always}` verifies under SHA-256 too (defense in depth);
+`never` trusts even xxhash, as vLLM does (for measurements; not collision-proof).
 
 Namespaces (`prefixcache.isolation`): a str salt, or `Isolation(salt, lora)` with a
 LoRA adapter. The salt is `("cache_salt", salt)` on the first block's extra keys, the
@@ -82,7 +85,10 @@ from prefixcache.registry import register_backend
 from prefixcache.requests import Request, RequestTable, check_namespace, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
 
-__all__ = ["HashCache", "HashRequest"]
+__all__ = ["HashCache", "HashRequest", "VERIFY_HITS"]
+
+VERIFY_HITS = ("auto", "always", "never")
+"""`options: {verify_hits: ...}`: auto (verify under xxhash/xxhash_cbor only), always, never."""
 
 # vLLM tags every event with the KV cache group; a single-group cache is group 0.
 _GROUP = 0
@@ -122,13 +128,21 @@ class HashCache(PrefixCache):
                 f"the hash backend evicts in free-queue (LRU) order only; got {config.eviction!r}; "
                 "allowed values: lru",
             )
-        if config.options:
-            raise ConfigError("options", f"the hash backend takes no options, got {dict(config.options)!r}")
+        options = dict(config.options)
+        verify = options.pop("verify_hits", "auto")
+        if options:
+            raise ConfigError(
+                "options", f"the hash backend takes no options but verify_hits, got {dict(config.options)!r}"
+            )
+        if verify not in VERIFY_HITS:
+            raise ConfigError("options.verify_hits", f"{verify!r} is not allowed; allowed values: {', '.join(VERIFY_HITS)}")
         self._algorithm = config.hash.algorithm
         self._none_hash = none_hash(self._algorithm, config.hash.seed)
         self._digest_size = len(self._none_hash)  # bytes per block hash in a packed chain
         # Hits found through a non-cryptographic hash are proved against exact contents.
-        self._contents = None if self._algorithm in CRYPTOGRAPHIC else BlockContents(pool, self.block_size)
+        if verify == "auto":
+            verify = "never" if self._algorithm in CRYPTOGRAPHIC else "always"
+        self._contents = BlockContents(pool, self.block_size) if verify == "always" else None
         self._requests: RequestTable[HashRequest] = RequestTable()
         self._events = EventLog(config.enable_events)
         self._stats = StatsCounter()
@@ -143,7 +157,11 @@ class HashCache(PrefixCache):
     def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
         tokens = check_tokens(tokens, allow_empty=True)
         namespace = check_namespace(namespace)
-        hits, _ = self._lookup(self._prompt_digests(tokens, namespace), tokens, self._namespace_bytes(namespace))
+        digests = self._prompt_digests(tokens, namespace)
+        if self._contents is None:
+            hits = self.pool.lookup_chain_packed(digests, self._digest_size)
+        else:
+            hits, _ = self._contents.lookup_chain(digests, self._digest_size, tokens, exact_bytes(namespace))
         return Match(len(hits) * self.block_size, tuple(hits))
 
     # -- request lifecycle ------------------------------------------------------------
@@ -161,8 +179,12 @@ class HashCache(PrefixCache):
             digests = self._prompt_digests(tokens, namespace)
         bs, ds = self.block_size, self._digest_size
         # The hit covers at most len(tokens) - 1 tokens: every full block but one that ends the prompt.
-        namespace_bytes = self._namespace_bytes(namespace)
-        hits, refuted = self._lookup(digests if len(tokens) % bs else digests[:-ds], tokens, namespace_bytes)
+        capped = digests if len(tokens) % bs else digests[:-ds]
+        if self._contents is None:  # a cryptographic hash: hits are trusted, verification costs nothing
+            hits, refuted, namespace_bytes = self.pool.lookup_chain_packed(capped, ds), False, b""
+        else:
+            namespace_bytes = exact_bytes(namespace)
+            hits, refuted = self._contents.lookup_chain(capped, ds, tokens, namespace_bytes)
         num_new = _ceil_div(len(tokens), bs) - len(hits)
         if num_new + (self.pool.count_free(hits) if hits else 0) > self.pool.num_free:
             self._stats.rejected += 1
@@ -187,7 +209,8 @@ class HashCache(PrefixCache):
             )
         )
         self._stats.record_query(len(tokens), num_hit_tokens)
-        self._stats.verify_failures += refuted
+        if refuted:
+            self._stats.verify_failures += 1
         return Admission(tuple(table), num_hit_tokens)
 
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
@@ -305,17 +328,6 @@ class HashCache(PrefixCache):
             namespace_extra_keys(namespace),
             namespace_extra_keys(namespace, first_block=False),
         )
-
-    def _namespace_bytes(self, namespace: Namespace) -> bytes:
-        """What hit verification compares (nothing without verification)."""
-        return b"" if self._contents is None else exact_bytes(namespace)
-
-    def _lookup(self, digests: bytes, tokens: list[int], namespace_bytes: bytes) -> tuple[list[int], bool]:
-        """The cached blocks of the leading keys of `digests` (packed), and whether
-        verification refuted a key (never, under a cryptographic hash: no verification)."""
-        if self._contents is None:
-            return self.pool.lookup_chain_packed(digests, self._digest_size), False
-        return self._contents.lookup_chain(digests, self._digest_size, tokens, namespace_bytes)
 
     def _digest(self, request: HashRequest, i: int) -> bytes:
         """The hash of the request's block i."""

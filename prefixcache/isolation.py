@@ -35,6 +35,8 @@ def _check_text(value: object, what: str) -> str:
     """`value` if it is a str that UTF-8 can encode (no lone surrogates); else a clear error."""
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, got {type(value).__name__} {value!r}")
+    if value.isascii():  # the usual salt: nothing to encode
+        return value
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:

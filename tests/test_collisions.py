@@ -52,8 +52,10 @@ def collide(monkeypatch):
     hashing.none_hash.cache_clear()
 
 
-def make(backend: str, block_size: int, num_blocks: int):
-    config = CacheConfig(backend=backend, block_size=block_size, num_blocks=num_blocks, hash=HashConfig("xxhash"))
+def make(backend: str, block_size: int, num_blocks: int, **options):
+    config = CacheConfig(
+        backend=backend, block_size=block_size, num_blocks=num_blocks, hash=HashConfig("xxhash"), options=options
+    )
     return prefixcache.build_cache(config)
 
 
@@ -97,12 +99,11 @@ def test_random_workloads_under_a_weak_hash_never_serve_a_wrong_block(collide, b
 
 
 def test_without_verification_the_shadow_catches_the_wrong_hits(collide):
-    """Control: the hash backend trusting its weak hash (what the sha256 path does) hands
-    out another prompt's blocks, and the shadow says so; under random load the chain
-    it trusts can even name one block twice."""
+    """Control: the hash backend trusting its weak hash (verify_hits: never, what the
+    sha256 path does) hands out another prompt's blocks, and the shadow says so; under
+    random load the chain it trusts can even name one block twice."""
     collide(position_hash)
-    cache = make("hash", 4, 32)
-    cache._contents = None
+    cache = make("hash", 4, 32, verify_hits="never")
     shadow = PrefixShadow(4, 32)
     a, b = list(range(0, 13)), list(range(100, 113))
     adm = cache.admit("a", a)
@@ -116,13 +117,7 @@ def test_without_verification_the_shadow_catches_the_wrong_hits(collide):
         shadow.check(adm.block_table, None, b, adm.num_cached_tokens, "admit of b")
     cache.release("b")
     with pytest.raises((AssertionError, ValueError)):
-        stress(make_unverified(), operations=6000, seed=34, check_every=200)
-
-
-def make_unverified():
-    cache = make("hash", 4, 64)
-    cache._contents = None
-    return cache
+        stress(make("hash", 4, 64, verify_hits="never"), operations=6000, seed=34, check_every=200)
 
 
 def test_sha256_trusts_its_hash_and_builds_no_verifier(monkeypatch):
@@ -137,6 +132,16 @@ def test_sha256_trusts_its_hash_and_builds_no_verifier(monkeypatch):
         assert run(cache, "a", list(range(9))).num_cached_tokens == 0
         assert run(cache, "b", list(range(9))).num_cached_tokens == 8
         cache.check_invariants()
+
+
+def test_verify_hits_option():
+    cache = prefixcache.build_cache(CacheConfig(block_size=4, num_blocks=16, options={"verify_hits": "always"}))
+    assert cache._contents is not None  # sha256 with verification on request
+    assert run(cache, "a", list(range(9))).num_cached_tokens == 0
+    assert run(cache, "b", list(range(9))).num_cached_tokens == 8
+    cache.check_invariants()
+    with pytest.raises(prefixcache.ConfigError, match="options.verify_hits: 'sometimes' is not allowed"):
+        make("hash", 4, 16, verify_hits="sometimes")
 
 
 def test_check_invariants_notices_a_cached_block_whose_record_lies():
