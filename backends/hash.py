@@ -92,6 +92,7 @@ VERIFY_HITS = ("auto", "always", "never")
 
 # vLLM tags every event with the KV cache group; a single-group cache is group 0.
 _GROUP = 0
+_INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 @dataclass(eq=False)
@@ -292,8 +293,13 @@ class HashCache(PrefixCache):
                     f"{num_hashed} hashes"
                 )
             if self._contents is not None and r.num_cached_blocks:
+                # Blocks from the first id beyond int64 on are recorded as unprovable: never hit.
+                provable = next(
+                    (pos // bs for pos, t in enumerate(r.tokens[: r.num_cached_blocks * bs]) if not _INT64[0] <= t <= _INT64[1]),
+                    r.num_cached_blocks,
+                )
                 proved = self._contents.verify_table(table[: r.num_cached_blocks], r.tokens, r.namespace_bytes)
-                if proved < r.num_cached_blocks:
+                if proved < provable:
                     raise InvariantError(
                         f"{who}: cached block {table[proved]} (#{proved}) does not hold exactly the request's "
                         "tokens after its prefix"

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "block_contents.h"
+#include "py_int.h"
 
 namespace py = pybind11;
 
@@ -92,19 +93,22 @@ chain's start the namespace). Proves hits found through a non-cryptographic hash
 (see csrc/block_contents.h and prefixcache/block_contents.py). Namespaces are
 bytes compared exactly. Not thread-safe.
 )doc")
-      .def(py::init<const BlockPool&, int64_t>(), py::arg("pool"), py::arg("block_size"), py::keep_alive<1, 2>())
+      .def(py::init([](const BlockPool& pool, py::handle block_size) {
+             return std::make_unique<BlockContents>(pool, saturated_int64(block_size, "block_size"));
+           }),
+           py::arg("pool"), py::arg("block_size"), py::keep_alive<1, 2>())
       .def_property_readonly("block_size", &BlockContents::block_size)
       .def_property_readonly("num_blocks", &BlockContents::num_blocks)
       .def_property_readonly("num_nodes", &BlockContents::num_nodes, "Content nodes alive.")
       .def_property_readonly("wide", &BlockContents::wide, "Whether token storage was widened to int64.")
       .def(
           "record",
-          [](BlockContents& c, int64_t parent, py::handle blocks, py::handle tokens, int64_t first_token,
+          [](BlockContents& c, py::handle parent, py::handle blocks, py::handle tokens, py::handle first_token,
              py::handle ns) {
             std::vector<int32_t> ids = block_ids(blocks);
-            auto [toks, representable] =
-                token_ids(tokens, first_token, static_cast<int64_t>(ids.size()) * c.block_size());
-            c.record(parent, ids, toks, bytes_arg(ns, "namespace"),
+            auto [toks, representable] = token_ids(tokens, saturated_int64(first_token, "first_token"),
+                                                   static_cast<int64_t>(ids.size()) * c.block_size());
+            c.record(saturated_int64(parent, "parent"), ids, toks, bytes_arg(ns, "namespace"),
                      static_cast<int64_t>(representable) / c.block_size());
           },
           py::arg("parent"), py::arg("blocks"), py::arg("tokens"), py::arg("first_token"), py::arg("namespace"),
@@ -112,8 +116,9 @@ bytes compared exactly. Not thread-safe.
           "`parent` (-1: it starts a chain in `namespace`).")
       .def(
           "lookup_chain",
-          [](const BlockContents& c, py::handle keys, int64_t key_size, py::handle tokens, py::handle ns) {
+          [](const BlockContents& c, py::handle keys, py::handle key_size_arg, py::handle tokens, py::handle ns) {
             std::string_view packed = bytes_arg(keys, "keys");
+            const int64_t key_size = saturated_int64(key_size_arg, "key_size");
             int64_t num_keys = key_size > 0 ? static_cast<int64_t>(packed.size()) / key_size : 0;
             auto [toks, representable] = token_ids(tokens, 0, num_keys * c.block_size());
             toks.resize(representable);
@@ -133,8 +138,12 @@ bytes compared exactly. Not thread-safe.
           },
           py::arg("table"), py::arg("tokens"), py::arg("namespace"),
           "How many leading blocks of a request's table prove its first blocks.")
-      .def("tokens", &BlockContents::tokens, py::arg("id"), "Token ids of the block's node ([] without one).")
-      .def("depth", &BlockContents::depth, py::arg("id"), "Nodes from the chain start through the block's (0: none).")
+      .def(
+          "tokens", [](const BlockContents& c, py::handle id) { return c.tokens(saturated_int64(id, "id")); },
+          py::arg("id"), "Token ids of the block's node ([] without one).")
+      .def(
+          "depth", [](const BlockContents& c, py::handle id) { return c.depth(saturated_int64(id, "id")); },
+          py::arg("id"), "Nodes from the chain start through the block's (0: none).")
       .def("check_invariants", &BlockContents::check_invariants,
            "Raise InvariantError naming the first broken invariant.");
 }

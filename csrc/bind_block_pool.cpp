@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "block_pool.h"
+#include "py_int.h"
 
 namespace py = pybind11;
 
@@ -14,20 +15,33 @@ std::optional<py::bytes> to_bytes(const std::optional<std::string>& key) {
   return py::bytes(*key);
 }
 
-// Block ids from any sequence of ints. Lists (the common case) take a fast path
-// that skips pybind11's generic sequence caster; it costs most of a small call.
+// Block ids from any sequence of ints (saturated beyond int64: out of range). Lists
+// (the common case) skip the sequence protocol; it costs most of a small call.
 std::vector<int64_t> to_ids(py::handle obj) {
-  PyObject* seq = obj.ptr();
-  if (!PyList_Check(seq)) return py::cast<std::vector<int64_t>>(obj);
-  Py_ssize_t n = PyList_GET_SIZE(seq);
+  if (PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr())) {
+    throw py::type_error(std::string("ids must be a sequence of ints, got ") + Py_TYPE(obj.ptr())->tp_name);
+  }
+  py::object seq = py::reinterpret_borrow<py::object>(obj);
+  if (!PyList_Check(seq.ptr())) {
+    seq = py::reinterpret_steal<py::object>(PySequence_Fast(obj.ptr(), "ids must be a sequence of ints"));
+    if (!seq) throw py::error_already_set();
+  }
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+  PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
   std::vector<int64_t> ids(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
-    long long v = PyLong_AsLongLong(PyList_GET_ITEM(seq, i));
-    if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+    PyObject* item = items[i];
+    long long v = PyLong_CheckExact(item) ? PyLong_AsLongLong(item) : 0;
+    if (!PyLong_CheckExact(item) || (v == -1 && PyErr_Occurred())) {
+      PyErr_Clear();  // beyond int64, or not an exact int: the general rule
+      v = saturated_int64(item, "block id");
+    }
     ids[i] = v;
   }
   return ids;
 }
+
+int64_t arg(py::handle obj, const char* what) { return saturated_int64(obj, what); }
 
 py::list to_list(const std::vector<int32_t>& ids) {
   py::list out(ids.size());
@@ -64,7 +78,8 @@ first; keyless blocks are freed to the front, keyed blocks to the tail), and a
 key -> blocks index of cached blocks. Bad arguments raise IndexError/ValueError
 and leave the pool unchanged. Not thread-safe: call it from one thread.
 )doc")
-      .def(py::init<int64_t>(), py::arg("num_blocks"))
+      .def(py::init([](py::handle n) { return std::make_unique<BlockPool>(arg(n, "num_blocks")); }),
+           py::arg("num_blocks"))
       .def_property_readonly("num_blocks", &BlockPool::num_blocks)
       .def_property_readonly("num_free", &BlockPool::num_free, "Blocks in the free queue (ref 0).")
       .def_property_readonly("num_pinned", &BlockPool::num_pinned, "Blocks with ref > 0.")
@@ -73,8 +88,8 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
                              "Cached blocks whose key allocate() or evict_front() dropped, since construction.")
       .def(
           "allocate",
-          [](BlockPool& p, int64_t n) -> py::object {
-            auto ids = p.allocate(n);
+          [](BlockPool& p, py::handle n) -> py::object {
+            auto ids = p.allocate(arg(n, "n"));
             if (!ids) return py::none();
             return to_list(*ids);
           },
@@ -90,7 +105,8 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
           "count_free", [](const BlockPool& p, py::handle ids) { return p.count_free(to_ids(ids)); },
           py::arg("ids"), "How many of the blocks are free (ref 0), i.e. what touch(ids) takes from the queue.")
       .def(
-          "cache", [](BlockPool& p, int64_t id, py::handle key) { p.cache(id, key_view(key)); }, py::arg("id"),
+          "cache", [](BlockPool& p, py::handle id, py::handle key) { p.cache(arg(id, "id"), key_view(key)); },
+          py::arg("id"),
           py::arg("key"), "Record that in-use, keyless block `id` holds `key`.")
       .def(
           "cache_many",
@@ -98,13 +114,13 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
           py::arg("ids"), py::arg("keys"), "cache(ids[i], keys[i]) for each i, all or nothing.")
       .def(
           "cache_many_packed",
-          [](BlockPool& p, py::handle ids, py::handle keys, int64_t key_size) {
-            p.cache_many_packed(to_ids(ids), key_view(keys), key_size);
+          [](BlockPool& p, py::handle ids, py::handle keys, py::handle key_size) {
+            p.cache_many_packed(to_ids(ids), key_view(keys), arg(key_size, "key_size"));
           },
           py::arg("ids"), py::arg("keys"), py::arg("key_size"),
           "cache_many with the keys packed back to back in one bytes, key_size bytes each.")
       .def(
-          "uncache", [](BlockPool& p, int64_t id) { return to_bytes(p.uncache(id)); }, py::arg("id"),
+          "uncache", [](BlockPool& p, py::handle id) { return to_bytes(p.uncache(arg(id, "id"))); }, py::arg("id"),
           "Drop block `id`'s key; return it (None if it had none).")
       .def("uncache_all", &BlockPool::uncache_all, "Drop every key; return how many blocks lost one.")
       .def(
@@ -116,16 +132,16 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
           py::arg("keys"), "Blocks for the keys in order, stopping at the first miss.")
       .def(
           "lookup_chain_packed",
-          [](const BlockPool& p, py::handle keys, int64_t key_size) {
-            return to_list(p.lookup_chain_packed(key_view(keys), key_size));
+          [](const BlockPool& p, py::handle keys, py::handle key_size) {
+            return to_list(p.lookup_chain_packed(key_view(keys), arg(key_size, "key_size")));
           },
           py::arg("keys"), py::arg("key_size"),
           "lookup_chain over keys packed back to back in one bytes, key_size bytes each.")
       .def(
           "evict_front",
-          [](BlockPool& p, int64_t n) {
+          [](BlockPool& p, py::handle n) {
             py::list out;
-            for (const auto& k : p.evict_front(n)) out.append(py::bytes(k));
+            for (const auto& k : p.evict_front(arg(n, "n"))) out.append(py::bytes(k));
             return out;
           },
           py::arg("n"), "Drop the keys of the first n keyed free blocks (LRU first); return them.")
@@ -137,9 +153,10 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
             return out;
           },
           "Keys dropped by the most recent allocate() call.")
-      .def("ref_count", &BlockPool::ref_count, py::arg("id"))
       .def(
-          "key", [](const BlockPool& p, int64_t id) { return to_bytes(p.key(id)); }, py::arg("id"))
+          "ref_count", [](const BlockPool& p, py::handle id) { return p.ref_count(arg(id, "id")); }, py::arg("id"))
+      .def(
+          "key", [](const BlockPool& p, py::handle id) { return to_bytes(p.key(arg(id, "id"))); }, py::arg("id"))
       .def(
           "free_queue", [](const BlockPool& p) { return to_list(p.free_queue()); }, "Free queue from front (reused first) to tail.")
       .def(

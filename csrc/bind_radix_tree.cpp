@@ -86,7 +86,14 @@ Namespace to_namespace(py::handle obj) {
   if (!py::isinstance<py::str>(obj)) {
     throw py::type_error(std::string("namespace must be a str or None, got ") + Py_TYPE(obj.ptr())->tp_name);
   }
-  return obj.cast<std::string>();
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(obj.ptr(), &size);
+  if (utf8 == nullptr) {  // a lone surrogate: not text UTF-8 can carry
+    PyErr_Clear();
+    throw py::value_error("namespace must be valid Unicode (a lone surrogate cannot be encoded), got " +
+                          py::repr(obj).cast<std::string>());
+  }
+  return std::string(utf8, static_cast<size_t>(size));
 }
 
 py::object from_namespace(const Namespace& ns) { return ns ? py::object(py::str(*ns)) : py::object(py::none()); }

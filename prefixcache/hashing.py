@@ -165,8 +165,11 @@ def _native_chain(
     token id beyond int64, which CBOR encodes as a bignum)."""
     if algorithm != "sha256_cbor":
         return None
-    first = None if extra_keys is None else _cbor(extra_keys)
-    later = None if later_extra_keys is None else _cbor(later_extra_keys)
+    # Extra keys are encoded only if a block carries them, as the reference does (an
+    # unencodable key on a block that does not exist is no error).
+    num_blocks = len(tokens) // block_size if block_size >= 1 else 0
+    first = None if extra_keys is None or num_blocks < 1 else _cbor(extra_keys)
+    later = None if later_extra_keys is None or num_blocks < 2 else _cbor(later_extra_keys)
     return _native_sha256_cbor_chain(tokens, block_size, parent, first, later, packed=packed)
 
 

@@ -162,6 +162,13 @@ class _Walk:
 def _check_namespace(namespace: object) -> Namespace:
     if namespace is not None and not isinstance(namespace, str):
         raise TypeError(f"namespace must be a str or None, got {type(namespace).__name__}")
+    if namespace is not None and not namespace.isascii():
+        try:
+            namespace.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"namespace must be valid Unicode (a lone surrogate cannot be encoded), got {namespace!r}"
+            ) from None
     return namespace
 
 

@@ -149,14 +149,17 @@ def stress(
     and check every answer; raise AssertionError / InvariantError at the first wrong one.
 
     Prompts are one of `num_prefixes` shared token runs (the same runs in every
-    namespace), cut at a random length, plus a random tail from a `vocab`-token
-    alphabet, so equal blocks abound within and across namespaces. At most `max_live`
-    requests are live; the pool should be small enough that admissions get refused.
+    namespace), whole or cut at a random length, plus a random tail from a
+    `vocab`-token alphabet, so equal blocks abound within and across namespaces.
+    Namespaces are drawn with halving odds (the first most often), so some hit a lot
+    and the rest still meet the same tokens. At most `max_live` requests are live; the
+    pool should be small enough that admissions get refused.
     """
     rng = random.Random(seed)
     bs = cache.block_size
     pool = cache.pool
     namespaces = [check_namespace(ns) for ns in namespaces]
+    ns_odds = [0.5**i for i in range(len(namespaces))]
     shadow = PrefixShadow(bs, pool.num_blocks)
     prefix_len = max_prompt_blocks * bs
     prefixes = [[rng.randrange(vocab) for _ in range(prefix_len)] for _ in range(num_prefixes)]
@@ -179,8 +182,8 @@ def stress(
         nonlocal next_id
         if len(live) >= max_live:
             release()
-        ns = rng.choice(namespaces)
-        cut = rng.randint(0, prefix_len)
+        ns = rng.choices(namespaces, ns_odds)[0]
+        cut = prefix_len if rng.random() < 0.5 else rng.randint(0, prefix_len)
         tokens = rng.choice(prefixes)[:cut] + [rng.randrange(vocab) for _ in range(rng.randint(0 if cut else 1, 3 * bs))]
         rid, next_id = next_id, next_id + 1
         adm = cache.admit(rid, tokens, namespace=ns)
@@ -247,7 +250,7 @@ def stress(
             carried["verify_failures"] += counted.verify_failures
 
     def match() -> None:
-        ns = rng.choice(namespaces)
+        ns = rng.choices(namespaces, ns_odds)[0]
         tokens = rng.choice(prefixes)[: rng.randint(1, prefix_len)]
         m = cache.match(tokens, namespace=ns)
         shadow.check(m.block_ids, ns, tokens, m.num_tokens, f"match in namespace {ns!r}")
