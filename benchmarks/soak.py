@@ -40,6 +40,7 @@ def main() -> int:
     parser.add_argument("--check-every", type=int, default=250, help="operations between check_invariants()")
     parser.add_argument("--max-live", type=int, default=8, help="live requests at most")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--progress", action="store_true", help="report every tenth of the run on stderr")
     args = parser.parse_args()
 
     arms = [arm for name, group in ARMS.items() if args.backend in (name, "all") for arm in group]
@@ -65,7 +66,7 @@ def main() -> int:
         )
 
         def progress(report) -> None:
-            if report.operations % max(args.ops // 10, args.check_every) < args.check_every:
+            if args.progress and report.operations % max(args.ops // 10, args.check_every) < args.check_every:
                 print(f"#   {backend}/{algorithm}: {report.operations:,} operations, {report.ops_per_second:,.0f}/s",
                       file=sys.stderr, flush=True)
 
