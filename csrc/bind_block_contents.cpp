@@ -8,19 +8,12 @@
 #include <vector>
 
 #include "block_contents.h"
-#include "py_int.h"
+#include "py_args.h"
 
 namespace py = pybind11;
 
 namespace prefixcache {
 namespace {
-
-std::string_view bytes_arg(py::handle obj, const char* what) {
-  if (!PyBytes_Check(obj.ptr())) {
-    throw py::type_error(std::string(what) + " must be bytes, got " + Py_TYPE(obj.ptr())->tp_name);
-  }
-  return std::string_view(PyBytes_AS_STRING(obj.ptr()), PyBytes_GET_SIZE(obj.ptr()));
-}
 
 py::object fast_sequence(py::handle obj, const char* what) {
   if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj)) {
@@ -108,7 +101,7 @@ bytes compared exactly. Not thread-safe.
             std::vector<int32_t> ids = block_ids(blocks);
             auto [toks, representable] = token_ids(tokens, saturated_int64(first_token, "first_token"),
                                                    static_cast<int64_t>(ids.size()) * c.block_size());
-            c.record(saturated_int64(parent, "parent"), ids, toks, bytes_arg(ns, "namespace"),
+            c.record(saturated_int64(parent, "parent"), ids, toks, bytes_view(ns, "namespace"),
                      static_cast<int64_t>(representable) / c.block_size());
           },
           py::arg("parent"), py::arg("blocks"), py::arg("tokens"), py::arg("first_token"), py::arg("namespace"),
@@ -117,12 +110,12 @@ bytes compared exactly. Not thread-safe.
       .def(
           "lookup_chain",
           [](const BlockContents& c, py::handle keys, py::handle key_size_arg, py::handle tokens, py::handle ns) {
-            std::string_view packed = bytes_arg(keys, "keys");
+            std::string_view packed = bytes_view(keys, "keys");
             const int64_t key_size = saturated_int64(key_size_arg, "key_size");
             int64_t num_keys = key_size > 0 ? static_cast<int64_t>(packed.size()) / key_size : 0;
             auto [toks, representable] = token_ids(tokens, 0, num_keys * c.block_size());
             toks.resize(representable);
-            VerifiedChain r = c.lookup_chain(packed, key_size, toks, bytes_arg(ns, "namespace"));
+            VerifiedChain r = c.lookup_chain(packed, key_size, toks, bytes_view(ns, "namespace"));
             return py::make_tuple(to_list(r.blocks), r.failed);
           },
           py::arg("keys"), py::arg("key_size"), py::arg("tokens"), py::arg("namespace"),
@@ -134,7 +127,7 @@ bytes compared exactly. Not thread-safe.
             std::vector<int32_t> ids = block_ids(table);
             auto [toks, representable] = token_ids(tokens, 0, static_cast<int64_t>(ids.size()) * c.block_size());
             toks.resize(representable);
-            return c.verify_table(ids, toks, bytes_arg(ns, "namespace"));
+            return c.verify_table(ids, toks, bytes_view(ns, "namespace"));
           },
           py::arg("table"), py::arg("tokens"), py::arg("namespace"),
           "How many leading blocks of a request's table prove its first blocks.")

@@ -3,7 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "block_pool.h"
-#include "py_int.h"
+#include "py_args.h"
 
 namespace py = pybind11;
 
@@ -49,13 +49,7 @@ py::list to_list(const std::vector<int32_t>& ids) {
   return out;
 }
 
-// A view of a bytes object's buffer; valid while the caller holds the object.
-std::string_view key_view(py::handle obj) {
-  if (!PyBytes_Check(obj.ptr())) {
-    throw py::type_error(std::string("keys must be bytes, got ") + Py_TYPE(obj.ptr())->tp_name);
-  }
-  return std::string_view(PyBytes_AS_STRING(obj.ptr()), PyBytes_GET_SIZE(obj.ptr()));
-}
+std::string_view key_view(py::handle obj) { return bytes_view(obj, "keys"); }
 
 std::vector<std::string_view> key_views(py::handle obj) {
   std::vector<std::string_view> keys;

@@ -7,18 +7,12 @@
 #include <vector>
 
 #include "hashing.h"
+#include "py_args.h"
 
 namespace py = pybind11;
 
 namespace prefixcache {
 namespace {
-
-std::string_view bytes_view(py::handle obj, const char* what) {
-  if (!PyBytes_Check(obj.ptr())) {
-    throw py::type_error(std::string(what) + " must be bytes, got " + Py_TYPE(obj.ptr())->tp_name);
-  }
-  return std::string_view(PyBytes_AS_STRING(obj.ptr()), PyBytes_GET_SIZE(obj.ptr()));
-}
 
 py::bytes digest_bytes(const Digest& d) { return py::bytes(reinterpret_cast<const char*>(d.data()), d.size()); }
 

@@ -1,13 +1,14 @@
-// Python ints for the bindings: one conversion rule for native int arguments.
+// Argument conversions the bindings share: one rule each for ints and bytes.
 //
-// Owns `saturated_int64`. A binding that declares an `int64_t` parameter makes pybind11
+// Owns `saturated_int64` and `bytes_view`. A binding that declares an `int64_t` parameter makes pybind11
 // answer a Python int beyond int64 with a TypeError ("incompatible function
 // arguments"), and PyLong_AsLongLong with an OverflowError; neither is the
 // IndexError / ValueError the project promises for a bad id or count. Saturating
 // instead hands the callee a value its own range check rejects with its usual error
 // (and a huge count, where any count is valid, reads as "all there are").
 //
-// Never does: range checks (the callee owns them), or accept a non-integer.
+// Never does: range checks (the callee owns them), accept a non-integer where an int
+// is due, or copy a bytes object.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
 
 namespace prefixcache {
 
@@ -33,6 +35,15 @@ inline int64_t saturated_int64(pybind11::handle obj, const char* what) {
   if (overflow < 0) return std::numeric_limits<int64_t>::min();
   if (v == -1 && PyErr_Occurred()) throw pybind11::error_already_set();
   return v;
+}
+
+// A view of a bytes object's buffer, valid while the caller holds the object.
+// TypeError naming `what` for anything but bytes.
+inline std::string_view bytes_view(pybind11::handle obj, const char* what) {
+  if (!PyBytes_Check(obj.ptr())) {
+    throw pybind11::type_error(std::string(what) + " must be bytes, got " + Py_TYPE(obj.ptr())->tp_name);
+  }
+  return std::string_view(PyBytes_AS_STRING(obj.ptr()), PyBytes_GET_SIZE(obj.ptr()));
 }
 
 }  // namespace prefixcache
