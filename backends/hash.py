@@ -136,7 +136,9 @@ class HashCache(PrefixCache):
                 "options", f"the hash backend takes no options but verify_hits, got {dict(config.options)!r}"
             )
         if verify not in VERIFY_HITS:
-            raise ConfigError("options.verify_hits", f"{verify!r} is not allowed; allowed values: {', '.join(VERIFY_HITS)}")
+            raise ConfigError(
+                "options.verify_hits", f"{verify!r} is not allowed; allowed values: {', '.join(VERIFY_HITS)}"
+            )
         self._algorithm = config.hash.algorithm
         self._none_hash = none_hash(self._algorithm, config.hash.seed)
         self._digest_size = len(self._none_hash)  # bytes per block hash in a packed chain
@@ -294,8 +296,9 @@ class HashCache(PrefixCache):
                 )
             if self._contents is not None and r.num_cached_blocks:
                 # Blocks from the first id beyond int64 on are recorded as unprovable: never hit.
+                cached_tokens = r.tokens[: r.num_cached_blocks * bs]
                 provable = next(
-                    (pos // bs for pos, t in enumerate(r.tokens[: r.num_cached_blocks * bs]) if not _INT64[0] <= t <= _INT64[1]),
+                    (pos // bs for pos, t in enumerate(cached_tokens) if not _INT64[0] <= t <= _INT64[1]),
                     r.num_cached_blocks,
                 )
                 proved = self._contents.verify_table(table[: r.num_cached_blocks], r.tokens, r.namespace_bytes)

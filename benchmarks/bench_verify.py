@@ -57,11 +57,24 @@ def main() -> int:
     args = parser.parse_args()
 
     print(f"# bench_verify: {cpu_name()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
-    print(f"# block_size {BLOCK_SIZE}, num_blocks {args.num_blocks}, concurrency {args.concurrency}, "
-          f"best of {args.repeat}")
+    print(
+        f"# block_size {BLOCK_SIZE}, num_blocks {args.num_blocks}, concurrency {args.concurrency}, "
+        f"best of {args.repeat}"
+    )
     print(f"# command: {' '.join(sys.argv)}")
-    columns = ["workload", "algorithm", "trusted µs/request", "verified µs/request", "cost µs/request", "cost %",
-               "trusted µs/decode step", "verified µs/decode step", "hits", "verify failures", "content nodes"]
+    columns = [
+        "workload",
+        "algorithm",
+        "trusted µs/request",
+        "verified µs/request",
+        "cost µs/request",
+        "cost %",
+        "trusted µs/decode step",
+        "verified µs/decode step",
+        "hits",
+        "verify failures",
+        "content nodes",
+    ]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     ok = True
@@ -84,9 +97,17 @@ def main() -> int:
             ok &= same
             checked = caches[algorithm, "always"]
             cells = [
-                name, algorithm, f"{t_req:.1f}", f"{v_req:.1f}", f"{v_req - t_req:+.1f}",
-                f"{(v_req - t_req) / t_req:+.1%}", f"{t_step:.2f}", f"{v_step:.2f}",
-                "identical" if same else "DIFFER", checked.stats().verify_failures, checked._contents.num_nodes,
+                name,
+                algorithm,
+                f"{t_req:.1f}",
+                f"{v_req:.1f}",
+                f"{v_req - t_req:+.1f}",
+                f"{(v_req - t_req) / t_req:+.1%}",
+                f"{t_step:.2f}",
+                f"{v_step:.2f}",
+                "identical" if same else "DIFFER",
+                checked.stats().verify_failures,
+                checked._contents.num_nodes,
             ]
             print("| " + " | ".join(map(str, cells)) + " |")
     return 0 if ok else 1

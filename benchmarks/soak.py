@@ -46,11 +46,25 @@ def main() -> int:
     arms = [arm for name, group in ARMS.items() if args.backend in (name, "all") for arm in group]
     print(f"# soak: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
     print(f"# command: {' '.join(sys.argv)}")
-    print(f"# block_size {args.block_size}, num_blocks {args.num_blocks}, max live {args.max_live}, "
-          f"check_invariants every {args.check_every} operations, seed {args.seed}")
-    columns = ["backend", "hash", "operations", "seconds", "ops/s", "invariant checks passed", "admitted",
-               "refused", "hit tokens / prompt tokens", "evicted blocks", "resets done", "verify failures",
-               *(f"{op} calls" for op in OPERATIONS)]
+    print(
+        f"# block_size {args.block_size}, num_blocks {args.num_blocks}, max live {args.max_live}, "
+        f"check_invariants every {args.check_every} operations, seed {args.seed}"
+    )
+    columns = [
+        "backend",
+        "hash",
+        "operations",
+        "seconds",
+        "ops/s",
+        "invariant checks passed",
+        "admitted",
+        "refused",
+        "hit tokens / prompt tokens",
+        "evicted blocks",
+        "resets done",
+        "verify failures",
+        *(f"{op} calls" for op in OPERATIONS),
+    ]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     started = time.perf_counter()
@@ -67,15 +81,35 @@ def main() -> int:
 
         def progress(report) -> None:
             if args.progress and report.operations % max(args.ops // 10, args.check_every) < args.check_every:
-                print(f"#   {backend}/{algorithm}: {report.operations:,} operations, {report.ops_per_second:,.0f}/s",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"#   {backend}/{algorithm}: {report.operations:,} operations, {report.ops_per_second:,.0f}/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
-        r = stress(cache, operations=args.ops, seed=args.seed, check_every=args.check_every,
-                   max_live=args.max_live, progress=progress)
-        cells = [backend, algorithm, f"{r.operations:,}", f"{r.seconds:.1f}", f"{r.ops_per_second:,.0f}",
-                 f"{r.invariant_checks:,}", f"{r.admitted:,}", f"{r.refused:,}",
-                 f"{r.hit_tokens:,} / {r.prompt_tokens:,}", f"{r.evicted_blocks:,}", r.resets,
-                 r.verify_failures, *(f"{r.counts[op]:,}" for op in OPERATIONS)]
+        r = stress(
+            cache,
+            operations=args.ops,
+            seed=args.seed,
+            check_every=args.check_every,
+            max_live=args.max_live,
+            progress=progress,
+        )
+        cells = [
+            backend,
+            algorithm,
+            f"{r.operations:,}",
+            f"{r.seconds:.1f}",
+            f"{r.ops_per_second:,.0f}",
+            f"{r.invariant_checks:,}",
+            f"{r.admitted:,}",
+            f"{r.refused:,}",
+            f"{r.hit_tokens:,} / {r.prompt_tokens:,}",
+            f"{r.evicted_blocks:,}",
+            r.resets,
+            r.verify_failures,
+            *(f"{r.counts[op]:,}" for op in OPERATIONS),
+        ]
         print("| " + " | ".join(map(str, cells)) + " |", flush=True)
     print(f"# all arms passed in {time.perf_counter() - started:.1f} s")
     return 0

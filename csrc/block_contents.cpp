@@ -10,7 +10,9 @@
 namespace prefixcache {
 
 namespace {
-bool fits_int32(int64_t v) { return v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(); }
+bool fits_int32(int64_t v) {
+  return v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max();
+}
 }  // namespace
 
 BlockContents::BlockContents(const BlockPool& pool, int64_t block_size)
@@ -223,7 +225,9 @@ void BlockContents::check_invariants() const {
   for (int32_t b = 0; b < num_blocks_; ++b) {
     const int32_t n = block_node_[b];
     if (n == kNone) continue;
-    if (n < 0 || static_cast<size_t>(n) >= slots || is_free[n]) fail("block " + std::to_string(b) + " points at a dead node");
+    if (n < 0 || static_cast<size_t>(n) >= slots || is_free[n]) {
+      fail("block " + std::to_string(b) + " points at a dead node");
+    }
     ++counted[n];
   }
   for (size_t n = 0; n < slots; ++n) {

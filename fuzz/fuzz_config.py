@@ -22,9 +22,38 @@ from prefixcache.config import HASH_ALGORITHMS, CacheConfig, ConfigError, load_c
 _FILE = os.path.join(tempfile.mkdtemp(prefix="prefixcache-fuzz-"), "config.yaml")
 
 KEYS = ["backend", "block_size", "num_blocks", "hash", "eviction", "enable_events", "options", "bogus"]
-SCALARS = ["hash", "radix", "lru", "lfu", "0", "1", "16", "-3", "1e3", "4096", "99999999999999999999", "true",
-           "null", "~", "''", '"x"', "[1, 2]", "{}", "{a: 1}", "&a 7", "*a", "!!binary aGk=", "1.5", ".inf",
-           "sha256_cbor", "xxhash", "md5", "'pkg.mod:Cls'", "'nope:Nope'", "\"\\ud800\""]
+SCALARS = [
+    "hash",
+    "radix",
+    "lru",
+    "lfu",
+    "0",
+    "1",
+    "16",
+    "-3",
+    "1e3",
+    "4096",
+    "99999999999999999999",
+    "true",
+    "null",
+    "~",
+    "''",
+    '"x"',
+    "[1, 2]",
+    "{}",
+    "{a: 1}",
+    "&a 7",
+    "*a",
+    "!!binary aGk=",
+    "1.5",
+    ".inf",
+    "sha256_cbor",
+    "xxhash",
+    "md5",
+    "'pkg.mod:Cls'",
+    "'nope:Nope'",
+    '"\\ud800"',
+]
 
 
 def document(r: Reader) -> bytes:
@@ -34,8 +63,9 @@ def document(r: Reader) -> bytes:
     for _ in range(r.int(0, 8)):
         key = r.choice(KEYS)
         if key == "hash" and r.bool():
-            lines.append(f"  hash: {{algorithm: {r.choice([*HASH_ALGORITHMS, 'md5', '1', '[]'])}, "
-                         f"seed: {r.choice(SCALARS)}}}")
+            lines.append(
+                f"  hash: {{algorithm: {r.choice([*HASH_ALGORITHMS, 'md5', '1', '[]'])}, seed: {r.choice(SCALARS)}}}"
+            )
         else:
             lines.append(f"  {key}: {r.choice(SCALARS)}")
     return "\n".join(lines).encode()

@@ -18,7 +18,10 @@ T = TypeVar("T")
 
 # Token ids a harness may try: the ordinary, the edges of int32 / int64, beyond
 # int64 (CBOR bignums), negatives.
-EDGE_INTS = (0, 1, 2, 23, 24, 255, 256, 65535, 65536, 2**31 - 1, 2**31, -1, -(2**31), 2**32, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 2**64, 2**70, -(2**70))  # fmt: skip
+EDGE_INTS = (
+    0, 1, 2, 23, 24, 255, 256, 65535, 65536, 2**31 - 1, 2**31, -1, -(2**31), 2**32,
+    2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 2**64, 2**70, -(2**70),
+)  # fmt: skip
 
 
 class Reader:

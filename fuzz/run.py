@@ -33,9 +33,18 @@ HARNESSES = sorted(p.stem for p in HERE.glob("fuzz_*.py"))
 def run(name: str, seconds: int, artifacts: Path) -> tuple[bool, str]:
     with tempfile.TemporaryDirectory(prefix=f"{name}-corpus-") as corpus:
         seeds = HERE / "regressions" / name
-        cmd = [sys.executable, str(HERE / f"{name}.py"), corpus, *([str(seeds)] if seeds.is_dir() else []),
-               f"-max_total_time={seconds}", "-max_len=600", "-len_control=0", "-timeout=20",
-               f"-artifact_prefix={artifacts}/{name}-", "-print_final_stats=1"]
+        cmd = [
+            sys.executable,
+            str(HERE / f"{name}.py"),
+            corpus,
+            *([str(seeds)] if seeds.is_dir() else []),
+            f"-max_total_time={seconds}",
+            "-max_len=600",
+            "-len_control=0",
+            "-timeout=20",
+            f"-artifact_prefix={artifacts}/{name}-",
+            "-print_final_stats=1",
+        ]
         started = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
         elapsed = time.perf_counter() - started
@@ -43,9 +52,11 @@ def run(name: str, seconds: int, artifacts: Path) -> tuple[bool, str]:
     runs = re.search(r"Done (\d+) runs", log) or re.search(r"stat::number_of_executed_units:\s*(\d+)", log)
     cov = re.findall(r"cov: (\d+)", log)
     ok = proc.returncode == 0
-    line = (f"{name:22s} {'ok' if ok else 'FAILED':6s} {elapsed:6.1f} s  "
-            f"{int(runs.group(1)) if runs else 0:>9,} runs  "
-            f"{(int(runs.group(1)) / elapsed if runs else 0):>7,.0f}/s  cov {cov[-1] if cov else '?'}")
+    line = (
+        f"{name:22s} {'ok' if ok else 'FAILED':6s} {elapsed:6.1f} s  "
+        f"{int(runs.group(1)) if runs else 0:>9,} runs  "
+        f"{(int(runs.group(1)) / elapsed if runs else 0):>7,.0f}/s  cov {cov[-1] if cov else '?'}"
+    )
     if not ok:
         line += "\n" + "\n".join(log.splitlines()[-40:])
     return ok, line

@@ -124,7 +124,9 @@ class PyBlockContents:
         return len(alive)
 
     # -- recording ----------------------------------------------------------------------
-    def record(self, parent: int, blocks: Sequence[int], tokens: Sequence[int], first_token: int, namespace: bytes) -> None:
+    def record(
+        self, parent: int, blocks: Sequence[int], tokens: Sequence[int], first_token: int, namespace: bytes
+    ) -> None:
         """`blocks` now hold tokens[first_token : first_token + len(blocks) * block_size];
         blocks[0] follows `parent` (-1: it starts a chain in `namespace`)."""
         ids = _block_ids(blocks)
@@ -143,7 +145,11 @@ class PyBlockContents:
             provable = 0  # follows a block that cannot be proved
         self.wide = self.wide or any(not _INT32[0] <= t <= _INT32[1] for t in toks[: provable * bs])
         for i, b in enumerate(ids):
-            self._node[b] = _Node(prev, tuple(toks[i * bs : (i + 1) * bs]), namespace if prev is None else b"") if i < provable else None
+            self._node[b] = (
+                _Node(prev, tuple(toks[i * bs : (i + 1) * bs]), namespace if prev is None else b"")
+                if i < provable
+                else None
+            )
             prev = self._node[b]
 
     # -- proofs -------------------------------------------------------------------------
@@ -167,7 +173,9 @@ class PyBlockContents:
             p = p.parent
         return False  # unreachable: the loop returns at j == 0
 
-    def lookup_chain(self, keys: bytes, key_size: int, tokens: Sequence[int], namespace: bytes) -> tuple[list[int], bool]:
+    def lookup_chain(
+        self, keys: bytes, key_size: int, tokens: Sequence[int], namespace: bytes
+    ) -> tuple[list[int], bool]:
         """(blocks, failed): the proved hits among the packed keys' holders."""
         keys = _check_bytes(keys, "keys")
         num_keys = len(keys) // key_size if key_size > 0 else 0

@@ -92,9 +92,7 @@ def check_namespace(namespace: object) -> Namespace:
         return _check_text(namespace, "namespace")
     if isinstance(namespace, Isolation):
         return namespace if namespace.lora is not None else namespace.salt
-    raise TypeError(
-        f"namespace must be a str, an Isolation or None, got {type(namespace).__name__} {namespace!r}"
-    )
+    raise TypeError(f"namespace must be a str, an Isolation or None, got {type(namespace).__name__} {namespace!r}")
 
 
 def extra_keys(namespace: Namespace, *, first_block: bool = True) -> tuple[tuple[str, ...], ...] | None:

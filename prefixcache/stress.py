@@ -84,7 +84,9 @@ class PrefixShadow:
                 self.content[block] = (namespace, own)
                 continue
             before = self.content[table[i - 1]]
-            self.content[block] = _Garbage() if before is None or isinstance(before, _Garbage) else (before[0], before[1] + own)
+            self.content[block] = (
+                _Garbage() if before is None or isinstance(before, _Garbage) else (before[0], before[1] + own)
+            )
 
     def check(self, table: Sequence[int], namespace: Any, tokens: Sequence[int], num_tokens: int, what: str) -> None:
         """Blocks of `table` covering tokens[:num_tokens] (whole blocks) must hold exactly
@@ -94,8 +96,12 @@ class PrefixShadow:
             held = self.content[table[i]]
             expected = (namespace, tuple(tokens[: (i + 1) * bs]))
             if held != expected:
-                shown = "unwritten KV" if held is None else "KV computed on unknown KV" if isinstance(held, _Garbage) else (
-                    f"namespace {held[0]!r}, tokens ...{held[1][-bs:]} after {len(held[1]) - bs} others"
+                shown = (
+                    "unwritten KV"
+                    if held is None
+                    else "KV computed on unknown KV"
+                    if isinstance(held, _Garbage)
+                    else (f"namespace {held[0]!r}, tokens ...{held[1][-bs:]} after {len(held[1]) - bs} others")
                 )
                 raise AssertionError(
                     f"{what}: block #{i} = {table[i]} holds {shown}; the request needs namespace {namespace!r}, "
@@ -174,7 +180,9 @@ def stress(
         cache.check_invariants()
         for rid, r in live.items():
             table = cache.block_table(rid)
-            assert len(table) == -(-len(r.tokens) // bs), f"request {rid}: {len(table)} blocks for {len(r.tokens)} tokens"
+            assert len(table) == -(-len(r.tokens) // bs), (
+                f"request {rid}: {len(table)} blocks for {len(r.tokens)} tokens"
+            )
             shadow.check(table, r.namespace, r.tokens, r.computed, f"live request {rid}")
         report.invariant_checks += 1
 
@@ -184,7 +192,9 @@ def stress(
             release()
         ns = rng.choices(namespaces, ns_odds)[0]
         cut = prefix_len if rng.random() < 0.5 else rng.randint(0, prefix_len)
-        tokens = rng.choice(prefixes)[:cut] + [rng.randrange(vocab) for _ in range(rng.randint(0 if cut else 1, 3 * bs))]
+        tokens = rng.choice(prefixes)[:cut] + [
+            rng.randrange(vocab) for _ in range(rng.randint(0 if cut else 1, 3 * bs))
+        ]
         rid, next_id = next_id, next_id + 1
         adm = cache.admit(rid, tokens, namespace=ns)
         if adm is None:
@@ -220,7 +230,8 @@ def stress(
         table = cache.block_table(rid)
         for i in range(r.computed // bs, -(-n // bs)):
             assert pool.ref_count(table[i]) == 1, (
-                f"request {rid} writes into block {table[i]}, which something else holds (ref {pool.ref_count(table[i])})"
+                f"request {rid} writes into block {table[i]}, which something else holds "
+                f"(ref {pool.ref_count(table[i])})"
             )
         shadow.write(table, r.namespace, r.tokens, r.computed, n)
         cache.commit(rid, n)
@@ -255,8 +266,15 @@ def stress(
         m = cache.match(tokens, namespace=ns)
         shadow.check(m.block_ids, ns, tokens, m.num_tokens, f"match in namespace {ns!r}")
 
-    actions = {"admit": admit, "append": append, "commit": commit, "release": release, "evict": evict,
-               "reset": reset, "match": match}
+    actions = {
+        "admit": admit,
+        "append": append,
+        "commit": commit,
+        "release": release,
+        "evict": evict,
+        "reset": reset,
+        "match": match,
+    }
     weights = {"admit": 30, "append": 15, "commit": 30, "release": 12, "evict": 6, "reset": 1, "match": 6}
     names, odds = list(weights), list(weights.values())
     needs_live = {"append", "commit", "release"}

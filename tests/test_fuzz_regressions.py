@@ -99,7 +99,9 @@ def test_config_file_that_is_not_utf8(tmp_path):
     """fuzz_config: a file of non-UTF-8 bytes escaped as UnicodeDecodeError."""
     path = tmp_path / "bad.yaml"
     path.write_bytes(b"cache:\n  backend: h\xe8sh\n")
-    with pytest.raises(ConfigError, match=r"bad\.yaml: config file is not UTF-8 text \(byte 19: invalid continuation byte\)"):
+    with pytest.raises(
+        ConfigError, match=r"bad\.yaml: config file is not UTF-8 text \(byte 19: invalid continuation byte\)"
+    ):
         load_config(path)
 
 

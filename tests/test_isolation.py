@@ -168,7 +168,10 @@ def test_a_namespace_utf8_cannot_encode_is_a_clear_error(backend, algorithm):
     cache = prefixcache.build_cache(
         CacheConfig(backend=backend, block_size=2, num_blocks=8, hash=HashConfig(algorithm=algorithm))
     )
-    for call in (lambda: cache.admit("r", [1, 2, 3], namespace="\ud800"), lambda: cache.match([1, 2], namespace="\udfff")):
+    for call in (
+        lambda: cache.admit("r", [1, 2, 3], namespace="\ud800"),
+        lambda: cache.match([1, 2], namespace="\udfff"),
+    ):
         with pytest.raises(ValueError, match="valid Unicode"):
             call()
     assert cache.pool.num_free == 8
