@@ -36,6 +36,11 @@ def main(test_one_input: Callable[[bytes], None]) -> None:
 
     import atheris  # only here: the harnesses replay without it (tests/test_fuzz_harnesses.py)
 
+    # The registry imports the built-in backends on first use: import them now, so that
+    # their code is instrumented too.
+    import prefixcache.backends.hash  # noqa: F401
+    import prefixcache.backends.radix  # noqa: F401
+
     for func in [f for f in gc.get_objects() if inspect.isfunction(f)]:
         if (func.__module__ or "").startswith(INSTRUMENTED):
             atheris.instrument_func(func)
