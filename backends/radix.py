@@ -187,7 +187,9 @@ class RadixCache(PrefixCache):
             raise TypeError(f"num_blocks must be an int, got {type(num_blocks).__name__}")
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
-        return self._evict_tokens(num_blocks * self.block_size)
+        # The tree never holds more than the pool: a larger request means "all", and
+        # must not overflow the tree's int64 token count on the way.
+        return self._evict_tokens(min(num_blocks, self.pool.num_blocks) * self.block_size)
 
     def reset(self) -> bool:
         if len(self._requests):

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "py_args.h"
 #include "radix_tree.h"
 
 namespace py = pybind11;
@@ -244,7 +245,8 @@ Not thread-safe.
       .def("unlock", &RadixTree::unlock, py::arg("node"), "Unlock root -> node.")
       .def(
           "evict",
-          [](RadixTree& t, int64_t num_tokens, py::object priority) {
+          [](RadixTree& t, py::handle num_tokens_arg, py::object priority) {
+            const int64_t num_tokens = saturated_int64(num_tokens_arg, "num_tokens");  // beyond int64: all
             if (priority.is_none()) return t.evict(num_tokens);
             return t.evict_by<PyKey>(num_tokens, [&](const RadixNode& n) { return PyKey{priority(t.candidate(n))}; });
           },

@@ -117,3 +117,28 @@ def test_verified_cache_with_a_token_beyond_int64():
     assert cache.admit("again", prompt).num_cached_tokens == 0  # hashed alike, never proved
     assert cache.stats().verify_failures == 0  # a plain miss, not a collision
     cache.check_invariants()
+
+
+@pytest.mark.parametrize("Tree", [RadixTree, PyRadixTree])
+def test_radix_evict_of_more_than_int64_tokens(Tree):
+    pool = BlockPool(4) if Tree is RadixTree else PyBlockPool(4)
+    tree = Tree(pool, 1, "lru")
+    tree.insert([1, 2], pool.allocate(2), None, 0, 0)
+    assert tree.evict(2**64) == 2 and pool.num_free == 4
+
+
+def test_radix_backend_evict_of_a_huge_count():
+    """fuzz_backends (a 300 s run): `evict(2**63)` made the radix backend ask the tree for
+    more than int64 tokens; pybind11 refused the argument with a TypeError, and the
+    backend's clean-up then replayed the previous call's evictions: evictions counted
+    twice and a KeyError for a page hash already dropped. It evicts everything now."""
+    cache = prefixcache.build_cache(CacheConfig(backend="radix", block_size=2, num_blocks=8))
+    for rid, prompt in (("a", [1, 2, 3, 4, 5]), ("b", [7, 8, 9])):
+        cache.admit(rid, prompt)
+        cache.commit(rid, len(prompt))
+        cache.release(rid)
+    first = cache.evict(1)  # a whole leaf: one or two pages
+    assert cache.evict(2**63) == 3 - first and cache.evict(2**200) == 0
+    assert cache.stats().evictions == 3 and cache.pool.num_free == 8
+    assert sum(isinstance(e, prefixcache.BlockRemoved) for e in cache.drain_events()) == 3
+    cache.check_invariants()
