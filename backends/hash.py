@@ -57,6 +57,28 @@ a hit in `match` and `admit` alike; `blocks_cached` is told about every newly in
 run of blocks; with `partial_hits = True`, `partial_hit` may offer a cached block whose
 head matches the first block that missed, which `admit` pins and hands to the engine
 as a copy (`Admission.copies`).
+
+Options: `verify_hits` (below).
+
+Hit verification. Under `sha256_cbor`/`sha256` a hash hit is trusted, as vLLM trusts
+it: nobody can find SHA-256 collisions, and that path pays nothing extra. Under
+`xxhash`/`xxhash_cbor` (128-bit, not collision resistant: a collision would hand a
+request another prompt's KV, or another tenant's) every hit is proved before it is
+used: `BlockContents` keeps, per cached block, an immutable record of what its KV was
+computed from (its exact token ids, the record of the block before it, the namespace
+at the chain's start), and a block found by its hash counts only if it holds exactly
+the request's tokens after exactly the request's prefix, in its namespace.
+Key i's holders are tried earliest first; the first one that proves the position is
+the hit; a key whose holders all fail stops the hit there (a miss: the rest is
+computed afresh and cached under the same key beside the impostor) and counts in
+`stats().verify_failures`. A request's namespace and adapter are part of the proof.
+`options: {verify_hits: always}` verifies under SHA-256 too (defense in depth);
+`never` trusts even xxhash, as vLLM does (for measurements; not collision-proof).
+
+Namespaces (`prefixcache.isolation`): a str salt, or `Isolation(salt, lora)` with a
+LoRA adapter. The salt is `("cache_salt", salt)` on the first block's extra keys, the
+adapter `("lora", name, path)` on every block's (vLLM 0.33); events carry the adapter's
+name in `lora_name` and, untagged, in `extra_keys`.
 """
 
 from __future__ import annotations
@@ -65,19 +87,24 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from prefixcache._C import BlockEvictor, BlockPool, CallbackBlockEvictor, InvariantError
-from prefixcache.config import CacheConfig
+from prefixcache._C import BlockContents, BlockEvictor, BlockPool, CallbackBlockEvictor, InvariantError
+from prefixcache.config import CacheConfig, ConfigError
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent, event_extra_keys
-from prefixcache.hashing import chain_digests, namespace_extra_keys, none_hash
+from prefixcache.hashing import CRYPTOGRAPHIC, chain_digests, namespace_extra_keys, none_hash
+from prefixcache.isolation import Isolation, exact_bytes
 from prefixcache.protocol import Admission, Match, Namespace, PrefixCache, as_tokens
 from prefixcache.registry import register_backend, resolve_eviction_policy
 from prefixcache.requests import Request, RequestTable, check_namespace, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
 
-__all__ = ["HashCache", "HashRequest"]
+__all__ = ["HashCache", "HashRequest", "VERIFY_HITS"]
+
+VERIFY_HITS = ("auto", "always", "never")
+"""`options: {verify_hits: ...}`: auto (verify under xxhash/xxhash_cbor only), always, never."""
 
 # vLLM tags every event with the KV cache group; a single-group cache is group 0.
 _GROUP = 0
+_INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 @dataclass(eq=False)
@@ -92,12 +119,15 @@ class HashRequest(Request):
     priority:          the request's priority (`eviction: priority`)
     copy_source:       the cached block a partial hit copies from, pinned by the
                        request until its first commit or its release (else None)
+    namespace_bytes:   `isolation.exact_bytes(namespace)`, what hit verification
+                       compares (only set when the cache verifies hits)
     """
 
     digests: bytes = b""
     num_cached_blocks: int = 0
     priority: int = 0
     copy_source: int | None = None
+    namespace_bytes: bytes = b""
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -108,14 +138,25 @@ def _ceil_div(a: int, b: int) -> int:
 class HashCache(PrefixCache):
     """vLLM V1 automatic prefix caching on a `BlockPool` (see the module docstring)."""
 
+    option_defaults = {"verify_hits": "auto"}  # VERIFY_HITS
+
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)
         self.policy = resolve_eviction_policy(config.eviction)()
         self._evictor = self._make_evictor()  # None: the free queue's LRU
         self._trims = type(self).usable_hit is not PrefixCache.usable_hit
+        verify = self.options["verify_hits"]
+        if verify not in VERIFY_HITS:
+            raise ConfigError(
+                "options.verify_hits", f"{verify!r} is not allowed; allowed values: {', '.join(VERIFY_HITS)}"
+            )
         self._algorithm = config.hash.algorithm
         self._none_hash = none_hash(self._algorithm, config.hash.seed)
         self._digest_size = len(self._none_hash)  # bytes per block hash in a packed chain
+        # Hits found through a non-cryptographic hash are proved against exact contents.
+        if verify == "auto":
+            verify = "never" if self._algorithm in CRYPTOGRAPHIC else "always"
+        self._contents = BlockContents(pool, self.block_size) if verify == "always" else None
         self._requests: RequestTable[HashRequest] = RequestTable()
         self._events = EventLog(config.enable_events)
         self._stats = StatsCounter()
@@ -131,7 +172,10 @@ class HashCache(PrefixCache):
         tokens = check_tokens(tokens, allow_empty=True)
         namespace = check_namespace(namespace)
         digests = self._prompt_digests(tokens, namespace)
-        hits = self.pool.lookup_chain_packed(digests, self._digest_size)
+        if self._contents is None:
+            hits = self.pool.lookup_chain_packed(digests, self._digest_size)
+        else:
+            hits, _ = self._contents.lookup_chain(digests, self._digest_size, tokens, exact_bytes(namespace))
         partial = None
         if self._trims or self.partial_hits:
             hits, partial = self._usable(tokens, namespace, digests, hits, len(tokens))
@@ -158,7 +202,12 @@ class HashCache(PrefixCache):
             digests = self._prompt_digests(tokens, namespace)
         bs, ds = self.block_size, self._digest_size
         # The hit covers at most len(tokens) - 1 tokens: every full block but one that ends the prompt.
-        hits = self.pool.lookup_chain_packed(digests if len(tokens) % bs else digests[:-ds], ds)
+        capped = digests if len(tokens) % bs else digests[:-ds]
+        if self._contents is None:  # a cryptographic hash: hits are trusted, verification costs nothing
+            hits, refuted, namespace_bytes = self.pool.lookup_chain_packed(capped, ds), False, b""
+        else:
+            namespace_bytes = exact_bytes(namespace)
+            hits, refuted = self._contents.lookup_chain(capped, ds, tokens, namespace_bytes)
         partial = None
         if self._trims or self.partial_hits:  # only a subclass with a hook pays for it
             hits, partial = self._usable(tokens, namespace, digests, hits, len(tokens) - 1)
@@ -189,9 +238,12 @@ class HashCache(PrefixCache):
                 num_cached_blocks=len(hits),
                 priority=priority,
                 copy_source=partial[0] if partial else None,
+                namespace_bytes=namespace_bytes,
             )
         )
         self._stats.record_query(len(tokens), num_hit_tokens)
+        if refuted:
+            self._stats.verify_failures += 1
         return Admission(tuple(table), num_hit_tokens, copies)
 
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
@@ -287,6 +339,19 @@ class HashCache(PrefixCache):
                     f"{who}: {r.num_cached_blocks} cached blocks, {r.num_computed} computed tokens, "
                     f"{num_hashed} hashes"
                 )
+            if self._contents is not None and r.num_cached_blocks:
+                # Blocks from the first id beyond int64 on are recorded as unprovable: never hit.
+                cached_tokens = r.tokens[: r.num_cached_blocks * bs]
+                provable = next(
+                    (pos // bs for pos, t in enumerate(cached_tokens) if not _INT64[0] <= t <= _INT64[1]),
+                    r.num_cached_blocks,
+                )
+                proved = self._contents.verify_table(table[: r.num_cached_blocks], r.tokens, r.namespace_bytes)
+                if proved < provable:
+                    raise InvariantError(
+                        f"{who}: cached block {table[proved]} (#{proved}) does not hold exactly the request's "
+                        "tokens after its prefix"
+                    )
             for i, block in enumerate(table):
                 key = self.pool.key(block)
                 if i < r.num_cached_blocks and key != self._digest(r, i):
@@ -305,6 +370,8 @@ class HashCache(PrefixCache):
                 )
         if self.pool.num_pinned != len(refs):
             raise InvariantError(f"{self.pool.num_pinned} blocks pinned but live tables hold {len(refs)}")
+        if self._contents is not None:
+            self._contents.check_invariants()
         if self._stats.hits > self._stats.queries:
             raise InvariantError(f"stats: {self._stats.hits} hit tokens > {self._stats.queries} queried")
 
@@ -376,7 +443,12 @@ class HashCache(PrefixCache):
     def _prompt_digests(self, tokens: list[int], namespace: Namespace) -> bytes:
         """Packed hashes of the full blocks of `tokens`, the first salted with the namespace."""
         return chain_digests(
-            tokens, self.block_size, self._algorithm, self._none_hash, namespace_extra_keys(namespace)
+            tokens,
+            self.block_size,
+            self._algorithm,
+            self._none_hash,
+            namespace_extra_keys(namespace),
+            namespace_extra_keys(namespace, first_block=False),
         )
 
     def _digest(self, request: HashRequest, i: int) -> bytes:
@@ -409,9 +481,15 @@ class HashCache(PrefixCache):
                 bs,
                 self._algorithm,
                 request.digests[-ds:] if num_hashed else self._none_hash,
-                None if num_hashed else namespace_extra_keys(request.namespace),
+                namespace_extra_keys(request.namespace, first_block=not num_hashed),
+                namespace_extra_keys(request.namespace, first_block=False),
             )
         blocks, keys = request.block_table[start:num_full_blocks], request.digests[start * ds : num_full_blocks * ds]
+        if self._contents is not None:
+            # First: it validates the tokens (all or nothing), and blocks without a
+            # key are never looked up, so recording them early is harmless.
+            parent = request.block_table[start - 1] if start else -1
+            self._contents.record(parent, blocks, request.tokens, start * bs, request.namespace_bytes)
         self.pool.cache_many_packed(blocks, keys, ds)
         if self._evictor is not None:
             self._evictor.cached(blocks, keys, ds, request.priority)
@@ -422,13 +500,15 @@ class HashCache(PrefixCache):
 
     def _stored_event(self, request: HashRequest, start: int, stop: int) -> BlockStored:
         """vLLM's BlockStored for blocks [start, stop) of one request."""
-        bs = self.block_size
-        salt = event_extra_keys(namespace_extra_keys(request.namespace))
+        bs, namespace = self.block_size, request.namespace
+        first = event_extra_keys(namespace_extra_keys(namespace))
+        later = event_extra_keys(namespace_extra_keys(namespace, first_block=False))
         return BlockStored(
             block_hashes=tuple(self._digest(request, i) for i in range(start, stop)),
             parent_block_hash=self._digest(request, start - 1) if start else None,
             token_ids=tuple(request.tokens[start * bs : stop * bs]),
             block_size=bs,
-            extra_keys=tuple(salt if i == 0 else None for i in range(start, stop)),
+            lora_name=namespace.lora.name if isinstance(namespace, Isolation) else None,
+            extra_keys=tuple(first if i == 0 else later for i in range(start, stop)),
             group_idx=_GROUP,
         )

@@ -47,6 +47,11 @@ from `prefixcache.eviction` or a plugin; native ones (and their `native_params`,
 Inspection: `cache.tree` is the tree, with the API documented in
 `prefixcache.radix_tree` (`total_size`, `evictable_size`, `protected_size`,
 `root(namespace)`, `node(id)`, ...).
+
+Namespaces (`prefixcache.isolation`): each gets its own subtree, keyed by
+`isolation.exact_key(namespace)`: a str salt is its own key, a namespace with a LoRA
+adapter an escaped key no salt can spell. The tree compares tokens, never hashes, so
+no hash collision can make it serve another prompt's or another tenant's blocks.
 """
 
 from __future__ import annotations
@@ -57,8 +62,9 @@ from dataclasses import dataclass
 
 from prefixcache._C import BlockPool, InvariantError, RadixTree, int32_array
 from prefixcache.config import CacheConfig
-from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent
+from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent, event_extra_keys
 from prefixcache.hashing import block_hashes, namespace_extra_keys
+from prefixcache.isolation import Isolation, exact_key
 from prefixcache.protocol import Admission, Match, Namespace, PrefixCache
 from prefixcache.registry import register_backend, resolve_eviction_policy
 from prefixcache.requests import Request, RequestTable, check_namespace, check_tokens
@@ -78,6 +84,7 @@ class _RadixRequest(Request):
     `block_table[: protected // block_size]` are the tree's blocks, the rest its own."""
 
     tokens: array
+    tree_key: str | None = None  # exact_key(namespace): the tree's name for the namespace
     node: int = 0  # the tree node this request locks (a root: nothing locked)
     protected: int = 0  # SGLang's cache_protected_len, in TOKENS
     priority: int = 0
@@ -109,7 +116,7 @@ class RadixCache(PrefixCache):
     # -- look-up -----------------------------------------------------------------------
     def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
         namespace = check_namespace(namespace)
-        m = self.tree.match(tokens, namespace)
+        m = self.tree.match(tokens, exact_key(namespace))
         if self._trims:
             keep = self.checked_usable_hit(tokens, m.num_tokens, namespace)
             return Match(keep, tuple(m.block_ids[: keep // self.block_size]))
@@ -127,21 +134,22 @@ class RadixCache(PrefixCache):
         self._requests.check_new(request_id)
         toks = _int32_array(tokens)
         namespace = check_namespace(namespace)
+        tree_key = exact_key(namespace)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an int, got {type(priority).__name__}")
         bs = self.block_size
         key = memoryview(toks)[:-1]  # the last prompt token is always computed
-        probe = self.tree.match(key, namespace)
+        probe = self.tree.match(key, tree_key)
         if self._trims:
             keep = self.checked_usable_hit(key, probe.num_tokens, namespace)
             if keep < probe.num_tokens:  # the hit stops earlier: match and lock only that much
                 key = key[:keep]
-                probe = self.tree.match(key, namespace)
+                probe = self.tree.match(key, tree_key)
         needed = -(-len(toks) // bs) - probe.num_tokens // bs
         if needed > self._room(protecting=probe.unlocked_tokens):
             self._stats.rejected += 1
             return None
-        hit = self.tree.match_prefix(key, namespace)
+        hit = self.tree.match_prefix(key, tree_key)
         self.tree.lock(hit.node)  # before evicting, so the hit cannot be evicted
         table = hit.block_ids + self._allocate(needed)
         self._requests.add(
@@ -151,6 +159,7 @@ class RadixCache(PrefixCache):
                 namespace,
                 table,
                 num_cached_tokens=hit.num_tokens,
+                tree_key=tree_key,
                 node=hit.node,
                 protected=hit.num_tokens,
                 priority=priority,
@@ -196,7 +205,9 @@ class RadixCache(PrefixCache):
             raise TypeError(f"num_blocks must be an int, got {type(num_blocks).__name__}")
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
-        return self._evict_tokens(num_blocks * self.block_size)
+        # The tree never holds more than the pool: a larger request means "all", and
+        # must not overflow the tree's int64 token count on the way.
+        return self._evict_tokens(min(num_blocks, self.pool.num_blocks) * self.block_size)
 
     def reset(self) -> bool:
         if len(self._requests):
@@ -256,7 +267,7 @@ class RadixCache(PrefixCache):
         # Only the request's own pages cross into C++: the tree's are already there.
         first, last = req.protected // bs, aligned // bs
         own = req.block_table[first:last]
-        result = self.tree.insert(memoryview(req.tokens)[:aligned], own, req.namespace, req.priority, req.protected)
+        result = self.tree.insert(memoryview(req.tokens)[:aligned], own, req.tree_key, req.priority, req.protected)
         if result.displaced:
             self.pool.free(result.displaced)
             req.block_table[first:last] = own  # re-pointed to the tree's blocks
@@ -290,7 +301,8 @@ class RadixCache(PrefixCache):
                     parent_block_hash=parent,
                     token_ids=tuple(req.tokens[page * bs : (page + 1) * bs]),
                     block_size=bs,
-                    extra_keys=(namespace_extra_keys(req.namespace) if page == 0 else None,),
+                    lora_name=req.namespace.lora.name if isinstance(req.namespace, Isolation) else None,
+                    extra_keys=(event_extra_keys(namespace_extra_keys(req.namespace, first_block=page == 0)),),
                 )
             )
             parent = block_hash
@@ -321,7 +333,7 @@ class RadixCache(PrefixCache):
             if r.protected % bs or r.protected > len(r.tokens):
                 fail(f"request {rid!r} protects {r.protected} tokens of {len(r.tokens)}")
             shared = r.block_table[: r.protected // bs]
-            m = self.tree.match(r.tokens[: r.protected], r.namespace)
+            m = self.tree.match(r.tokens[: r.protected], r.tree_key)
             if m.num_tokens != r.protected or m.block_ids != shared:
                 fail(f"request {rid!r}: its first {r.protected} tokens are not the tree's blocks {shared}")
             private += r.block_table[r.protected // bs :]

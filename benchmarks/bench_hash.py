@@ -103,14 +103,16 @@ class Trace:
         self.decode_steps.append(decode_steps)
 
 
-def replay_ours(reqs: list[Req], num_blocks: int, concurrency: int, record: bool = False) -> Trace:
-    """One replay through HashCache; `record` (an untimed run) also keeps KV events."""
+def replay_ours(reqs: list[Req], num_blocks: int, concurrency: int, record: bool = False, cache=None) -> Trace:
+    """One replay through HashCache (`cache`, fresh, or a default one); `record` (an
+    untimed run) also keeps KV events."""
     import prefixcache
     from prefixcache.config import CacheConfig
 
-    cache = prefixcache.build_cache(
-        CacheConfig(backend="hash", block_size=BLOCK_SIZE, num_blocks=num_blocks, enable_events=record)
-    )
+    if cache is None:
+        cache = prefixcache.build_cache(
+            CacheConfig(backend="hash", block_size=BLOCK_SIZE, num_blocks=num_blocks, enable_events=record)
+        )
     trace = Trace()
     live: deque[int] = deque()
     clock = time.perf_counter

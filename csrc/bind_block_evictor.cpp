@@ -4,7 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "bind_convert.h"
+#include "py_args.h"
 #include "bind_py_key.h"
 #include "block_evictor.h"
 

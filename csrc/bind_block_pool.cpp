@@ -2,8 +2,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "bind_convert.h"
 #include "block_pool.h"
+#include "py_args.h"
 
 namespace py = pybind11;
 
@@ -15,19 +15,15 @@ std::optional<py::bytes> to_bytes(const std::optional<std::string>& key) {
   return py::bytes(*key);
 }
 
+int64_t arg(py::handle obj, const char* what) { return saturated_int64(obj, what); }
+
 py::list to_list(const std::vector<int32_t>& ids) {
   py::list out(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) PyList_SET_ITEM(out.ptr(), i, PyLong_FromLong(ids[i]));
   return out;
 }
 
-// A view of a bytes object's buffer; valid while the caller holds the object.
-std::string_view key_view(py::handle obj) {
-  if (!PyBytes_Check(obj.ptr())) {
-    throw py::type_error(std::string("keys must be bytes, got ") + Py_TYPE(obj.ptr())->tp_name);
-  }
-  return std::string_view(PyBytes_AS_STRING(obj.ptr()), PyBytes_GET_SIZE(obj.ptr()));
-}
+std::string_view key_view(py::handle obj) { return bytes_view(obj, "keys"); }
 
 std::vector<std::string_view> key_views(py::handle obj) {
   std::vector<std::string_view> keys;
@@ -50,7 +46,8 @@ first; keyless blocks are freed to the front, keyed blocks to the tail), and a
 key -> blocks index of cached blocks. Bad arguments raise IndexError/ValueError
 and leave the pool unchanged. Not thread-safe: call it from one thread.
 )doc")
-      .def(py::init<int64_t>(), py::arg("num_blocks"))
+      .def(py::init([](py::handle n) { return std::make_unique<BlockPool>(arg(n, "num_blocks")); }),
+           py::arg("num_blocks"))
       .def_property_readonly("num_blocks", &BlockPool::num_blocks)
       .def_property_readonly("num_free", &BlockPool::num_free, "Blocks in the free queue (ref 0).")
       .def_property_readonly("num_pinned", &BlockPool::num_pinned, "Blocks with ref > 0.")
@@ -59,8 +56,8 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
                              "Cached blocks whose key allocate(), evict_front() or evict_blocks() dropped, since construction.")
       .def(
           "allocate",
-          [](BlockPool& p, int64_t n) -> py::object {
-            auto ids = p.allocate(n);
+          [](BlockPool& p, py::handle n) -> py::object {
+            auto ids = p.allocate(arg(n, "n"));
             if (!ids) return py::none();
             return to_list(*ids);
           },
@@ -76,7 +73,8 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
           "count_free", [](const BlockPool& p, py::handle ids) { return p.count_free(to_ids(ids)); },
           py::arg("ids"), "How many of the blocks are free (ref 0), i.e. what touch(ids) takes from the queue.")
       .def(
-          "cache", [](BlockPool& p, int64_t id, py::handle key) { p.cache(id, key_view(key)); }, py::arg("id"),
+          "cache", [](BlockPool& p, py::handle id, py::handle key) { p.cache(arg(id, "id"), key_view(key)); },
+          py::arg("id"),
           py::arg("key"), "Record that in-use, keyless block `id` holds `key`.")
       .def(
           "cache_many",
@@ -84,13 +82,13 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
           py::arg("ids"), py::arg("keys"), "cache(ids[i], keys[i]) for each i, all or nothing.")
       .def(
           "cache_many_packed",
-          [](BlockPool& p, py::handle ids, py::handle keys, int64_t key_size) {
-            p.cache_many_packed(to_ids(ids), key_view(keys), key_size);
+          [](BlockPool& p, py::handle ids, py::handle keys, py::handle key_size) {
+            p.cache_many_packed(to_ids(ids), key_view(keys), arg(key_size, "key_size"));
           },
           py::arg("ids"), py::arg("keys"), py::arg("key_size"),
           "cache_many with the keys packed back to back in one bytes, key_size bytes each.")
       .def(
-          "uncache", [](BlockPool& p, int64_t id) { return to_bytes(p.uncache(id)); }, py::arg("id"),
+          "uncache", [](BlockPool& p, py::handle id) { return to_bytes(p.uncache(arg(id, "id"))); }, py::arg("id"),
           "Drop block `id`'s key; return it (None if it had none).")
       .def("uncache_all", &BlockPool::uncache_all, "Drop every key; return how many blocks lost one.")
       .def(
@@ -102,16 +100,16 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
           py::arg("keys"), "Blocks for the keys in order, stopping at the first miss.")
       .def(
           "lookup_chain_packed",
-          [](const BlockPool& p, py::handle keys, int64_t key_size) {
-            return to_list(p.lookup_chain_packed(key_view(keys), key_size));
+          [](const BlockPool& p, py::handle keys, py::handle key_size) {
+            return to_list(p.lookup_chain_packed(key_view(keys), arg(key_size, "key_size")));
           },
           py::arg("keys"), py::arg("key_size"),
           "lookup_chain over keys packed back to back in one bytes, key_size bytes each.")
       .def(
           "evict_front",
-          [](BlockPool& p, int64_t n) {
+          [](BlockPool& p, py::handle n) {
             py::list out;
-            for (const auto& k : p.evict_front(n)) out.append(py::bytes(k));
+            for (const auto& k : p.evict_front(arg(n, "n"))) out.append(py::bytes(k));
             return out;
           },
           py::arg("n"), "Drop the keys of the first n keyed free blocks (LRU first); return them.")
@@ -133,9 +131,10 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
             return out;
           },
           "Keys dropped by the most recent allocate() call.")
-      .def("ref_count", &BlockPool::ref_count, py::arg("id"))
       .def(
-          "key", [](const BlockPool& p, int64_t id) { return to_bytes(p.key(id)); }, py::arg("id"))
+          "ref_count", [](const BlockPool& p, py::handle id) { return p.ref_count(arg(id, "id")); }, py::arg("id"))
+      .def(
+          "key", [](const BlockPool& p, py::handle id) { return to_bytes(p.key(arg(id, "id"))); }, py::arg("id"))
       .def(
           "free_queue", [](const BlockPool& p) { return to_list(p.free_queue()); }, "Free queue from front (reused first) to tail.")
       .def(

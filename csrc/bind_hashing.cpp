@@ -7,18 +7,12 @@
 #include <vector>
 
 #include "hashing.h"
+#include "py_args.h"
 
 namespace py = pybind11;
 
 namespace prefixcache {
 namespace {
-
-std::string_view bytes_view(py::handle obj, const char* what) {
-  if (!PyBytes_Check(obj.ptr())) {
-    throw py::type_error(std::string(what) + " must be bytes, got " + Py_TYPE(obj.ptr())->tp_name);
-  }
-  return std::string_view(PyBytes_AS_STRING(obj.ptr()), PyBytes_GET_SIZE(obj.ptr()));
-}
 
 py::bytes digest_bytes(const Digest& d) { return py::bytes(reinterpret_cast<const char*>(d.data()), d.size()); }
 
@@ -42,11 +36,12 @@ std::optional<std::vector<int64_t>> to_tokens(PyObject* seq, Py_ssize_t count) {
 }
 
 py::object chain(py::handle tokens, int64_t block_size, py::handle parent, py::handle first_extra_cbor,
-                 bool packed) {
+                 py::handle later_extra_cbor, bool packed) {
   if (block_size < 1) throw py::value_error("block_size must be >= 1, got " + std::to_string(block_size));
   std::string_view parent_bytes = bytes_view(parent, "parent");
-  std::optional<std::string_view> extra;
+  std::optional<std::string_view> extra, later;
   if (!first_extra_cbor.is_none()) extra = bytes_view(first_extra_cbor, "first_extra_cbor");
+  if (!later_extra_cbor.is_none()) later = bytes_view(later_extra_cbor, "later_extra_cbor");
 
   py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(tokens.ptr(), "tokens must be a sequence of ints"));
   if (!seq) throw py::error_already_set();
@@ -57,7 +52,7 @@ py::object chain(py::handle tokens, int64_t block_size, py::handle parent, py::h
   std::vector<Digest> digests;
   {
     py::gil_scoped_release unlocked;  // parent and extra are immutable bytes we hold
-    digests = sha256_cbor_chain(parent_bytes, *ids, block_size, extra);
+    digests = sha256_cbor_chain(parent_bytes, *ids, block_size, extra, later);
   }
   if (packed) {
     static_assert(sizeof(Digest) == 32, "a vector of digests is their bytes back to back");
@@ -72,12 +67,14 @@ py::object chain(py::handle tokens, int64_t block_size, py::handle parent, py::h
 
 void bind_hashing(py::module_& m) {
   m.def("sha256_cbor_chain", &chain, py::arg("tokens"), py::arg("block_size"), py::arg("parent"),
-        py::arg("first_extra_cbor") = py::none(), py::arg("packed") = false, R"doc(
+        py::arg("first_extra_cbor") = py::none(), py::arg("later_extra_cbor") = py::none(),
+        py::arg("packed") = false, R"doc(
 sha256_cbor hashes of the full blocks of `tokens`, chained from `parent`.
 
 Block i hashes sha256(cbor((prev, tuple(block_tokens), extra))), where prev is
 `parent` for block 0 and the previous digest after, and extra is the CBOR
-`first_extra_cbor` for block 0 (None if not given) and None after. Returns a
+`first_extra_cbor` for block 0 and `later_extra_cbor` after (None where not
+given). Returns a
 list of 32-byte digests (with packed=True, one bytes of them back to back), or
 None if a token id does not fit in int64 (hash those in Python). TypeError for
 a token that is not an int.

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "bind_py_key.h"
+#include "py_args.h"
 #include "radix_tree.h"
 
 namespace py = pybind11;
@@ -87,7 +88,14 @@ Namespace to_namespace(py::handle obj) {
   if (!py::isinstance<py::str>(obj)) {
     throw py::type_error(std::string("namespace must be a str or None, got ") + Py_TYPE(obj.ptr())->tp_name);
   }
-  return obj.cast<std::string>();
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(obj.ptr(), &size);
+  if (utf8 == nullptr) {  // a lone surrogate: not text UTF-8 can carry
+    PyErr_Clear();
+    throw py::value_error("namespace must be valid Unicode (a lone surrogate cannot be encoded), got " +
+                          py::repr(obj).cast<std::string>());
+  }
+  return std::string(utf8, static_cast<size_t>(size));
 }
 
 py::object from_namespace(const Namespace& ns) { return ns ? py::object(py::str(*ns)) : py::object(py::none()); }
@@ -230,7 +238,8 @@ the use counts of evicted content (0: none). Not thread-safe.
       .def("unlock", &RadixTree::unlock, py::arg("node"), "Unlock root -> node.")
       .def(
           "evict",
-          [](RadixTree& t, int64_t num_tokens, py::object priority) {
+          [](RadixTree& t, py::handle num_tokens_arg, py::object priority) {
+            const int64_t num_tokens = saturated_int64(num_tokens_arg, "num_tokens");  // beyond int64: all
             if (priority.is_none()) return t.evict(num_tokens);
             return t.evict_by<PyKey>(num_tokens, [&](const RadixNode& n) { return PyKey{priority(t.candidate(n))}; });
           },

@@ -193,7 +193,8 @@ void CborWriter::byte_string(std::string_view bytes) {
 }
 
 std::vector<Digest> sha256_cbor_chain(std::string_view parent, std::span<const int64_t> tokens,
-                                      int64_t block_size, std::optional<std::string_view> first_extra_cbor) {
+                                      int64_t block_size, std::optional<std::string_view> first_extra_cbor,
+                                      std::optional<std::string_view> later_extra_cbor) {
   if (block_size < 1) {
     throw std::invalid_argument("block_size must be >= 1, got " + std::to_string(block_size));
   }
@@ -203,7 +204,8 @@ std::vector<Digest> sha256_cbor_chain(std::string_view parent, std::span<const i
   if (num_blocks == 0) return out;  // also keeps a huge block_size from sizing the buffer
   CborWriter link;
   link.reserve(link_size_bound(std::max(parent.size(), sizeof(Digest)), bs,
-                               first_extra_cbor ? first_extra_cbor->size() : 0));
+                               std::max(first_extra_cbor ? first_extra_cbor->size() : 0,
+                                        later_extra_cbor ? later_extra_cbor->size() : 0)));
   std::string_view prev = parent;
   for (size_t b = 0; b < num_blocks; ++b) {
     link.clear();
@@ -211,8 +213,9 @@ std::vector<Digest> sha256_cbor_chain(std::string_view parent, std::span<const i
     link.byte_string(prev);
     link.array_header(bs);
     for (int64_t token : tokens.subspan(b * bs, bs)) link.integer(token);
-    if (b == 0 && first_extra_cbor) {
-      link.raw(*first_extra_cbor);
+    const std::optional<std::string_view>& extra = b == 0 ? first_extra_cbor : later_extra_cbor;
+    if (extra) {
+      link.raw(*extra);
     } else {
       link.null();
     }

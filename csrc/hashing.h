@@ -5,14 +5,15 @@
 // link `(parent_hash, tuple(block_tokens), extra_keys)`, and the chain itself:
 //
 //   hash[0] = sha256(cbor((parent, tokens[0:bs], first_extra)))
-//   hash[i] = sha256(cbor((hash[i-1], tokens[i*bs:(i+1)*bs], None)))
+//   hash[i] = sha256(cbor((hash[i-1], tokens[i*bs:(i+1)*bs], later_extra)))
 //
 // byte for byte what `sha256(cbor2.dumps(obj, canonical=True))` gives in Python
 // (prefixcache/hashing.py is the readable reference; tests require equality).
 //
 // Never does: look anything up, cache anything, or hash a partial block. It
 // does not encode arbitrary extra keys either: the caller passes the first
-// block's extra keys already CBOR-encoded (they are per request, not per block).
+// block's and the later blocks' extra keys already CBOR-encoded (they are per
+// request, not per block: a salt on the first block, a LoRA adapter on all).
 #pragma once
 
 #include <algorithm>
@@ -84,9 +85,10 @@ class CborWriter {
 
 // The sha256_cbor hashes of the FULL blocks of `tokens` (a partial tail is
 // ignored), chained from `parent`. `first_extra_cbor` is the CBOR encoding of
-// the first block's extra keys; nullopt means None (0xf6). Every later block
-// has extra keys None. Throws std::invalid_argument if block_size < 1.
+// the first block's extra keys, `later_extra_cbor` that of every later block's;
+// nullopt means None (0xf6). Throws std::invalid_argument if block_size < 1.
 std::vector<Digest> sha256_cbor_chain(std::string_view parent, std::span<const int64_t> tokens,
-                                      int64_t block_size, std::optional<std::string_view> first_extra_cbor);
+                                      int64_t block_size, std::optional<std::string_view> first_extra_cbor,
+                                      std::optional<std::string_view> later_extra_cbor = std::nullopt);
 
 }  // namespace prefixcache

@@ -10,6 +10,7 @@ void bind_hashing(py::module_& m);
 void bind_radix_tree(py::module_& m);
 void bind_block_evictor(py::module_& m);
 void bind_attention(py::module_& m);
+void bind_block_contents(py::module_& m);
 }  // namespace prefixcache
 
 PYBIND11_MODULE(_C, m) {
@@ -19,4 +20,5 @@ PYBIND11_MODULE(_C, m) {
   prefixcache::bind_radix_tree(m);
   prefixcache::bind_block_evictor(m);
   prefixcache::bind_attention(m);
+  prefixcache::bind_block_contents(m);
 }

@@ -13,6 +13,7 @@ from pathlib import Path
 from prefixcache._C import BlockPool, InvariantError
 from prefixcache.config import CacheConfig, ConfigError, HashConfig, load_config
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from prefixcache.isolation import Isolation, LoRA
 from prefixcache.protocol import Admission, Match, PrefixCache
 from prefixcache.registry import (
     available_backends,
@@ -35,6 +36,8 @@ __all__ = [
     "Match",
     "Admission",
     "CacheStats",
+    "Isolation",
+    "LoRA",
     "KVEvent",
     "BlockStored",
     "BlockRemoved",

@@ -246,9 +246,11 @@ def load_yaml(source: str | Path) -> Mapping[str, Any]:
     """Parse a YAML file into its top-level mapping; errors name the file."""
     path = Path(source)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError("", f"cannot read config file: {err.strerror}", str(path)) from None
+    except UnicodeDecodeError as err:
+        raise ConfigError("", f"config file is not UTF-8 text (byte {err.start}: {err.reason})", str(path)) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:

@@ -17,10 +17,13 @@ Algorithms (as vLLM 0.33):
   xxhash       xxh3_128(pickle.dumps(obj, protocol=5))      -- 16 bytes
   xxhash_cbor  xxh3_128(cbor2.dumps(obj, canonical=True))   -- 16 bytes
 
-Namespaces: the first block of a chain (the one starting at token 0) carries
-`extra_keys = (("cache_salt", namespace),)`, exactly as vLLM salts with `cache_salt`; the
-rest of the chain inherits isolation through its parent hash. `extra_keys` is `None`
-(not an empty tuple, which changes the digest) when there is nothing to add.
+Namespaces (`prefixcache.isolation`): the first block of a chain (the one starting at
+token 0) carries `extra_keys = (("cache_salt", salt),)`, exactly as vLLM salts with
+`cache_salt`; the rest of the chain inherits isolation through its parent hash. A LoRA
+adapter adds `("lora", name, path)` to EVERY block, ahead of the salt (vLLM 0.33). The
+keys are tagged, so a salt never hashes like an adapter of the same name. `extra_keys`
+is `None` (not an empty tuple, which changes the digest) when there is nothing to add.
+A chain's blocks after the first carry `later_extra_keys` (the adapter, or None).
 """
 
 from __future__ import annotations
@@ -36,10 +39,13 @@ import cbor2
 import xxhash
 
 from prefixcache._C import sha256_cbor_chain as _native_sha256_cbor_chain
+from prefixcache.isolation import Namespace, check_namespace
+from prefixcache.isolation import extra_keys as namespace_extra_keys  # re-exported: the chain's extra keys
 
 __all__ = [
     "ALGORITHMS",
     "DEFAULT_SEED",
+    "CRYPTOGRAPHIC",
     "hash_function",
     "none_hash",
     "namespace_extra_keys",
@@ -51,7 +57,8 @@ __all__ = [
 ]
 
 DEFAULT_SEED = "vllm-none-hash"
-_CRYPTOGRAPHIC = ("sha256_cbor", "sha256")
+CRYPTOGRAPHIC = ("sha256_cbor", "sha256")
+"""Algorithms whose collisions nobody can find: the `hash` backend trusts their hits."""
 
 HashFunction = Callable[[Any], bytes]
 
@@ -108,13 +115,8 @@ def none_hash(algorithm: str, seed: str | None = None) -> bytes:
     """
     fn = hash_function(algorithm)
     if seed is None:
-        seed = DEFAULT_SEED if algorithm in _CRYPTOGRAPHIC else _process_seed()
+        seed = DEFAULT_SEED if algorithm in CRYPTOGRAPHIC else _process_seed()
     return fn(seed)
-
-
-def namespace_extra_keys(namespace: str | None) -> tuple[tuple[str, str], ...] | None:
-    """The extra keys a chain's first block carries for `namespace` (vLLM's cache_salt)."""
-    return None if namespace is None else (("cache_salt", namespace),)
 
 
 def hash_block(
@@ -130,15 +132,17 @@ def reference_chain_hashes(
     algorithm: str,
     parent: bytes,
     extra_keys: tuple | None = None,
+    later_extra_keys: tuple | None = None,
 ) -> list[bytes]:
     """Chained hashes of the FULL blocks of `tokens`, continuing from `parent`; the
-    first block carries `extra_keys`, later ones None. Plain Python, any algorithm."""
+    first block carries `extra_keys`, later ones `later_extra_keys`. Plain Python,
+    any algorithm."""
     fn = hash_function(algorithm)
     out = []
     for start in range(0, len(tokens) // block_size * block_size, block_size):
         parent = hash_block(fn, parent, tokens[start : start + block_size], extra_keys)
         out.append(parent)
-        extra_keys = None
+        extra_keys = later_extra_keys
     return out
 
 
@@ -149,14 +153,24 @@ def _cbor(extra_keys: tuple) -> bytes:
 
 
 def _native_chain(
-    tokens: Sequence[int], block_size: int, algorithm: str, parent: bytes, extra_keys: tuple | None, packed: bool
+    tokens: Sequence[int],
+    block_size: int,
+    algorithm: str,
+    parent: bytes,
+    extra_keys: tuple | None,
+    later_extra_keys: tuple | None,
+    packed: bool,
 ) -> list[bytes] | bytes | None:
     """The native chain, or None where it does not apply (another algorithm, or a
     token id beyond int64, which CBOR encodes as a bignum)."""
     if algorithm != "sha256_cbor":
         return None
-    extra = None if extra_keys is None else _cbor(extra_keys)
-    return _native_sha256_cbor_chain(tokens, block_size, parent, extra, packed=packed)
+    # Extra keys are encoded only if a block carries them, as the reference does (an
+    # unencodable key on a block that does not exist is no error).
+    num_blocks = len(tokens) // block_size if block_size >= 1 else 0
+    first = None if extra_keys is None or num_blocks < 1 else _cbor(extra_keys)
+    later = None if later_extra_keys is None or num_blocks < 2 else _cbor(later_extra_keys)
+    return _native_sha256_cbor_chain(tokens, block_size, parent, first, later, packed=packed)
 
 
 def chain_hashes(
@@ -165,13 +179,16 @@ def chain_hashes(
     algorithm: str,
     parent: bytes,
     extra_keys: tuple | None = None,
+    later_extra_keys: tuple | None = None,
 ) -> list[bytes]:
     """`reference_chain_hashes`, in one native call for `sha256_cbor`.
 
     `tokens` is typically a whole prompt, so the C++ side sees every block at once.
     """
-    out = _native_chain(tokens, block_size, algorithm, parent, extra_keys, packed=False)
-    return reference_chain_hashes(tokens, block_size, algorithm, parent, extra_keys) if out is None else out
+    out = _native_chain(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys, packed=False)
+    if out is None:
+        return reference_chain_hashes(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys)
+    return out
 
 
 def chain_digests(
@@ -180,32 +197,38 @@ def chain_digests(
     algorithm: str,
     parent: bytes,
     extra_keys: tuple | None = None,
+    later_extra_keys: tuple | None = None,
 ) -> bytes:
     """`chain_hashes` packed back to back in one bytes, as the pool's `*_packed`
     methods take them: a prompt's chain is then one object, not one per block. This
     is the per-request hot path of the `hash` backend."""
-    out = _native_chain(tokens, block_size, algorithm, parent, extra_keys, packed=True)
-    return b"".join(reference_chain_hashes(tokens, block_size, algorithm, parent, extra_keys)) if out is None else out
+    out = _native_chain(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys, packed=True)
+    if out is None:
+        return b"".join(reference_chain_hashes(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys))
+    return out
 
 
 def block_hashes(
     tokens: Sequence[int],
     block_size: int,
     algorithm: str = "sha256_cbor",
-    namespace: str | None = None,
+    namespace: Namespace = None,
     seed: str | None = None,
     parent: bytes | None = None,
 ) -> list[bytes]:
     """Chained hashes of the FULL blocks of `tokens` (a partial tail is not hashed).
 
     With `parent=None` the chain starts at `NONE_HASH` and its first block carries the
-    namespace; with a parent, `tokens` continue an existing chain and carry no salt.
+    namespace's salt; with a parent, `tokens` continue an existing chain and carry no
+    salt. Every block carries the namespace's adapter, if it has one.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     hash_function(algorithm)  # ValueError naming the allowed algorithms
-    extra = None
+    namespace = check_namespace(namespace)
+    later = namespace_extra_keys(namespace, first_block=False)
+    extra = later
     if parent is None:
         parent = none_hash(algorithm, seed)
         extra = namespace_extra_keys(namespace)
-    return chain_hashes(tokens, block_size, algorithm, parent, extra)
+    return chain_hashes(tokens, block_size, algorithm, parent, extra, later)

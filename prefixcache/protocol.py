@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from prefixcache.config import ConfigError
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from prefixcache.isolation import Isolation, LoRA, Namespace
 from prefixcache.stats import CacheStats
 
 if TYPE_CHECKING:
@@ -76,12 +77,11 @@ __all__ = [
     "BlockRemoved",
     "AllBlocksCleared",
     "Namespace",
+    "Isolation",
+    "LoRA",
     "as_tokens",
 ]
 
-Namespace = str | None
-"""Tenant / adapter isolation key: requests in different namespaces never share a block.
-`None` is a namespace of its own (vLLM `cache_salt`, SGLang `extra_key`)."""
 
 
 @dataclass(frozen=True)

@@ -68,12 +68,16 @@ from typing import Any
 
 from prefixcache._C import InvariantError, RadixTree
 from prefixcache.eviction import CandidateRecord, GhostTable, chain_page_key, namespace_key
-from prefixcache.protocol import Namespace, as_tokens
+from prefixcache.protocol import as_tokens
 
 __all__ = ["RadixTree", "PyRadixTree", "RadixMatch", "RadixInsert", "NodeInfo", "Candidate"]
 
 NATIVE_ORDERS = ("lru", "lfu", "fifo", "mru", "filo", "priority", "gslru")
 _INT32 = (-(1 << 31), (1 << 31) - 1)
+
+Namespace = str | None
+"""A tree namespace: one root per value. The `radix` backend passes
+`prefixcache.isolation.exact_key(namespace)`, so a LoRA namespace is a str here too."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,13 @@ class _Walk:
 def _check_namespace(namespace: object) -> Namespace:
     if namespace is not None and not isinstance(namespace, str):
         raise TypeError(f"namespace must be a str or None, got {type(namespace).__name__}")
+    if namespace is not None and not namespace.isascii():
+        try:
+            namespace.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"namespace must be valid Unicode (a lone surrogate cannot be encoded), got {namespace!r}"
+            ) from None
     return namespace
 
 

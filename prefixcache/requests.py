@@ -14,16 +14,10 @@ from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from prefixcache.isolation import check_namespace
 from prefixcache.protocol import Namespace, as_tokens
 
 __all__ = ["Request", "RequestTable", "check_namespace", "check_tokens"]
-
-
-def check_namespace(namespace: object) -> Namespace:
-    """`namespace` if it is a str or None; TypeError naming the field otherwise."""
-    if namespace is not None and not isinstance(namespace, str):
-        raise TypeError(f"namespace must be a str or None, got {type(namespace).__name__} {namespace!r}")
-    return namespace
 
 
 def check_tokens(tokens: Sequence[int], *, allow_empty: bool = False) -> list[int]:

@@ -23,6 +23,10 @@ class CacheStats:
     hits:       prompt tokens served from the cache, in TOKENS
     evictions:  cached BLOCKS dropped to make room
     rejected:   admissions or appends refused for lack of room
+    verify_failures: admissions whose hit stopped at a block found by its hash whose
+                recorded tokens or namespace differ from the request's (a hash
+                collision, caught by the `hash` backend's hit verification under a
+                non-cryptographic hash); that block and the rest are computed afresh
     """
 
     requests: int = 0
@@ -30,6 +34,7 @@ class CacheStats:
     hits: int = 0
     evictions: int = 0
     rejected: int = 0
+    verify_failures: int = 0
 
     @property
     def hit_rate(self) -> float:

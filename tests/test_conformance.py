@@ -8,6 +8,7 @@ import pytest
 import prefixcache.testing as kit
 from prefixcache import registry
 from prefixcache.backends.hash import HashCache
+from prefixcache.config import HashConfig
 from prefixcache.eviction import EvictionPolicy
 
 
@@ -30,6 +31,9 @@ SUBJECTS = [
     ("hash-gslru", "hash", {"eviction": "gslru"}),
     ("hash-python-policy", "hash", {"eviction": f"{__name__}:OldestCreatedFirst"}),
     ("radix-gslru", "radix", {"eviction": "gslru"}),
+    # Hit verification (xxhash) together with policy eviction and with partial hits.
+    ("hash-xxhash-gslru", "hash", {"eviction": "gslru", "hash": HashConfig("xxhash")}),
+    ("partial_block-xxhash", "partial_block:PartialBlockHash", {"hash": HashConfig("xxhash_cbor")}),
     ("radix-python-policy", "radix", {"eviction": f"{__name__}:OldestCreatedFirst"}),
 ]
 IDS = [s[0] for s in SUBJECTS]

@@ -349,7 +349,7 @@ def test_bad_input_is_a_clear_error():
     cache = make(4)
     with pytest.raises(ValueError, match="at least one token"):
         cache.admit("x", [])
-    with pytest.raises(TypeError, match="namespace must be a str or None"):
+    with pytest.raises(TypeError, match="namespace must be a str, an Isolation or None"):
         cache.admit("x", [1], namespace=3)
     with pytest.raises(TypeError, match=r"tokens\[1\] must be an int, got str"):
         cache.admit("x", [1, "2"] * 8)
@@ -371,7 +371,7 @@ def test_admit_copies_the_prompt():
 def test_config_errors():
     with pytest.raises(ConfigError, match="eviction: unknown eviction policy 'nope'"):
         make(4, eviction="nope")
-    with pytest.raises(ConfigError, match="options.x: unknown option for backend HashCache; allowed: none"):
+    with pytest.raises(ConfigError, match="options.x: unknown option for backend HashCache; allowed: verify_hits"):
         make(4, options={"x": 1})
 
 

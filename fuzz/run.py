@@ -1,0 +1,98 @@
+"""Run every fuzz harness for a bounded time, or replay saved inputs.
+
+    python fuzz/run.py                        # each harness 30 s (what CI runs)
+    python fuzz/run.py --seconds 3600         # the long run: an hour each
+    python fuzz/run.py --only fuzz_backends --seconds 600
+    python fuzz/run.py --replay fuzz/artifacts/crash-...   # without atheris, with a traceback
+
+Each harness runs in its own process under atheris (libFuzzer) with a fresh corpus
+(seeded from fuzz/regressions/<harness>/, the inputs of bugs found before) and writes
+any failing input to fuzz/artifacts/. Prints one line per harness (runs, executions
+per second, coverage, result) and exits non-zero if any harness failed. A failing
+input becomes a regression: a test in tests/test_fuzz_regressions.py, and the input
+itself in fuzz/regressions/<harness>/, which tests/test_fuzz_harnesses.py replays.
+
+Must never: hide a failure (any non-zero harness exit fails the run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+HARNESSES = sorted(p.stem for p in HERE.glob("fuzz_*.py"))
+
+
+def run(name: str, seconds: int, artifacts: Path) -> tuple[bool, str]:
+    with tempfile.TemporaryDirectory(prefix=f"{name}-corpus-") as corpus:
+        seeds = HERE / "regressions" / name
+        cmd = [
+            sys.executable,
+            str(HERE / f"{name}.py"),
+            corpus,
+            *([str(seeds)] if seeds.is_dir() else []),
+            f"-max_total_time={seconds}",
+            "-max_len=600",
+            "-len_control=0",
+            "-timeout=20",
+            f"-artifact_prefix={artifacts}/{name}-",
+            "-print_final_stats=1",
+        ]
+        started = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+        elapsed = time.perf_counter() - started
+    log = proc.stdout + proc.stderr
+    runs = re.search(r"Done (\d+) runs", log) or re.search(r"stat::number_of_executed_units:\s*(\d+)", log)
+    cov = re.findall(r"cov: (\d+)", log)
+    ok = proc.returncode == 0
+    line = (
+        f"{name:22s} {'ok' if ok else 'FAILED':6s} {elapsed:6.1f} s  "
+        f"{int(runs.group(1)) if runs else 0:>9,} runs  "
+        f"{(int(runs.group(1)) / elapsed if runs else 0):>7,.0f}/s  cov {cov[-1] if cov else '?'}"
+    )
+    if not ok:
+        line += "\n" + "\n".join(log.splitlines()[-40:])
+    return ok, line
+
+
+def replay(paths: list[str]) -> int:
+    """Run the harness named by each file's prefix on its bytes, in this process."""
+    sys.path.insert(0, str(HERE))
+    for path in paths:
+        name = next((h for h in HARNESSES if Path(path).name.startswith(h) or Path(path).parent.name == h), None)
+        if name is None:
+            raise SystemExit(f"{path}: name it <harness>-... or put it in a folder named after one: {HARNESSES}")
+        importlib.import_module(name).test_one_input(Path(path).read_bytes())
+        print(f"{path}: {name} passes")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=int, default=30, help="time per harness")
+    parser.add_argument("--only", nargs="+", choices=HARNESSES, help="run just these harnesses")
+    parser.add_argument("--artifacts", type=Path, default=HERE / "artifacts", help="where failing inputs go")
+    parser.add_argument("--replay", nargs="+", metavar="FILE", help="replay inputs instead of fuzzing")
+    args = parser.parse_args()
+    if args.replay:
+        return replay(args.replay)
+    args.artifacts.mkdir(parents=True, exist_ok=True)
+    print(f"# fuzz: {len(args.only or HARNESSES)} harnesses, {args.seconds} s each; command: {' '.join(sys.argv)}")
+    failed = 0
+    for name in args.only or HARNESSES:
+        ok, line = run(name, args.seconds, args.artifacts.resolve())
+        print(line, flush=True)
+        failed += not ok
+    print(f"# {failed} harness(es) failed" if failed else "# every harness passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
