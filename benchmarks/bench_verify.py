@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_hash import BLOCK_SIZE, WORKLOADS, best_times, cpu_name, replay_ours  # noqa: E402
+from bench_hash import BLOCK_SIZE, WORKLOADS, best_times, replay_ours  # noqa: E402
+from machine import cpu_model  # noqa: E402
 
 import prefixcache  # noqa: E402
 from prefixcache.config import CacheConfig, HashConfig  # noqa: E402
@@ -56,7 +57,7 @@ def main() -> int:
     parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
     args = parser.parse_args()
 
-    print(f"# bench_verify: {cpu_name()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(f"# bench_verify: {cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
     print(
         f"# block_size {BLOCK_SIZE}, num_blocks {args.num_blocks}, concurrency {args.concurrency}, "
         f"best of {args.repeat}"
