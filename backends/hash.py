@@ -433,11 +433,15 @@ class HashCache(PrefixCache):
         if partial is None:
             return hits, None, False
         block, n = partial
-        if not 1 <= n <= min(bs - 1, limit - len(hits) * bs) or self.pool.key(block) is None or block in hits:
+        if not 1 <= n <= min(bs - 1, limit - len(hits) * bs) or self.pool.key(block) is None:
             raise ValueError(f"partial_hit returned {partial!r}: needs a cached block and 1 <= n < block_size")
-        # The hook found the source through hashes: prove it as a full hit is proved.
-        if self._contents is not None and not self._contents.verify_head(block, hits, tokens, n, namespace_bytes):
-            return hits, None, True
+        if self._contents is not None:
+            # A hook finds sources by hash, so a collision can offer any cached block (one
+            # of the hits, too): prove it as a full hit is proved.
+            if block in hits or not self._contents.verify_head(block, hits, tokens, n, namespace_bytes):
+                return hits, None, True
+        elif block in hits:
+            raise ValueError(f"partial_hit returned {partial!r}: the block is one of the hit blocks")
         return hits, partial, False
 
     # -- eviction policy (a BlockEvictor unless the free queue's LRU is the policy) ----
