@@ -73,7 +73,8 @@ the hit; a key whose holders all fail stops the hit there (a miss: the rest is
 computed afresh and cached under the same key beside the impostor) and counts in
 `stats().verify_failures`. A partial hit's source (whatever `partial_hit` offers) is
 proved the same way, on its first n tokens, after exactly the proved full hits; one
-that fails is dropped (the hit ends at the full blocks) and counts the same way. A request's namespace and adapter are part of the proof.
+that fails is dropped (the hit ends at the full blocks) and counts the same way.
+A request's namespace and adapter are part of the proof.
 `options: {verify_hits: always}` verifies under SHA-256 too (defense in depth);
 `never` trusts even xxhash, as vLLM does (for measurements; not collision-proof).
 
