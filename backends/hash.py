@@ -71,7 +71,10 @@ the request's tokens after exactly the request's prefix, in its namespace.
 Key i's holders are tried earliest first; the first one that proves the position is
 the hit; a key whose holders all fail stops the hit there (a miss: the rest is
 computed afresh and cached under the same key beside the impostor) and counts in
-`stats().verify_failures`. A request's namespace and adapter are part of the proof.
+`stats().verify_failures`. A partial hit's source (whatever `partial_hit` offers) is
+proved the same way, on its first n tokens, after exactly the proved full hits; one
+that fails is dropped (the hit ends at the full blocks) and counts the same way.
+A request's namespace and adapter are part of the proof.
 `options: {verify_hits: always}` verifies under SHA-256 too (defense in depth);
 `never` trusts even xxhash, as vLLM does (for measurements; not collision-proof).
 
@@ -172,13 +175,14 @@ class HashCache(PrefixCache):
         tokens = check_tokens(tokens, allow_empty=True)
         namespace = check_namespace(namespace)
         digests = self._prompt_digests(tokens, namespace)
+        namespace_bytes = b"" if self._contents is None else exact_bytes(namespace)
         if self._contents is None:
             hits = self.pool.lookup_chain_packed(digests, self._digest_size)
         else:
-            hits, _ = self._contents.lookup_chain(digests, self._digest_size, tokens, exact_bytes(namespace))
+            hits, _ = self._contents.lookup_chain(digests, self._digest_size, tokens, namespace_bytes)
         partial = None
         if self._trims or self.partial_hits:
-            hits, partial = self._usable(tokens, namespace, digests, hits, len(tokens))
+            hits, partial, _ = self._usable(tokens, namespace, namespace_bytes, digests, hits, len(tokens))
         if partial is not None:
             return Match(len(hits) * self.block_size + partial[1], (*hits, partial[0]))
         return Match(len(hits) * self.block_size, tuple(hits))
@@ -210,7 +214,10 @@ class HashCache(PrefixCache):
             hits, refuted = self._contents.lookup_chain(capped, ds, tokens, namespace_bytes)
         partial = None
         if self._trims or self.partial_hits:  # only a subclass with a hook pays for it
-            hits, partial = self._usable(tokens, namespace, digests, hits, len(tokens) - 1)
+            hits, partial, refuted_partial = self._usable(
+                tokens, namespace, namespace_bytes, digests, hits, len(tokens) - 1
+            )
+            refuted = refuted or refuted_partial
         pinned = hits if partial is None else [*hits, partial[0]]
         num_new = _ceil_div(len(tokens), bs) - len(hits)
         if num_new + (self.pool.count_free(pinned) if pinned else 0) > self.pool.num_free:
@@ -404,23 +411,39 @@ class HashCache(PrefixCache):
         return self._digest_size
 
     def _usable(
-        self, tokens: list[int], namespace: Namespace, digests: bytes, hits: list[int], limit: int
-    ) -> tuple[list[int], tuple[int, int] | None]:
-        """The hit blocks `usable_hit` keeps, and a partial block if the class has
-        `partial_hits` and nothing was trimmed. `limit`: TOKENS a hit may cover."""
+        self,
+        tokens: list[int],
+        namespace: Namespace,
+        namespace_bytes: bytes,
+        digests: bytes,
+        hits: list[int],
+        limit: int,
+    ) -> tuple[list[int], tuple[int, int] | None, bool]:
+        """The hit blocks `usable_hit` keeps, a partial block if the class has
+        `partial_hits` and nothing was trimmed, and whether hit verification refuted
+        the partial block `partial_hit` offered (then dropped). `limit`: TOKENS a hit
+        may cover."""
         bs = self.block_size
         if self._trims:
             keep = self.checked_usable_hit(tokens[:limit], len(hits) * bs, namespace)
             if keep < len(hits) * bs:
-                return hits[: keep // bs], None
+                return hits[: keep // bs], None, False
         if not self.partial_hits or limit - len(hits) * bs < 1:
-            return hits, None
+            return hits, None, False
         partial = self.partial_hit(tokens, namespace, digests, len(hits), limit - len(hits) * bs)
-        if partial is not None:
-            block, n = partial
-            if not 1 <= n <= min(bs - 1, limit - len(hits) * bs) or self.pool.key(block) is None or block in hits:
-                raise ValueError(f"partial_hit returned {partial!r}: needs a cached block and 1 <= n < block_size")
-        return hits, partial
+        if partial is None:
+            return hits, None, False
+        block, n = partial
+        if not 1 <= n <= min(bs - 1, limit - len(hits) * bs) or self.pool.key(block) is None:
+            raise ValueError(f"partial_hit returned {partial!r}: needs a cached block and 1 <= n < block_size")
+        if self._contents is not None:
+            # A hook finds sources by hash, so a collision can offer any cached block (one
+            # of the hits, too): prove it as a full hit is proved.
+            if block in hits or not self._contents.verify_head(block, hits, tokens, n, namespace_bytes):
+                return hits, None, True
+        elif block in hits:
+            raise ValueError(f"partial_hit returned {partial!r}: the block is one of the hit blocks")
+        return hits, partial, False
 
     # -- eviction policy (a BlockEvictor unless the free queue's LRU is the policy) ----
     def _make_evictor(self) -> BlockEvictor | CallbackBlockEvictor | None:

@@ -3,8 +3,8 @@
 Drives `prefixcache.stress.stress` (admit / append / commit / release / evict / reset /
 match, several namespaces and LoRA adapters sharing the same token runs, a pool small
 enough that admissions are refused and blocks evicted all the time) through the `hash`
-backend (under SHA-256 and under xxhash, whose hits are verified) and the `radix`
-backend. Every hit, match and commit is checked against the exact causal KV shadow;
+backend (under SHA-256 and under xxhash, whose hits are verified, the latter also
+with `gslru` eviction, so verification meets policy eviction) and the `radix` backend. Every hit, match and commit is checked against the exact causal KV shadow;
 `check_invariants()` runs every `--check-every` operations and on every live request's
 blocks. Prints operations per second and the invariant checks passed; exits non-zero
 at the first wrong answer (with the traceback).
@@ -25,9 +25,9 @@ import prefixcache
 from prefixcache.config import CacheConfig, HashConfig
 from prefixcache.stress import OPERATIONS, stress
 
-ARMS = {
-    "hash": [("hash", "sha256_cbor"), ("hash", "xxhash")],
-    "radix": [("radix", "sha256_cbor")],
+ARMS = {  # (backend, hash algorithm, eviction policy)
+    "hash": [("hash", "sha256_cbor", "lru"), ("hash", "xxhash", "lru"), ("hash", "xxhash", "gslru")],
+    "radix": [("radix", "sha256_cbor", "lru")],
 }
 
 
@@ -53,6 +53,7 @@ def main() -> int:
     columns = [
         "backend",
         "hash",
+        "eviction",
         "operations",
         "seconds",
         "ops/s",
@@ -68,13 +69,14 @@ def main() -> int:
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     started = time.perf_counter()
-    for backend, algorithm in arms:
+    for backend, algorithm, eviction in arms:
         cache = prefixcache.build_cache(
             CacheConfig(
                 backend=backend,
                 block_size=args.block_size,
                 num_blocks=args.num_blocks,
                 hash=HashConfig(algorithm=algorithm),
+                eviction=eviction,
                 enable_events=False,
             )
         )
@@ -82,7 +84,7 @@ def main() -> int:
         def progress(report) -> None:
             if args.progress and report.operations % max(args.ops // 10, args.check_every) < args.check_every:
                 print(
-                    f"#   {backend}/{algorithm}: {report.operations:,} operations, {report.ops_per_second:,.0f}/s",
+                    f"#   {backend}/{algorithm}/{eviction}: {report.operations:,} operations, {report.ops_per_second:,.0f}/s",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -98,6 +100,7 @@ def main() -> int:
         cells = [
             backend,
             algorithm,
+            eviction,
             f"{r.operations:,}",
             f"{r.seconds:.1f}",
             f"{r.ops_per_second:,.0f}",

@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -131,6 +132,21 @@ bytes compared exactly. Not thread-safe.
           },
           py::arg("table"), py::arg("tokens"), py::arg("namespace"),
           "How many leading blocks of a request's table prove its first blocks.")
+      .def(
+          "verify_head",
+          [](const BlockContents& c, py::handle block, py::handle proved, py::handle tokens, py::handle n,
+             py::handle ns) {
+            std::vector<int32_t> ids = block_ids(proved);
+            const int64_t head = saturated_int64(n, "n");
+            auto [toks, representable] =
+                token_ids(tokens, 0, static_cast<int64_t>(ids.size()) * c.block_size() +
+                                                std::clamp<int64_t>(head, 0, c.block_size()));
+            toks.resize(representable);
+            return c.verify_head(saturated_int64(block, "block"), ids, toks, head, bytes_view(ns, "namespace"));
+          },
+          py::arg("block"), py::arg("proved"), py::arg("tokens"), py::arg("n"), py::arg("namespace"),
+          "Whether `block` holds the request's next n tokens (1 <= n <= block_size) as its head, computed "
+          "after exactly the request's proved hits `proved` in `namespace`: a partial hit's source.")
       .def(
           "tokens", [](const BlockContents& c, py::handle id) { return c.tokens(saturated_int64(id, "id")); },
           py::arg("id"), "Token ids of the block's node ([] without one).")

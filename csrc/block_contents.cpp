@@ -37,17 +37,17 @@ void BlockContents::widen() {
   is_wide_ = true;
 }
 
-bool BlockContents::same_tokens(int32_t node, const int64_t* block_tokens) const {
+bool BlockContents::same_tokens(int32_t node, const int64_t* block_tokens, int64_t count) const {
   // Branch-free over the block (the compiler vectorizes it): a block is short, and
   // a mismatch is the rare case.
   const size_t base = static_cast<size_t>(node) * static_cast<size_t>(block_size_);
   uint64_t differ = 0;
   if (!is_wide_) {
     const int32_t* stored = narrow_.data() + base;
-    for (int64_t j = 0; j < block_size_; ++j) differ |= static_cast<uint64_t>(stored[j] ^ block_tokens[j]);
+    for (int64_t j = 0; j < count; ++j) differ |= static_cast<uint64_t>(stored[j] ^ block_tokens[j]);
   } else {
     const int64_t* stored = wide_.data() + base;
-    for (int64_t j = 0; j < block_size_; ++j) differ |= static_cast<uint64_t>(stored[j] ^ block_tokens[j]);
+    for (int64_t j = 0; j < count; ++j) differ |= static_cast<uint64_t>(stored[j] ^ block_tokens[j]);
   }
   return differ == 0;
 }
@@ -132,9 +132,9 @@ void BlockContents::record(int64_t parent, std::span<const int32_t> blocks, std:
 }
 
 bool BlockContents::proves(int32_t h, int64_t i, std::span<const int32_t> proved, std::span<const int64_t> tokens,
-                           std::string_view ns) const {
+                           std::string_view ns, int64_t head) const {
   const int32_t n = block_node_[h];
-  if (n == kNone || !same_tokens(n, tokens.data() + i * block_size_)) return false;
+  if (n == kNone || !same_tokens(n, tokens.data() + i * block_size_, head)) return false;
   if (i == 0) return parent_[n] == kNone && namespace_[n] == ns;
   // Down the node's ancestry: done at a node already proved at the same position
   // (in the usual case the very first step), or at the chain start.
@@ -142,7 +142,7 @@ bool BlockContents::proves(int32_t h, int64_t i, std::span<const int32_t> proved
   for (int64_t j = i - 1;; --j) {
     if (p == kNone) return false;
     if (p == block_node_[proved[j]]) return true;
-    if (!same_tokens(p, tokens.data() + j * block_size_)) return false;
+    if (!same_tokens(p, tokens.data() + j * block_size_, block_size_)) return false;
     if (j == 0) return parent_[p] == kNone && namespace_[p] == ns;
     p = parent_[p];
   }
@@ -161,13 +161,13 @@ VerifiedChain BlockContents::lookup_chain(std::string_view keys, int64_t key_siz
     std::string_view key = keys.substr(i * key_size, key_size);
     std::optional<int32_t> first = pool_.lookup(key);
     if (!first) break;
-    if (proves(*first, static_cast<int64_t>(i), out.blocks, tokens, ns)) {
+    if (proves(*first, static_cast<int64_t>(i), out.blocks, tokens, ns, block_size_)) {
       out.blocks.push_back(*first);
       continue;
     }
     int32_t found = -1;
     for (int32_t h : pool_.blocks_for(key)) {
-      if (h != *first && proves(h, static_cast<int64_t>(i), out.blocks, tokens, ns)) {
+      if (h != *first && proves(h, static_cast<int64_t>(i), out.blocks, tokens, ns, block_size_)) {
         found = h;
         break;
       }
@@ -186,9 +186,24 @@ int64_t BlockContents::verify_table(std::span<const int32_t> table, std::span<co
   for (int32_t b : table) check_id(b, "verify_table");
   const size_t n = std::min(table.size(), tokens.size() / static_cast<size_t>(block_size_));
   for (size_t i = 0; i < n; ++i) {
-    if (!proves(table[i], static_cast<int64_t>(i), table.first(i), tokens, ns)) return static_cast<int64_t>(i);
+    if (!proves(table[i], static_cast<int64_t>(i), table.first(i), tokens, ns, block_size_)) {
+      return static_cast<int64_t>(i);
+    }
   }
   return static_cast<int64_t>(n);
+}
+
+bool BlockContents::verify_head(int64_t block, std::span<const int32_t> proved, std::span<const int64_t> tokens,
+                                int64_t n, std::string_view ns) const {
+  const int32_t h = check_id(block, "verify_head");
+  for (int32_t b : proved) check_id(b, "verify_head: proved");
+  if (n < 1 || n > block_size_) {
+    throw std::invalid_argument("verify_head: n must be in [1, " + std::to_string(block_size_) + "], got " +
+                                std::to_string(n));
+  }
+  const int64_t i = static_cast<int64_t>(proved.size());
+  if (static_cast<int64_t>(tokens.size()) < i * block_size_ + n) return false;  // not all representable
+  return proves(h, i, proved, tokens, ns, n);
 }
 
 std::vector<int64_t> BlockContents::tokens(int64_t id) const {

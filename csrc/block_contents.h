@@ -24,7 +24,8 @@
 //     of the same prefix, computed on other blocks; O(i)).
 // A key with holders but none that proves its position is a verification failure:
 // the hit stops there and the caller counts it. Nodes never change, so a proof never
-// depends on what a reused block holds now.
+// depends on what a reused block holds now. A partial hit's source (verify_head) is
+// proved the same way at the position after the full hits, on its first n tokens.
 #pragma once
 
 #include <cstdint>
@@ -70,6 +71,13 @@ class BlockContents {
   // How many leading blocks of `table` prove the request's first blocks (the same
   // proof as lookup_chain, with table[0:i] as the blocks proved before position i).
   int64_t verify_table(std::span<const int32_t> table, std::span<const int64_t> tokens, std::string_view ns) const;
+  // Whether `block` may be the source of a partial hit (a copy of its first n tokens,
+  // 1 <= n <= block_size) after the request's proved hits `proved` (its first
+  // proved.size() blocks, as lookup_chain returned them): the same proof as a full
+  // hit at position proved.size(), comparing only the block's first n tokens.
+  // `tokens` are the request's leading tokens; fewer than the proof reads: false.
+  bool verify_head(int64_t block, std::span<const int32_t> proved, std::span<const int64_t> tokens, int64_t n,
+                   std::string_view ns) const;
 
   // Inspection, for tests: the tokens of block `id`'s node (empty without one), and
   // its number of nodes from the chain start through it (0 without one).
@@ -86,11 +94,12 @@ class BlockContents {
     const size_t at = static_cast<size_t>(node) * static_cast<size_t>(block_size_) + static_cast<size_t>(j);
     return is_wide_ ? wide_[at] : narrow_[at];
   }
-  bool same_tokens(int32_t node, const int64_t* block_tokens) const;
-  // Whether h's node proves that h holds the request's block i, given the blocks
-  // already proved at positions [0, i).
+  // Whether the node's first `count` token ids are block_tokens[0:count].
+  bool same_tokens(int32_t node, const int64_t* block_tokens, int64_t count) const;
+  // Whether h's node proves that h holds the request's block i (its first `head`
+  // tokens: block_size for a full hit), given the blocks already proved at [0, i).
   bool proves(int32_t h, int64_t i, std::span<const int32_t> proved, std::span<const int64_t> tokens,
-              std::string_view ns) const;
+              std::string_view ns, int64_t head) const;
   int32_t new_node(int32_t parent, const int64_t* block_tokens, std::string_view ns);
   void release(int32_t node);  // drops one reference; frees nodes that reach zero
   void widen();

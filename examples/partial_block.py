@@ -14,6 +14,11 @@ the n slots before computing, and the hit is n tokens longer (protocol: partial 
       num_blocks: 4096
 
 Cost: one dict look-up per admission, plus a scan of the last hit block's children.
+Children are found by hash: under a non-cryptographic hash (`xxhash`) the backend
+proves the offered source from its exact contents (`verify_head`: its head tokens,
+after exactly the request's proved hit blocks, in its namespace) and drops one that
+fails (counted in `verify_failures`), so a collision costs a partial hit, never
+wrong KV.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ the usual case), or the parent's ancestry spells the request's first i blocks in
 namespace, down to the start or to a node already proved (another request's copy of
 the same prefix; O(i)). `lookup_chain` tries key i's holders earliest first; a key
 with holders none of which proves its position stops the hit and reports `failed`.
+A partial hit's source (`verify_head`: a copy of a cached block's first n tokens) is
+proved the same way, at the position after the full hits, on its first n tokens.
 Nodes never change, so a proof never depends on what a reused block holds now.
 
 `BlockContents` (re-exported from the native core) is what the `hash` backend uses;
@@ -153,10 +155,14 @@ class PyBlockContents:
             prev = self._node[b]
 
     # -- proofs -------------------------------------------------------------------------
-    def _proves(self, h: int, i: int, proved: Sequence[int], tokens: list[int], namespace: bytes) -> bool:
+    def _proves(
+        self, h: int, i: int, proved: Sequence[int], tokens: list[int], namespace: bytes, head: int | None = None
+    ) -> bool:
+        """h proves position i (its first `head` tokens; default the whole block)."""
         bs = self.block_size
+        head = bs if head is None else head
         node = self._node[h]
-        if node is None or list(node.tokens) != tokens[i * bs : (i + 1) * bs]:
+        if node is None or list(node.tokens[:head]) != tokens[i * bs : i * bs + head]:
             return False
         if i == 0:
             return node.parent is None and node.namespace == namespace
@@ -208,6 +214,24 @@ class PyBlockContents:
             self._check_id(b, "verify_table")
         n = min(len(ids), representable // self.block_size)
         return next((i for i in range(n) if not self._proves(ids[i], i, ids[:i], toks, namespace)), n)
+
+    def verify_head(self, block: int, proved: Sequence[int], tokens: Sequence[int], n: int, namespace: bytes) -> bool:
+        """Whether `block` holds the request's next n tokens (1 <= n <= block_size) as
+        its head, computed after exactly its proved hits `proved`: a partial hit's source."""
+        ids = _block_ids(proved)
+        if type(n) is bool or not isinstance(n, int):
+            raise TypeError(f"n must be an int, got {type(n).__name__}")
+        need = len(ids) * self.block_size + min(max(n, 0), self.block_size)
+        toks, representable = _token_ids(tokens, 0, need)
+        namespace = _check_bytes(namespace, "namespace")
+        self._check_id(block, "verify_head")
+        for b in ids:
+            self._check_id(b, "verify_head: proved")
+        if not 1 <= n <= self.block_size:
+            raise ValueError(f"verify_head: n must be in [1, {self.block_size}], got {n}")
+        if representable < need:
+            return False
+        return self._proves(block, len(ids), ids, toks, namespace, n)
 
     # -- inspection ---------------------------------------------------------------------
     def tokens(self, block_id: int) -> list[int]:

@@ -26,7 +26,8 @@ class CacheStats:
     verify_failures: admissions whose hit stopped at a block found by its hash whose
                 recorded tokens or namespace differ from the request's (a hash
                 collision, caught by the `hash` backend's hit verification under a
-                non-cryptographic hash); that block and the rest are computed afresh
+                non-cryptographic hash), or whose partial-hit source was refuted
+                the same way; that block and the rest are computed afresh
     """
 
     requests: int = 0

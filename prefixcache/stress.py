@@ -14,6 +14,11 @@ table that wrote it, never from the request's intentions: a hit on a block with 
 right tokens after another prefix, in another namespace, or not yet written, is caught
 the moment a request receives it. Nothing is hashed here; contents are compared exactly.
 
+A backend whose class declares `partial_hits` may end a hit inside a block with one
+copy `(src, dst, n)`: the source's first n slots must hold the request's next n tokens
+at the same position, after its exact prefix, when admitted and again at the first
+commit (when an engine copies); the request then computes on from there.
+
 Must never: look inside a backend (it uses the protocol and the pool's reference
 counts only), or depend on a strategy's hit counts or eviction order.
 """
@@ -88,6 +93,24 @@ class PrefixShadow:
                 _Garbage() if before is None or isinstance(before, _Garbage) else (before[0], before[1] + own)
             )
 
+    def check_head(self, block: int, namespace: Any, tokens: Sequence[int], num_tokens: int, what: str) -> None:
+        """`block` holds tokens[:num_tokens] (TOKENS, ending inside it) for `namespace`
+        at the same position: its first num_tokens % block_size slots are a partial hit."""
+        bs = self.block_size
+        held = self.content[block]
+        stop = -(-num_tokens // bs) * bs
+        if not (
+            isinstance(held, tuple)
+            and held[0] == namespace
+            and len(held[1]) == stop
+            and held[1][:num_tokens] == tuple(tokens[:num_tokens])
+        ):
+            raise AssertionError(
+                f"{what}: partial-hit source {block} holds {held if held is None else 'other KV'}; the request "
+                f"needs namespace {namespace!r}, tokens ...{tuple(tokens[stop - bs : num_tokens])} after "
+                f"{stop - bs} others"
+            )
+
     def check(self, table: Sequence[int], namespace: Any, tokens: Sequence[int], num_tokens: int, what: str) -> None:
         """Blocks of `table` covering tokens[:num_tokens] (whole blocks) must hold exactly
         `namespace` and the request's prefix through each block."""
@@ -122,6 +145,7 @@ class StressReport:
     refused: int = 0  # admit/append that returned None
     hit_tokens: int = 0
     prompt_tokens: int = 0
+    copies: int = 0  # admissions whose hit ended inside a block (partial hits)
     evicted_blocks: int = 0
     resets: int = 0  # successful ones
     verify_failures: int = 0
@@ -136,6 +160,7 @@ class _Live:
     tokens: list[int]
     namespace: Any
     computed: int
+    copy_source: int | None = None  # a partial hit's source, until the first commit copies it
 
 
 def stress(
@@ -202,12 +227,19 @@ def stress(
             if live:
                 release()  # pool pressure: make room as a scheduler would
             return
-        hit = adm.num_cached_tokens
-        assert hit % bs == 0 and 0 <= hit <= len(tokens) - 1, f"admit {rid}: hit {hit} of {len(tokens)} tokens"
+        hit, what = adm.num_cached_tokens, f"admit of request {rid} (namespace {ns!r})"
+        assert 0 <= hit <= len(tokens) - 1, f"admit {rid}: hit {hit} of {len(tokens)} tokens"
+        assert hit % bs == 0 or type(cache).partial_hits, f"admit {rid}: hit {hit} is not whole blocks"
         assert len(adm.block_table) == -(-len(tokens) // bs)
-        shadow.check(adm.block_table, ns, tokens, hit, f"admit of request {rid} (namespace {ns!r})")
+        source = adm.copies[0][0] if len(adm.copies) == 1 else None
+        expected = ((source, adm.block_table[hit // bs], hit % bs),) if hit % bs else ()
+        assert adm.copies == expected and source not in adm.block_table, f"{what}: hit {hit}, copies {adm.copies}"
+        shadow.check(adm.block_table, ns, tokens, hit, what)
+        if source is not None:
+            shadow.check_head(source, ns, tokens, hit, what)
+            report.copies += 1
         shadow.allocated(adm.block_table[hit // bs :])
-        live[rid] = _Live(list(tokens), ns, hit)
+        live[rid] = _Live(list(tokens), ns, hit, source)
         report.admitted += 1
         report.hit_tokens += hit
         report.prompt_tokens += len(tokens)
@@ -228,6 +260,9 @@ def stress(
         r = live[rid]
         n = rng.randint(r.computed, len(r.tokens))
         table = cache.block_table(rid)
+        if r.copy_source is not None:  # the engine copies now: the source must still hold it
+            shadow.check_head(r.copy_source, r.namespace, r.tokens, r.computed, f"copy for request {rid}")
+            r.copy_source = None
         for i in range(r.computed // bs, -(-n // bs)):
             assert pool.ref_count(table[i]) == 1, (
                 f"request {rid} writes into block {table[i]}, which something else holds "
@@ -265,6 +300,8 @@ def stress(
         tokens = rng.choice(prefixes)[: rng.randint(1, prefix_len)]
         m = cache.match(tokens, namespace=ns)
         shadow.check(m.block_ids, ns, tokens, m.num_tokens, f"match in namespace {ns!r}")
+        if m.num_tokens % bs:
+            shadow.check_head(m.block_ids[m.num_tokens // bs], ns, tokens, m.num_tokens, f"match in namespace {ns!r}")
 
     actions = {
         "admit": admit,

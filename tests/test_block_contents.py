@@ -103,6 +103,32 @@ def test_a_copy_of_the_prefix_is_proved_through_its_ancestry(make):
     store.check_invariants()
 
 
+def test_a_partial_source_is_proved_on_its_head_after_the_proved_hits(make):
+    pool, store = make()
+    chain(store, pool, [0, 1, 2], [1, 2, 3, 4, 5, 6], [b"k0", b"k1", b"k2"])  # A
+    chain(store, pool, [3, 4], [7, 7, 3, 9], [b"c0", b"k1"])  # C: [3, 9] after another prefix
+    assert store.verify_head(1, [0], [1, 2, 3, 0], 1, NS)  # head [3] after A's block 0
+    assert not store.verify_head(1, [0], [1, 2, 3, 0], 2, NS)  # [3, 4] is not [3, 0]
+    assert not store.verify_head(4, [0], [1, 2, 3, 0], 1, NS)  # [3] after [7, 7]: other KV
+    assert store.verify_head(0, [], [1, 9], 1, NS) and not store.verify_head(0, [], [1, 9], 1, b"")
+    assert not store.verify_head(3, [], [1, 9], 1, NS)
+    assert not store.verify_head(2, [0], [1, 2, 5], 1, NS)  # block 2 is at position 2, not 1
+    assert store.verify_head(2, [0, 1], [1, 2, 3, 4, 5, 6], 2, NS)  # n == block_size: a full proof
+    # The same prefix computed on other blocks: proved through the source's ancestry.
+    chain(store, pool, [5, 6], [1, 2, 3, 4], [b"k0", b"k1"])
+    assert store.verify_head(2, [5, 6], [1, 2, 3, 4, 5], 1, NS)
+    assert not store.verify_head(1, [0], [1, 2, 2**70], 1, NS)  # an id int64 cannot hold
+    assert not store.verify_head(1, [0], [1, 2], 1, NS)  # fewer tokens than the proof reads
+    for bad, err in (((99, [0]), IndexError), ((1, [-1]), IndexError), ((1, ["x"]), TypeError)):
+        with pytest.raises(err):
+            store.verify_head(*bad, [1, 2, 3], 1, NS)
+    for n in (0, 3, -1, 2**70):
+        with pytest.raises((ValueError, OverflowError)):
+            store.verify_head(1, [0], [1, 2, 3, 4], n, NS)
+    with pytest.raises(TypeError):
+        store.verify_head(1, [0], [1, 2, 3], 1, "ns")
+
+
 def test_a_block_recorded_after_itself_proves_nothing(make):
     pool, store = make()
     chain(store, pool, [0], [1, 2], [b"k0"])
@@ -179,7 +205,7 @@ class ContentsMachine(RuleBasedStateMachine):
             pool.allocate(self.NUM_BLOCKS)
         self.stores = [BlockContents(self.pools[0], BS), PyBlockContents(self.pools[1], BS)]
         self.truth: dict[int, tuple] = {}  # block -> (namespace, prefix tokens through it)
-        self.proved = self.copies = self.refuted = 0
+        self.proved = self.copies = self.refuted = self.heads = 0
 
     def both(self, name: str, *args):
         results = []
@@ -254,6 +280,13 @@ class ContentsMachine(RuleBasedStateMachine):
         _, n = self.both("verify_table", table, tokens, ns)
         for i in range(n):
             assert self.truth.get(table[i]) == (ns, tuple(tokens[: (i + 1) * BS]))
+        # The proved run may end in a partial hit: a source whose head is the next token.
+        _, head = self.both("verify_head", table[-1], table[:n], tokens, 1, ns)
+        if head:
+            truth = self.truth.get(table[-1])
+            assert truth is not None and truth[0] == ns and truth[1][: n * BS + 1] == tuple(tokens[: n * BS + 1])
+            assert len(truth[1]) == (n + 1) * BS
+            self.heads += 1
 
     @invariant()
     def same_descriptors(self):
@@ -297,5 +330,5 @@ def test_long_random_walk_never_proves_a_wrong_block():
         if rng.random() < 0.01:
             machine.same_descriptors()
     machine.same_descriptors()
-    counts = (machine.proved, machine.copies, machine.refuted)
-    assert machine.proved > 5_000 and machine.copies > 50 and machine.refuted > 500, counts
+    counts = (machine.proved, machine.copies, machine.refuted, machine.heads)
+    assert machine.proved > 5_000 and machine.copies > 50 and machine.refuted > 500 and machine.heads > 20, counts
