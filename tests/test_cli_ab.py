@@ -13,7 +13,7 @@ import pytest
 import prefixcache.ab_report
 from prefixcache.ab import ABResult
 from prefixcache.ab_report import PlotUnavailable
-from prefixcache.cli import DEFAULT_AB_CONFIG, main
+from prefixcache.cli import default_ab_config, main
 from prefixcache.workloads import synthetic_records, write_records
 
 CONFIGS = Path(__file__).parent.parent / "configs"
@@ -60,7 +60,7 @@ def test_ab_without_arguments_runs_the_shipped_default_within_a_minute(tmp_path,
     assert main(["ab", "--out", str(tmp_path)]) == 0
     assert time.perf_counter() - start < 60
     text = capsys.readouterr().out
-    assert f"config: {DEFAULT_AB_CONFIG} (the shipped default)" in text
+    assert f"config: {default_ab_config()} (the shipped default)" in text
     summary = json.loads((tmp_path / "ab.json").read_text())
     assert [a["name"] for a in summary["arms"]] == ["hash/16", "radix/16", "radix/1"]
     assert summary["workload"]["requests"] == 512 and is_png(tmp_path / "ab.png")

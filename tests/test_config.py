@@ -29,29 +29,29 @@ def test_full_config_loads(tmp_path):
         tmp_path,
         """
         cache:
-          backend: radix
+          backend: hash
           block_size: 1
           num_blocks: 128
           hash: {algorithm: xxhash, seed: abc}
           eviction: lfu
           enable_events: false
-          options: {foo: 1}
+          options: {verify_hits: always}
         """,
     )
     config = load_config(path)
     assert config == CacheConfig(
-        backend="radix",
+        backend="hash",
         block_size=1,
         num_blocks=128,
         hash=HashConfig("xxhash", "abc"),
         eviction="lfu",
         enable_events=False,
-        options={"foo": 1},
+        options={"verify_hits": "always"},
     )
     with pytest.raises(Exception):
         config.block_size = 2  # frozen
     with pytest.raises(TypeError):
-        config.options["foo"] = 2  # read-only view
+        config.options["verify_hits"] = "never"  # read-only view
 
 
 def test_defaults(tmp_path):
