@@ -20,6 +20,7 @@ Must never: implement caching, workloads or experiments here.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.resources
 import shutil
 import sys
@@ -62,9 +63,9 @@ def _console() -> Console:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """The file through the loader of the command that reads it: an A/B file (`arms:` or
-    `workload:`) as `ab` does, generator included; one with `engine:` as `generate` does;
-    else its `cache:` section (other sections may share such a file). Prints nothing
-    but the error when anything is wrong."""
+    `workload:`) as `ab` does, generator included; one with `engine:` (or a near miss of
+    it, such as `engin:`) as `generate` does; else its `cache:` section (other sections
+    may share such a file). Prints nothing but the error when anything is wrong."""
     source = str(args.file)
     data = load_yaml(source)
     if is_ab_mapping(data):
@@ -81,7 +82,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         elif spec.mooncake is not None and spec.mooncake.path is None:
             print("# workload: a Mooncake trace, path given at run time with --trace PATH")
         return 0
-    if "engine" in data:
+    if difflib.get_close_matches("engine", [str(k) for k in data], n=1):
         from prefixcache.engine.config import parse_serving_config  # no torch: the schema only
 
         serving = parse_serving_config(data, source)
