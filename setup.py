@@ -2,6 +2,8 @@
 
 `backends/` is installed as `prefixcache.backends` (not a top-level module), so the
 strategies live beside the core in the user's tree but import as part of the package.
+Likewise `configs/*.yaml` ships as package data of `prefixcache.configs`, so an installed
+`prefixcache ab` finds its default A/B file through importlib.resources.
 
 `PREFIXCACHE_CUDA=auto|1|0` decides whether csrc/*.cu is compiled into `_C` with nvcc
 (auto: when nvcc is found; 1: required; 0: never). The CUDA runtime is linked statically
@@ -103,11 +105,12 @@ class BuildExt(build_ext):
 
 
 packages = find_packages(include=["prefixcache", "prefixcache.*"])
-packages.append("prefixcache.backends")
+packages += ["prefixcache.backends", "prefixcache.configs"]
 
 setup(
     packages=packages,
-    package_dir={"prefixcache": "prefixcache", "prefixcache.backends": "backends"},
+    package_dir={"prefixcache": "prefixcache", "prefixcache.backends": "backends", "prefixcache.configs": "configs"},
+    package_data={"prefixcache.configs": ["*.yaml"]},
     ext_modules=[native_extension()],
     cmdclass={"build_ext": BuildExt},
     zip_safe=False,

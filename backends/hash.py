@@ -91,7 +91,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from prefixcache._C import BlockContents, BlockEvictor, BlockPool, CallbackBlockEvictor, InvariantError
-from prefixcache.config import CacheConfig, ConfigError
+from prefixcache.config import CacheConfig
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent, event_extra_keys
 from prefixcache.hashing import CRYPTOGRAPHIC, chain_digests, namespace_extra_keys, none_hash
 from prefixcache.isolation import Isolation, exact_bytes
@@ -141,18 +141,15 @@ def _ceil_div(a: int, b: int) -> int:
 class HashCache(PrefixCache):
     """vLLM V1 automatic prefix caching on a `BlockPool` (see the module docstring)."""
 
-    option_defaults = {"verify_hits": "auto"}  # VERIFY_HITS
+    option_defaults = {"verify_hits": "auto"}
+    option_choices = {"verify_hits": VERIFY_HITS}
 
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)
         self.policy = resolve_eviction_policy(config.eviction)()
         self._evictor = self._make_evictor()  # None: the free queue's LRU
         self._trims = type(self).usable_hit is not PrefixCache.usable_hit
-        verify = self.options["verify_hits"]
-        if verify not in VERIFY_HITS:
-            raise ConfigError(
-                "options.verify_hits", f"{verify!r} is not allowed; allowed values: {', '.join(VERIFY_HITS)}"
-            )
+        verify = self.options["verify_hits"]  # one of VERIFY_HITS (option_choices)
         self._algorithm = config.hash.algorithm
         self._none_hash = none_hash(self._algorithm, config.hash.seed)
         self._digest_size = len(self._none_hash)  # bytes per block hash in a packed chain

@@ -17,6 +17,10 @@ replay or build a cache (`prefixcache.ab` does both).
       hash/16: {backend: hash, block_size: 16}
       radix/1: {backend: radix, block_size: 1}
 
+Loading checks everything but the generator's parameter values (`WorkloadSpec.build`
+does, when the workload is made): arms' backends and their options, and that a trace
+path names a file.
+
 Capacity is given once, in TOKENS, because arms may differ in block size: an arm of
 block size B gets `num_blocks = capacity_tokens // B` blocks, so every arm holds the
 same number of tokens (exactly, when capacity_tokens is a multiple of every B; else
@@ -219,9 +223,20 @@ def parse_ab_config(data: Any, source: str | None = None) -> ABConfig:
                     "set the pool size once with capacity_tokens (TOKENS); each arm gets "
                     "capacity_tokens // block_size blocks",
                 )
-        return from_mapping(ABConfig, data)
+        config = from_mapping(ABConfig, data)
+        _check_trace_exists(config.workload.mooncake)
+        return config
     except ConfigError as err:
         raise err.within("", source) from None
+
+
+def _check_trace_exists(spec: MooncakeSpec | None) -> None:
+    """ConfigError (`workload.mooncake.path`) for a trace path that is not a file, so a
+    typo shows at load time rather than when the replay starts."""
+    if spec is None or spec.path is None or Path(spec.path).is_file():
+        return
+    where = "" if Path(spec.path).is_absolute() else " (a relative path is read from the current directory)"
+    raise ConfigError("workload.mooncake.path", f"no such file {spec.path!r}{where}")
 
 
 def load_ab_config(source: str | Path) -> ABConfig:

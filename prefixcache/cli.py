@@ -3,10 +3,11 @@
 Owns argument parsing, printing and where output files go. Every subcommand calls
 library functions and shows their results; none holds logic of its own.
 
-    prefixcache validate FILE                 check a cache or A/B YAML, print the resolved values
+    prefixcache validate FILE                 check a cache, engine or A/B YAML with the loader
+                                              the other commands use; print the resolved values
     prefixcache ab [CONFIG] [--out DIR] [--trace PATH]
-                                              A/B the arms of CONFIG (default: the shipped
-                                              configs/ab.yaml): table, JSON, CSV, PNG
+                                              A/B the arms of CONFIG (default: configs/ab.yaml,
+                                              shipped as package data): table, JSON, CSV, PNG
     prefixcache sweep CONFIG [--capacities N ...] [--out DIR] [--trace PATH]
                                               hit ratio vs capacity: table, CSV, JSON, PNG
     prefixcache generate --config FILE --prompts FILE.jsonl
@@ -19,6 +20,8 @@ Must never: implement caching, workloads or experiments here.
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib.resources
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -33,10 +36,24 @@ from prefixcache.ab_config import ABConfig, is_ab_mapping, load_ab_config, parse
 from prefixcache.config import ConfigError, load_config, load_yaml, to_plain
 from prefixcache.workloads import Workload
 
-__all__ = ["main", "DEFAULT_AB_CONFIG"]
+__all__ = ["main", "DEFAULT_AB_CONFIG", "default_ab_config"]
 
-DEFAULT_AB_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "ab.yaml"
-"""The shipped A/B (`prefixcache ab` with no file): in the source tree the package is installed from."""
+DEFAULT_AB_CONFIG = "ab.yaml"
+"""The shipped A/B (`prefixcache ab` with no file): `configs/ab.yaml` of the source tree,
+installed as package data of `prefixcache.configs` (see setup.py)."""
+
+
+def default_ab_config() -> Path:
+    """The installed copy of the shipped A/B file (a real file: the package is not zipped)."""
+    try:
+        resource = importlib.resources.files("prefixcache.configs") / DEFAULT_AB_CONFIG
+    except ModuleNotFoundError:
+        resource = None
+    if resource is None or not resource.is_file():
+        raise ConfigError("", f"the shipped default {DEFAULT_AB_CONFIG} is not installed with prefixcache "
+                          "(an editable install from before it was package data: pip install -e . again); "
+                          "or pass a config: prefixcache ab path/to/ab.yaml")
+    return Path(str(resource))
 
 
 def _console() -> Console:
@@ -45,24 +62,36 @@ def _console() -> Console:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    data = load_yaml(args.file)
-    if not is_ab_mapping(data):
-        config = load_config(args.file)
-        print(f"# {args.file}: valid")
-        print(yaml.safe_dump({"cache": to_plain(config)}, sort_keys=False), end="")
+    """The file through the loader of the command that reads it: an A/B file (`arms:` or
+    `workload:`) as `ab` does, generator included; one with `engine:` (or a near miss of
+    it, such as `engin:`) as `generate` does; else its `cache:` section (other sections
+    may share such a file). Prints nothing but the error when anything is wrong."""
+    source = str(args.file)
+    data = load_yaml(source)
+    if is_ab_mapping(data):
+        ab = parse_ab_config(data, source)
+        spec = ab.workload
+        w = _workload(ab, source) if spec.generator is not None else None
+        print(f"# {source}: valid A/B; every arm's num_blocks = capacity_tokens // block_size")
+        print(yaml.safe_dump(to_plain(ab), sort_keys=False), end="")
+        if w is not None:
+            analytic = ", ".join(f"B={b}: {w.analytic_hit_ratio(b):.4f}" for b in ab.block_sizes
+                                 if w.analytic_hit_ratio(b) is not None)
+            print(f"# workload {w.name}: {len(w):,} requests, {w.prompt_tokens:,} prompt tokens"
+                  + (f"; analytic ceiling {analytic}" if analytic else ""))
+        elif spec.mooncake is not None and spec.mooncake.path is None:
+            print("# workload: a Mooncake trace, path given at run time with --trace PATH")
         return 0
-    ab = parse_ab_config(data, str(args.file))
-    print(f"# {args.file}: valid A/B; every arm's num_blocks = capacity_tokens // block_size")
-    print(yaml.safe_dump(to_plain(ab), sort_keys=False), end="")
-    spec = ab.workload
-    if spec.generator is not None:
-        w = _workload(ab, args.file)
-        analytic = ", ".join(f"B={b}: {w.analytic_hit_ratio(b):.4f}" for b in ab.block_sizes
-                             if w.analytic_hit_ratio(b) is not None)
-        print(f"# workload {w.name}: {len(w):,} requests, {w.prompt_tokens:,} prompt tokens"
-              + (f"; analytic ceiling {analytic}" if analytic else ""))
-    elif spec.mooncake is not None and spec.mooncake.path is None:
-        print("# workload: a Mooncake trace, path given at run time with --trace PATH")
+    if difflib.get_close_matches("engine", [str(k) for k in data], n=1):
+        from prefixcache.engine.config import parse_serving_config  # no torch: the schema only
+
+        serving = parse_serving_config(data, source)
+        print(f"# {source}: valid (cache and engine, as prefixcache generate reads them)")
+        print(yaml.safe_dump(to_plain(serving), sort_keys=False), end="")
+        return 0
+    config = load_config(source)
+    print(f"# {source}: valid")
+    print(yaml.safe_dump({"cache": to_plain(config)}, sort_keys=False), end="")
     return 0
 
 
@@ -90,12 +119,7 @@ def _workload(config: ABConfig, path: str) -> Workload:
 
 
 def _load(config_path: str | None, trace: str | None) -> tuple[ABConfig, str]:
-    path = config_path
-    if path is None:
-        if not DEFAULT_AB_CONFIG.is_file():
-            raise ConfigError("", f"the shipped default {DEFAULT_AB_CONFIG} is not there (installed without the "
-                              "source tree?); pass a config: prefixcache ab path/to/ab.yaml")
-        path = str(DEFAULT_AB_CONFIG)
+    path = config_path if config_path is not None else str(default_ab_config())
     config = load_ab_config(path)
     return (config.with_trace(trace) if trace else config), path
 
@@ -170,12 +194,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prefixcache", description="Prefix caching for LLM inference.")
     sub = parser.add_subparsers(dest="command", required=True)
-    validate = sub.add_parser("validate", help="check a cache or A/B YAML file and print the resolved values")
+    validate = sub.add_parser("validate", help="check a cache, engine or A/B YAML file and print the resolved values")
     validate.add_argument("file")
     validate.set_defaults(func=cmd_validate)
 
     ab = sub.add_parser("ab", help="replay one workload through every arm of an A/B config, with the bounds")
-    ab.add_argument("config", nargs="?", help=f"A/B YAML (default: the shipped {DEFAULT_AB_CONFIG.name})")
+    ab.add_argument("config", nargs="?", help=f"A/B YAML (default: the shipped {DEFAULT_AB_CONFIG})")
     ab.add_argument("--out", default="out/ab", help="folder for ab.json, ab_summary.csv, ab_requests.csv, ab.png")
     ab.add_argument("--trace", help="replay this Mooncake JSONL trace instead of the config's workload")
     ab.set_defaults(func=cmd_ab)

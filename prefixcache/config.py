@@ -7,7 +7,9 @@ what is allowed. Other sections (engine, workload, A/B arms) are dataclasses of 
 own modules, parsed by the same `from_mapping`.
 
 Must never: build a cache, import a backend eagerly, or keep global state. The allowed
-backend and eviction names come from `registry` at validation time.
+backend and eviction names come from `registry` at validation time, and a backend's
+`options:` are checked against the class the name resolves to (importing its module,
+never torch).
 
 Example::
 
@@ -22,9 +24,10 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
@@ -40,6 +43,8 @@ __all__ = [
     "load_yaml",
     "load_config",
     "parse_cache_config",
+    "require_section",
+    "did_you_mean",
     "to_plain",
 ]
 
@@ -94,7 +99,9 @@ class CacheConfig:
     hash:          block hashing (see HashConfig)
     eviction:      eviction policy name (lru, lfu, fifo, mru, filo, priority, or a plugin's)
     enable_events: record KV events for `drain_events()`
-    options:       backend-specific options, validated by the backend
+    options:       backend-specific options: the keys the backend class declares
+                   (`option_defaults`), values of their type (or among its
+                   `option_choices`), checked here against the resolved class
     """
 
     backend: str = "hash"
@@ -116,6 +123,7 @@ class CacheConfig:
 
         registry.check_backend_name(self.backend)
         registry.check_eviction_name(self.eviction)
+        registry.backend_class(self.backend).parse_options(self.options, self.backend)
         # A frozen dataclass should not hand out a mutable dict.
         object.__setattr__(self, "options", types.MappingProxyType(dict(self.options)))
 
@@ -223,7 +231,7 @@ def from_mapping(cls: type[T], data: Any, path: str = "") -> T:
     for key, value in data.items():
         key_path = f"{path}.{key}" if path else str(key)
         if key not in known:
-            raise ConfigError(key_path, f"unknown key; allowed keys: {', '.join(known)}")
+            raise ConfigError(key_path, f"unknown key; allowed keys: {', '.join(known)}{did_you_mean(key, known)}")
         kwargs[key] = _convert(value, hints[key], key_path)
     missing = [
         name
@@ -268,12 +276,30 @@ def parse_cache_config(data: Any, path: str = "cache", source: str | None = None
         raise err.within("", source) from None
 
 
+def did_you_mean(word: Any, candidates: Iterable[Any]) -> str:
+    """"; did you mean 'x'?" for the candidate closest to a misspelled `word` (difflib), or ""."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def require_section(data: Mapping[str, Any], name: str, source: str | None = None) -> Any:
+    """`data[name]`, or ConfigError listing the top-level keys found and, when one of
+    them is a near miss (`cach:`), suggesting `name`."""
+    if name in data:
+        return data[name]
+    found = [str(k) for k in data]
+    hint = difflib.get_close_matches(name, found, n=1)
+    suggestion = f"; did you mean {name!r}? (found {hint[0]!r})" if hint else ""
+    raise ConfigError(
+        name, f"missing required section{suggestion}; top-level keys found: {', '.join(found) or 'none'}", source
+    )
+
+
 def load_config(source: str | Path) -> CacheConfig:
-    """The `cache:` section of a YAML file as a validated `CacheConfig`."""
+    """The `cache:` section of a YAML file as a validated `CacheConfig` (other
+    top-level sections are left to their own loaders)."""
     data = load_yaml(source)
-    if "cache" not in data:
-        raise ConfigError("cache", "missing required section", str(source))
-    return parse_cache_config(data["cache"], "cache", str(source))
+    return parse_cache_config(require_section(data, "cache", str(source)), "cache", str(source))
 
 
 def to_plain(value: Any) -> Any:

@@ -47,7 +47,10 @@ copies, and every hit of theirs is whole blocks.
 Extension hooks: `usable_hit` decides how much of the longest cached prefix a hit
 uses; the built-in backends call it in both `match` and `admit`, so the two agree for
 any override. `option_defaults` declares the `options:` a class accepts (YAML
-`cache.options`), validated once in `PrefixCache.__init__` into `self.options`.
+`cache.options`) and `option_choices` the allowed values of those that have a fixed
+set; `parse_options` checks both, when a `CacheConfig` is made (so at load time, naming
+the file and key) and again in `PrefixCache.__init__`, which keeps the result in
+`self.options`. A class that declares no options accepts none.
 """
 
 from __future__ import annotations
@@ -140,6 +143,8 @@ class PrefixCache(ABC):
     #: The `options:` this class accepts, with their defaults (subclasses add theirs;
     #: a value must have its default's type, ints accepted for floats).
     option_defaults: ClassVar[Mapping[str, Any]] = {}
+    #: For options with a fixed set of values: option -> the allowed values.
+    option_choices: ClassVar[Mapping[str, Sequence[Any]]] = {}
 
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         if pool.num_blocks != config.num_blocks:
@@ -149,20 +154,38 @@ class PrefixCache(ABC):
         self.pool = pool
         self.config = config
         self.block_size = config.block_size
-        self.options: Mapping[str, Any] = self._parse_options(config.options)
+        self.options: Mapping[str, Any] = self.parse_options(config.options)
 
     @classmethod
-    def _parse_options(cls, given: Mapping[str, Any]) -> dict[str, Any]:
-        """`given` over the defaults of every class in the MRO; ConfigError for an
-        unknown key or a value of the wrong type."""
-        defaults: dict[str, Any] = {}
+    def _merged(cls, attribute: str) -> dict[str, Any]:
+        """A class attribute mapping merged over the MRO (subclasses win)."""
+        out: dict[str, Any] = {}
         for klass in reversed(cls.__mro__):
-            defaults.update(getattr(klass, "option_defaults", {}) or {})
+            out.update(getattr(klass, attribute, {}) or {})
+        return out
+
+    @classmethod
+    def parse_options(cls, given: Mapping[str, Any], backend: str | None = None) -> dict[str, Any]:
+        """`given` over the declared defaults; ConfigError (path `options.<key>`) for an
+        unknown key, a value not among `option_choices`, or a value of the wrong type.
+        `backend` names the class in messages (default: its qualified name)."""
+        label = backend or cls.__qualname__
+        defaults = cls._merged("option_defaults")
+        choices = cls._merged("option_choices")
         out = dict(defaults)
         for key, value in given.items():
             if key not in defaults:
                 allowed = ", ".join(sorted(defaults)) or "none"
-                raise ConfigError(f"options.{key}", f"unknown option for backend {cls.__qualname__}; allowed: {allowed}")
+                raise ConfigError(f"options.{key}", f"unknown option for backend {label}; allowed: {allowed}")
+            if key in choices:
+                if not any(type(value) is type(c) and value == c for c in choices[key]):
+                    raise ConfigError(
+                        f"options.{key}",
+                        f"{value!r} is not allowed for backend {label}; allowed values: "
+                        + ", ".join(map(str, choices[key])),
+                    )
+                out[key] = value
+                continue
             default = defaults[key]
             ok = isinstance(value, type(default)) and not (isinstance(value, bool) and not isinstance(default, bool))
             if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):

@@ -3,10 +3,12 @@
 Owns two name tables: backends (`PrefixCache` subclasses) and eviction policies. A
 name resolves, in order, to: a class registered with `@register_backend` /
 `@register_eviction_policy`; an entry point in the `prefixcache.backends` /
-`prefixcache.eviction_policies` groups (how installed plugins and our own built-ins are
-declared, see pyproject.toml); a built-in's dotted path (so a source checkout without
-installed metadata still works); or, for any spec containing ":", a
-`"package.module:ClassName"` import path.
+`prefixcache.eviction_policies` groups (how installed plugins are declared; our built-in
+backends are declared in `prefixcache.backends` too, see pyproject.toml); a built-in
+backend's dotted path (so a source checkout without installed metadata still works); or,
+for any spec containing ":", a `"package.module:ClassName"` import path. The built-in
+eviction policies have no entry points: they register themselves when
+`prefixcache.eviction` is imported, which every eviction look-up does first.
 
 Must never: import `prefixcache.backends` statically (built-ins load lazily by dotted
 path, so no import cycle can form), or build anything. `build_cache` lives in
@@ -30,6 +32,7 @@ __all__ = [
     "register_backend",
     "register_eviction_policy",
     "resolve_backend",
+    "backend_class",
     "resolve_eviction_policy",
     "available_backends",
     "available_eviction_policies",
@@ -182,6 +185,14 @@ def resolve_backend(spec: str) -> type[PrefixCache]:
     # Importing a registered module usually registers the class under `spec`.
     cls = _as_backend(_import_path(path, "backend"), path)
     return _backends.get(spec, cls)
+
+
+def backend_class(spec: str) -> type[PrefixCache]:
+    """`resolve_backend`, with errors under the path `backend` (for config validation)."""
+    try:
+        return resolve_backend(spec)
+    except ConfigError as err:
+        raise ConfigError("backend", err.message) from None
 
 
 def resolve_eviction_policy(spec: str) -> type[EvictionPolicy]:

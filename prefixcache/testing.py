@@ -503,7 +503,9 @@ def check_backend(
     max_examples: int = 60,
     **config: Any,
 ) -> None:
-    """Run every rule check and the state machine against `backend`; raise on the first failure."""
+    """Run every rule check and the state machine against `backend`; raise on the first
+    failure (with the state machine's report). Prints nothing when all pass."""
+    import io
     import unittest
 
     make = _factory(backend, **config)
@@ -511,7 +513,9 @@ def check_backend(
         for check in RULE_CHECKS:
             check(make, bs)
         case = conformance_test_case(make, block_size=bs, max_examples=max_examples)
-        result = unittest.TextTestRunner(verbosity=0).run(unittest.defaultTestLoader.loadTestsFromTestCase(case))
+        report = io.StringIO()  # unittest's "Ran 1 test ... OK" is noise on success
+        runner = unittest.TextTestRunner(stream=report, verbosity=0)
+        result = runner.run(unittest.defaultTestLoader.loadTestsFromTestCase(case))
         if not result.wasSuccessful():
             failure = (result.failures or result.errors)[0][1]
             raise AssertionError(f"conformance state machine failed at block_size={bs}:\n{failure}")

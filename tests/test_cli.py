@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from prefixcache.cli import main
 
 CONFIGS = Path(__file__).parent.parent / "configs"
@@ -21,3 +23,70 @@ def test_validate_reports_bad_field(tmp_path, capsys):
     assert main(["validate", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"{bad}: cache.block_size: must be an integer >= 1, got 0" in err
+
+
+def run_validate(tmp_path, capsys, text: str, name: str = "f.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    code = main(["validate", str(path)])
+    out, err = capsys.readouterr()
+    return path, code, out, err
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("cache: {backend: hash, options: {verify_hit: never}}",
+         "cache.options.verify_hit: unknown option for backend hash; allowed: verify_hits"),
+        ("cache: {backend: hash, options: {verify_hits: maybe}}",
+         "cache.options.verify_hits: 'maybe' is not allowed for backend hash; allowed values: auto, always, never"),
+        ("cach: {block_size: 4}",
+         "cache: missing required section; did you mean 'cache'? (found 'cach'); top-level keys found: cach"),
+    ],
+)
+def test_validate_cache_file_errors_print_only_the_error(tmp_path, capsys, text, message):
+    path, code, out, err = run_validate(tmp_path, capsys, text)
+    assert code == 2 and out == ""
+    assert err == f"error: {path}: {message}\n"
+
+
+ENGINE_ERRORS = [
+    ("engine: {max_tokens: 0}", "engine.max_tokens: must be an integer >= 1, got 0"),
+    ("engine: {attention: gpu}", "engine.attention: 'gpu' is not allowed; allowed values: auto, cpu, reference"),
+    ("engine: {prefix_cache: true}", "engine.prefix_cache: unknown key; allowed keys: model, seed"),
+    ("engine: {model: huge}", "engine.model: 'huge' is not a built-in model or a .gguf path; "
+     "allowed: smollm2, tiny (built-in) or the path of an existing .gguf file"),
+    ("engine: {model: /nonexist.gguf}", "engine.model: no such file '/nonexist.gguf'"),
+    ("engin: {}", "engin: unknown section; allowed sections: cache, engine; did you mean 'engine'?"),
+]
+
+
+@pytest.mark.parametrize("engine, message", ENGINE_ERRORS)
+def test_validate_rejects_what_generate_rejects(tmp_path, capsys, engine, message):
+    path, code, out, err = run_validate(tmp_path, capsys, f"cache: {{block_size: 4}}\n{engine}\n")
+    assert (code, out) == (2, "")
+    assert f"error: {path}: {message}" in err
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    assert main(["generate", "--config", str(path), "--prompts", str(prompts)]) == 2
+    assert f"error: {path}: {message}" in capsys.readouterr().err
+
+
+def test_validate_an_engine_file_prints_both_sections(tmp_path, capsys):
+    path, code, out, err = run_validate(tmp_path, capsys, "cache: {block_size: 4}\nengine: {model: tiny}\n")
+    assert code == 0 and err == ""
+    assert "valid (cache and engine" in out and "block_size: 4" in out and "model: tiny" in out
+    assert main(["validate", str(CONFIGS / "engine.yaml")]) == 0
+    assert "model: smollm2" in capsys.readouterr().out
+
+
+def test_generate_reports_a_model_file_that_does_not_load(tmp_path, capsys):
+    (tmp_path / "junk.gguf").write_text("not a gguf file")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"cache: {{}}\nengine: {{model: {tmp_path / 'junk.gguf'}}}\n")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    assert main(["validate", str(config)]) == 0  # the file exists: what the schema can know
+    capsys.readouterr()
+    assert main(["generate", "--config", str(config), "--prompts", str(prompts)]) == 2
+    assert f"error: {config}: engine.model: cannot load '{tmp_path / 'junk.gguf'}'" in capsys.readouterr().err

@@ -13,7 +13,7 @@ import pytest
 import prefixcache.ab_report
 from prefixcache.ab import ABResult
 from prefixcache.ab_report import PlotUnavailable
-from prefixcache.cli import DEFAULT_AB_CONFIG, main
+from prefixcache.cli import default_ab_config, main
 from prefixcache.workloads import synthetic_records, write_records
 
 CONFIGS = Path(__file__).parent.parent / "configs"
@@ -60,7 +60,7 @@ def test_ab_without_arguments_runs_the_shipped_default_within_a_minute(tmp_path,
     assert main(["ab", "--out", str(tmp_path)]) == 0
     assert time.perf_counter() - start < 60
     text = capsys.readouterr().out
-    assert f"config: {DEFAULT_AB_CONFIG} (the shipped default)" in text
+    assert f"config: {default_ab_config()} (the shipped default)" in text
     summary = json.loads((tmp_path / "ab.json").read_text())
     assert [a["name"] for a in summary["arms"]] == ["hash/16", "radix/16", "radix/1"]
     assert summary["workload"]["requests"] == 512 and is_png(tmp_path / "ab.png")
@@ -134,11 +134,55 @@ def test_validate_an_ab_file_prints_resolved_arms_and_the_workload(tmp_path, cap
         (("seed: 2}", "sead: 2}"), "workload.params.sead: unknown parameter of generator 'shared_prefix'; "
          "allowed keys: num_groups, prompts_per_group"),
         (("num_groups: 3", "num_groups: -3"), "workload.params: num_groups must be an int >= 1, got -3"),
+        (("radix/1: {backend: radix, block_size: 1}", "radix/1: {backend: radix, block_size: 1, options: {x: 1}}"),
+         "arms.radix/1.options.x: unknown option for backend radix; allowed: none"),
+        (("hash/16: {backend: hash, block_size: 16}",
+          "hash/16: {backend: hash, block_size: 16, options: {verify_hitz: never}}"),
+         "arms.hash/16.options.verify_hitz: unknown option for backend hash; allowed: verify_hits"),
+        (("hash/16: {backend: hash, block_size: 16}",
+          "hash/16: {backend: hash, block_size: 16, options: {verify_hits: maybe}}"),
+         "arms.hash/16.options.verify_hits: 'maybe' is not allowed for backend hash; allowed values: auto, always"),
+        (("arms:", "arm:"), "arm: unknown key; allowed keys: workload, arms, capacity_tokens, max_concurrent, "
+         "sweep_capacities; did you mean 'arms'?"),
     ],
 )
 def test_bad_ab_files_exit_2_with_file_key_path_and_allowed_values(tmp_path, capsys, change, message):
     path = tiny(tmp_path, TINY.replace(*change))
     assert main(["validate", str(path)]) == 2
-    assert f"error: {path}: {message}" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert f"error: {path}: {message}" in err
+    assert out == ""  # only the error: no "valid A/B" and resolved YAML before it
     assert main(["ab", str(path), "--out", str(tmp_path / "o")]) == 2
     assert f"error: {path}: {message}" in capsys.readouterr().err
+
+
+def test_a_trace_path_that_does_not_exist_is_a_load_error(tmp_path, capsys):
+    text = (CONFIGS / "mooncake.yaml").read_text().replace("path: null", "path: nowhere/trace.jsonl")
+    path = tiny(tmp_path, text)
+    assert main(["validate", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (f"error: {path}: workload.mooncake.path: no such file 'nowhere/trace.jsonl' "
+                                 "(a relative path is read from the current directory)\n")
+    trace = tmp_path / "t.jsonl"
+    write_records(trace, synthetic_records(10, seed=1))
+    assert main(["validate", str(tiny(tmp_path, text.replace("nowhere/trace.jsonl", str(trace))))]) == 0
+
+
+def test_the_default_ab_config_is_package_data():
+    import importlib.resources
+
+    installed = importlib.resources.files("prefixcache.configs")
+    for shipped in CONFIGS.glob("*.yaml"):  # every shipped YAML, not only the default
+        assert (installed / shipped.name).read_text() == shipped.read_text()
+    assert default_ab_config().read_text() == (CONFIGS / "ab.yaml").read_text()
+
+
+def test_a_missing_default_says_how_to_fix_it(monkeypatch, capsys):
+    import importlib.resources
+
+    def not_installed(name):
+        raise ModuleNotFoundError(name)
+
+    monkeypatch.setattr(importlib.resources, "files", not_installed)
+    assert main(["ab"]) == 2
+    assert "pip install -e . again" in capsys.readouterr().err

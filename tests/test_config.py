@@ -29,29 +29,29 @@ def test_full_config_loads(tmp_path):
         tmp_path,
         """
         cache:
-          backend: radix
+          backend: hash
           block_size: 1
           num_blocks: 128
           hash: {algorithm: xxhash, seed: abc}
           eviction: lfu
           enable_events: false
-          options: {foo: 1}
+          options: {verify_hits: always}
         """,
     )
     config = load_config(path)
     assert config == CacheConfig(
-        backend="radix",
+        backend="hash",
         block_size=1,
         num_blocks=128,
         hash=HashConfig("xxhash", "abc"),
         eviction="lfu",
         enable_events=False,
-        options={"foo": 1},
+        options={"verify_hits": "always"},
     )
     with pytest.raises(Exception):
         config.block_size = 2  # frozen
     with pytest.raises(TypeError):
-        config.options["foo"] = 2  # read-only view
+        config.options["verify_hits"] = "never"  # read-only view
 
 
 def test_defaults(tmp_path):
@@ -86,7 +86,23 @@ def test_defaults(tmp_path):
         ("cache: {enable_events: 1}", "cache.enable_events: must be true or false, got 1"),
         ("cache: {options: [1]}", "cache.options: must be a mapping"),
         ("cache: [1, 2]", "cache: must be a mapping, got list"),
-        ("engine: {}", "cache: missing required section"),
+        ("engine: {}", "cache: missing required section; top-level keys found: engine"),
+        ("cach: {block_size: 4}\nengine: {}",
+         "cache: missing required section; did you mean 'cache'? (found 'cach'); top-level keys found: cach, engine"),
+        ("cache: {blocksize: 16}", "options; did you mean 'block_size'?"),
+        # Backend options are checked at load against the class the backend name resolves to.
+        ("cache: {backend: hash, options: {verify_hit: never}}",
+         "cache.options.verify_hit: unknown option for backend hash; allowed: verify_hits"),
+        ("cache: {backend: hash, options: {verify_hits: maybe}}",
+         "cache.options.verify_hits: 'maybe' is not allowed for backend hash; allowed values: auto, always, never"),
+        ("cache: {backend: hash, options: {verify_hits: true}}",
+         "cache.options.verify_hits: True is not allowed for backend hash; allowed values: auto, always, never"),
+        ("cache: {backend: radix, options: {verify_hits: never}}",
+         "cache.options.verify_hits: unknown option for backend radix; allowed: none"),
+        ("cache: {backend: 'min_match:MinMatchRadix', options: {min_tokens: '3'}}",
+         "cache.options.min_tokens: must be int (default 256), got '3'"),
+        ("cache: {backend: 'min_match:MinMatchRadix', options: {min_token: 3}}",
+         "cache.options.min_token: unknown option for backend min_match:MinMatchRadix; allowed: min_tokens"),
         ("- 1\n- 2", "top level must be a mapping, got list"),
         ("cache: {block_size: [", "invalid YAML"),
     ],
@@ -120,3 +136,34 @@ def test_shipped_configs_load():
     assert configs, "configs/ holds the shipped YAML files"
     for path in configs:
         (load_ab_config if is_ab_mapping(load_yaml(path)) else load_config)(path)
+
+
+def test_other_sections_may_share_a_cache_file(tmp_path):
+    config = load_config(write(tmp_path, "cache: {block_size: 4}\nworkload: {}\nnotes: anything\n"))
+    assert config.block_size == 4
+
+
+def test_options_are_checked_for_programmatic_configs_and_replace():
+    assert CacheConfig(options={"verify_hits": "always"}).options == {"verify_hits": "always"}
+    with pytest.raises(ConfigError, match="^options.verify_hit: unknown option for backend hash; allowed: verify_hits$"):
+        CacheConfig(options={"verify_hit": "always"})
+    with pytest.raises(ConfigError, match="options.verify_hits: unknown option for backend radix; allowed: none"):
+        CacheConfig(options={"verify_hits": "always"}).replace(backend="radix")
+
+
+def test_checking_options_does_not_import_torch(tmp_path):
+    # Resolving the backend class to check its options imports the backend's module:
+    # neither that nor the config loaders may pull in torch.
+    import subprocess
+    import sys
+
+    path = write(tmp_path, "cache: {backend: radix, options: {}}\n")
+    code = (
+        "import sys\n"
+        "from prefixcache.config import load_config\n"
+        "from prefixcache.engine.config import parse_serving_config\n"
+        f"load_config({str(path)!r})\n"
+        "parse_serving_config({'cache': {'backend': 'hash', 'options': {'verify_hits': 'never'}}, 'engine': {}})\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

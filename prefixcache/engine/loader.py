@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from prefixcache.engine.config import BUILTIN_MODELS
 from prefixcache.engine.tokenizer import ByteTokenizer, GGUFTokenizer, Tokenizer
 from prefixcache.engine.weights import TINY_CONFIG, Weights, open_gguf, random_weights, read_gguf_weights, smollm2_gguf_path
 
@@ -34,6 +35,8 @@ def load_model(name: str, *, seed: int = 0, chat_template: str | None = None) ->
         return LoadedModel(name, random_weights(TINY_CONFIG, seed), ByteTokenizer(TINY_CONFIG.vocab_size, chat_template))
     path = smollm2_gguf_path() if name == "smollm2" else Path(name)
     if name != "smollm2" and path.suffix != ".gguf":
-        raise ValueError(f"engine.model must be smollm2, tiny or a path to a .gguf file, got {name!r}")
+        raise ValueError(
+            f"engine.model must be {', '.join(BUILTIN_MODELS)} or a path to a .gguf file, got {name!r}"
+        )
     reader = open_gguf(path)
     return LoadedModel(name, read_gguf_weights(reader), GGUFTokenizer(reader, chat_template))
