@@ -94,7 +94,7 @@ from prefixcache.hashing import CRYPTOGRAPHIC, chain_digests, namespace_extra_ke
 from prefixcache.isolation import Isolation, exact_bytes
 from prefixcache.protocol import Admission, Match, Namespace, PrefixCache, as_tokens
 from prefixcache.registry import register_backend, resolve_eviction_policy
-from prefixcache.requests import Request, RequestTable, check_namespace, check_tokens
+from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
 
 __all__ = ["HashCache", "HashRequest", "VERIFY_HITS"]
@@ -249,8 +249,7 @@ class HashCache(PrefixCache):
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         # Called once per decoded token: kept to the bare arithmetic.
         request = self._requests.get(request_id)
-        if type(tokens) is not list:
-            tokens = as_tokens(tokens)
+        tokens = as_tokens(tokens)  # checked here, in C++, so a bad id never reaches commit
         bs = self.block_size
         num_new = (len(request.tokens) + len(tokens) + bs - 1) // bs - len(request.block_table)
         new_blocks: list[int] = []
@@ -294,8 +293,7 @@ class HashCache(PrefixCache):
         """Drop the hashes of up to `num_blocks` free cached blocks, in the policy's
         order (LRU: least recently freed first). They were already free; now they can
         no longer be hit."""
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0:
-            raise ValueError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
+        num_blocks = check_count(num_blocks, "num_blocks")
         if self._evictor is not None:
             removed = self._evictor.evict(num_blocks)
         else:
