@@ -111,12 +111,12 @@ class Admission:
     copies: tuple[Copy, ...] = ()
 
 
-def as_tokens(tokens: Sequence[int], what: str = "tokens") -> list[int]:
-    """Token ids as a list of Python ints: `tokens` itself if it already is one, else a
-    new list (from a tuple, a numpy int array, anything with `tolist()`; numpy integers
-    become ints). TypeError naming `what` and the allowed values for anything else, a
-    bool id included (`prefixcache._C.token_list`, one pass in C++)."""
-    return token_list(tokens, what)
+def as_tokens(tokens: Sequence[int], what: str = "tokens", *, copy: bool = False) -> list[int]:
+    """Token ids as a list of Python ints: `tokens` itself if it already is one (unless
+    `copy`), else a new list (from a tuple, a numpy int array, anything with `tolist()`;
+    numpy integers become ints). TypeError naming `what` and the allowed values for
+    anything else, a bool id included (`prefixcache._C.token_list`, one pass in C++)."""
+    return token_list(tokens, what, copy)
 
 
 class PrefixCache(ABC):

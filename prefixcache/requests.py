@@ -24,13 +24,17 @@ T = TypeVar("T", bound=Sequence[int])
 
 
 def check_tokens(
-    tokens: Sequence[int], *, allow_empty: bool = False, convert: Callable[[Sequence[int], str], T] = as_tokens
+    tokens: Sequence[int],
+    *,
+    allow_empty: bool = False,
+    copy: bool = False,
+    convert: Callable[[Sequence[int], str], T] | None = None,
 ) -> T:
-    """Tokens through `convert(tokens, "tokens")`: by default a list of ints
-    (`protocol.as_tokens`); a backend that stores them otherwise passes its own
-    converter, which must word errors the same way (see csrc/py_args.h).
-    ValueError for an empty prompt unless allowed."""
-    out = convert(tokens, "tokens")
+    """Tokens as a list of ints (`protocol.as_tokens`; `copy`: always a new list), or
+    through `convert(tokens, "tokens")` for a backend that stores them otherwise, whose
+    errors must be worded alike (csrc/py_args.h). ValueError for an empty prompt unless
+    allowed."""
+    out = as_tokens(tokens, "tokens", copy=copy) if convert is None else convert(tokens, "tokens")
     if not allow_empty and not len(out):
         raise ValueError("tokens: a prompt needs at least one token")
     return out
