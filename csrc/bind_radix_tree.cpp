@@ -59,7 +59,9 @@ int32_t to_int32(PyObject* item, const char* what, Py_ssize_t i) {
     auto index = py::reinterpret_steal<py::object>(token_index(item, what, i, allowed_ids(what)));
     v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
   }
-  if (overflow != 0 || v < INT32_MIN || v > INT32_MAX) throw py::value_error(bad_token_message(item, what, i, allowed_ids(what)));
+  if (overflow != 0 || v < INT32_MIN || v > INT32_MAX) {
+    throw py::value_error(bad_token_message(item, what, i, allowed_ids(what)));
+  }
   return static_cast<int32_t>(v);
 }
 

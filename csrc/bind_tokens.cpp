@@ -41,7 +41,8 @@ py::object token_list(py::handle obj, const char* what, bool copy) {
 // every decode step, where pybind11's argument dispatch would cost more than the check.
 PyObject* token_list_fastcall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs < 1 || nargs > 3 || (nargs >= 2 && !PyUnicode_Check(args[1]))) {
-    PyErr_SetString(PyExc_TypeError, "token_list takes (tokens, what: str = 'tokens', copy: bool = False), positionally");
+    PyErr_SetString(PyExc_TypeError,
+                    "token_list takes (tokens, what: str = 'tokens', copy: bool = False), positionally");
     return nullptr;
   }
   try {
@@ -58,7 +59,8 @@ PyObject* token_list_fastcall(PyObject*, PyObject* const* args, Py_ssize_t nargs
   return nullptr;
 }
 
-PyMethodDef token_list_def = {"token_list", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(token_list_fastcall)),
+PyMethodDef token_list_def = {"token_list",
+                              reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(token_list_fastcall)),
                               METH_FASTCALL, R"doc(token_list(tokens, what='tokens', copy=False)
 
 Token ids as a list of Python ints: `tokens` itself if it already is one and copy

@@ -1,7 +1,8 @@
 // Argument conversions the bindings share: one rule each for ints, id lists and bytes.
 //
 // Owns `saturated_int64`, `to_ids`, `bytes_view`, and the token-id rules every
-// binding that takes tokens shares (`token_sequence`, `token_index`, their messages). A binding that declares an `int64_t` parameter makes pybind11
+// binding that takes tokens shares (`token_sequence`, `token_index`, their messages).
+// A binding that declares an `int64_t` parameter makes pybind11
 // answer a Python int beyond int64 with a TypeError ("incompatible function
 // arguments"), and PyLong_AsLongLong with an OverflowError; neither is the
 // IndexError / ValueError the project promises for a bad id or count. Saturating
