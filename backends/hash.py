@@ -90,14 +90,14 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from prefixcache._C import BlockContents, BlockEvictor, BlockPool, CallbackBlockEvictor, InvariantError
+from prefixcache._C import BlockContents, BlockEvictor, BlockPool, CallbackBlockEvictor, InvariantError, token_list
 from prefixcache.config import CacheConfig
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent, event_extra_keys
 from prefixcache.hashing import CRYPTOGRAPHIC, chain_digests, namespace_extra_keys, none_hash
 from prefixcache.isolation import Isolation, exact_bytes
-from prefixcache.protocol import Admission, Match, Namespace, PrefixCache, as_tokens
+from prefixcache.protocol import Admission, Match, Namespace, PrefixCache
 from prefixcache.registry import register_backend, resolve_eviction_policy
-from prefixcache.requests import Request, RequestTable, check_namespace, check_tokens
+from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
 
 __all__ = ["HashCache", "HashRequest", "VERIFY_HITS"]
@@ -192,14 +192,13 @@ class HashCache(PrefixCache):
         `eviction: priority`."""
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an int, got {type(priority).__name__}")
-        tokens = check_tokens(tokens)
+        tokens = check_tokens(tokens, copy=True)  # our own copy: append extends it
         namespace = check_namespace(namespace)
         self._requests.check_new(request_id)
         retry = self._last_refused
         if retry is not None and retry[0] == request_id and retry[1] == namespace and retry[2] == tokens:
-            tokens, digests = retry[2], retry[3]
+            digests = retry[3]
         else:
-            tokens = list(tokens)  # our own copy: append extends it
             digests = self._prompt_digests(tokens, namespace)
         bs, ds = self.block_size, self._digest_size
         # The hit covers at most len(tokens) - 1 tokens: every full block but one that ends the prompt.
@@ -253,8 +252,7 @@ class HashCache(PrefixCache):
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         # Called once per decoded token: kept to the bare arithmetic.
         request = self._requests.get(request_id)
-        if type(tokens) is not list:
-            tokens = as_tokens(tokens)
+        tokens = token_list(tokens)  # checked here, in C++, so a bad id never reaches commit
         bs = self.block_size
         num_new = (len(request.tokens) + len(tokens) + bs - 1) // bs - len(request.block_table)
         new_blocks: list[int] = []
@@ -298,8 +296,7 @@ class HashCache(PrefixCache):
         """Drop the hashes of up to `num_blocks` free cached blocks, in the policy's
         order (LRU: least recently freed first). They were already free; now they can
         no longer be hit."""
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0:
-            raise ValueError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
+        num_blocks = check_count(num_blocks, "num_blocks")
         if self._evictor is not None:
             removed = self._evictor.evict(num_blocks)
         else:

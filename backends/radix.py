@@ -67,15 +67,16 @@ from prefixcache.hashing import block_hashes, namespace_extra_keys
 from prefixcache.isolation import Isolation, exact_key
 from prefixcache.protocol import Admission, Match, Namespace, PrefixCache
 from prefixcache.registry import register_backend, resolve_eviction_policy
-from prefixcache.requests import Request, RequestTable, check_namespace, check_tokens
+from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
 
 __all__ = ["RadixCache"]
 
 
 def _int32_array(tokens: Sequence[int], *, allow_empty: bool = False) -> array:
-    """Token ids as an int32 array, which the tree reads in place (converted in C++)."""
-    return int32_array(check_tokens(tokens, allow_empty=allow_empty), "tokens")
+    """Token ids as an int32 array, which the tree reads in place (converted and
+    checked in C++: ids must fit int32)."""
+    return check_tokens(tokens, allow_empty=allow_empty, convert=int32_array)
 
 
 @dataclass(eq=False)
@@ -201,10 +202,7 @@ class RadixCache(PrefixCache):
 
     # -- maintenance ---------------------------------------------------------------------
     def evict(self, num_blocks: int) -> int:
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int):
-            raise TypeError(f"num_blocks must be an int, got {type(num_blocks).__name__}")
-        if num_blocks < 0:
-            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        num_blocks = check_count(num_blocks, "num_blocks")
         # The tree never holds more than the pool: a larger request means "all", and
         # must not overflow the tree's int64 token count on the way.
         return self._evict_tokens(min(num_blocks, self.pool.num_blocks) * self.block_size)

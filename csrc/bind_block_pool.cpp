@@ -46,7 +46,9 @@ first; keyless blocks are freed to the front, keyed blocks to the tail), and a
 key -> blocks index of cached blocks. Bad arguments raise IndexError/ValueError
 and leave the pool unchanged. Not thread-safe: call it from one thread.
 )doc")
-      .def(py::init([](py::handle n) { return std::make_unique<BlockPool>(arg(n, "num_blocks")); }),
+      .def(py::init([](py::handle n) {
+             return with_saturated_int64(n, "num_blocks", [](int64_t v) { return std::make_unique<BlockPool>(v); });
+           }),
            py::arg("num_blocks"))
       .def_property_readonly("num_blocks", &BlockPool::num_blocks)
       .def_property_readonly("num_free", &BlockPool::num_free, "Blocks in the free queue (ref 0).")
@@ -57,7 +59,7 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
       .def(
           "allocate",
           [](BlockPool& p, py::handle n) -> py::object {
-            auto ids = p.allocate(arg(n, "n"));
+            auto ids = with_saturated_int64(n, "n", [&](int64_t v) { return p.allocate(v); });
             if (!ids) return py::none();
             return to_list(*ids);
           },
@@ -73,7 +75,10 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
           "count_free", [](const BlockPool& p, py::handle ids) { return p.count_free(to_ids(ids)); },
           py::arg("ids"), "How many of the blocks are free (ref 0), i.e. what touch(ids) takes from the queue.")
       .def(
-          "cache", [](BlockPool& p, py::handle id, py::handle key) { p.cache(arg(id, "id"), key_view(key)); },
+          "cache",
+          [](BlockPool& p, py::handle id, py::handle key) {
+            with_saturated_int64(id, "id", [&](int64_t v) { p.cache(v, key_view(key)); });
+          },
           py::arg("id"),
           py::arg("key"), "Record that in-use, keyless block `id` holds `key`.")
       .def(
@@ -109,7 +114,8 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
           "evict_front",
           [](BlockPool& p, py::handle n) {
             py::list out;
-            for (const auto& k : p.evict_front(arg(n, "n"))) out.append(py::bytes(k));
+            auto keys = with_saturated_int64(n, "n", [&](int64_t v) { return p.evict_front(v); });
+            for (const auto& k : keys) out.append(py::bytes(k));
             return out;
           },
           py::arg("n"), "Drop the keys of the first n keyed free blocks (LRU first); return them.")

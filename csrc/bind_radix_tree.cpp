@@ -41,26 +41,36 @@ class Buffer {
   bool ok_ = false;
 };
 
-int32_t to_int32(PyObject* item, const char* what) {
+// What the tree stores: int32 ids (README: radix token ids must fit int32).
+constexpr const char* kTokenIds = "an int32 token id in [-2**31, 2**31)";
+constexpr const char* kIds = "an int32 id in [-2**31, 2**31)";
+
+// The allowed values of ids named `what`, for messages.
+const char* allowed_ids(const char* what) { return std::string_view(what) == "tokens" ? kTokenIds : kIds; }
+
+// Id `item` (at `what[i]`) as int32: TypeError for a bool or a non-integer,
+// ValueError beyond int32 (py_args.h words both).
+int32_t to_int32(PyObject* item, const char* what, Py_ssize_t i) {
   int overflow = 0;
-  long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
-  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  long long v = 0;
+  if (PyLong_CheckExact(item)) {
+    v = PyLong_AsLongLongAndOverflow(item, &overflow);
+  } else {
+    auto index = py::reinterpret_steal<py::object>(token_index(item, what, i, allowed_ids(what)));
+    v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  }
   if (overflow != 0 || v < INT32_MIN || v > INT32_MAX) {
-    throw std::invalid_argument(std::string(what) + ": " + py::repr(item).cast<std::string>() + " does not fit in int32");
+    throw py::value_error(bad_token_message(item, what, i, allowed_ids(what)));
   }
   return static_cast<int32_t>(v);
 }
 
 std::vector<int32_t> to_int32_vector(py::handle obj, const char* what) {
-  if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj)) {
-    throw py::type_error(std::string(what) + " must be a sequence of ints, got " + Py_TYPE(obj.ptr())->tp_name);
-  }
-  py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(obj.ptr(), what));
-  if (!seq) throw py::error_already_set();
+  py::object seq = token_sequence(obj, what);
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
   PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
   std::vector<int32_t> out(static_cast<size_t>(n));
-  for (Py_ssize_t i = 0; i < n; ++i) out[i] = to_int32(items[i], what);
+  for (Py_ssize_t i = 0; i < n; ++i) out[i] = to_int32(items[i], what, i);
   return out;
 }
 
@@ -135,7 +145,7 @@ InsertResult insert(RadixTree& tree, py::handle tokens, py::handle blocks, py::h
   std::vector<int32_t> ids = to_int32_vector(blocks, "blocks");
   InsertResult out = tree.insert(toks.span(), ids, name, priority, start);
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (to_int32(PyList_GET_ITEM(blocks.ptr(), i), "blocks") != ids[i]) {
+    if (to_int32(PyList_GET_ITEM(blocks.ptr(), i), "blocks", static_cast<Py_ssize_t>(i)) != ids[i]) {
       PyList_SetItem(blocks.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromLong(ids[i]));
     }
   }
@@ -152,7 +162,8 @@ void bind_radix_tree(py::module_& m) {
         return to_array(arg.span().data(), arg.span().size());
       },
       py::arg("ids"), py::arg("what") = "ids",
-      "Token or block ids as an array('i') the radix tree reads in place (ValueError beyond int32).");
+      "Token or block ids as an array('i') the radix tree reads in place: TypeError naming `what` for a\n"
+      "non-sequence, a bool or a non-integer id, ValueError beyond int32.");
   py::class_<MatchResult>(m, "RadixMatch", "A look-up: num_tokens matched (whole pages) in block_ids.")
       .def_readonly("num_tokens", &MatchResult::num_tokens)
       .def_property_readonly("block_ids", [](const MatchResult& r) { return to_list(r.blocks); })

@@ -11,6 +11,7 @@ void bind_radix_tree(py::module_& m);
 void bind_block_evictor(py::module_& m);
 void bind_attention(py::module_& m);
 void bind_block_contents(py::module_& m);
+void bind_tokens(py::module_& m);
 }  // namespace prefixcache
 
 PYBIND11_MODULE(_C, m) {
@@ -21,4 +22,5 @@ PYBIND11_MODULE(_C, m) {
   prefixcache::bind_block_evictor(m);
   prefixcache::bind_attention(m);
   prefixcache::bind_block_contents(m);
+  prefixcache::bind_tokens(m);
 }

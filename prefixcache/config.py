@@ -73,8 +73,9 @@ class HashConfig:
     """How the `hash` backend (and the events of every backend) hash blocks.
 
     algorithm: sha256_cbor (vLLM's default digest), sha256 (pickle), xxhash, xxhash_cbor.
-    seed:      NONE_HASH seed; None = "vllm-none-hash" for sha256 variants, random per
-               process for xxhash variants (as vLLM 0.33).
+    seed:      NONE_HASH seed; None = $PYTHONHASHSEED if set, else "vllm-none-hash" for
+               sha256 variants and random per process for xxhash variants (as vLLM
+               0.33; `prefixcache.hashing.resolve_seed`).
     """
 
     algorithm: HashAlgorithm = "sha256_cbor"

@@ -7,7 +7,8 @@ Owns the block-hash function of every algorithm, `NONE_HASH` seeding, and the ch
 one bytes) compute a whole chain in one native call (`prefixcache._C.sha256_cbor_chain`:
 SHA-256 and canonical CBOR in C++, about 10x faster); tests require the same digests.
 Token ids must be ints: the native path raises TypeError for anything else, and hands
-ids beyond int64 (CBOR bignums) back to the reference.
+ids beyond int64 (CBOR bignums) back to the reference. `block_hashes`, the public entry,
+also takes numpy int arrays (converted to ints first: a numpy scalar pickles differently).
 
 Must never: look anything up, cache anything, or hash a partial block.
 
@@ -39,6 +40,7 @@ import cbor2
 import xxhash
 
 from prefixcache._C import sha256_cbor_chain as _native_sha256_cbor_chain
+from prefixcache._C import token_list
 from prefixcache.isolation import Namespace, check_namespace
 from prefixcache.isolation import extra_keys as namespace_extra_keys  # re-exported: the chain's extra keys
 
@@ -48,6 +50,8 @@ __all__ = [
     "CRYPTOGRAPHIC",
     "hash_function",
     "none_hash",
+    "resolve_seed",
+    "seed_digest",
     "namespace_extra_keys",
     "hash_block",
     "block_hashes",
@@ -101,22 +105,37 @@ def hash_function(algorithm: str) -> HashFunction:
 def _process_seed() -> str:
     # One random seed per process, shared by every cache in it, so two caches of the
     # same process agree on digests (vLLM keeps a module-level NONE_HASH likewise).
-    return os.urandom(16).hex()
+    return os.urandom(32).hex()
+
+
+def resolve_seed(algorithm: str, seed: str | None = None) -> str:
+    """The seed `NONE_HASH` is derived from, as vLLM 0.33's `resolve_none_hash_seed`.
+
+    An explicit `seed` (config `hash.seed`) wins; else the `PYTHONHASHSEED`
+    environment variable if set (any string, used as is, so processes that share it
+    share digests with each other and with vLLM); else "vllm-none-hash" for the sha256
+    variants and a random per-process seed for the xxhash variants, so an attacker
+    cannot precompute colliding chains. The environment is read on every call.
+    """
+    hash_function(algorithm)  # ValueError naming the allowed algorithms
+    if seed is not None:
+        return seed
+    env = os.environ.get("PYTHONHASHSEED")
+    if env is not None:
+        return env
+    return DEFAULT_SEED if algorithm in CRYPTOGRAPHIC else _process_seed()
+
+
+def none_hash(algorithm: str, seed: str | None = None) -> bytes:
+    """`NONE_HASH = H(resolve_seed(algorithm, seed))`, the parent of every chain's first
+    block (see `resolve_seed` for where the seed comes from)."""
+    return seed_digest(algorithm, resolve_seed(algorithm, seed))
 
 
 @cache
-def none_hash(algorithm: str, seed: str | None = None) -> bytes:
-    """`NONE_HASH = H(seed)`, the parent of every chain's first block.
-
-    seed None means "vllm-none-hash" for the sha256 variants (deterministic, as vLLM
-    0.33) and a random per-process seed for the xxhash variants, so an attacker cannot
-    precompute colliding chains. Memoized: the result depends only on the arguments
-    (and, for a random seed, the process).
-    """
-    fn = hash_function(algorithm)
-    if seed is None:
-        seed = DEFAULT_SEED if algorithm in CRYPTOGRAPHIC else _process_seed()
-    return fn(seed)
+def seed_digest(algorithm: str, seed: str) -> bytes:
+    """`H(seed)` under `algorithm`. Memoized: it depends only on the arguments."""
+    return hash_function(algorithm)(seed)
 
 
 def hash_block(
@@ -225,6 +244,7 @@ def block_hashes(
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     hash_function(algorithm)  # ValueError naming the allowed algorithms
+    tokens = token_list(tokens, "tokens")  # numpy arrays too; ids must be ints, never bools
     namespace = check_namespace(namespace)
     later = namespace_extra_keys(namespace, first_block=False)
     extra = later

@@ -60,6 +60,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from prefixcache._C import token_list
 from prefixcache.config import ConfigError
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from prefixcache.isolation import Isolation, LoRA, Namespace
@@ -113,19 +114,12 @@ class Admission:
     copies: tuple[Copy, ...] = ()
 
 
-def as_tokens(tokens: Sequence[int]) -> list[int]:
-    """Token ids as a list of Python ints (accepts lists, tuples, numpy int arrays)."""
-    if isinstance(tokens, list):
-        return tokens
-    tolist = getattr(tokens, "tolist", None)
-    if tolist is not None:
-        out = tolist()
-        if not isinstance(out, list):
-            raise ValueError("tokens must be one-dimensional")
-        return out
-    if isinstance(tokens, (str, bytes)):
-        raise TypeError(f"tokens must be a sequence of ints, got {type(tokens).__name__}")
-    return list(tokens)
+def as_tokens(tokens: Sequence[int], what: str = "tokens", *, copy: bool = False) -> list[int]:
+    """Token ids as a list of Python ints: `tokens` itself if it already is one (unless
+    `copy`), else a new list (from a tuple, a numpy int array, anything with `tolist()`;
+    numpy integers become ints). TypeError naming `what` and the allowed values for
+    anything else, a bool id included (`prefixcache._C.token_list`, one pass in C++)."""
+    return token_list(tokens, what, copy)
 
 
 class PrefixCache(ABC):

@@ -66,14 +66,12 @@ from collections.abc import Callable, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefixcache._C import InvariantError, RadixTree
+from prefixcache._C import InvariantError, RadixTree, int32_array
 from prefixcache.eviction import CandidateRecord, GhostTable, chain_page_key, namespace_key
-from prefixcache.protocol import as_tokens
 
 __all__ = ["RadixTree", "PyRadixTree", "RadixMatch", "RadixInsert", "NodeInfo", "Candidate"]
 
 NATIVE_ORDERS = ("lru", "lfu", "fifo", "mru", "filo", "priority", "gslru")
-_INT32 = (-(1 << 31), (1 << 31) - 1)
 
 Namespace = str | None
 """A tree namespace: one root per value. The `radix` backend passes
@@ -189,13 +187,8 @@ def _check_namespace(namespace: object) -> Namespace:
 
 
 def _int32s(values: Sequence[int], what: str) -> list[int]:
-    if isinstance(values, (str, bytes)):
-        raise TypeError(f"{what} must be a sequence of ints, got {type(values).__name__}")
-    out = as_tokens(values)
-    for v in out:
-        if not _INT32[0] <= v <= _INT32[1]:
-            raise ValueError(f"{what}: {v!r} does not fit in int32")
-    return out
+    # The native tree's argument rule (csrc/py_args.h), so both refuse alike, in the same words.
+    return int32_array(values, what).tolist()
 
 
 class PyRadixTree:

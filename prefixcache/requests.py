@@ -10,22 +10,45 @@ Must never: touch the pool, hash, or decide what is cached.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Sequence
+import operator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from prefixcache.isolation import check_namespace
 from prefixcache.protocol import Namespace, as_tokens
 
-__all__ = ["Request", "RequestTable", "check_namespace", "check_tokens"]
+__all__ = ["Request", "RequestTable", "check_count", "check_namespace", "check_tokens"]
+
+T = TypeVar("T", bound=Sequence[int])
 
 
-def check_tokens(tokens: Sequence[int], *, allow_empty: bool = False) -> list[int]:
-    """Tokens as a list of ints; ValueError for an empty prompt unless allowed."""
-    out = as_tokens(tokens)
-    if not out and not allow_empty:
+def check_tokens(
+    tokens: Sequence[int],
+    *,
+    allow_empty: bool = False,
+    copy: bool = False,
+    convert: Callable[[Sequence[int], str], T] | None = None,
+) -> T:
+    """Tokens as a list of ints (`protocol.as_tokens`; `copy`: always a new list), or
+    through `convert(tokens, "tokens")` for a backend that stores them otherwise, whose
+    errors must be worded alike (csrc/py_args.h). ValueError for an empty prompt unless
+    allowed."""
+    out = as_tokens(tokens, "tokens", copy=copy) if convert is None else convert(tokens, "tokens")
+    if not allow_empty and not len(out):
         raise ValueError("tokens: a prompt needs at least one token")
     return out
+
+
+def check_count(value: int, field: str) -> int:
+    """`value` as an int >= 0 (numpy integers accepted): TypeError naming `field` for
+    another type or a bool, ValueError below 0."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{field}: expected an int >= 0; got {type(value).__name__} {value!r}")
+    value = operator.index(value)
+    if value < 0:
+        raise ValueError(f"{field}: expected an int >= 0; got {value}")
+    return value
 
 
 @dataclass(eq=False)

@@ -321,6 +321,93 @@ def rule_copy_sources_stay_pinned(make: CacheFactory, bs: int) -> None:
     _release_all_and_drain(cache, [rid for rid in ("b", "c") if _is_live(cache, rid)])
 
 
+def _expect_error(kind: type[Exception], field: str, call: Callable[[], Any], what: str) -> None:
+    """`call()` must raise `kind` with a message that names `field`."""
+    try:
+        call()
+    except kind as err:
+        if field not in str(err):
+            raise AssertionError(f"{what}: the {kind.__name__} does not name {field!r}: {err}") from None
+    except Exception as err:  # noqa: BLE001 -- any other kind is the finding
+        raise AssertionError(f"{what}: expected {kind.__name__} naming {field!r}, got {type(err).__name__}: {err}")
+    else:
+        raise AssertionError(f"{what}: expected {kind.__name__} naming {field!r}, nothing was raised")
+
+
+# Token arguments every backend must refuse with a TypeError naming `tokens` (not a
+# sequence) or `tokens[i]` (an id that is a bool or not an integer): never accepted
+# now to fail later, never a crash.
+BAD_TOKEN_SEQUENCES: tuple[Any, ...] = (None, 5, "abc", b"ab", {1, 2})
+BAD_TOKEN_IDS: tuple[tuple[list[Any], int], ...] = (
+    ([1, 2, None], 2),
+    ([1.0, 2.0], 0),
+    ([1, 2, 5.5], 2),
+    ([1, "7"], 1),
+    ([True, 1], 0),  # a bool is an int to Python, but a bug as a token
+)
+
+
+def rule_bad_tokens_are_refused(make: CacheFactory, bs: int) -> None:
+    """Bad input: `match`, `admit` and `append` refuse token arguments that are not a
+    sequence of int ids with a TypeError naming the field (`tokens` / `tokens[i]`), at
+    the call (also ids in an unhashed tail, or appended ones), and change nothing: the
+    request still commits. numpy int arrays and numpy integer ids count as ints: they
+    behave exactly as the same list. `evict` takes an int >= 0: TypeError for another
+    type, ValueError below 0, naming `num_blocks`."""
+    cache = make(bs, 16)
+    prompt = list(range(1, 2 * bs + 2))
+    assert cache.admit("r", prompt) is not None
+    cache.commit("r", bs)
+    before = _pool_state(cache, ["r"])
+    for bad in BAD_TOKEN_SEQUENCES:
+        for name, call in (
+            ("match", lambda: cache.match(bad)),
+            ("admit", lambda: cache.admit("s", bad)),
+            ("append", lambda: cache.append("r", bad)),
+        ):
+            _expect_error(TypeError, "tokens", call, f"{name}({bad!r})")
+    for bad, i in BAD_TOKEN_IDS:
+        tail = [*prompt, *bad]  # the bad id after the hashed blocks, where only a check finds it
+        for name, call, field in (
+            ("match", lambda: cache.match(bad), f"tokens[{i}]"),
+            ("admit", lambda: cache.admit("s", bad), f"tokens[{i}]"),
+            ("admit", lambda: cache.admit("s", tail), f"tokens[{len(prompt) + i}]"),
+            ("append", lambda: cache.append("r", bad), f"tokens[{i}]"),
+        ):
+            _expect_error(TypeError, field, call, f"{name} of {bad!r}")
+    assert _pool_state(cache, ["r"]) == before, "a refused token argument changed the pool or a block table"
+    cache.commit("r", len(prompt))  # the request is intact
+    for bad, kind in ((1.5, TypeError), ("2", TypeError), (True, TypeError), (None, TypeError), (-1, ValueError)):
+        _expect_error(kind, "num_blocks", lambda: cache.evict(bad), f"evict({bad!r})")
+    cache.release("r")
+    _release_all_and_drain(cache, [])
+    _numpy_tokens_are_ints(make, bs)
+
+
+def _numpy_tokens_are_ints(make: CacheFactory, bs: int) -> None:
+    """numpy int arrays (int32, int64) and lists of numpy integers give exactly what the
+    same list gives. Skipped without numpy."""
+    try:
+        import numpy as np
+    except ImportError:
+        return
+    prompt = list(range(7, 7 + 3 * bs + 1))
+    forms = (prompt, np.array(prompt, dtype=np.int64), np.array(prompt, dtype=np.int32), [np.int64(t) for t in prompt])
+    results = []
+    for form in forms:
+        cache = make(bs, 16)
+        first = cache.admit("a", form)
+        assert first is not None
+        cache.commit("a", len(prompt))
+        assert cache.append("a", form[:2]) is not None
+        cache.commit("a", len(prompt) + 2)
+        cache.release("a")
+        second = cache.admit("b", form)
+        results.append((first, second, cache.match(form), cache.block_table("b")))
+        _release_all_and_drain(cache, ["b"])
+    assert all(r == results[0] for r in results), f"numpy tokens behave differently from a list: {results}"
+
+
 def _is_live(cache: PrefixCache, request_id: Hashable) -> bool:
     try:
         cache.block_table(request_id)
@@ -336,6 +423,7 @@ RULE_CHECKS: tuple[Callable[[CacheFactory, int], None], ...] = (
     rule_lifecycle_errors,
     rule_namespaces_isolate,
     rule_reset_refuses_while_live,
+    rule_bad_tokens_are_refused,
 )
 
 

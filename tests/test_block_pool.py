@@ -52,11 +52,22 @@ def test_allocate_too_many_returns_none_and_changes_nothing(make):
     pool.check_invariants()
 
 
-@pytest.mark.parametrize("n", [-1, 5])
+@pytest.mark.parametrize("n", [-1, 5, 2**70, -(2**70), 2**63])
 def test_allocate_bad_n(make, n):
     pool = make(4)
-    with pytest.raises(ValueError, match="allocate: n must be in"):
+    # The value passed, not the int64 the native pool saturated it to.
+    with pytest.raises(ValueError, match=rf"^allocate: n must be in \[0, num_blocks=4\], got {n}$"):
         pool.allocate(n)
+
+
+def test_errors_beyond_int64_show_the_value_passed():
+    with pytest.raises(ValueError, match=rf"got {2**70}$"):
+        BlockPool(2**70)
+    pool = BlockPool(4)
+    with pytest.raises(IndexError, match=rf"block id {2**70} is out of range"):
+        pool.cache(2**70, b"k")
+    with pytest.raises(ValueError, match=rf"got {-(2**70)}$"):
+        pool.evict_front(-(2**70))
 
 
 def test_free_keyless_to_front_keyed_to_tail_in_given_order(make):

@@ -51,10 +51,10 @@ def collide(monkeypatch):
 
     def install(how) -> None:
         monkeypatch.setitem(hashing.ALGORITHMS, "xxhash", weak_hash(how) if isinstance(how, int) else how)
-        hashing.none_hash.cache_clear()
+        hashing.seed_digest.cache_clear()
 
     yield install
-    hashing.none_hash.cache_clear()
+    hashing.seed_digest.cache_clear()
 
 
 def make(backend: str, block_size: int, num_blocks: int, eviction: str = "lru", **options):

@@ -116,13 +116,48 @@ class UnpinsCopySource(PartialBlockHash):
         return adm
 
 
+class TakesBoolTokens(HashCache):
+    """Broken on purpose: an appended bool is taken as the int it subclasses."""
+
+    def append(self, request_id, tokens):
+        if isinstance(tokens, list):
+            tokens = [int(t) if isinstance(t, bool) else t for t in tokens]
+        return super().append(request_id, tokens)
+
+
+class SaysValueErrorForAFloatCount(HashCache):
+    """Broken on purpose: evict(1.5) is a ValueError (a wrong type is a TypeError)."""
+
+    def evict(self, num_blocks):
+        if isinstance(num_blocks, float):
+            raise ValueError("num_blocks must be an int >= 0")
+        return super().evict(num_blocks)
+
+
 @pytest.mark.parametrize(
     "broken",
-    [IgnoresNamespace, LeaksOnRefusal, LiesInMatch, CopiesWithoutPartialHits, OvercopiesPartial, UnpinsCopySource],
+    [
+        IgnoresNamespace,
+        LeaksOnRefusal,
+        LiesInMatch,
+        CopiesWithoutPartialHits,
+        OvercopiesPartial,
+        UnpinsCopySource,
+        TakesBoolTokens,
+        SaysValueErrorForAFloatCount,
+    ],
 )
 def test_kit_catches_broken_backends(broken):
     with pytest.raises(AssertionError):
         kit.check_backend(broken, block_sizes=(4,), max_examples=60)
+
+
+def test_bad_token_rule_catches_the_offence_itself():
+    make = kit._factory(TakesBoolTokens)
+    with pytest.raises(AssertionError, match=r"append of \[True, 1\]: expected TypeError naming 'tokens\[0\]'"):
+        kit.rule_bad_tokens_are_refused(make, 4)
+    with pytest.raises(AssertionError, match=r"evict\(1.5\): expected TypeError naming 'num_blocks', got ValueError"):
+        kit.rule_bad_tokens_are_refused(kit._factory(SaysValueErrorForAFloatCount), 4)
 
 
 def test_check_backend_one_line_passes_for_hash(capfd):

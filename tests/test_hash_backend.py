@@ -7,6 +7,7 @@ not, so every block id here is vLLM's minus one and every pool one block smaller
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import prefixcache
@@ -304,8 +305,11 @@ def test_evict_drops_least_recently_freed_cached_blocks():
     assert cache.evict(10) == 1 and cache.evict(1) == 0
     assert cache.stats().evictions == 3
     assert cache.match(list(range(100, 132))).num_tokens == 32  # pinned blocks stay cached
-    with pytest.raises(ValueError, match="num_blocks must be an int >= 0"):
+    with pytest.raises(ValueError, match="num_blocks: expected an int >= 0; got -1"):
         cache.evict(-1)
+    with pytest.raises(TypeError, match="num_blocks: expected an int >= 0; got float 1.5"):
+        cache.evict(1.5)
+    assert cache.evict(np.int64(0)) == 0
     cache.check_invariants()
 
 
@@ -351,8 +355,20 @@ def test_bad_input_is_a_clear_error():
         cache.admit("x", [])
     with pytest.raises(TypeError, match="namespace must be a str, an Isolation or None"):
         cache.admit("x", [1], namespace=3)
-    with pytest.raises(TypeError, match=r"tokens\[1\] must be an int, got str"):
+    with pytest.raises(TypeError, match=r"^tokens\[1\]: expected an int token id; got str '2'$"):
         cache.admit("x", [1, "2"] * 8)
+    # Ids in the unhashed tail (block_size 16) are checked too, not just hashed ones.
+    with pytest.raises(TypeError, match=r"^tokens\[0\]: expected an int token id; got NoneType None$"):
+        cache.admit("b", [None] * 3)
+    with pytest.raises(TypeError, match=r"^tokens\[0\]: expected an int token id; got float 1.0$"):
+        cache.admit("x", [1.0, 2.0])
+    with pytest.raises(TypeError, match=r"^tokens\[0\]: expected an int token id; got bool True$"):
+        cache.admit("x", [True, 2])
+    for bad, name in ((None, "NoneType"), (5, "int"), ("abc", "str")):
+        with pytest.raises(TypeError, match=rf"^tokens: expected a sequence of int token ids \(list, tuple, numpy int array\); got {name}$"):
+            cache.admit("x", bad)
+        with pytest.raises(TypeError, match="^tokens: expected a sequence"):
+            cache.match(bad)
     run(cache, "x", [1, 2, 3])
     with pytest.raises(ValueError, match=r"num_computed_tokens=4 .* must be in \[3, 3\]"):
         cache.commit("x", 4)
@@ -411,13 +427,43 @@ def test_a_refused_admission_is_retried_without_hashing_again(monkeypatch):
     cache.check_invariants()
 
 
-def test_a_bad_appended_token_fails_its_commit_and_changes_nothing():
+def test_a_bad_appended_token_is_refused_by_append_and_changes_nothing():
     cache = make(4)
     run(cache, "x", list(range(10)))
-    cache.append("x", ["7"] * 6)
-    with pytest.raises(TypeError, match=r"tokens\[10\] must be an int, got str"):
-        cache.commit("x", 16)
-    assert cache.pool.num_cached == 0
+    before = (cache.block_table("x"), cache.pool.num_free, cache.stats())
+    with pytest.raises(TypeError, match=r"^tokens\[0\]: expected an int token id; got NoneType None$"):
+        cache.append("x", [None, 5.5, "x"])
+    with pytest.raises(TypeError, match=r"^tokens\[1\]: expected an int token id; got str '7'$"):
+        cache.append("x", [7, "7"] * 3)
+    assert (cache.block_table("x"), cache.pool.num_free, cache.stats()) == before
+    assert cache.append("x", [10, 11, 12, 13, 14, 15]) == []  # the request goes on as if nothing happened
+    cache.commit("x", 16)
+    assert cache.pool.num_cached == 1
     cache.check_invariants()
     cache.release("x")
+    cache.check_invariants()
+
+
+def test_pythonhashseed_seeds_the_chain_unless_the_config_does(monkeypatch):
+    """vLLM 0.33 derives NONE_HASH from PYTHONHASHSEED when it is set; so do we, read
+    when the cache is built. An explicit hash.seed still wins."""
+    sha = hash_function("sha256_cbor")
+    monkeypatch.setenv("PYTHONHASHSEED", "12345")
+    for seed, root in ((None, sha("12345")), ("s", sha("s"))):
+        cache = make(4, hash=HashConfig(seed=seed))
+        run(cache, "0", list(range(17)))
+        assert cache.pool.key(0) == sha((root, tuple(range(16)), None))
+
+
+def test_numpy_ids_are_ints():
+    cache = make(4)
+    prompt = list(range(40))
+    run(cache, "a", prompt)
+    for form in (np.arange(40), np.arange(40, dtype=np.int32), [np.int64(t) for t in prompt], tuple(prompt)):
+        assert cache.match(form).num_tokens == 32
+        adm = cache.admit("b", form)
+        assert adm.num_cached_tokens == 32
+        assert cache.append("b", np.array([1, 2], dtype=np.int16)) == []
+        assert type(cache._requests.get("b").tokens[-1]) is int  # hashed as Python ints, as vLLM does
+        cache.release("b")
     cache.check_invariants()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from prefixcache.hashing import ALGORITHMS, block_hashes, hash_block, hash_function, none_hash
+from prefixcache.hashing import ALGORITHMS, block_hashes, hash_block, hash_function, none_hash, resolve_seed
 
 GOLDEN_NONE = {
     "sha256_cbor": "9bd96a485ad84efdafb72ee48a1d7a69bcead0f8f0433173941b276b9581eef0",
@@ -12,12 +13,49 @@ GOLDEN_NONE = {
 }
 
 
+@pytest.fixture
+def no_hash_seed(monkeypatch):
+    """Golden digests assume PYTHONHASHSEED is unset (it decides the seed if set)."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+
+
 @pytest.mark.parametrize("algorithm", GOLDEN_NONE)
-def test_none_hash_golden(algorithm):
+def test_none_hash_golden(algorithm, no_hash_seed):
     assert none_hash(algorithm).hex() == GOLDEN_NONE[algorithm]
 
 
-def test_sha256_cbor_chain_golden():
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_pythonhashseed_decides_the_seed_when_the_config_gives_none(algorithm, monkeypatch):
+    """As vLLM 0.33's resolve_none_hash_seed: PYTHONHASHSEED wins over the default
+    (and over the random xxhash seed), an explicit seed wins over PYTHONHASHSEED."""
+    fn = hash_function(algorithm)
+    monkeypatch.setenv("PYTHONHASHSEED", "12345")
+    assert resolve_seed(algorithm) == "12345"
+    assert none_hash(algorithm) == fn("12345")
+    assert none_hash(algorithm, "s") == fn("s")
+    assert block_hashes(list(range(16)), 16, algorithm)[0] == fn((fn("12345"), tuple(range(16)), None))
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    assert none_hash(algorithm) == fn("0")  # read on every call, not memoized
+    monkeypatch.delenv("PYTHONHASHSEED")
+    if algorithm in GOLDEN_NONE:
+        assert resolve_seed(algorithm) == "vllm-none-hash"
+    else:
+        assert resolve_seed(algorithm) not in ("vllm-none-hash", "0", "12345")
+        assert len(resolve_seed(algorithm)) == 64  # 32 random bytes, as vLLM
+
+
+def test_block_hashes_takes_numpy_ids(no_hash_seed):
+    expected = block_hashes(list(range(32)), 16)
+    assert block_hashes(np.arange(32), 16) == expected
+    assert block_hashes(np.arange(32, dtype=np.int32), 16) == expected
+    assert block_hashes([np.int64(t) for t in range(32)], 16, "sha256") == block_hashes(list(range(32)), 16, "sha256")
+    with pytest.raises(TypeError, match=r"^tokens\[3\]: expected an int token id; got bool True$"):
+        block_hashes([0, 1, 2, True], 2)
+    with pytest.raises(TypeError, match=r"^tokens: expected a sequence of int token ids"):
+        block_hashes(None, 2)
+
+
+def test_sha256_cbor_chain_golden(no_hash_seed):
     h = block_hashes(list(range(32)), 16)
     assert [x.hex() for x in h] == [
         "dc918a88b139e5afe60b88eda27508d4aee16c10fdc354791efea06206ac0749",
@@ -27,7 +65,7 @@ def test_sha256_cbor_chain_golden():
     assert salted[0].hex() == "d5d12f19983da5bf554a6edbb10aa6ffac8228cc94da98f6e9466f9e69c97af0"
 
 
-def test_sha256_pickle_golden():
+def test_sha256_pickle_golden(no_hash_seed):
     h = block_hashes(list(range(16)), 16, "sha256")
     assert h[0].hex() == "fe8fa5dda3210d0ca2031e37cbe3b001186773cd1c710beb2d45fcb51d434798"
 

@@ -8,6 +8,7 @@ partial page) reads here as "the partial page's block is freed".
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import prefixcache
@@ -75,6 +76,55 @@ def test_lifecycle_dedup_page_4():
     assert cache.tree.total_size == 16
     assert cache.pool.num_free == free_before
     assert cache.pool.num_pinned == 16 // 4  # only the tree pins blocks (rule 7)
+
+
+def test_lifecycle_a_then_c_tree_stays_at_12():
+    """Issue 4's scenario as written: A, then C with the same prompt and output."""
+    cache = radix(block_size=4, num_blocks=32)
+    run(cache, "A", list(range(1, 11)), [11, 12, 13, 14])  # 13 tokens computed: 12 cached, the tail freed
+    assert cache.tree.total_size == 12 and cache.pool.num_free == 32 - 3
+    c = run(cache, "C", list(range(1, 11)), [11, 12, 13, 14])
+    assert c.num_cached_tokens == 8  # prompt[:-1] cut to whole pages
+    assert cache.tree.total_size == 12  # C's copy of page [9..12] was a duplicate: freed
+    assert cache.pool.num_free == 32 - 3 and cache.pool.num_pinned == 3
+    assert cache.match(list(range(1, 14))).num_tokens == 12
+
+
+def test_token_arguments_are_checked_with_the_field_named():
+    cache = radix(block_size=4)
+    seq = r"^tokens: expected a sequence of int token ids \(list, tuple, numpy int array\); got "
+    for bad, name in ((None, "NoneType"), (5, "int"), ("abc", "str")):
+        with pytest.raises(TypeError, match=seq + name + "$"):
+            cache.admit("x", bad)
+        with pytest.raises(TypeError, match=seq + name + "$"):
+            cache.match(bad)
+    item = r"^tokens\[{}\]: expected an int32 token id in \[-2\*\*31, 2\*\*31\); got "
+    with pytest.raises(TypeError, match=item.format(0) + r"float 1\.0$"):
+        cache.admit("x", [1.0, 2.0])
+    with pytest.raises(TypeError, match=item.format(2) + "NoneType None$"):
+        cache.match([1, 2, None])
+    with pytest.raises(TypeError, match=item.format(0) + "bool True$"):  # was accepted as 1
+        cache.admit("x", [True, 2])
+    with pytest.raises(ValueError, match=item.format(1) + "int 2147483648$"):
+        cache.admit("x", [1, 2**31])
+    run(cache, "r", [1, 2, 3, 4, 5], release=False)
+    with pytest.raises(TypeError, match=item.format(1) + "float 5.5$"):
+        cache.append("r", [7, 5.5])
+    assert cache.pool.num_free == 64 - 2 and cache.tree.total_size == 4
+    cache.release("r")
+    cache.check_invariants()
+
+
+def test_numpy_ids_are_ints():
+    cache = radix(block_size=4)
+    prompt = list(range(1, 12))
+    run(cache, "a", prompt)
+    for form in (np.arange(1, 12), np.arange(1, 12, dtype=np.int32), [np.int64(t) for t in prompt]):
+        assert cache.match(form).num_tokens == 8
+        assert cache.admit("b", form).num_cached_tokens == 8
+        assert cache.append("b", np.array([1], dtype=np.int64)) == []  # 12 tokens: still 3 pages
+        cache.release("b")
+    cache.check_invariants()
 
 
 def test_commit_shares_pages_and_frees_the_requests_copy():
@@ -280,9 +330,9 @@ def test_request_errors():
         cache.admit("x", [1 << 40])
     with pytest.raises(ValueError, match="int32"):
         cache.append("r", [1 << 40])
-    with pytest.raises(ValueError, match="num_blocks"):
+    with pytest.raises(ValueError, match="num_blocks: expected an int >= 0; got -1"):
         cache.evict(-1)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="num_blocks: expected an int >= 0; got float 1.5"):
         cache.evict(1.5)
     cache.release("r")
     with pytest.raises(KeyError):
