@@ -212,8 +212,9 @@ def is_ab_mapping(data: Mapping[str, Any]) -> bool:
     return "arms" in data or "workload" in data
 
 
-def parse_ab_config(data: Any, source: str | None = None) -> ABConfig:
-    """An A/B mapping -> ABConfig; errors carry `source` (the file) and the key path."""
+def parse_ab_config(data: Any, source: str | None = None, *, check_trace: bool = True) -> ABConfig:
+    """An A/B mapping -> ABConfig; errors carry `source` (the file) and the key path.
+    `check_trace=False` skips the trace file check (a caller replacing the trace)."""
     try:
         arms = data.get("arms") if isinstance(data, Mapping) else None
         for name, arm in (arms.items() if isinstance(arms, Mapping) else ()):
@@ -224,7 +225,8 @@ def parse_ab_config(data: Any, source: str | None = None) -> ABConfig:
                     "capacity_tokens // block_size blocks",
                 )
         config = from_mapping(ABConfig, data)
-        _check_trace_exists(config.workload.mooncake)
+        if check_trace:
+            _check_trace_exists(config.workload.mooncake)
         return config
     except ConfigError as err:
         raise err.within("", source) from None
@@ -239,6 +241,12 @@ def _check_trace_exists(spec: MooncakeSpec | None) -> None:
     raise ConfigError("workload.mooncake.path", f"no such file {spec.path!r}{where}")
 
 
-def load_ab_config(source: str | Path) -> ABConfig:
-    """The A/B experiment in a YAML file, validated."""
-    return parse_ab_config(load_yaml(source), str(source))
+def load_ab_config(source: str | Path, *, trace: str | Path | None = None) -> ABConfig:
+    """The A/B experiment in a YAML file, validated; with `trace`, on that Mooncake trace
+    instead of the file's workload (then the file's own trace path need not exist)."""
+    config = parse_ab_config(load_yaml(source), str(source), check_trace=trace is None)
+    if trace is None:
+        return config
+    config = config.with_trace(trace)
+    _check_trace_exists(config.workload.mooncake)
+    return config

@@ -120,8 +120,9 @@ def _workload(config: ABConfig, path: str) -> Workload:
 
 def _load(config_path: str | None, trace: str | None) -> tuple[ABConfig, str]:
     path = config_path if config_path is not None else str(default_ab_config())
-    config = load_ab_config(path)
-    return (config.with_trace(trace) if trace else config), path
+    if trace is not None and not Path(trace).is_file():
+        raise ConfigError("--trace", f"no such file {trace!r}")
+    return load_ab_config(path, trace=trace), path
 
 
 def _plot(console: Console, draw: Callable[[], None], path: Path) -> None:

@@ -166,6 +166,12 @@ def test_a_trace_path_that_does_not_exist_is_a_load_error(tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
     write_records(trace, synthetic_records(10, seed=1))
     assert main(["validate", str(tiny(tmp_path, text.replace("nowhere/trace.jsonl", str(trace))))]) == 0
+    # --trace replaces the file's workload, so its stale path no longer matters; a --trace
+    # that does not exist is named as such.
+    assert main(["ab", str(path), "--trace", str(trace), "--out", str(tmp_path / "o")]) == 0
+    capsys.readouterr()
+    assert main(["ab", str(path), "--trace", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o")]) == 2
+    assert f"--trace: no such file '{tmp_path / 'none.jsonl'}'" in capsys.readouterr().err
 
 
 def test_the_default_ab_config_is_package_data():
