@@ -1,6 +1,6 @@
 """Run every fuzz harness for a bounded time, or replay saved inputs.
 
-    python fuzz/run.py                        # each harness 30 s (what CI runs)
+    python fuzz/run.py                        # each harness 30 s (CI runs --seconds 15)
     python fuzz/run.py --seconds 3600         # the long run: an hour each
     python fuzz/run.py --only fuzz_backends --seconds 600
     python fuzz/run.py --replay fuzz/artifacts/crash-...   # without atheris, with a traceback
