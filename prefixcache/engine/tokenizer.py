@@ -17,6 +17,7 @@ Must never: download a tokenizer, or let a template reach Python objects (sandbo
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -55,18 +56,20 @@ def render_chat(template: str, messages: Sequence[Message], *, add_generation_pr
     return _compile(template).render(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt)
 
 
-class Tokenizer:
+class Tokenizer(ABC):
     """Text <-> token ids. `eos_token_id` ends generation; `chat_template` renders chats."""
 
     eos_token_id: int
     chat_template: str
     vocab_size: int
 
+    @abstractmethod
     def encode(self, text: str) -> list[int]:
-        raise NotImplementedError
+        """Token ids of `text`."""
 
+    @abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
-        raise NotImplementedError
+        """The text of token ids `ids`."""
 
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]:
         """Token ids of `messages` rendered with the chat template."""
