@@ -54,6 +54,7 @@ from prefixcache.ab_config import ABConfig
 from prefixcache.config import CacheConfig, from_mapping, to_plain
 from prefixcache.protocol import PrefixCache
 from prefixcache.workloads import BlockPlan, BoundResult, HitCounts, Workload, belady, infinite_cache
+from prefixcache.workloads.metrics import HitRatios
 
 __all__ = [
     "ArmResult",
@@ -102,7 +103,7 @@ def write_csv(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> None:
 
 
 @dataclass(frozen=True)
-class ArmResult:
+class ArmResult(HitRatios):
     """What one arm did on the workload. Counts in TOKENS unless a name says blocks.
 
     hits:             per-request hit and prompt tokens, in arrival order
@@ -133,16 +134,6 @@ class ArmResult:
     @property
     def capacity_blocks(self) -> int:
         return self.config.num_blocks
-
-    @property
-    def hit_ratio(self) -> float:
-        """Token hit ratio of the whole run."""
-        return self.hits.hit_ratio
-
-    @property
-    def last_half_hit_ratio(self) -> float:
-        """Token hit ratio of the last 50% of requests."""
-        return self.hits.last_half_hit_ratio
 
     @property
     def prefill_tokens_saved(self) -> int:

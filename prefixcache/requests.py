@@ -62,6 +62,10 @@ class Request:
     num_cached_tokens: int = 0  # prefix hit at admission
     num_computed: int = 0  # tokens whose KV is written (commit)
 
+    def blocks_short(self, num_new_tokens: int, block_size: int) -> int:
+        """BLOCKS the table lacks to hold `num_new_tokens` more tokens (0 if none)."""
+        return max(0, -(-(len(self.tokens) + num_new_tokens) // block_size) - len(self.block_table))
+
     def check_commit(self, num_computed_tokens: int) -> int:
         """Validate a commit: an int in [num_computed, len(tokens)]."""
         n = num_computed_tokens

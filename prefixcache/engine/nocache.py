@@ -57,7 +57,7 @@ class NoPrefixCache(PrefixCache):
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         req = self._requests.get(request_id)
         new = check_tokens(tokens, allow_empty=True)
-        needed = -(-(len(req.tokens) + len(new)) // self.block_size) - len(req.block_table)
+        needed = req.blocks_short(len(new), self.block_size)
         blocks: list[int] = []
         if needed > 0:
             got = self.pool.allocate(needed)

@@ -39,13 +39,13 @@ from dataclasses import dataclass
 
 from prefixcache.workloads.blocks import BlockPlan
 from prefixcache.workloads.checks import check_int
-from prefixcache.workloads.metrics import HitCounts
+from prefixcache.workloads.metrics import HitCounts, HitRatios
 
 __all__ = ["BoundResult", "infinite_cache", "belady"]
 
 
 @dataclass(frozen=True)
-class BoundResult:
+class BoundResult(HitRatios):
     """One bound on one workload: per-request hits and what the replay did.
 
     `capacity_blocks` is None for an unbounded pool; `evictions` counts evicted BLOCKS;
@@ -58,16 +58,6 @@ class BoundResult:
     hits: HitCounts
     evictions: int = 0
     rejected: tuple[int, ...] = ()
-
-    @property
-    def hit_ratio(self) -> float:
-        """Token hit ratio of the whole run."""
-        return self.hits.hit_ratio
-
-    @property
-    def last_half_hit_ratio(self) -> float:
-        """Token hit ratio of the last 50% of requests."""
-        return self.hits.last_half_hit_ratio
 
 
 def infinite_cache(plan: BlockPlan) -> BoundResult:

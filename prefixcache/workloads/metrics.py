@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["HitCounts"]
+__all__ = ["HitCounts", "HitRatios"]
 
 
 @dataclass(frozen=True)
@@ -55,3 +55,19 @@ class HitCounts:
     def total_hit_tokens(self) -> int:
         """Prefill TOKENS saved over the whole run."""
         return sum(self.hit_tokens)
+
+
+class HitRatios:
+    """The two ratios of a result that carries `hits: HitCounts` (a bound, an A/B arm)."""
+
+    hits: HitCounts
+
+    @property
+    def hit_ratio(self) -> float:
+        """Token hit ratio of the whole run."""
+        return self.hits.hit_ratio
+
+    @property
+    def last_half_hit_ratio(self) -> float:
+        """Token hit ratio of the last 50% of requests."""
+        return self.hits.last_half_hit_ratio
