@@ -60,12 +60,12 @@ from array import array
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from prefixcache._C import BlockPool, InvariantError, RadixTree, int32_array
+from prefixcache._C import BlockPool, InvariantError, RadixTree
 from prefixcache.config import CacheConfig
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent, event_extra_keys
 from prefixcache.hashing import block_hashes, namespace_extra_keys
 from prefixcache.isolation import Isolation, exact_key
-from prefixcache.protocol import Admission, Match, Namespace, PrefixCache
+from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache
 from prefixcache.registry import register_backend, resolve_eviction_policy
 from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
@@ -74,9 +74,9 @@ __all__ = ["RadixCache"]
 
 
 def _int32_array(tokens: Sequence[int], *, allow_empty: bool = False) -> array:
-    """Token ids as an int32 array, which the tree reads in place (converted and
-    checked in C++: ids must fit int32)."""
-    return check_tokens(tokens, allow_empty=allow_empty, convert=int32_array)
+    """Token ids as an int32 array of our own (read once in C++ from any buffer or
+    sequence of ints: ids must fit int32)."""
+    return check_tokens(tokens, allow_empty=allow_empty, itemsize=4)
 
 
 @dataclass(eq=False)
@@ -167,7 +167,7 @@ class RadixCache(PrefixCache):
             )
         )
         self._stats.record_query(len(toks), hit.num_tokens)
-        return Admission(tuple(table), hit.num_tokens)
+        return Admission(BlockIds(table), hit.num_tokens)
 
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         req = self._requests.get(request_id)
@@ -198,7 +198,7 @@ class RadixCache(PrefixCache):
         self.tree.unlock(req.node)
 
     def block_table(self, request_id: Hashable) -> Sequence[int]:
-        return tuple(self._requests.get(request_id).block_table)
+        return BlockIds(self._requests.get(request_id).block_table)
 
     # -- maintenance ---------------------------------------------------------------------
     def evict(self, num_blocks: int) -> int:
