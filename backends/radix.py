@@ -1,4 +1,4 @@
-"""The `radix` backend: SGLang's RadixAttention (`RadixCache`, v0.5.6) on the shared pool.
+"""The `radix` backend: SGLang's RadixAttention (`RadixCache`, v0.5.23) on the shared pool.
 
 Owns the request side of SGLang's radix cache: which tree node each live request
 locks, which of its blocks are its own and which are the tree's, when blocks are
@@ -16,15 +16,18 @@ How SGLang's scheduler calls map onto the protocol (`mem_cache/radix_cache.py`,
 - `admit` = `match_prefix` on `tokens[:-1]` (`adjust_max_prefix_ids`: the last prompt
   token is always computed) cut to whole pages, `inc_lock_ref` on the last matched
   node, then `alloc_token_slots` for the rest of the prompt. Short of free blocks, the
-  tree evicts as many tokens as the allocation needs, as `evict_from_tree_cache` does,
-  and the allocation is retried. Feasibility is checked first (needed blocks <= free
+  tree evicts the SHORTFALL (the blocks the allocation needs beyond the free ones), as
+  SGLang 0.5.23's allocator does (`evict_to_free_tokens`; up to 0.5.6 it evicted the
+  whole demand), and the allocation is retried. Feasibility is checked first (needed blocks <= free
   blocks + evictable blocks outside the matched path), so a refused admission changes
   nothing: no split, no recency, no stats but `rejected`.
 - `commit(n)` = `cache_unfinished_req`: the full pages of `tokens[:n]` are inserted,
   the request's copies of pages the tree already had are freed and its block table is
   re-pointed to the tree's blocks (protocol rule 4: radix frees the request's copy),
   and the lock moves to the new last node. `protected` is SGLang's
-  `cache_protected_len`: the request's blocks before it belong to the tree.
+  `cache_protected_len`: the request's blocks before it belong to the tree;
+  `inserted` is its `cache_inserted_len` (what the request inserted so far, 0 at
+  admission), which decides where the insert's hit counting starts.
 - `release` = `cache_finished_req` as fixed by SGLang PR #16521: every token whose KV
   is computed, prompt and generated, is inserted; duplicates, the unaligned tail and
   blocks never computed are freed; the lock is dropped.
@@ -88,6 +91,7 @@ class _RadixRequest(Request):
     tree_key: str | None = None  # exact_key(namespace): the tree's name for the namespace
     node: int = 0  # the tree node this request locks (a root: nothing locked)
     protected: int = 0  # SGLang's cache_protected_len, in TOKENS
+    inserted: int = 0  # SGLang's cache_inserted_len, in TOKENS
     priority: int = 0
 
 
@@ -102,8 +106,9 @@ class RadixCache(PrefixCache):
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)
         self.policy = resolve_eviction_policy(config.eviction)()
-        # A policy with a native order is evaluated in C++; otherwise the tree calls
-        # policy.priority() once per candidate when it evicts.
+        # A policy with a native order is evaluated in C++ from the tree's persistent
+        # leaf order; otherwise the tree calls policy.priority() once per candidate when
+        # it evicts.
         params = self.policy.native_params() if self.policy.native else {}
         ghost = self.policy.history * pool.num_blocks  # pages remembered after eviction
         self.tree = RadixTree(pool, self.block_size, self.policy.native, ghost_capacity=ghost, **params)
@@ -232,9 +237,8 @@ class RadixCache(PrefixCache):
         """`num_blocks` fresh blocks; the caller has checked `_room`."""
         blocks = self.pool.allocate(num_blocks)
         if blocks is None:
-            # SGLang's evict_from_tree_cache evicts the whole allocation's worth, not
-            # just the shortfall; we do the same so hits match it under pressure.
-            self._evict_tokens(num_blocks * self.block_size)
+            # SGLang 0.5.23 (allocator.evict_to_free_tokens) evicts the shortfall.
+            self._evict_tokens((num_blocks - self.pool.num_free) * self.block_size)
             blocks = self.pool.allocate(num_blocks)
         if blocks is None:
             raise InvariantError(f"radix: {num_blocks} blocks passed the room check but could not be allocated")
@@ -265,7 +269,10 @@ class RadixCache(PrefixCache):
         # Only the request's own pages cross into C++: the tree's are already there.
         first, last = req.protected // bs, aligned // bs
         own = req.block_table[first:last]
-        result = self.tree.insert(memoryview(req.tokens)[:aligned], own, req.tree_key, req.priority, req.protected)
+        result = self.tree.insert(
+            memoryview(req.tokens)[:aligned], own, req.tree_key, req.priority, req.protected, req.inserted
+        )
+        req.inserted = max(req.inserted, aligned)
         if result.displaced:
             self.pool.free(result.displaced)
             req.block_table[first:last] = own  # re-pointed to the tree's blocks

@@ -83,18 +83,18 @@ py::tuple to_tuple(const std::vector<int32_t>& ids) {
 // insert() re-points `blocks` in place: a writable int32 buffer is edited directly;
 // a list is converted, and the entries that changed are written back.
 InsertResult insert(RadixTree& tree, py::handle tokens, py::handle blocks, py::handle ns, int64_t priority,
-                    int64_t start) {
+                    int64_t start, int64_t inserted) {
   const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
   Namespace name = to_namespace(ns);
   WritableInt32s buffer(blocks);
-  if (auto view = buffer.span()) return tree.insert(toks, *view, name, priority, start);
+  if (auto view = buffer.span()) return tree.insert(toks, *view, name, priority, start, inserted);
   if (!PyList_Check(blocks.ptr())) {
     throw py::type_error(std::string("blocks must be a list or a writable int32 buffer (array('i')), got ") +
                          Py_TYPE(blocks.ptr())->tp_name);
   }
   std::vector<int32_t> ids = int32_ids(blocks, "blocks");
   const std::vector<int32_t> before = ids;
-  InsertResult out = tree.insert(toks, ids, name, priority, start);
+  InsertResult out = tree.insert(toks, ids, name, priority, start, inserted);
   for (size_t i = 0; i < ids.size(); ++i) {
     if (before[i] != ids[i]) PyList_SetItem(blocks.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromLong(ids[i]));
   }
@@ -140,6 +140,8 @@ void bind_radix_tree(py::module_& m) {
       .def_readonly("use_count", &NodeInfo::use_count)
       .def_readonly("last_use", &NodeInfo::last_use)
       .def_readonly("request_tokens", &NodeInfo::request_tokens)
+      .def_readonly("cached_prefix_len", &NodeInfo::cached_prefix_len)
+      .def_readonly("history_len", &NodeInfo::history_len)
       .def_property_readonly("children", [](const NodeInfo& n) {
         py::dict out;
         for (const auto& [page, id] : n.children) out[to_tuple(page)] = id;
@@ -151,20 +153,22 @@ SGLang RadixAttention prefix tree over a BlockPool (see prefixcache/radix_tree.p
 for the reference model and the full contract).
 
 The tree owns one pool reference per block it holds. Sizes are in tokens.
-`eviction` is a native order (lru, lfu, fifo, mru, filo, priority, gslru) or None,
+`eviction` is a native order (lru, lfu, fifo, mru, filo, priority, slru, tlru, gslru) or None,
 in which case evict() needs `priority=` (a callable ranking EvictionCandidate).
 `protect_tokens` / `size_weight` parameterize gslru; `ghost_capacity` (pages) keeps
 the use counts of evicted content (0: none). Not thread-safe.
 )doc")
       .def(py::init([](BlockPool& pool, int64_t page_size, std::optional<std::string> eviction,
-                       int64_t protect_tokens, int64_t size_weight, int64_t ghost_capacity) {
+                       int64_t protect_tokens, int64_t size_weight, int64_t ghost_capacity, int64_t protected_threshold,
+                       int64_t tlru_threshold, int64_t next_prompt_estimate) {
              std::optional<EvictionOrder> order;
              if (eviction) order = parse_eviction_order(*eviction);
-             return std::make_unique<RadixTree>(pool, page_size, order, OrderParams{protect_tokens, size_weight},
-                                                ghost_capacity);
+             OrderParams params{protect_tokens, size_weight, protected_threshold, tlru_threshold, next_prompt_estimate};
+             return std::make_unique<RadixTree>(pool, page_size, order, params, ghost_capacity);
            }),
            py::arg("pool"), py::arg("page_size"), py::arg("eviction") = "lru", py::arg("protect_tokens") = 0,
-           py::arg("size_weight") = 0, py::arg("ghost_capacity") = 0, py::keep_alive<1, 2>())
+           py::arg("size_weight") = 0, py::arg("ghost_capacity") = 0, py::arg("protected_threshold") = 2,
+           py::arg("tlru_threshold") = 0, py::arg("next_prompt_estimate") = 0, py::keep_alive<1, 2>())
       .def_property_readonly("page_size", &RadixTree::page_size)
       .def_property_readonly("total_size", &RadixTree::total_size, "Tokens in the tree.")
       .def_property_readonly("evictable_size", &RadixTree::evictable_size, "Tokens in unlocked nodes.")
@@ -191,7 +195,7 @@ the use counts of evicted content (0: none). Not thread-safe.
           py::arg("tokens"), py::arg("namespace") = py::none(),
           "SGLang match_prefix: splits at the match's end, refreshes recency, counts a hit.")
       .def("insert", &insert, py::arg("tokens"), py::arg("blocks"), py::arg("namespace") = py::none(),
-           py::arg("priority") = 0, py::arg("start") = 0,
+           py::arg("priority") = 0, py::arg("start") = 0, py::arg("inserted") = -1,
            "Insert whole pages; blocks hold the pages from token `start` on, and the entries of pages\n"
            "already in the tree are re-pointed to the tree's blocks in place.")
       .def("lock", &RadixTree::lock, py::arg("node"), "Lock root -> node.")
