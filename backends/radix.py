@@ -93,6 +93,7 @@ class _RadixRequest(Request):
     protected: int = 0  # SGLang's cache_protected_len, in TOKENS
     inserted: int = 0  # SGLang's cache_inserted_len, in TOKENS
     priority: int = 0
+    inserted_at: int = -1  # the tree's clock right after this request's latest insert
 
 
 @register_backend("radix")
@@ -266,6 +267,11 @@ class RadixCache(PrefixCache):
         aligned = num_computed // bs * bs
         if aligned == 0 or aligned < req.protected:
             return
+        if aligned == req.protected and self.tree.clock == req.inserted_at:
+            # Nothing new, and the tree has not moved since this request's last insert:
+            # SGLang's re-insert would re-stamp the same path with the newest tick, which
+            # orders it exactly as it already is. Skip the walk.
+            return
         # Only the request's own pages cross into C++: the tree's are already there.
         first, last = req.protected // bs, aligned // bs
         own = req.block_table[first:last]
@@ -281,6 +287,7 @@ class RadixCache(PrefixCache):
         self.tree.unlock(req.node)
         req.node = result.node
         req.protected = aligned
+        req.inserted_at = self.tree.clock
 
     def _record_stored(self, req: _RadixRequest, start: int, end: int) -> None:
         """One BlockStored per new page in tokens [start, end), chained to the page before."""

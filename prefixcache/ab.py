@@ -232,7 +232,7 @@ class _Replay:
             if n:
                 pinned[b] = n
             else:
-                del pinned[b]
+                dict.__delitem__(pinned, b)  # Counter's own __delitem__ is Python code
 
     def call(self, i: int, method: Callable[..., Any], *args: Any) -> Any:
         """One cache call on behalf of request i, timed into its bookkeeping."""
@@ -265,7 +265,8 @@ class _Replay:
 
     def run(self, i: int) -> None:
         r, cache = self.workload.requests[i], self.cache
-        prompt, output = r.prompt.to_array(), r.output.to_array()  # one int64 buffer each
+        prompt = r.prompt.to_array()  # one int64 buffer each
+        output = r.output.to_array() if len(r.output) else ()
         while len(self.live) >= self.max_concurrent:
             self.release(self.live.popleft())
         admission = self.until_done(i, lambda: cache.admit(i, prompt, namespace=r.namespace))
