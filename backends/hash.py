@@ -86,16 +86,17 @@ name in `lora_name` and, untagged, in `extra_keys`.
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from prefixcache._C import BlockContents, BlockEvictor, BlockPool, CallbackBlockEvictor, InvariantError, token_list
+from prefixcache._C import BlockContents, BlockEvictor, BlockPool, CallbackBlockEvictor, InvariantError, token_array
 from prefixcache.config import CacheConfig
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent, event_extra_keys
 from prefixcache.hashing import CRYPTOGRAPHIC, chain_digests, namespace_extra_keys, none_hash
 from prefixcache.isolation import Isolation, exact_bytes
-from prefixcache.protocol import Admission, Match, Namespace, PrefixCache
+from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, token_buffer
 from prefixcache.registry import register_backend, resolve_eviction_policy
 from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
@@ -114,9 +115,11 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 class HashRequest(Request):
     """A live request of the `hash` backend.
 
+    tokens:            array('q') of the request's ids (a list if one is beyond int64)
     digests:           chained hashes of the request's first full blocks, packed back
-                       to back (the prompt's at admission, extended as commits cover
-                       appended blocks); block i's is `HashCache._digest(request, i)`
+                       to back in a bytearray (the prompt's at admission, extended in
+                       place as commits cover appended blocks: O(new blocks) a commit);
+                       block i's is `HashCache._digest(request, i)`
     num_cached_blocks: leading blocks of `block_table` whose hash is in the index
                        (vLLM `num_cached_block`); always `num_computed // block_size`
     priority:          the request's priority (`eviction: priority`)
@@ -126,7 +129,7 @@ class HashRequest(Request):
                        compares (only set when the cache verifies hits)
     """
 
-    digests: bytes = b""
+    digests: bytearray = None  # type: ignore[assignment]
     num_cached_blocks: int = 0
     priority: int = 0
     copy_source: int | None = None
@@ -192,7 +195,7 @@ class HashCache(PrefixCache):
         `eviction: priority`."""
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an int, got {type(priority).__name__}")
-        tokens = check_tokens(tokens, copy=True)  # our own copy: append extends it
+        tokens = check_tokens(tokens)  # our own typed copy, read once in C++: append extends it
         namespace = check_namespace(namespace)
         self._requests.check_new(request_id)
         retry = self._last_refused
@@ -237,7 +240,7 @@ class HashCache(PrefixCache):
                 block_table=table,
                 num_cached_tokens=num_hit_tokens,
                 num_computed=num_hit_tokens,
-                digests=digests,
+                digests=bytearray(digests),
                 num_cached_blocks=len(hits),
                 priority=priority,
                 copy_source=partial[0] if partial else None,
@@ -247,12 +250,18 @@ class HashCache(PrefixCache):
         self._stats.record_query(len(tokens), num_hit_tokens)
         if refuted:
             self._stats.verify_failures += 1
-        return Admission(tuple(table), num_hit_tokens, copies)
+        return Admission(BlockIds(table), num_hit_tokens, copies)
 
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         # Called once per decoded token: kept to the bare arithmetic.
         request = self._requests.get(request_id)
-        tokens = token_list(tokens)  # checked here, in C++, so a bad id never reaches commit
+        # Checked here, in C++, so a bad id never reaches commit; ids beyond int64 as ints.
+        new = token_array(tokens)
+        if new is None:
+            new = token_buffer(tokens)
+            if isinstance(request.tokens, array):
+                request.tokens = request.tokens.tolist()
+        tokens = new
         bs = self.block_size
         num_new = (len(request.tokens) + len(tokens) + bs - 1) // bs - len(request.block_table)
         new_blocks: list[int] = []
@@ -289,7 +298,7 @@ class HashCache(PrefixCache):
         self._requests.pop(request_id)
 
     def block_table(self, request_id: Hashable) -> Sequence[int]:
-        return tuple(self._requests.get(request_id).block_table)
+        return BlockIds(self._requests.get(request_id).block_table)
 
     # -- maintenance ------------------------------------------------------------------
     def evict(self, num_blocks: int) -> int:
@@ -470,7 +479,7 @@ class HashCache(PrefixCache):
 
     def _digest(self, request: HashRequest, i: int) -> bytes:
         """The hash of the request's block i."""
-        return request.digests[i * self._digest_size : (i + 1) * self._digest_size]
+        return bytes(request.digests[i * self._digest_size : (i + 1) * self._digest_size])
 
     def _allocate(self, n: int) -> list[int]:
         """n fresh blocks; the caller checked there is room. Reports what reuse evicted."""
@@ -497,11 +506,11 @@ class HashCache(PrefixCache):
                 request.tokens[num_hashed * bs : num_full_blocks * bs],
                 bs,
                 self._algorithm,
-                request.digests[-ds:] if num_hashed else self._none_hash,
+                bytes(request.digests[-ds:]) if num_hashed else self._none_hash,
                 namespace_extra_keys(request.namespace, first_block=not num_hashed),
                 namespace_extra_keys(request.namespace, first_block=False),
             )
-        blocks, keys = request.block_table[start:num_full_blocks], request.digests[start * ds : num_full_blocks * ds]
+        blocks, keys = request.block_table[start:num_full_blocks], bytes(request.digests[start * ds : num_full_blocks * ds])
         if self._contents is not None:
             # First: it validates the tokens (all or nothing), and blocks without a
             # key are never looked up, so recording them early is harmless.

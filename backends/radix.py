@@ -1,4 +1,4 @@
-"""The `radix` backend: SGLang's RadixAttention (`RadixCache`, v0.5.6) on the shared pool.
+"""The `radix` backend: SGLang's RadixAttention (`RadixCache`, v0.5.23) on the shared pool.
 
 Owns the request side of SGLang's radix cache: which tree node each live request
 locks, which of its blocks are its own and which are the tree's, when blocks are
@@ -16,15 +16,18 @@ How SGLang's scheduler calls map onto the protocol (`mem_cache/radix_cache.py`,
 - `admit` = `match_prefix` on `tokens[:-1]` (`adjust_max_prefix_ids`: the last prompt
   token is always computed) cut to whole pages, `inc_lock_ref` on the last matched
   node, then `alloc_token_slots` for the rest of the prompt. Short of free blocks, the
-  tree evicts as many tokens as the allocation needs, as `evict_from_tree_cache` does,
-  and the allocation is retried. Feasibility is checked first (needed blocks <= free
+  tree evicts the SHORTFALL (the blocks the allocation needs beyond the free ones), as
+  SGLang 0.5.23's allocator does (`evict_to_free_tokens`; up to 0.5.6 it evicted the
+  whole demand), and the allocation is retried. Feasibility is checked first (needed blocks <= free
   blocks + evictable blocks outside the matched path), so a refused admission changes
   nothing: no split, no recency, no stats but `rejected`.
 - `commit(n)` = `cache_unfinished_req`: the full pages of `tokens[:n]` are inserted,
   the request's copies of pages the tree already had are freed and its block table is
   re-pointed to the tree's blocks (protocol rule 4: radix frees the request's copy),
   and the lock moves to the new last node. `protected` is SGLang's
-  `cache_protected_len`: the request's blocks before it belong to the tree.
+  `cache_protected_len`: the request's blocks before it belong to the tree;
+  `inserted` is its `cache_inserted_len` (what the request inserted so far, 0 at
+  admission), which decides where the insert's hit counting starts.
 - `release` = `cache_finished_req` as fixed by SGLang PR #16521: every token whose KV
   is computed, prompt and generated, is inserted; duplicates, the unaligned tail and
   blocks never computed are freed; the lock is dropped.
@@ -60,12 +63,12 @@ from array import array
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from prefixcache._C import BlockPool, InvariantError, RadixTree, int32_array
+from prefixcache._C import BlockPool, InvariantError, RadixTree
 from prefixcache.config import CacheConfig
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent, event_extra_keys
 from prefixcache.hashing import block_hashes, namespace_extra_keys
 from prefixcache.isolation import Isolation, exact_key
-from prefixcache.protocol import Admission, Match, Namespace, PrefixCache
+from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache
 from prefixcache.registry import register_backend, resolve_eviction_policy
 from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
@@ -74,9 +77,9 @@ __all__ = ["RadixCache"]
 
 
 def _int32_array(tokens: Sequence[int], *, allow_empty: bool = False) -> array:
-    """Token ids as an int32 array, which the tree reads in place (converted and
-    checked in C++: ids must fit int32)."""
-    return check_tokens(tokens, allow_empty=allow_empty, convert=int32_array)
+    """Token ids as an int32 array of our own (read once in C++ from any buffer or
+    sequence of ints: ids must fit int32)."""
+    return check_tokens(tokens, allow_empty=allow_empty, itemsize=4)
 
 
 @dataclass(eq=False)
@@ -88,7 +91,9 @@ class _RadixRequest(Request):
     tree_key: str | None = None  # exact_key(namespace): the tree's name for the namespace
     node: int = 0  # the tree node this request locks (a root: nothing locked)
     protected: int = 0  # SGLang's cache_protected_len, in TOKENS
+    inserted: int = 0  # SGLang's cache_inserted_len, in TOKENS
     priority: int = 0
+    inserted_at: int = -1  # the tree's clock right after this request's latest insert
 
 
 @register_backend("radix")
@@ -102,8 +107,9 @@ class RadixCache(PrefixCache):
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)
         self.policy = resolve_eviction_policy(config.eviction)()
-        # A policy with a native order is evaluated in C++; otherwise the tree calls
-        # policy.priority() once per candidate when it evicts.
+        # A policy with a native order is evaluated in C++ from the tree's persistent
+        # leaf order; otherwise the tree calls policy.priority() once per candidate when
+        # it evicts.
         params = self.policy.native_params() if self.policy.native else {}
         ghost = self.policy.history * pool.num_blocks  # pages remembered after eviction
         self.tree = RadixTree(pool, self.block_size, self.policy.native, ghost_capacity=ghost, **params)
@@ -167,7 +173,7 @@ class RadixCache(PrefixCache):
             )
         )
         self._stats.record_query(len(toks), hit.num_tokens)
-        return Admission(tuple(table), hit.num_tokens)
+        return Admission(BlockIds(table), hit.num_tokens)
 
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         req = self._requests.get(request_id)
@@ -198,7 +204,7 @@ class RadixCache(PrefixCache):
         self.tree.unlock(req.node)
 
     def block_table(self, request_id: Hashable) -> Sequence[int]:
-        return tuple(self._requests.get(request_id).block_table)
+        return BlockIds(self._requests.get(request_id).block_table)
 
     # -- maintenance ---------------------------------------------------------------------
     def evict(self, num_blocks: int) -> int:
@@ -232,9 +238,8 @@ class RadixCache(PrefixCache):
         """`num_blocks` fresh blocks; the caller has checked `_room`."""
         blocks = self.pool.allocate(num_blocks)
         if blocks is None:
-            # SGLang's evict_from_tree_cache evicts the whole allocation's worth, not
-            # just the shortfall; we do the same so hits match it under pressure.
-            self._evict_tokens(num_blocks * self.block_size)
+            # SGLang 0.5.23 (allocator.evict_to_free_tokens) evicts the shortfall.
+            self._evict_tokens((num_blocks - self.pool.num_free) * self.block_size)
             blocks = self.pool.allocate(num_blocks)
         if blocks is None:
             raise InvariantError(f"radix: {num_blocks} blocks passed the room check but could not be allocated")
@@ -262,10 +267,18 @@ class RadixCache(PrefixCache):
         aligned = num_computed // bs * bs
         if aligned == 0 or aligned < req.protected:
             return
+        if aligned == req.protected and self.tree.clock == req.inserted_at:
+            # Nothing new, and the tree has not moved since this request's last insert:
+            # SGLang's re-insert would re-stamp the same path with the newest tick, which
+            # orders it exactly as it already is. Skip the walk.
+            return
         # Only the request's own pages cross into C++: the tree's are already there.
         first, last = req.protected // bs, aligned // bs
         own = req.block_table[first:last]
-        result = self.tree.insert(memoryview(req.tokens)[:aligned], own, req.tree_key, req.priority, req.protected)
+        result = self.tree.insert(
+            memoryview(req.tokens)[:aligned], own, req.tree_key, req.priority, req.protected, req.inserted
+        )
+        req.inserted = max(req.inserted, aligned)
         if result.displaced:
             self.pool.free(result.displaced)
             req.block_table[first:last] = own  # re-pointed to the tree's blocks
@@ -274,6 +287,7 @@ class RadixCache(PrefixCache):
         self.tree.unlock(req.node)
         req.node = result.node
         req.protected = aligned
+        req.inserted_at = self.tree.clock
 
     def _record_stored(self, req: _RadixRequest, start: int, end: int) -> None:
         """One BlockStored per new page in tokens [start, end), chained to the page before."""

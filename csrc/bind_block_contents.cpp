@@ -10,6 +10,7 @@
 
 #include "block_contents.h"
 #include "py_args.h"
+#include "token_ids.h"
 
 namespace py = pybind11;
 
@@ -46,28 +47,18 @@ std::vector<int32_t> block_ids(py::handle obj) {
 }
 
 // tokens[begin : begin + count] as int64 (count clipped to what there is), and how
-// many of them lead before the first id that int64 cannot hold (CBOR bignums).
-// Anything but an int (bool included) is a TypeError, as in hashing.
+// many of them lead before the first id that int64 cannot hold (CBOR bignums). Read by
+// the one token converter (token_ids.h), so the errors are the backends' own.
 std::pair<std::vector<int64_t>, size_t> token_ids(py::handle obj, int64_t begin, int64_t count) {
-  py::object seq = fast_sequence(obj, "tokens");
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+  TokenIds<int64_t> all = read_token_ids<int64_t>(obj, "tokens");
+  const auto n = static_cast<int64_t>(all.ids.size());
   if (begin < 0 || begin > n) {
     throw py::index_error("first token " + std::to_string(begin) + " is outside the " + std::to_string(n) + " tokens");
   }
   count = std::max<int64_t>(0, std::min<int64_t>(count, n - begin));
-  PyObject** items = PySequence_Fast_ITEMS(seq.ptr()) + begin;
-  std::vector<int64_t> out(static_cast<size_t>(count));
-  size_t representable = static_cast<size_t>(count);
-  for (int64_t i = 0; i < count; ++i) {
-    if (!PyLong_Check(items[i]) || PyBool_Check(items[i])) {
-      throw py::type_error("tokens[" + std::to_string(begin + i) + "] must be an int, got " +
-                           Py_TYPE(items[i])->tp_name);
-    }
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(items[i], &overflow);
-    if (overflow != 0 && representable == static_cast<size_t>(count)) representable = static_cast<size_t>(i);
-    out[i] = overflow != 0 ? 0 : v;
-  }
+  std::vector<int64_t> out(all.ids.begin() + begin, all.ids.begin() + begin + count);
+  const auto representable = static_cast<size_t>(
+      std::clamp<int64_t>(static_cast<int64_t>(all.representable) - begin, 0, count));
   return {std::move(out), representable};
 }
 
@@ -111,7 +102,8 @@ bytes compared exactly. Not thread-safe.
       .def(
           "lookup_chain",
           [](const BlockContents& c, py::handle keys, py::handle key_size_arg, py::handle tokens, py::handle ns) {
-            std::string_view packed = bytes_view(keys, "keys");
+            ByteBuffer buffer(keys, "keys");
+            std::string_view packed = buffer.view();
             const int64_t key_size = saturated_int64(key_size_arg, "key_size");
             int64_t num_keys = key_size > 0 ? static_cast<int64_t>(packed.size()) / key_size : 0;
             auto [toks, representable] = token_ids(tokens, 0, num_keys * c.block_size());

@@ -68,7 +68,11 @@ void bind_block_evictor(py::module_& m) {
       .def_readonly("priority", &EvictionCandidate::priority)
       .def_readonly("use_count", &EvictionCandidate::use_count)
       .def_readonly("last_use", &EvictionCandidate::last_use)
-      .def_readonly("request_tokens", &EvictionCandidate::request_tokens);
+      .def_readonly("request_tokens", &EvictionCandidate::request_tokens)
+      .def_readonly("cached_prefix_len", &EvictionCandidate::cached_prefix_len,
+                    "TOKENS from the root to the end of the node (radix; 0 for a hash block).")
+      .def_readonly("history_len", &EvictionCandidate::history_len,
+                    "Deepest cached_prefix_len the node's branch reached (radix; 0 for a hash block).");
 
   auto native = bind_evictor<NativeKey>(m, "BlockEvictor", R"doc(
 Policy-ordered eviction of free cached blocks for the hash strategy, with a native
@@ -81,15 +85,17 @@ priority, ghost_capacity=0); priority(EvictionCandidate) is called once per bloc
 it becomes a candidate.
 )doc");
   native.def(py::init([](BlockPool& pool, int64_t block_size, const std::string& eviction, int64_t protect_tokens,
-                       int64_t size_weight, int64_t ghost_capacity) {
+                       int64_t size_weight, int64_t ghost_capacity, int64_t protected_threshold, int64_t tlru_threshold,
+                       int64_t next_prompt_estimate) {
              EvictionOrder order = parse_eviction_order(eviction);
-             OrderParams params{protect_tokens, size_weight};
+             OrderParams params{protect_tokens, size_weight, protected_threshold, tlru_threshold, next_prompt_estimate};
              return std::make_unique<BlockEvictor<NativeKey>>(
                  pool, block_size, [order, params](const EvictionCandidate& c) { return native_key(order, params, c); },
                  ghost_capacity);
            }),
            py::arg("pool"), py::arg("block_size"), py::arg("eviction"), py::arg("protect_tokens") = 0,
-           py::arg("size_weight") = 0, py::arg("ghost_capacity") = 0, py::keep_alive<1, 2>());
+           py::arg("size_weight") = 0, py::arg("ghost_capacity") = 0, py::arg("protected_threshold") = 2,
+           py::arg("tlru_threshold") = 0, py::arg("next_prompt_estimate") = 0, py::keep_alive<1, 2>());
   callback.def(py::init([](BlockPool& pool, int64_t block_size, py::function priority, int64_t ghost_capacity) {
              return std::make_unique<BlockEvictor<PyKey>>(
                  pool, block_size, [priority](const EvictionCandidate& c) { return PyKey{priority(c)}; },

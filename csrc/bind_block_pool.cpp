@@ -88,7 +88,8 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
       .def(
           "cache_many_packed",
           [](BlockPool& p, py::handle ids, py::handle keys, py::handle key_size) {
-            p.cache_many_packed(to_ids(ids), key_view(keys), arg(key_size, "key_size"));
+            ByteBuffer packed(keys, "keys");
+            p.cache_many_packed(to_ids(ids), packed.view(), arg(key_size, "key_size"));
           },
           py::arg("ids"), py::arg("keys"), py::arg("key_size"),
           "cache_many with the keys packed back to back in one bytes, key_size bytes each.")
@@ -106,7 +107,8 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
       .def(
           "lookup_chain_packed",
           [](const BlockPool& p, py::handle keys, py::handle key_size) {
-            return to_list(p.lookup_chain_packed(key_view(keys), arg(key_size, "key_size")));
+            ByteBuffer packed(keys, "keys");
+            return to_list(p.lookup_chain_packed(packed.view(), arg(key_size, "key_size")));
           },
           py::arg("keys"), py::arg("key_size"),
           "lookup_chain over keys packed back to back in one bytes, key_size bytes each.")

@@ -8,85 +8,94 @@
 
 #include "hashing.h"
 #include "py_args.h"
+#include "token_ids.h"
 
 namespace py = pybind11;
 
 namespace prefixcache {
 namespace {
 
-py::bytes digest_bytes(const Digest& d) { return py::bytes(reinterpret_cast<const char*>(d.data()), d.size()); }
+py::bytes digest_bytes(const uint8_t* d, size_t n) { return py::bytes(reinterpret_cast<const char*>(d), n); }
 
-// The first `count` token ids as int64, or nullopt if one does not fit in
-// int64 (the caller then hashes in Python, where CBOR has bignums). Anything
-// but an int (bool included: CBOR would encode it as true/false) is a TypeError.
-std::optional<std::vector<int64_t>> to_tokens(PyObject* seq, Py_ssize_t count) {
-  PyObject** items = PySequence_Fast_ITEMS(seq);
-  std::vector<int64_t> tokens(static_cast<size_t>(count));
-  for (Py_ssize_t i = 0; i < count; ++i) {
-    PyObject* item = items[i];
-    if (!PyLong_Check(item) || PyBool_Check(item)) {
-      throw py::type_error("tokens[" + std::to_string(i) + "] must be an int, got " + Py_TYPE(item)->tp_name);
-    }
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
-    if (overflow != 0) return std::nullopt;
-    tokens[i] = v;
-  }
-  return tokens;
+std::optional<std::string_view> optional_bytes(py::handle obj, const char* what) {
+  if (obj.is_none()) return std::nullopt;
+  return bytes_view(obj, what);
 }
 
-py::object chain(py::handle tokens, int64_t block_size, py::handle parent, py::handle first_extra_cbor,
-                 py::handle later_extra_cbor, bool packed) {
+// The chain of `algorithm` over the full blocks of `tokens`: packed bytes, or a list
+// of digests; None if a token id does not fit int64 (hash those in Python).
+py::object chain(HashAlgorithm algorithm, py::handle tokens, int64_t block_size, py::handle parent,
+                 py::handle first_extra, py::handle later_extra, bool packed, const char* first_name = "first_extra",
+                 const char* later_name = "later_extra") {
   if (block_size < 1) throw py::value_error("block_size must be >= 1, got " + std::to_string(block_size));
   std::string_view parent_bytes = bytes_view(parent, "parent");
-  std::optional<std::string_view> extra, later;
-  if (!first_extra_cbor.is_none()) extra = bytes_view(first_extra_cbor, "first_extra_cbor");
-  if (!later_extra_cbor.is_none()) later = bytes_view(later_extra_cbor, "later_extra_cbor");
-
-  py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(tokens.ptr(), "tokens must be a sequence of ints"));
-  if (!seq) throw py::error_already_set();
-  Py_ssize_t size = PySequence_Fast_GET_SIZE(seq.ptr());
-  auto ids = to_tokens(seq.ptr(), size - size % block_size);
-  if (!ids) return py::none();
-
-  std::vector<Digest> digests;
+  std::optional<std::string_view> extra = optional_bytes(first_extra, first_name);
+  std::optional<std::string_view> later = optional_bytes(later_extra, later_name);
+  // Only the full blocks are read: a partial tail is never hashed, so never checked here.
+  TokenIds<int64_t> ids;
+  read_token_ids<int64_t>(tokens, "tokens", ids, nullptr, static_cast<size_t>(block_size));
+  const size_t hashed = ids.ids.size();
+  if (!ids.complete()) return py::none();  // a full block holds an id beyond int64
+  std::string out;
   {
-    py::gil_scoped_release unlocked;  // parent and extra are immutable bytes we hold
-    digests = sha256_cbor_chain(parent_bytes, *ids, block_size, extra, later);
+    py::gil_scoped_release unlocked;  // parent and extras are immutable bytes we hold; ids are ours
+    chain_digests(algorithm, parent_bytes, std::span<const int64_t>(ids.ids.data(), hashed), block_size, extra,
+                  later, out);
   }
-  if (packed) {
-    static_assert(sizeof(Digest) == 32, "a vector of digests is their bytes back to back");
-    return py::bytes(reinterpret_cast<const char*>(digests.data()), digests.size() * sizeof(Digest));
+  if (packed) return py::bytes(out);
+  const size_t ds = digest_size(algorithm);
+  py::list digests(out.size() / ds);
+  for (size_t i = 0; i < out.size() / ds; ++i) {
+    PyList_SET_ITEM(digests.ptr(), i,
+                    digest_bytes(reinterpret_cast<const uint8_t*>(out.data()) + i * ds, ds).release().ptr());
   }
-  py::list out(digests.size());
-  for (size_t i = 0; i < digests.size(); ++i) PyList_SET_ITEM(out.ptr(), i, digest_bytes(digests[i]).release().ptr());
-  return out;
+  return std::move(digests);
 }
 
 }  // namespace
 
 void bind_hashing(py::module_& m) {
-  m.def("sha256_cbor_chain", &chain, py::arg("tokens"), py::arg("block_size"), py::arg("parent"),
-        py::arg("first_extra_cbor") = py::none(), py::arg("later_extra_cbor") = py::none(),
-        py::arg("packed") = false, R"doc(
-sha256_cbor hashes of the full blocks of `tokens`, chained from `parent`.
+  m.def(
+      "chain_digests",
+      [](py::handle tokens, int64_t block_size, const std::string& algorithm, py::handle parent, py::handle first_extra,
+         py::handle later_extra, bool packed) {
+        return chain(parse_hash_algorithm(algorithm), tokens, block_size, parent, first_extra, later_extra, packed);
+      },
+      py::arg("tokens"), py::arg("block_size"), py::arg("algorithm"), py::arg("parent"),
+      py::arg("first_extra") = py::none(), py::arg("later_extra") = py::none(), py::arg("packed") = true, R"doc(
+Chained block hashes of `algorithm` (sha256_cbor, sha256, xxhash, xxhash_cbor) over the
+full blocks of `tokens` (any buffer or sequence of int ids), from `parent`.
 
-Block i hashes sha256(cbor((prev, tuple(block_tokens), extra))), where prev is
-`parent` for block 0 and the previous digest after, and extra is the CBOR
-`first_extra_cbor` for block 0 and `later_extra_cbor` after (None where not
-given). Returns a
-list of 32-byte digests (with packed=True, one bytes of them back to back), or
-None if a token id does not fit in int64 (hash those in Python). TypeError for
-a token that is not an int.
+Block i hashes H(enc((prev, tuple(block_tokens), extra))): prev is `parent` for block 0
+and the previous digest after; extra is `first_extra` for block 0 and `later_extra`
+after, already encoded for the algorithm (CBOR bytes; for the pickle algorithms the
+opcodes pickle writes for extra_keys, see csrc/hashing.h), None for None. Returns the
+digests packed back to back (packed=True) or as a list, or None if an id in a full
+block does not fit int64 (hash those in Python). ValueError for a pickle link beyond
+one pickle frame.
 )doc");
   m.def(
-      "sha256", [](py::bytes data) { return digest_bytes(sha256(std::string_view(data))); }, py::arg("data"),
-      "SHA-256 digest of `data` (the fastest implementation this CPU has).");
+      "sha256_cbor_chain",
+      [](py::handle tokens, int64_t block_size, py::handle parent, py::handle first_extra_cbor,
+         py::handle later_extra_cbor, bool packed) {
+        return chain(HashAlgorithm::kSha256Cbor, tokens, block_size, parent, first_extra_cbor, later_extra_cbor, packed,
+                     "first_extra_cbor", "later_extra_cbor");
+      },
+      py::arg("tokens"), py::arg("block_size"), py::arg("parent"), py::arg("first_extra_cbor") = py::none(),
+      py::arg("later_extra_cbor") = py::none(), py::arg("packed") = false,
+      "chain_digests(tokens, block_size, 'sha256_cbor', ...), a list of digests unless packed.");
   m.def(
-      "sha256_portable", [](py::bytes data) { return digest_bytes(sha256_portable(std::string_view(data))); },
+      "sha256", [](py::bytes data) { return digest_bytes(sha256(std::string_view(data)).data(), 32); },
+      py::arg("data"), "SHA-256 digest of `data` (the fastest implementation this CPU has).");
+  m.def(
+      "sha256_portable", [](py::bytes data) { return digest_bytes(sha256_portable(std::string_view(data)).data(), 32); },
       py::arg("data"), "SHA-256 digest of `data` on the portable implementation.");
+  m.def(
+      "xxh3_128", [](py::bytes data) { return digest_bytes(xxh3_128(std::string_view(data)).data(), 16); },
+      py::arg("data"), "XXH3-128 digest of `data`, canonical byte order (python-xxhash's xxh3_128_digest).");
   m.def("sha256_uses_cpu_extensions", &sha256_uses_cpu_extensions,
         "Whether sha256 uses the x86 SHA extensions on this machine.");
+  m.attr("MAX_PICKLE_LINK") = kMaxPickleLink;
 }
 
 }  // namespace prefixcache

@@ -6,6 +6,7 @@
 
 #include "bind_py_key.h"
 #include "py_args.h"
+#include "token_ids.h"
 #include "radix_tree.h"
 
 namespace py = pybind11;
@@ -13,22 +14,22 @@ namespace py = pybind11;
 namespace prefixcache {
 namespace {
 
-// A contiguous one-dimensional buffer, released on destruction.
-class Buffer {
+// A writable one-dimensional int32 buffer (array('i'), numpy int32), held while
+// insert() re-points its entries in place.
+class WritableInt32s {
  public:
-  Buffer(py::handle obj, bool writable) {
-    int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
-    ok_ = PyObject_GetBuffer(obj.ptr(), &view_, flags) == 0;
+  explicit WritableInt32s(py::handle obj) {
+    if (PyList_Check(obj.ptr()) || !PyObject_CheckBuffer(obj.ptr())) return;
+    ok_ = PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) == 0;
     if (!ok_) PyErr_Clear();
   }
-  ~Buffer() {
+  ~WritableInt32s() {
     if (ok_) PyBuffer_Release(&view_);
   }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
+  WritableInt32s(const WritableInt32s&) = delete;
+  WritableInt32s& operator=(const WritableInt32s&) = delete;
 
-  // The items as int32 if that is what the buffer holds.
-  std::optional<std::span<int32_t>> int32s() const {
+  std::optional<std::span<int32_t>> span() const {
     if (!ok_ || view_.ndim != 1 || view_.itemsize != 4 || view_.format == nullptr) return std::nullopt;
     std::string_view f(view_.format);
     if (!f.empty() && (f[0] == '@' || f[0] == '=' || f[0] == '<')) f.remove_prefix(1);
@@ -42,56 +43,13 @@ class Buffer {
 };
 
 // What the tree stores: int32 ids (README: radix token ids must fit int32).
-constexpr const char* kTokenIds = "an int32 token id in [-2**31, 2**31)";
 constexpr const char* kIds = "an int32 id in [-2**31, 2**31)";
 
-// The allowed values of ids named `what`, for messages.
-const char* allowed_ids(const char* what) { return std::string_view(what) == "tokens" ? kTokenIds : kIds; }
-
-// Id `item` (at `what[i]`) as int32: TypeError for a bool or a non-integer,
-// ValueError beyond int32 (py_args.h words both).
-int32_t to_int32(PyObject* item, const char* what, Py_ssize_t i) {
-  int overflow = 0;
-  long long v = 0;
-  if (PyLong_CheckExact(item)) {
-    v = PyLong_AsLongLongAndOverflow(item, &overflow);
-  } else {
-    auto index = py::reinterpret_steal<py::object>(token_index(item, what, i, allowed_ids(what)));
-    v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
-  }
-  if (overflow != 0 || v < INT32_MIN || v > INT32_MAX) {
-    throw py::value_error(bad_token_message(item, what, i, allowed_ids(what)));
-  }
-  return static_cast<int32_t>(v);
+// Token ids (what="tokens") or block ids as int32, by the one token converter.
+std::vector<int32_t> int32_ids(py::handle obj, const char* what) {
+  const bool tokens = std::string_view(what) == "tokens";
+  return read_token_ids<int32_t>(obj, what, tokens ? nullptr : kIds).ids;
 }
-
-std::vector<int32_t> to_int32_vector(py::handle obj, const char* what) {
-  py::object seq = token_sequence(obj, what);
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
-  PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
-  std::vector<int32_t> out(static_cast<size_t>(n));
-  for (Py_ssize_t i = 0; i < n; ++i) out[i] = to_int32(items[i], what, i);
-  return out;
-}
-
-// Read-only int32 ids: a view of an int32 buffer, or a converted copy.
-class Int32Arg {
- public:
-  Int32Arg(py::handle obj, const char* what) : buffer_(obj, false) {
-    if (auto view = buffer_.int32s()) {
-      span_ = *view;
-    } else {
-      owned_ = to_int32_vector(obj, what);
-      span_ = owned_;
-    }
-  }
-  std::span<const int32_t> span() const { return span_; }
-
- private:
-  Buffer buffer_;
-  std::vector<int32_t> owned_;
-  std::span<const int32_t> span_;
-};
 
 Namespace to_namespace(py::handle obj) {
   if (obj.is_none()) return std::nullopt;
@@ -116,38 +74,29 @@ py::list to_list(const std::vector<int32_t>& ids) {
   return out;
 }
 
-// array('i') from int32 ids: one memcpy, no Python int per id (the role a torch
-// index tensor plays in SGLang).
-py::object to_array(const int32_t* data, size_t n) {
-  static PyObject* array_type = py::object(py::module_::import("array").attr("array")).release().ptr();  // kept for the process
-  py::bytes raw(reinterpret_cast<const char*>(data), n * sizeof(int32_t));
-  return py::reinterpret_borrow<py::object>(array_type)("i", raw);
-}
-
 py::tuple to_tuple(const std::vector<int32_t>& ids) {
   py::tuple out(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) PyTuple_SET_ITEM(out.ptr(), i, PyLong_FromLong(ids[i]));
   return out;
 }
 
-// insert() re-points `blocks` in place: a writable int32 buffer is edited
-// directly; a list is converted, and the entries that changed are written back.
+// insert() re-points `blocks` in place: a writable int32 buffer is edited directly;
+// a list is converted, and the entries that changed are written back.
 InsertResult insert(RadixTree& tree, py::handle tokens, py::handle blocks, py::handle ns, int64_t priority,
-                    int64_t start) {
-  Int32Arg toks(tokens, "tokens");
+                    int64_t start, int64_t inserted) {
+  const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
   Namespace name = to_namespace(ns);
-  Buffer buffer(blocks, true);
-  if (auto view = buffer.int32s()) return tree.insert(toks.span(), *view, name, priority, start);
+  WritableInt32s buffer(blocks);
+  if (auto view = buffer.span()) return tree.insert(toks, *view, name, priority, start, inserted);
   if (!PyList_Check(blocks.ptr())) {
     throw py::type_error(std::string("blocks must be a list or a writable int32 buffer (array('i')), got ") +
                          Py_TYPE(blocks.ptr())->tp_name);
   }
-  std::vector<int32_t> ids = to_int32_vector(blocks, "blocks");
-  InsertResult out = tree.insert(toks.span(), ids, name, priority, start);
+  std::vector<int32_t> ids = int32_ids(blocks, "blocks");
+  const std::vector<int32_t> before = ids;
+  InsertResult out = tree.insert(toks, ids, name, priority, start, inserted);
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (to_int32(PyList_GET_ITEM(blocks.ptr(), i), "blocks", static_cast<Py_ssize_t>(i)) != ids[i]) {
-      PyList_SetItem(blocks.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromLong(ids[i]));
-    }
+    if (before[i] != ids[i]) PyList_SetItem(blocks.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromLong(ids[i]));
   }
   return out;
 }
@@ -158,8 +107,8 @@ void bind_radix_tree(py::module_& m) {
   m.def(
       "int32_array",
       [](py::handle ids, const std::string& what) {
-        Int32Arg arg(ids, what.c_str());
-        return to_array(arg.span().data(), arg.span().size());
+        const std::vector<int32_t> out = int32_ids(ids, what.c_str());
+        return int_array(out.data(), out.size());
       },
       py::arg("ids"), py::arg("what") = "ids",
       "Token or block ids as an array('i') the radix tree reads in place: TypeError naming `what` for a\n"
@@ -191,6 +140,8 @@ void bind_radix_tree(py::module_& m) {
       .def_readonly("use_count", &NodeInfo::use_count)
       .def_readonly("last_use", &NodeInfo::last_use)
       .def_readonly("request_tokens", &NodeInfo::request_tokens)
+      .def_readonly("cached_prefix_len", &NodeInfo::cached_prefix_len)
+      .def_readonly("history_len", &NodeInfo::history_len)
       .def_property_readonly("children", [](const NodeInfo& n) {
         py::dict out;
         for (const auto& [page, id] : n.children) out[to_tuple(page)] = id;
@@ -202,20 +153,22 @@ SGLang RadixAttention prefix tree over a BlockPool (see prefixcache/radix_tree.p
 for the reference model and the full contract).
 
 The tree owns one pool reference per block it holds. Sizes are in tokens.
-`eviction` is a native order (lru, lfu, fifo, mru, filo, priority, gslru) or None,
+`eviction` is a native order (lru, lfu, fifo, mru, filo, priority, slru, tlru, gslru) or None,
 in which case evict() needs `priority=` (a callable ranking EvictionCandidate).
 `protect_tokens` / `size_weight` parameterize gslru; `ghost_capacity` (pages) keeps
 the use counts of evicted content (0: none). Not thread-safe.
 )doc")
       .def(py::init([](BlockPool& pool, int64_t page_size, std::optional<std::string> eviction,
-                       int64_t protect_tokens, int64_t size_weight, int64_t ghost_capacity) {
+                       int64_t protect_tokens, int64_t size_weight, int64_t ghost_capacity, int64_t protected_threshold,
+                       int64_t tlru_threshold, int64_t next_prompt_estimate) {
              std::optional<EvictionOrder> order;
              if (eviction) order = parse_eviction_order(*eviction);
-             return std::make_unique<RadixTree>(pool, page_size, order, OrderParams{protect_tokens, size_weight},
-                                                ghost_capacity);
+             OrderParams params{protect_tokens, size_weight, protected_threshold, tlru_threshold, next_prompt_estimate};
+             return std::make_unique<RadixTree>(pool, page_size, order, params, ghost_capacity);
            }),
            py::arg("pool"), py::arg("page_size"), py::arg("eviction") = "lru", py::arg("protect_tokens") = 0,
-           py::arg("size_weight") = 0, py::arg("ghost_capacity") = 0, py::keep_alive<1, 2>())
+           py::arg("size_weight") = 0, py::arg("ghost_capacity") = 0, py::arg("protected_threshold") = 2,
+           py::arg("tlru_threshold") = 0, py::arg("next_prompt_estimate") = 0, py::keep_alive<1, 2>())
       .def_property_readonly("page_size", &RadixTree::page_size)
       .def_property_readonly("total_size", &RadixTree::total_size, "Tokens in the tree.")
       .def_property_readonly("evictable_size", &RadixTree::evictable_size, "Tokens in unlocked nodes.")
@@ -228,21 +181,21 @@ the use counts of evicted content (0: none). Not thread-safe.
       .def(
           "match",
           [](const RadixTree& t, py::handle tokens, py::handle ns) {
-            Int32Arg toks(tokens, "tokens");
-            return t.match(toks.span(), to_namespace(ns));
+            const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
+            return t.match(toks, to_namespace(ns));
           },
           py::arg("tokens"), py::arg("namespace") = py::none(),
           "Pure look-up of the longest cached whole-page prefix; changes nothing.")
       .def(
           "match_prefix",
           [](RadixTree& t, py::handle tokens, py::handle ns) {
-            Int32Arg toks(tokens, "tokens");
-            return t.match_prefix(toks.span(), to_namespace(ns));
+            const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
+            return t.match_prefix(toks, to_namespace(ns));
           },
           py::arg("tokens"), py::arg("namespace") = py::none(),
           "SGLang match_prefix: splits at the match's end, refreshes recency, counts a hit.")
       .def("insert", &insert, py::arg("tokens"), py::arg("blocks"), py::arg("namespace") = py::none(),
-           py::arg("priority") = 0, py::arg("start") = 0,
+           py::arg("priority") = 0, py::arg("start") = 0, py::arg("inserted") = -1,
            "Insert whole pages; blocks hold the pages from token `start` on, and the entries of pages\n"
            "already in the tree are re-pointed to the tree's blocks in place.")
       .def("lock", &RadixTree::lock, py::arg("node"), "Lock root -> node.")

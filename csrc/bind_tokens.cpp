@@ -1,21 +1,21 @@
-// Python binding of token-id checking for backends that keep tokens as Python ints
-// (`hash`): converts and checks, nothing more. The rules and messages are py_args.h's.
+// Python binding of token-id conversion: the protocol's token argument (token_ids.h)
+// as a typed array or a list of ints, and workload token runs expanded into an array.
+// Converts and checks, nothing more.
 #include <pybind11/pybind11.h>
 
 #include "py_args.h"
+#include "token_ids.h"
 
 namespace py = pybind11;
 
 namespace prefixcache {
 namespace {
 
-// Any int: the hash chain encodes ids beyond int64 as CBOR bignums.
-constexpr const char* kAnyIntTokenId = "an int token id";
-
 // The ids of `obj` as a list of exact ints: `obj` itself when it already is one and
 // `copy` is false (a decode step's list costs one type check per id), else a list of
-// our own; a copy checks each id as it takes its reference, in the same pass.
+// our own. Kept for ids beyond int64, which only Python ints hold (CBOR bignums).
 py::object token_list(py::handle obj, const char* what, bool copy) {
+  constexpr const char* allowed = token_id_rule<int64_t>();
   py::object seq = token_sequence(obj, what);
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
   PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
@@ -27,18 +27,18 @@ py::object token_list(py::handle obj, const char* what, bool copy) {
     if (i == n) return seq;
     if (ours) {
       for (; i < n; ++i) {
-        if (!PyLong_CheckExact(items[i])) PyList_SetItem(seq.ptr(), i, token_index(items[i], what, i, kAnyIntTokenId));
+        if (!PyLong_CheckExact(items[i])) PyList_SetItem(seq.ptr(), i, token_index(items[i], what, i, allowed));
       }
       return seq;
     }
   }
   py::list out(n);  // its slots start empty; a throw part-way frees what was set
-  for (Py_ssize_t i = 0; i < n; ++i) PyList_SET_ITEM(out.ptr(), i, token_index(items[i], what, i, kAnyIntTokenId));
+  for (Py_ssize_t i = 0; i < n; ++i) PyList_SET_ITEM(out.ptr(), i, token_index(items[i], what, i, allowed));
   return std::move(out);
 }
 
-// token_list(tokens, what="tokens", copy=False) as a METH_FASTCALL function: `hash` calls it on
-// every decode step, where pybind11's argument dispatch would cost more than the check.
+// token_list(tokens, what="tokens", copy=False) as a METH_FASTCALL function: pybind11's
+// argument dispatch would cost more than the check on a decode step.
 PyObject* token_list_fastcall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs < 1 || nargs > 3 || (nargs >= 2 && !PyUnicode_Check(args[1]))) {
     PyErr_SetString(PyExc_TypeError,
@@ -59,23 +59,106 @@ PyObject* token_list_fastcall(PyObject*, PyObject* const* args, Py_ssize_t nargs
   return nullptr;
 }
 
+// token_array(tokens, what="tokens", itemsize=8): the ids as array('q') (itemsize 8;
+// None if an id is beyond int64) or array('i') (itemsize 4; ValueError beyond int32).
+// METH_FASTCALL for the same reason as token_list: both backends call it per decode step.
+PyObject* token_array_fastcall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1 || nargs > 3 || (nargs >= 2 && !PyUnicode_Check(args[1])) || (nargs == 3 && !PyLong_Check(args[2]))) {
+    PyErr_SetString(PyExc_TypeError, "token_array takes (tokens, what: str = 'tokens', itemsize: int = 8), positionally");
+    return nullptr;
+  }
+  try {
+    const char* what = nargs >= 2 ? PyUnicode_AsUTF8(args[1]) : "tokens";
+    if (what == nullptr) throw py::error_already_set();
+    const long itemsize = nargs == 3 ? PyLong_AsLong(args[2]) : 8;
+    if (itemsize == 4) {
+      TokenIds<int32_t> ids = read_token_ids<int32_t>(args[0], what);
+      return int_array(ids.ids.data(), ids.ids.size()).release().ptr();
+    }
+    if (itemsize != 8) throw py::value_error("itemsize must be 4 or 8, got " + std::to_string(itemsize));
+    TokenIds<int64_t> ids = read_token_ids<int64_t>(args[0], what);
+    if (!ids.complete()) Py_RETURN_NONE;
+    return int_array(ids.ids.data(), ids.ids.size()).release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const py::builtin_exception& e) {
+    e.set_error();
+  }
+  return nullptr;
+}
+
+// The concatenation of range(start, stop) for each (start, stop) in `runs`, as an int
+// array of `itemsize` bytes: a workload's TokenRuns expanded without a Python int per id.
+py::object expand_runs(py::handle runs, int itemsize) {
+  if (itemsize != 4 && itemsize != 8) throw py::value_error("itemsize must be 4 or 8, got " + std::to_string(itemsize));
+  py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(runs.ptr(), "runs must be a sequence of (start, stop)"));
+  if (!seq) throw py::error_already_set();
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+  std::vector<std::pair<int64_t, int64_t>> spans(static_cast<size_t>(n));
+  size_t total = 0;
+  const int64_t lo = itemsize == 4 ? INT32_MIN : std::numeric_limits<int64_t>::min();
+  const int64_t hi = itemsize == 4 ? int64_t{INT32_MAX} + 1 : std::numeric_limits<int64_t>::max();
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    py::handle run = PySequence_Fast_GET_ITEM(seq.ptr(), i);
+    if (!PyTuple_Check(run.ptr()) || PyTuple_GET_SIZE(run.ptr()) != 2) {
+      throw py::type_error("runs[" + std::to_string(i) + "] must be a (start, stop) tuple");
+    }
+    int64_t start = saturated_int64(PyTuple_GET_ITEM(run.ptr(), 0), "start");
+    int64_t stop = saturated_int64(PyTuple_GET_ITEM(run.ptr(), 1), "stop");
+    if (start > stop || start < lo || stop > hi) {
+      throw py::value_error("runs[" + std::to_string(i) + "] = (" + std::to_string(start) + ", " +
+                            std::to_string(stop) + ") must have start <= stop, every id fitting " +
+                            std::to_string(itemsize) + " bytes");
+    }
+    spans[i] = {start, stop};
+    total += static_cast<size_t>(stop - start);
+  }
+  auto fill = [&](auto* out) {
+    for (auto [start, stop] : spans) {
+      for (int64_t t = start; t < stop; ++t) *out++ = static_cast<std::remove_reference_t<decltype(*out)>>(t);
+    }
+  };
+  if (itemsize == 4) {
+    std::vector<int32_t> ids(total);
+    fill(ids.data());
+    return int_array(ids.data(), ids.size());
+  }
+  std::vector<int64_t> ids(total);
+  fill(ids.data());
+  return int_array(ids.data(), ids.size());
+}
+
 PyMethodDef token_list_def = {"token_list",
                               reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(token_list_fastcall)),
                               METH_FASTCALL, R"doc(token_list(tokens, what='tokens', copy=False)
 
 Token ids as a list of Python ints: `tokens` itself if it already is one and copy
-is false, else a new list (from a tuple, a numpy int array, anything with tolist() or the sequence
-protocol; numpy integers become ints). TypeError naming `what` and the allowed
-values for anything that is not a sequence of ids, or for an id that is a bool or
-not an integer (e.g. "tokens[2]: expected an int token id; got float 1.0").
+is false, else a new list. TypeError naming `what` and the allowed values for anything
+that is not a sequence of ids, or for an id that is a bool or not an integer (e.g.
+"tokens[2]: expected an int token id; got float 1.0").
+)doc"};
+
+PyMethodDef token_array_def = {"token_array",
+                               reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(token_array_fastcall)),
+                               METH_FASTCALL, R"doc(token_array(tokens, what='tokens', itemsize=8)
+
+Token ids as an array('q') (itemsize 8; None if an id does not fit int64) or array('i')
+(itemsize 4; ValueError naming the id beyond int32), read once in C++ from any buffer
+of integers (numpy int arrays, array.array, an integer memoryview) or sequence of ints
+(list, tuple, numpy integers). TypeError naming `what` for anything else, a bool
+included; bytes, bytearray and str are not token ids.
 )doc"};
 
 }  // namespace
 
 void bind_tokens(py::module_& m) {
-  auto fn = py::reinterpret_steal<py::object>(PyCFunction_NewEx(&token_list_def, nullptr, m.attr("__name__").ptr()));
-  if (!fn) throw py::error_already_set();
-  m.add_object("token_list", fn);
+  for (PyMethodDef* def : {&token_list_def, &token_array_def}) {
+    auto fn = py::reinterpret_steal<py::object>(PyCFunction_NewEx(def, nullptr, m.attr("__name__").ptr()));
+    if (!fn) throw py::error_already_set();
+    m.add_object(def->ml_name, fn);
+  }
+  m.def("expand_runs", &expand_runs, py::arg("runs"), py::arg("itemsize") = 8,
+        "The ids of runs ((start, stop), ...) back to back, as array('q') (itemsize 8) or array('i') (4).");
 }
 
 }  // namespace prefixcache

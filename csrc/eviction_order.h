@@ -11,6 +11,7 @@
 // computes a candidate's key once, when it becomes a candidate, and orders by it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -18,8 +19,9 @@
 
 namespace prefixcache {
 
-// lru, lfu, fifo, mru, filo, priority are SGLang's; gslru is ours (eviction.py).
-enum class EvictionOrder { kLru, kLfu, kFifo, kMru, kFilo, kPriority, kGslru };
+// lru, lfu, fifo, mru, filo, priority, slru, tlru are SGLang 0.5.23's
+// (mem_cache/evict_policy.py); gslru is ours (eviction.py).
+enum class EvictionOrder { kLru, kLfu, kFifo, kMru, kFilo, kPriority, kGslru, kSlru, kTlru };
 
 // Parses a policy's `native` name; std::invalid_argument names the allowed values.
 inline EvictionOrder parse_eviction_order(const std::string& name) {
@@ -30,14 +32,19 @@ inline EvictionOrder parse_eviction_order(const std::string& name) {
   if (name == "filo") return EvictionOrder::kFilo;
   if (name == "priority") return EvictionOrder::kPriority;
   if (name == "gslru") return EvictionOrder::kGslru;
+  if (name == "slru") return EvictionOrder::kSlru;
+  if (name == "tlru") return EvictionOrder::kTlru;
   throw std::invalid_argument("eviction order '" + name +
-                              "' is not native; allowed values: lru, lfu, fifo, mru, filo, priority, gslru");
+                              "' is not native; allowed values: lru, lfu, fifo, mru, filo, priority, gslru, slru, tlru");
 }
 
-// Parameters of the orders that take some (gslru). TOKENS.
+// Parameters of the orders that take some. TOKENS unless said.
 struct OrderParams {
-  int64_t protect_tokens = 0;  // gslru: how much later a reused candidate goes
-  int64_t size_weight = 0;     // gslru: how much earlier a fresh one goes, per token of its request
+  int64_t protect_tokens = 0;        // gslru: how much later a reused candidate goes
+  int64_t size_weight = 0;           // gslru: how much earlier a fresh one goes, per token of its request
+  int64_t protected_threshold = 2;   // slru: hits (a count) that move a candidate to the protected segment
+  int64_t tlru_threshold = 0;        // tlru: SGLang's `threshold`
+  int64_t next_prompt_estimate = 0;  // tlru: SGLang's `next_prompt_estimate`
 };
 
 // What a policy may read about a candidate (a radix leaf, or a free cached
@@ -53,6 +60,8 @@ struct EvictionCandidate {
   int64_t use_count = 0;        // requests that used it (hit or computed it), history included
   int64_t last_use = 0;         // traffic clock at its last use
   int64_t request_tokens = 0;   // whole-block prompt TOKENS of the request that last used it
+  int64_t cached_prefix_len = 0;  // radix: TOKENS root -> the end of this node (tlru's path depth)
+  int64_t history_len = 0;        // radix: deepest cached_prefix_len its branch reached (never shrinks)
 };
 
 using NativeKey = std::pair<int64_t, int64_t>;
@@ -69,6 +78,13 @@ inline NativeKey native_key(EvictionOrder order, const OrderParams& params, cons
     case EvictionOrder::kGslru:
       if (c.use_count >= 2) return {c.last_use + params.protect_tokens, 0};
       return {c.last_use - params.size_weight * c.request_tokens, 0};
+    case EvictionOrder::kSlru: return {c.hit_count >= params.protected_threshold ? 1 : 0, c.last_access_time};
+    case EvictionOrder::kTlru: {
+      // Tokens past the branch's budget cannot help its next prefill: "TEL-safe", first out.
+      const int64_t budget = std::max<int64_t>(c.history_len + params.next_prompt_estimate - params.tlru_threshold, 0);
+      const bool tel_safe = c.cached_prefix_len - c.num_tokens >= budget;
+      return {tel_safe ? -1 : 0, c.last_access_time};
+    }
   }
   return {0, 0};
 }

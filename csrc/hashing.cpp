@@ -6,6 +6,9 @@
 #include <stdexcept>
 #include <string>
 
+#define XXH_INLINE_ALL
+#include "third_party/xxhash/xxhash.h"
+
 #if defined(__x86_64__) || defined(_M_X64)
 #define PREFIXCACHE_X86 1
 #include <immintrin.h>
@@ -163,13 +166,164 @@ Digest sha256_with(CompressFn compress, std::string_view data) {
 
 // ---------------------------------------------------------------- CBOR
 
-// Upper bound of one encoded link: array head, parent byte string, token
-// array head, 9 bytes per token, and the extra keys.
-size_t link_size_bound(size_t parent_size, size_t block_size, size_t extra_size) {
-  return 1 + 9 + parent_size + 9 + 9 * block_size + extra_size + 1;
+// ---------------------------------------------------------------- pickle
+
+// Pickle protocol 5 opcodes (Lib/pickletools.py) the link uses.
+constexpr uint8_t kProto = 0x80, kFrame = 0x95, kShortBinBytes = 'C', kMemoize = 0x94, kMark = '(',
+                  kTuple = 't', kTuple1 = 0x85, kTuple2 = 0x86, kTuple3 = 0x87, kStop = '.', kNone = 'N',
+                  kBinInt1 = 'K', kBinInt2 = 'M', kBinInt = 'J', kLong1 = 0x8a;
+
+// One int as pickle's save_long writes it (protocol >= 2).
+void pickle_int(std::string& out, int64_t v) {
+  if (v >= 0 && v <= 0xff) {
+    out += static_cast<char>(kBinInt1);
+    out += static_cast<char>(v);
+  } else if (v >= 0 && v <= 0xffff) {
+    out += static_cast<char>(kBinInt2);
+    out += static_cast<char>(v & 0xff);
+    out += static_cast<char>(v >> 8);
+  } else if (v >= INT32_MIN && v <= INT32_MAX) {
+    out += static_cast<char>(kBinInt);
+    const auto u = static_cast<uint32_t>(v);
+    for (int i = 0; i < 4; ++i) out += static_cast<char>(u >> (8 * i));
+  } else {
+    // LONG1: little-endian two's complement in (bit_length(|v|) / 8 + 1) bytes, one
+    // fewer for a negative value whose top byte is only sign (as save_long trims).
+    const uint64_t magnitude = v < 0 ? ~static_cast<uint64_t>(v) + 1 : static_cast<uint64_t>(v);
+    size_t nbytes = static_cast<size_t>(64 - __builtin_clzll(magnitude)) / 8 + 1;
+    uint8_t bytes[9];
+    const auto u = static_cast<uint64_t>(v);
+    for (size_t i = 0; i < nbytes; ++i) bytes[i] = i < 8 ? static_cast<uint8_t>(u >> (8 * i)) : (v < 0 ? 0xff : 0);
+    if (v < 0 && nbytes > 1 && bytes[nbytes - 1] == 0xff && (bytes[nbytes - 2] & 0x80) != 0) --nbytes;
+    out += static_cast<char>(kLong1);
+    out += static_cast<char>(nbytes);
+    out.append(reinterpret_cast<const char*>(bytes), nbytes);
+  }
+}
+
+// pickle.dumps((parent, tuple(tokens), extra), protocol=5) into `out` (cleared):
+// PROTO 5, one FRAME, the parent bytes (memo 0), the token tuple (memo 1), the
+// caller-encoded extra keys (memo 2 on) or None, TUPLE3, MEMOIZE, STOP.
+void pickle_link(std::string& out, std::string_view parent, std::span<const int64_t> tokens,
+                 const std::optional<std::string_view>& extra) {
+  out.clear();
+  out += static_cast<char>(kProto);
+  out += static_cast<char>(5);
+  out.append(9, '\0');  // FRAME and its 8-byte length, written below
+  const size_t body = out.size();
+  out += static_cast<char>(kShortBinBytes);  // digests are < 256 bytes
+  out += static_cast<char>(parent.size());
+  out.append(parent);
+  out += static_cast<char>(kMemoize);
+  if (tokens.size() > 3) out += static_cast<char>(kMark);
+  for (int64_t t : tokens) pickle_int(out, t);
+  static constexpr uint8_t kTupleOf[4] = {0, kTuple1, kTuple2, kTuple3};
+  out += static_cast<char>(tokens.size() > 3 ? kTuple : kTupleOf[tokens.size()]);
+  out += static_cast<char>(kMemoize);
+  if (extra) {
+    out.append(*extra);
+  } else {
+    out += static_cast<char>(kNone);
+  }
+  out += static_cast<char>(kTuple3);
+  out += static_cast<char>(kMemoize);
+  out += static_cast<char>(kStop);
+  const uint64_t frame = out.size() - body;
+  if (frame > kMaxPickleLink) {
+    throw std::invalid_argument("a pickle link of " + std::to_string(frame) + " bytes does not fit one pickle frame");
+  }
+  out[2] = static_cast<char>(kFrame);
+  for (int i = 0; i < 8; ++i) out[3 + i] = static_cast<char>(frame >> (8 * i));
+}
+
+void cbor_link(CborWriter& link, std::string_view parent, std::span<const int64_t> tokens,
+               const std::optional<std::string_view>& extra) {
+  link.clear();
+  link.array_header(3);
+  link.byte_string(parent);
+  link.array_header(tokens.size());
+  for (int64_t token : tokens) link.integer(token);
+  if (extra) {
+    link.raw(*extra);
+  } else {
+    link.null();
+  }
 }
 
 }  // namespace
+
+size_t link_size_bound(size_t parent_size, size_t block_size, size_t extra_size) {
+  // CBOR: array head, parent byte string, token array head, 9 bytes per token, the
+  // extra keys. Pickle: 11 header bytes, 2 + parent + 1, 2 tuple bytes, at most 10
+  // bytes per token, the extra keys, 3 closing bytes.
+  return 16 + parent_size + 10 * block_size + extra_size + 16;
+}
+
+HashAlgorithm parse_hash_algorithm(std::string_view name) {
+  if (name == "sha256_cbor") return HashAlgorithm::kSha256Cbor;
+  if (name == "sha256") return HashAlgorithm::kSha256Pickle;
+  if (name == "xxhash") return HashAlgorithm::kXxhashPickle;
+  if (name == "xxhash_cbor") return HashAlgorithm::kXxhashCbor;
+  throw std::invalid_argument("unknown hash algorithm '" + std::string(name) +
+                              "'; allowed values: sha256_cbor, sha256, xxhash, xxhash_cbor");
+}
+
+size_t digest_size(HashAlgorithm algorithm) {
+  return algorithm == HashAlgorithm::kSha256Cbor || algorithm == HashAlgorithm::kSha256Pickle ? 32 : 16;
+}
+
+std::array<uint8_t, 16> xxh3_128(std::string_view data) {
+  XXH128_canonical_t canonical;
+  XXH128_canonicalFromHash(&canonical, XXH3_128bits(data.data(), data.size()));
+  std::array<uint8_t, 16> out;
+  std::memcpy(out.data(), canonical.digest, out.size());
+  return out;
+}
+
+void chain_digests(HashAlgorithm algorithm, std::string_view parent, std::span<const int64_t> tokens,
+                   int64_t block_size, std::optional<std::string_view> first_extra,
+                   std::optional<std::string_view> later_extra, std::string& out) {
+  if (block_size < 1) throw std::invalid_argument("block_size must be >= 1, got " + std::to_string(block_size));
+  const size_t bs = static_cast<size_t>(block_size);
+  const size_t num_blocks = tokens.size() / bs;
+  if (num_blocks == 0) return;  // also keeps a huge block_size from sizing a buffer
+  const size_t ds = digest_size(algorithm);
+  const bool pickle = algorithm == HashAlgorithm::kSha256Pickle || algorithm == HashAlgorithm::kXxhashPickle;
+  const bool sha = ds == 32;
+  const size_t start = out.size();
+  out.resize(start + num_blocks * ds);
+  CborWriter cbor;
+  std::string encoded;
+  const size_t extra_size = std::max(first_extra ? first_extra->size() : 0, later_extra ? later_extra->size() : 0);
+  const size_t bound = link_size_bound(std::max(parent.size(), ds), bs, extra_size);
+  if (pickle) {
+    encoded.reserve(bound);
+  } else {
+    cbor.reserve(bound);
+  }
+  std::string_view prev = parent;
+  for (size_t b = 0; b < num_blocks; ++b) {
+    const auto block = tokens.subspan(b * bs, bs);
+    const std::optional<std::string_view>& extra = b == 0 ? first_extra : later_extra;
+    std::string_view link;
+    if (pickle) {
+      pickle_link(encoded, prev, block, extra);
+      link = encoded;
+    } else {
+      cbor_link(cbor, prev, block, extra);
+      link = cbor.bytes();
+    }
+    char* digest = out.data() + start + b * ds;
+    if (sha) {
+      const Digest d = sha256(link);
+      std::memcpy(digest, d.data(), ds);
+    } else {
+      const auto d = xxh3_128(link);
+      std::memcpy(digest, d.data(), ds);
+    }
+    prev = std::string_view(digest, ds);
+  }
+}
 
 Digest sha256(std::string_view data) { return sha256_with(best_compress, data); }
 
@@ -195,33 +349,10 @@ void CborWriter::byte_string(std::string_view bytes) {
 std::vector<Digest> sha256_cbor_chain(std::string_view parent, std::span<const int64_t> tokens,
                                       int64_t block_size, std::optional<std::string_view> first_extra_cbor,
                                       std::optional<std::string_view> later_extra_cbor) {
-  if (block_size < 1) {
-    throw std::invalid_argument("block_size must be >= 1, got " + std::to_string(block_size));
-  }
-  const size_t bs = static_cast<size_t>(block_size);
-  const size_t num_blocks = tokens.size() / bs;
-  std::vector<Digest> out(num_blocks);
-  if (num_blocks == 0) return out;  // also keeps a huge block_size from sizing the buffer
-  CborWriter link;
-  link.reserve(link_size_bound(std::max(parent.size(), sizeof(Digest)), bs,
-                               std::max(first_extra_cbor ? first_extra_cbor->size() : 0,
-                                        later_extra_cbor ? later_extra_cbor->size() : 0)));
-  std::string_view prev = parent;
-  for (size_t b = 0; b < num_blocks; ++b) {
-    link.clear();
-    link.array_header(3);
-    link.byte_string(prev);
-    link.array_header(bs);
-    for (int64_t token : tokens.subspan(b * bs, bs)) link.integer(token);
-    const std::optional<std::string_view>& extra = b == 0 ? first_extra_cbor : later_extra_cbor;
-    if (extra) {
-      link.raw(*extra);
-    } else {
-      link.null();
-    }
-    out[b] = sha256(link.bytes());
-    prev = std::string_view(reinterpret_cast<const char*>(out[b].data()), out[b].size());
-  }
+  std::string packed;
+  chain_digests(HashAlgorithm::kSha256Cbor, parent, tokens, block_size, first_extra_cbor, later_extra_cbor, packed);
+  std::vector<Digest> out(packed.size() / sizeof(Digest));
+  std::memcpy(out.data(), packed.data(), packed.size());
   return out;
 }
 

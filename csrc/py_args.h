@@ -1,7 +1,7 @@
 // Argument conversions the bindings share: one rule each for ints, id lists and bytes.
 //
-// Owns `saturated_int64`, `to_ids`, `bytes_view`, and the token-id rules every
-// binding that takes tokens shares (`token_sequence`, `token_index`, their messages).
+// Owns `saturated_int64`, `to_ids`, `bytes_view` and `ByteBuffer`. Token ids have a
+// converter of their own, token_ids.h.
 // A binding that declares an `int64_t` parameter makes pybind11
 // answer a Python int beyond int64 with a TypeError ("incompatible function
 // arguments"), and PyLong_AsLongLong with an OverflowError; neither is the
@@ -12,13 +12,6 @@
 // Never does: range checks (the callee owns them), accept a non-integer where an int
 // is due, or copy a bytes object.
 //
-// Token ids. The protocol takes a sequence of ids (a list, a tuple, a numpy int array,
-// anything with tolist() or the sequence protocol), each a Python int or a numpy
-// integer (anything with __index__), never a bool: an int to Python, but almost
-// certainly a bug as a token. Errors name the field and what is allowed, e.g.
-//   tokens: expected a sequence of int token ids (list, tuple, numpy int array); got NoneType
-//   tokens[2]: expected an int32 token id in [-2**31, 2**31); got float 1.0
-// Each binding passes its own range in `allowed` (what its backend really stores).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -113,51 +106,42 @@ inline std::vector<int64_t> to_ids(pybind11::handle obj) {
   return ids;
 }
 
-[[noreturn]] inline void bad_token_sequence(pybind11::handle obj, const char* what) {
-  throw pybind11::type_error(std::string(what) +
-                             ": expected a sequence of int token ids (list, tuple, numpy int array); got " +
-                             Py_TYPE(obj.ptr())->tp_name);
-}
-
-// "what[i]: expected <allowed>; got <type> <repr>", the message for one bad id.
-inline std::string bad_token_message(PyObject* item, const char* what, Py_ssize_t i, const char* allowed) {
-  return std::string(what) + "[" + std::to_string(i) + "]: expected " + allowed + "; got " + Py_TYPE(item)->tp_name +
-         " " + short_repr(item);
-}
-
-// `obj` as a list or tuple whose items PySequence_Fast_ITEMS reads: itself if it is
-// one, else the list its tolist() returns (numpy arrays, array.array: one C call, no
-// numpy scalar per id), else the sequence protocol's. TypeError naming `what` for
-// anything that is not a one-dimensional sequence (None, an int, str, bytes, a set).
-inline pybind11::object token_sequence(pybind11::handle obj, const char* what) {
-  PyObject* p = obj.ptr();
-  if (PyList_Check(p) || PyTuple_Check(p)) return pybind11::reinterpret_borrow<pybind11::object>(obj);
-  if (PyUnicode_Check(p) || PyBytes_Check(p) || PyByteArray_Check(p)) bad_token_sequence(obj, what);
-  if (PyObject_HasAttrString(p, "tolist")) {
-    auto out = pybind11::reinterpret_steal<pybind11::object>(PyObject_CallMethod(p, "tolist", nullptr));
-    if (!out) throw pybind11::error_already_set();
-    if (!PyList_Check(out.ptr())) bad_token_sequence(obj, what);  // a 0-d array gives a scalar
-    return out;
+// A read-only view of a bytes or bytearray object's buffer, held
+// while the object lives: packed digests, which a request grows in a bytearray.
+// TypeError naming `what` for anything else.
+class ByteBuffer {
+ public:
+  ByteBuffer(pybind11::handle obj, const char* what) {
+    const bool bytes_like = PyBytes_Check(obj.ptr()) || PyByteArray_Check(obj.ptr());
+    if (!bytes_like || PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_SIMPLE) != 0) {
+      PyErr_Clear();
+      throw pybind11::type_error(std::string(what) + " must be bytes or bytearray, got " +
+                                 Py_TYPE(obj.ptr())->tp_name);
+    }
   }
-  if (!PySequence_Check(p)) bad_token_sequence(obj, what);
-  auto seq = pybind11::reinterpret_steal<pybind11::object>(PySequence_Fast(p, what));
-  if (!seq) throw pybind11::error_already_set();
-  return seq;
-}
+  ~ByteBuffer() { PyBuffer_Release(&view_); }
+  ByteBuffer(const ByteBuffer&) = delete;
+  ByteBuffer& operator=(const ByteBuffer&) = delete;
+  std::string_view view() const { return {static_cast<const char*>(view_.buf), static_cast<size_t>(view_.len)}; }
 
-// Token id `item` (at `what[i]`) as an exact int, a new reference: an int subclass or
-// a numpy integer through __index__. TypeError for a bool or anything else.
-inline PyObject* token_index(PyObject* item, const char* what, Py_ssize_t i, const char* allowed) {
-  if (PyLong_CheckExact(item)) {
-    Py_INCREF(item);
-    return item;
+ private:
+  Py_buffer view_{};
+};
+
+// array('i') / array('q') holding data[:n]: one copy, no Python int per id (the role a
+// torch index tensor plays in SGLang).
+template <class T>
+pybind11::object int_array(const T* data, size_t n) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8);
+  static PyObject* array_type = pybind11::object(pybind11::module_::import("array").attr("array")).release().ptr();  // kept for the process
+  auto out = pybind11::reinterpret_borrow<pybind11::object>(array_type)(sizeof(T) == 4 ? "i" : "q");
+  if (n > 0) {
+    auto view = pybind11::reinterpret_steal<pybind11::object>(PyMemoryView_FromMemory(
+        reinterpret_cast<char*>(const_cast<T*>(data)), static_cast<Py_ssize_t>(n * sizeof(T)), PyBUF_READ));
+    if (!view) throw pybind11::error_already_set();
+    out.attr("frombytes")(view);
   }
-  if (!PyBool_Check(item)) {
-    PyObject* index = PyNumber_Index(item);  // an exact int since Python 3.10
-    if (index != nullptr) return index;
-    PyErr_Clear();
-  }
-  throw pybind11::type_error(bad_token_message(item, what, i, allowed));
+  return out;
 }
 
 // A view of a bytes object's buffer, valid while the caller holds the object.

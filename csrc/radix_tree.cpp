@@ -122,14 +122,14 @@ MatchResult RadixTree::match_prefix(TokenSpan tokens, const Namespace& ns) {
   root->last_access_time = now;
   for (RadixNode* n : w.path) {
     n->last_access_time = now;
-    ++n->hit_count;
     ++n->use_count;
+    touched(n);
   }
   if (w.partial != nullptr) {
     // SGLang refreshes the node it is about to split, then splits it.
     w.partial->last_access_time = now;
+    touched(w.partial);
     RadixNode* mid = split(w.partial, w.partial_len, ++clock_);
-    ++mid->hit_count;
     ++mid->use_count;
     out.node = mid->id;
   }
@@ -139,7 +139,8 @@ MatchResult RadixTree::match_prefix(TokenSpan tokens, const Namespace& ns) {
 // ---------------------------------------------------------------- insert
 
 InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, const Namespace& ns, int64_t priority,
-                              int64_t start) {
+                              int64_t start, int64_t inserted) {
+  if (inserted < 0) inserted = start;
   if (tokens.size() % page_ != 0) {
     throw std::invalid_argument("insert: tokens has " + std::to_string(tokens.size()) +
                                 " tokens, not a multiple of page_size " + std::to_string(page_));
@@ -204,13 +205,17 @@ InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, cons
     n->priority = std::max(n->priority, priority);
     stamp_use(n, offset >= static_cast<size_t>(start), request_tokens);
     offset += n->tokens.size();
+    if (static_cast<int64_t>(offset) > inserted) ++n->hit_count;  // ends past what the caller inserted
+    touched(n);
   }
   RadixNode* node = w.last() != nullptr ? w.last() : root;
   if (w.partial != nullptr) {
     w.partial->last_access_time = now;
+    touched(w.partial);
     node = split(w.partial, w.partial_len, ++clock_);
     node->priority = std::max(node->priority, priority);
     stamp_use(node, offset >= static_cast<size_t>(start), request_tokens);
+    if (static_cast<int64_t>(offset + w.partial_len) > inserted) ++node->hit_count;
   }
   for (size_t p = first; p < dup_pages; ++p) {
     int32_t& mine = blocks[p - first];
@@ -236,6 +241,9 @@ InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, cons
       leaf->tail_key = key;
     }
     leaf->use_count = 1 + history;
+    if (static_cast<int64_t>(tokens.size()) > inserted) leaf->hit_count = 1;
+    leaf->cached_prefix_len = node->cached_prefix_len + static_cast<int64_t>(leaf->tokens.size());
+    raise_history(leaf);
     node->children.emplace(PageKey{leaf->tokens.data(), page_}, leaf);
     for (int32_t b : leaf->blocks) in_tree_[b] = 1;
     evictable_size_ += static_cast<int64_t>(leaf->tokens.size());
@@ -290,6 +298,8 @@ RadixNode* RadixTree::split(RadixNode* child, size_t split_len, int64_t stamp) {
   mid->use_count = child->use_count;
   mid->last_use = child->last_use;
   mid->request_tokens = child->request_tokens;
+  mid->cached_prefix_len = parent->cached_prefix_len + static_cast<int64_t>(split_len);
+  mid->history_len = child->history_len;
   if (ghost_.enabled()) {
     uint64_t key = parent->tail_key;
     for (size_t p = 0; p < mid->blocks.size(); ++p) key = page_key_after(key, *mid, p);
@@ -338,7 +348,52 @@ void RadixTree::unlock(int64_t id) {
 int64_t RadixTree::evict(int64_t num_tokens) {
   last_evicted_.clear();
   if (!order_) throw std::invalid_argument("evict: this tree has no native eviction order; rank candidates with a priority function");
-  return evict_by<NativeKey>(num_tokens, [this](const RadixNode& n) { return native_key(*order_, params_, candidate(n)); });
+  if (num_tokens < 0) throw std::invalid_argument("evict: num_tokens must be >= 0, got " + std::to_string(num_tokens));
+  refresh_order();
+  int64_t evicted = 0;
+  while (evicted < num_tokens && !order_set_.empty()) {
+    RadixNode* leaf = nodes_.at(order_set_.begin()->id).get();
+    RadixNode* parent = leaf->parent;
+    evicted += static_cast<int64_t>(leaf->tokens.size());
+    delete_leaf(leaf);  // takes it out of the order; its parent may come in, dirty
+    if (parent->dirty) {  // it just became a leaf: rank it now, it may be next
+      parent->dirty = false;
+      auto [it, fresh] = order_set_.insert(OrderEntry{native_key(*order_, params_, candidate(*parent)), parent->id});
+      order_of_[parent->id] = it;
+    }
+  }
+  return evicted;
+}
+
+void RadixTree::touched(RadixNode* n) {
+  if (n->leaf_slot < 0 || n->dirty || !order_) return;  // only evictable leaves are ordered
+  n->dirty = true;
+  dirty_.push_back(n->id);
+}
+
+void RadixTree::refresh_order() {
+  for (int64_t id : dirty_) {
+    auto found = nodes_.find(id);
+    if (found == nodes_.end()) continue;  // evicted since
+    RadixNode* n = found->second.get();
+    if (!n->dirty) continue;
+    n->dirty = false;
+    auto at = order_of_.find(id);
+    if (at != order_of_.end()) {
+      order_set_.erase(at->second);
+      order_of_.erase(at);
+    }
+    if (n->leaf_slot >= 0) order_of_[id] = order_set_.insert(OrderEntry{native_key(*order_, params_, candidate(*n)), id}).first;
+  }
+  dirty_.clear();
+}
+
+void RadixTree::raise_history(RadixNode* n) {
+  n->history_len = std::max(n->history_len, n->cached_prefix_len);
+  for (RadixNode* up = n->parent; up != nullptr && up->history_len < n->cached_prefix_len; up = up->parent) {
+    up->history_len = n->cached_prefix_len;
+    touched(up);
+  }
 }
 
 void RadixTree::update_leaf_status(RadixNode* n) {
@@ -349,7 +404,14 @@ void RadixTree::set_evictable_leaf(RadixNode* n, bool evictable) {
   if (evictable && n->leaf_slot < 0) {
     n->leaf_slot = static_cast<int64_t>(evictable_leaves_.size());
     evictable_leaves_.push_back(n);
+    touched(n);
   } else if (!evictable && n->leaf_slot >= 0) {
+    auto at = order_of_.find(n->id);
+    if (at != order_of_.end()) {
+      order_set_.erase(at->second);
+      order_of_.erase(at);
+    }
+    n->dirty = false;
     RadixNode* moved = evictable_leaves_.back();
     evictable_leaves_[n->leaf_slot] = moved;
     moved->leaf_slot = n->leaf_slot;
@@ -396,6 +458,9 @@ void RadixTree::reset() {
   none_root_ = nullptr;
   named_roots_.clear();
   evictable_leaves_.clear();
+  order_set_.clear();
+  order_of_.clear();
+  dirty_.clear();
   std::fill(in_tree_.begin(), in_tree_.end(), 0);
   evictable_size_ = protected_size_ = 0;
   last_evicted_.clear();
@@ -448,8 +513,9 @@ RadixNode* RadixTree::node_ptr(int64_t id, const char* what) const {
 }
 
 EvictionCandidate RadixTree::candidate(const RadixNode& n) const {
-  return EvictionCandidate{n.id,           static_cast<int64_t>(n.tokens.size()), n.last_access_time,
-                           n.creation_time, n.hit_count, n.priority, n.use_count, n.last_use, n.request_tokens};
+  return EvictionCandidate{n.id,          static_cast<int64_t>(n.tokens.size()), n.last_access_time,
+                           n.creation_time, n.hit_count, n.priority, n.use_count, n.last_use, n.request_tokens,
+                           n.cached_prefix_len, n.history_len};
 }
 
 NodeInfo RadixTree::node(int64_t id) const {
@@ -458,7 +524,7 @@ NodeInfo RadixTree::node(int64_t id) const {
   while (!root->is_root()) root = root->parent;
   NodeInfo info{n->id,       std::nullopt, std::nullopt, n->tokens, n->blocks, n->lock_ref,
                 n->last_access_time, n->creation_time, n->hit_count, n->priority, n->use_count, n->last_use,
-                n->request_tokens, {}};
+                n->request_tokens, {}, n->cached_prefix_len, n->history_len};
   if (!n->is_root()) info.parent = n->parent->id;
   if (root != none_root_) {
     for (const auto& [name, r] : named_roots_) {
@@ -539,6 +605,17 @@ void RadixTree::check_invariants(const std::optional<std::vector<int64_t>>& lock
   }
   if (num_nodes != static_cast<int64_t>(nodes_.size())) fail(std::to_string(nodes_.size()) + " nodes registered but " + std::to_string(num_nodes) + " reachable");
   if (num_leaves != static_cast<int64_t>(evictable_leaves_.size())) fail("evictable leaf list has stale entries");
+  if (order_) {
+    if (order_set_.size() != order_of_.size()) fail("leaf order index and its id map disagree");
+    for (const OrderEntry& e : order_set_) {
+      auto it = nodes_.find(e.id);
+      if (it == nodes_.end() || it->second->leaf_slot < 0) fail("leaf order holds node " + std::to_string(e.id) + ", not an evictable leaf");
+      if (!it->second->dirty && e.key != native_key(*order_, params_, candidate(*it->second))) fail("leaf order key of node " + std::to_string(e.id) + " is stale but the node is not marked dirty");
+    }
+    for (const RadixNode* leaf : evictable_leaves_) {
+      if (!leaf->dirty && order_of_.find(leaf->id) == order_of_.end()) fail("evictable leaf node " + std::to_string(leaf->id) + " is missing from the leaf order");
+    }
+  }
   if (evictable != evictable_size_) fail("evictable_size is " + std::to_string(evictable_size_) + ", nodes hold " + std::to_string(evictable));
   if (protect != protected_size_) fail("protected_size is " + std::to_string(protected_size_) + ", nodes hold " + std::to_string(protect));
   int64_t flagged = std::count(in_tree_.begin(), in_tree_.end(), static_cast<uint8_t>(1));

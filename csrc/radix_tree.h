@@ -1,5 +1,5 @@
 // RadixTree: SGLang's RadixAttention prefix tree (mem_cache/radix_cache.py,
-// v0.5.6) over the shared BlockPool.
+// v0.5.23) over the shared BlockPool.
 //
 // Owns: the compressed prefix tree of cached token runs, one pool reference per
 // block it holds, the lock refs that protect the paths of live requests, the
@@ -31,6 +31,19 @@
 //     evictable_size is what evicting everything would free.
 //   * Every block in the tree appears once and holds a pool reference.
 //
+// Eviction order. Unlocked leaves sit in a persistent ordered set keyed by
+// (policy key, node id): O(log n) per evicted leaf, however many leaves there are
+// (SGLang rebuilds a heap over every evictable leaf on each eviction; same victims,
+// same order). A leaf whose policy inputs change (a walk touches it) is marked
+// dirty and re-keyed when the next eviction starts, so a touch costs O(1). The set
+// is kept for the native order; a caller's ranking (evict_by) is asked once per
+// candidate per call, as its contract says, and ranks over a heap built per call.
+//
+// hit_count (SGLang 0.5.23): counted at insert, not at match_prefix. An insert walk
+// counts a hit on each node ending past `inserted` (the tokens this caller inserted
+// before: SGLang's cache_inserted_len) and on the node it creates, so a request counts
+// each node once; a split's upper half copies the count.
+//
 // Clock. A counter, not wall time, so replays are reproducible. Each match
 // or insert takes one tick for the nodes it walks; each node it creates takes
 // a tick of its own (SGLang stamps new nodes with time.monotonic() after the
@@ -43,6 +56,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -105,7 +119,10 @@ struct RadixNode {
   int64_t last_use = 0;        // traffic clock at the latest insert through it
   int64_t request_tokens = 0;  // that insert's length, TOKENS
   uint64_t tail_key = 0;       // content key of its last page (a root: of its namespace); ghost only
+  int64_t cached_prefix_len = 0;  // TOKENS root -> end of this node (tlru)
+  int64_t history_len = 0;        // deepest cached_prefix_len its branch reached (tlru; never shrinks)
   int64_t leaf_slot = -1;  // index in RadixTree::evictable_leaves_, or -1
+  bool dirty = false;      // policy inputs changed since its key in the leaf order was computed
 
   bool is_root() const { return parent == nullptr; }
 };
@@ -139,6 +156,8 @@ struct NodeInfo {
   int64_t last_use;
   int64_t request_tokens;
   std::vector<std::pair<std::vector<int32_t>, int64_t>> children;  // (first page, id), by id
+  int64_t cached_prefix_len;
+  int64_t history_len;
 };
 
 class RadixTree {
@@ -174,8 +193,10 @@ class RadixTree {
   // caller id replaced is listed in `displaced` (still the caller's to free).
   // The remaining blocks now belong to the tree (it owns their pool reference).
   // Walked nodes get a fresh last_access_time and priority = max(priority, p).
+  // `inserted` (TOKENS) is what this caller inserted before, for hit counting (see
+  // the top of this file); -1 means `start`.
   InsertResult insert(TokenSpan tokens, std::span<int32_t> blocks, const Namespace& ns, int64_t priority,
-                      int64_t start = 0);
+                      int64_t start = 0, int64_t inserted = -1);
 
   // Lock / unlock the path root -> node. A root is a no-op. unlock of an
   // unlocked node throws.
@@ -235,6 +256,9 @@ class RadixTree {
   void touch_path(const Walk& w, int64_t access_time, std::optional<int64_t> priority);
   void update_leaf_status(RadixNode* node);
   void set_evictable_leaf(RadixNode* node, bool evictable);
+  void touched(RadixNode* node);  // its policy inputs changed: re-key it before the next eviction
+  void refresh_order();
+  void raise_history(RadixNode* node);
   void delete_leaf(RadixNode* leaf);
   void stamp_use(RadixNode* n, bool counts, int64_t request_tokens);
   uint64_t page_key_after(uint64_t parent_key, const RadixNode& n, size_t page) const;
@@ -250,6 +274,16 @@ class RadixTree {
   RadixNode* none_root_ = nullptr;
   std::unordered_map<std::string, RadixNode*> named_roots_;
   std::vector<RadixNode*> evictable_leaves_;
+  // The native order's persistent leaf order (see "Eviction order"), and the ids of
+  // nodes to re-key (some may be gone, or clean again: skipped).
+  struct OrderEntry {
+    NativeKey key;
+    int64_t id;
+    bool operator<(const OrderEntry& o) const { return key != o.key ? key < o.key : id < o.id; }
+  };
+  std::set<OrderEntry> order_set_;
+  std::unordered_map<int64_t, std::set<OrderEntry>::iterator> order_of_;
+  std::vector<int64_t> dirty_;
   std::vector<uint8_t> in_tree_;  // per pool block: 1 if a node holds it
   std::vector<uint8_t> seen_;     // scratch for insert's duplicate check, left all-zero
   int64_t evictable_size_ = 0;

@@ -83,9 +83,11 @@ class _FreeQueue:
         return out
 
 
-def _split_packed(keys: bytes, key_size: int, what: str) -> list[bytes]:
-    if not isinstance(keys, bytes):
-        raise TypeError(f"keys must be bytes, got {type(keys).__name__}")
+def _split_packed(keys: bytes | bytearray, key_size: int, what: str) -> list[bytes]:
+    # A request grows its packed digests in a bytearray; both are accepted, as natively.
+    if not isinstance(keys, (bytes, bytearray)):
+        raise TypeError(f"keys must be bytes or bytearray, got {type(keys).__name__}")
+    keys = bytes(keys)
     if key_size < 1 or len(keys) % key_size:
         raise ValueError(
             f"{what}: key_size must be >= 1 and divide the {len(keys)} key bytes, got {key_size}"

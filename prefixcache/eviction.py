@@ -40,6 +40,8 @@ __all__ = [
     "FILO",
     "Priority",
     "GSLRU",
+    "SLRU",
+    "TLRU",
     "CandidateRecord",
     "GhostTable",
     "mix64",
@@ -57,11 +59,13 @@ class Candidate(Protocol):
     | `num_tokens` | tokens in the leaf's run | the block size |
     | `last_access_time` | clock of the last match / insert through it | clock of its last hit, or of the free that made it a candidate (one tick per freed block, in free order, so ordering by it IS the free-queue LRU) |
     | `creation_time` | clock when the node was created | clock when the block was cached |
-    | `hit_count` | match_prefix hits on it | admissions that hit it |
+    | `hit_count` | inserts that walked or created it past their own earlier inserts (SGLang 0.5.23) | admissions that hit it |
     | `priority` | highest request priority that touched it | same |
     | `use_count` | requests that used it: hits, the insert that created it, inserts that walked it past their own prefix | hits, plus 1 for the request that computed it |
     | `last_use` | traffic clock (TOKENS admitted) at the last insert through it | traffic clock when it was freed |
     | `request_tokens` | length of that insert (whole pages, TOKENS) | whole-block prompt TOKENS of the request that freed it |
+    | `cached_prefix_len` | TOKENS from the root to the end of the leaf | 0 |
+    | `history_len` | deepest `cached_prefix_len` its branch ever reached | 0 |
 
     With history (a policy with `history > 0`), content evicted and computed again
     continues its `use_count` from a bounded `GhostTable` of evicted content.
@@ -75,6 +79,8 @@ class Candidate(Protocol):
     last_use: int
     request_tokens: int
     num_tokens: int
+    cached_prefix_len: int
+    history_len: int
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,8 @@ class CandidateRecord:
     use_count: int = 0
     last_use: int = 0
     request_tokens: int = 0
+    cached_prefix_len: int = 0
+    history_len: int = 0
 
     @property
     def node(self) -> int:
@@ -131,8 +139,8 @@ class LRU(EvictionPolicy):
 
 @register_eviction_policy("lfu")
 class LFU(EvictionPolicy):
-    """Least hits first, then least recent. Unlike SGLang's plain RadixCache (which never
-    increments `hit_count`, so its lfu behaves as lru), our backends count hits."""
+    """Least hits first, then least recent (`hit_count` as SGLang 0.5.23 counts it: at
+    insert, once per request per node)."""
 
     native = "lfu"
 
@@ -172,6 +180,42 @@ class Priority(EvictionPolicy):
 
     def priority(self, candidate: Candidate) -> Any:
         return (candidate.priority, candidate.last_access_time)
+
+
+@register_eviction_policy("slru")
+class SLRU(EvictionPolicy):
+    """SGLang 0.5.23's segmented LRU: candidates hit `protected_threshold` times or more are
+    PROTECTED and go after every probationary one; LRU within a segment."""
+
+    native = "slru"
+    protected_threshold: ClassVar[int] = 2
+
+    def priority(self, candidate: Candidate) -> Any:
+        return (1 if candidate.hit_count >= self.protected_threshold else 0, candidate.last_access_time)
+
+    def native_params(self) -> dict[str, int]:
+        return {"protected_threshold": self.protected_threshold}
+
+
+@register_eviction_policy("tlru")
+class TLRU(EvictionPolicy):
+    """SGLang 0.5.23's tail-optimized LRU (Zhang et al., arXiv:2510.15152): a branch whose
+    history is `history_len` TOKENS only needs `history_len + next_prompt_estimate -
+    threshold` of them cached to keep its next prefill in budget; a leaf entirely past that
+    budget is "TEL-safe" and goes first; then plain LRU. Both parameters in TOKENS (SGLang's
+    defaults: 0 and 0). Only `radix` has branches: on `hash` blocks it is LRU."""
+
+    native = "tlru"
+    threshold: ClassVar[int] = 0
+    next_prompt_estimate: ClassVar[int] = 0
+
+    def priority(self, candidate: Candidate) -> Any:
+        budget = max(candidate.history_len + self.next_prompt_estimate - self.threshold, 0)
+        tel_safe = candidate.cached_prefix_len - candidate.num_tokens >= budget
+        return (-1 if tel_safe else 0, candidate.last_access_time)
+
+    def native_params(self) -> dict[str, int]:
+        return {"tlru_threshold": self.threshold, "next_prompt_estimate": self.next_prompt_estimate}
 
 
 @register_eviction_policy("gslru")

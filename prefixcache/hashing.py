@@ -2,13 +2,15 @@
 
 Owns the block-hash function of every algorithm, `NONE_HASH` seeding, and the chain
 `block_hash[i] = H((block_hash[i-1], tuple(block_tokens[i]), extra_keys[i]))` from
-`NONE_HASH`. This file is the readable reference (`reference_chain_hashes`). For
-`sha256_cbor`, `chain_hashes` (a list) and `chain_digests` (the same digests packed in
-one bytes) compute a whole chain in one native call (`prefixcache._C.sha256_cbor_chain`:
-SHA-256 and canonical CBOR in C++, about 10x faster); tests require the same digests.
-Token ids must be ints: the native path raises TypeError for anything else, and hands
-ids beyond int64 (CBOR bignums) back to the reference. `block_hashes`, the public entry,
-also takes numpy int arrays (converted to ints first: a numpy scalar pickles differently).
+`NONE_HASH`. This file is the readable reference (`reference_chain_hashes`). For every
+algorithm, `chain_hashes` (a list) and `chain_digests` (the same digests packed in one
+bytes) compute a whole chain in one native call (`prefixcache._C.chain_digests`: SHA-256
+or XXH3-128 over canonical CBOR or pickle protocol 5, in C++); tests require the same
+digests as the reference and as vLLM. Tokens may be any buffer of integers (numpy int
+arrays, array('i'/'q')) or sequence of ints, read once in C++ (never bools: TypeError).
+The reference takes over where the native encoders do not apply: ids beyond int64 (CBOR
+bignums, pickle LONG of any width), and pickle links beyond one pickle frame (64 KiB,
+blocks of thousands of tokens), for which it needs Python ints (`token_list`).
 
 Must never: look anything up, cache anything, or hash a partial block.
 
@@ -39,8 +41,9 @@ from typing import Any
 import cbor2
 import xxhash
 
-from prefixcache._C import sha256_cbor_chain as _native_sha256_cbor_chain
-from prefixcache._C import token_list
+from prefixcache._C import MAX_PICKLE_LINK
+from prefixcache._C import chain_digests as _native_chain_digests
+from prefixcache._C import token_array, token_list
 from prefixcache.isolation import Namespace, check_namespace
 from prefixcache.isolation import extra_keys as namespace_extra_keys  # re-exported: the chain's extra keys
 
@@ -89,6 +92,9 @@ ALGORITHMS: dict[str, HashFunction] = {
     "xxhash": _xxhash_pickle,
     "xxhash_cbor": _xxhash_cbor,
 }
+# What the native chain computes. An entry of ALGORITHMS replaced at run time (a test
+# forcing collisions) is no longer that, so its chains are hashed in Python through it.
+_NATIVE = dict(ALGORITHMS)
 
 
 def hash_function(algorithm: str) -> HashFunction:
@@ -171,6 +177,33 @@ def _cbor(extra_keys: tuple) -> bytes:
     return cbor2.dumps(extra_keys, canonical=True)
 
 
+# pickle.dumps((b"", (0,), extra), 5) is PROTO 5, FRAME + 8 length bytes, then the body:
+# SHORT_BINBYTES 0 MEMOIZE, BININT1 0 TUPLE1 MEMOIZE, <extra>, TUPLE3 MEMOIZE STOP.
+_PICKLE_HEAD = b"\x80\x05\x95"
+_PICKLE_BEFORE_EXTRA = b"C\x00\x94K\x00\x85\x94"
+_PICKLE_AFTER_EXTRA = b"\x87\x94."
+
+
+@lru_cache(maxsize=1024)
+def _pickled_extra(extra_keys: tuple) -> bytes:
+    """The opcodes pickle protocol 5 writes for `extra_keys` as the third item of a chain
+    link, memo numbering from 2 (csrc/hashing.h): cut from a link pickle itself, so any
+    object pickle accepts (and its memo references) comes out exactly as vLLM hashes it."""
+    link = pickle.dumps((b"", (0,), extra_keys), protocol=5)
+    body = link[11:]
+    if not (
+        link.startswith(_PICKLE_HEAD)
+        and body.startswith(_PICKLE_BEFORE_EXTRA)
+        and body.endswith(_PICKLE_AFTER_EXTRA)
+        and int.from_bytes(link[3:11], "little") == len(body)
+    ):
+        raise AssertionError(f"unexpected pickle layout for extra keys {extra_keys!r}: {link!r}")
+    return body[len(_PICKLE_BEFORE_EXTRA) : -len(_PICKLE_AFTER_EXTRA)]
+
+
+_PICKLE_ALGORITHMS = ("sha256", "xxhash")
+
+
 def _native_chain(
     tokens: Sequence[int],
     block_size: int,
@@ -180,16 +213,26 @@ def _native_chain(
     later_extra_keys: tuple | None,
     packed: bool,
 ) -> list[bytes] | bytes | None:
-    """The native chain, or None where it does not apply (another algorithm, or a
-    token id beyond int64, which CBOR encodes as a bignum)."""
-    if algorithm != "sha256_cbor":
+    """The native chain, or None where it does not apply (a token id beyond int64, or a
+    pickle link that would not fit one pickle frame)."""
+    if hash_function(algorithm) is not _NATIVE.get(algorithm):  # also: ValueError naming the allowed ones
         return None
     # Extra keys are encoded only if a block carries them, as the reference does (an
     # unencodable key on a block that does not exist is no error).
     num_blocks = len(tokens) // block_size if block_size >= 1 else 0
-    first = None if extra_keys is None or num_blocks < 1 else _cbor(extra_keys)
-    later = None if later_extra_keys is None or num_blocks < 2 else _cbor(later_extra_keys)
-    return _native_sha256_cbor_chain(tokens, block_size, parent, first, later, packed=packed)
+    encode = _pickled_extra if algorithm in _PICKLE_ALGORITHMS else _cbor
+    first = None if extra_keys is None or num_blocks < 1 else encode(extra_keys)
+    later = None if later_extra_keys is None or num_blocks < 2 else encode(later_extra_keys)
+    if algorithm in _PICKLE_ALGORITHMS and num_blocks:
+        extra = max(len(first or b""), len(later or b""))
+        if 16 + max(len(parent), 32) + 10 * block_size + extra + 16 > MAX_PICKLE_LINK:
+            return None  # beyond one pickle frame: pickle splits frames, the reference follows it
+    return _native_chain_digests(tokens, block_size, algorithm, parent, first, later, packed=packed)
+
+
+def _reference_tokens(tokens: Sequence[int]) -> Sequence[int]:
+    # The reference hashes Python ints (a numpy scalar pickles differently).
+    return tokens if isinstance(tokens, (list, tuple)) else token_list(tokens, "tokens")
 
 
 def chain_hashes(
@@ -200,12 +243,13 @@ def chain_hashes(
     extra_keys: tuple | None = None,
     later_extra_keys: tuple | None = None,
 ) -> list[bytes]:
-    """`reference_chain_hashes`, in one native call for `sha256_cbor`.
+    """`reference_chain_hashes`, in one native call (any algorithm).
 
     `tokens` is typically a whole prompt, so the C++ side sees every block at once.
     """
     out = _native_chain(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys, packed=False)
     if out is None:
+        tokens = _reference_tokens(tokens)
         return reference_chain_hashes(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys)
     return out
 
@@ -223,6 +267,7 @@ def chain_digests(
     is the per-request hot path of the `hash` backend."""
     out = _native_chain(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys, packed=True)
     if out is None:
+        tokens = _reference_tokens(tokens)
         return b"".join(reference_chain_hashes(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys))
     return out
 
@@ -244,7 +289,9 @@ def block_hashes(
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     hash_function(algorithm)  # ValueError naming the allowed algorithms
-    tokens = token_list(tokens, "tokens")  # numpy arrays too; ids must be ints, never bools
+    # Read once in C++ (buffers too; ids must be ints, never bools); ids beyond int64 as ints.
+    ids = token_array(tokens, "tokens")
+    tokens = token_list(tokens, "tokens") if ids is None else ids
     namespace = check_namespace(namespace)
     later = namespace_extra_keys(namespace, first_block=False)
     extra = later

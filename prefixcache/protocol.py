@@ -56,11 +56,12 @@ the file and key) and again in `PrefixCache.__init__`, which keeps the result in
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Mapping, Sequence
+from array import array
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from prefixcache._C import token_list
+from prefixcache._C import token_array, token_list
 from prefixcache.config import ConfigError
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from prefixcache.isolation import Isolation, LoRA, Namespace
@@ -84,8 +85,44 @@ __all__ = [
     "Isolation",
     "LoRA",
     "as_tokens",
+    "token_buffer",
+    "BlockIds",
 ]
 
+
+
+class BlockIds(array):
+    """A block table as the built-in backends hand it out: block ids in one int32 buffer
+    (`array('i')`: 4 bytes an id, copied with one memcpy, read in place by native code and
+    numpy), equal to any sequence holding the same ids, e.g. `BlockIds([3, 4]) == (3, 4)`.
+    Immutable by convention: a backend hands out a copy."""
+
+    def __new__(cls, ids: Iterable[int] = ()) -> BlockIds:
+        return super().__new__(cls, "i", ids)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, array):
+            return array.__eq__(self, other)
+        if isinstance(other, (tuple, list)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __getitem__(self, index):  # type: ignore[override]
+        out = array.__getitem__(self, index)
+        return BlockIds(out) if isinstance(index, slice) else out
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"BlockIds({self.tolist()})"
+
+    def __reduce__(self) -> tuple:
+        return (BlockIds, (self.tolist(),))
 
 
 @dataclass(frozen=True)
@@ -94,7 +131,7 @@ class Match:
     (token i in slot i % block_size of block_ids[i // block_size])."""
 
     num_tokens: int
-    block_ids: tuple[int, ...]
+    block_ids: Sequence[int]
 
 
 Copy = tuple[int, int, int]
@@ -109,7 +146,7 @@ class Admission:
     except for backends with `partial_hits`). `copies` are KV copies the engine does
     before computing the request (empty unless the backend has `partial_hits`)."""
 
-    block_table: tuple[int, ...]
+    block_table: Sequence[int]  # BlockIds in the built-in backends
     num_cached_tokens: int
     copies: tuple[Copy, ...] = ()
 
@@ -120,6 +157,17 @@ def as_tokens(tokens: Sequence[int], what: str = "tokens", *, copy: bool = False
     numpy integers become ints). TypeError naming `what` and the allowed values for
     anything else, a bool id included (`prefixcache._C.token_list`, one pass in C++)."""
     return token_list(tokens, what, copy)
+
+
+def token_buffer(tokens: Sequence[int], what: str = "tokens", *, itemsize: int = 8) -> array | list[int]:
+    """Token ids in a typed buffer of our own, read once in C++ (`prefixcache._C.token_array`)
+    from any buffer of integers (numpy int arrays, `array('i'/'q')`, an integer memoryview)
+    or sequence of ints: `array('q')` (itemsize 8) or `array('i')` (itemsize 4, ValueError
+    naming an id beyond int32). With itemsize 8, ids beyond int64 (valid Python ints, which
+    only CBOR bignums hash) come back as a list of ints instead. TypeError naming `what`
+    for anything else, a bool id included."""
+    out = token_array(tokens, what, itemsize)
+    return token_list(tokens, what, True) if out is None else out
 
 
 class PrefixCache(ABC):

@@ -1,6 +1,6 @@
 """The radix tree: the readable reference for `prefixcache._C.RadixTree`.
 
-Owns SGLang's RadixAttention prefix tree (`mem_cache/radix_cache.py`, v0.5.6) over a
+Owns SGLang's RadixAttention prefix tree (`mem_cache/radix_cache.py`, v0.5.23) over a
 block pool: token runs and the blocks that store them, one pool reference per block
 held, lock refs that protect the paths of live requests, exact evictable / protected
 sizes (TOKENS), a logical clock, and eviction of unlocked leaves by policy priority.
@@ -21,9 +21,14 @@ The contract both trees keep:
   whole: a difference anywhere in a page is a miss for that page.
 - `match(tokens, namespace)` is a pure look-up of the longest cached prefix of
   `tokens` cut to whole pages. `match_prefix` is SGLang's: a match ending inside a
-  node splits it, every node walked gets a fresh `last_access_time`, and each node of
-  the matched path counts a hit. SGLang's plain RadixCache never increments
-  `hit_count` (so its `lfu` behaves as `lru`); we count hits, so `lfu` means LFU.
+  node splits it and every node walked gets a fresh `last_access_time`.
+- `hit_count` is SGLang 0.5.23's: counted at insert, not at match. An insert walk counts
+  a hit on each node that ends past `inserted` (TOKENS the caller inserted before,
+  SGLang's `cache_inserted_len`; default `start`) and on the node it creates, so a
+  request counts each node once; a split's upper half copies the count.
+- tlru's inputs: `cached_prefix_len` (TOKENS root -> end of the node) and
+  `history_len` (the deepest `cached_prefix_len` its branch ever reached, raised on
+  the way up when a leaf is created, copied by a split's upper half; never shrinks).
 - `insert(tokens, blocks, namespace, priority, start)` returns `prefix_len`, the
   leading tokens already present. `blocks` hold the pages from token `start` on: the
   caller already holds the first `start` tokens from the tree (SGLang's
@@ -37,9 +42,12 @@ The contract both trees keep:
   lock_ref(child)`, so every unlocked node is reachable by evicting leaves.
 - `evict(num_tokens)` pops unlocked leaves, lowest priority first (ties: older node
   first), freeing whole leaves (it may free more than asked); a parent whose last
-  child goes, and that is unlocked, becomes a candidate. A policy's `priority()` is
-  called once per candidate, never per comparison. `last_evicted()` lists the blocks
-  the latest call freed, even if a policy raised halfway.
+  child goes, and that is unlocked, becomes a candidate. With the tree's own order the
+  leaves sit in a persistent order (the native tree: an ordered set; this model: a
+  heap with stale entries skipped), re-keyed only when a walk touches them: O(log n)
+  per evicted leaf. A caller's `priority` function is called once per candidate per
+  call, never per comparison. `last_evicted()` lists the blocks the latest call freed,
+  even if a policy raised halfway.
 - Clock: a counter, not wall time, so replays are reproducible. Each match or insert
   takes one tick for the nodes it walks; each node it creates takes a tick of its own
   (SGLang stamps new nodes with `time.monotonic()` after the walk; same order).
@@ -71,7 +79,7 @@ from prefixcache.eviction import CandidateRecord, GhostTable, chain_page_key, na
 
 __all__ = ["RadixTree", "PyRadixTree", "RadixMatch", "RadixInsert", "NodeInfo", "Candidate"]
 
-NATIVE_ORDERS = ("lru", "lfu", "fifo", "mru", "filo", "priority", "gslru")
+NATIVE_ORDERS = ("lru", "lfu", "fifo", "mru", "filo", "priority", "gslru", "slru", "tlru")
 
 Namespace = str | None
 """A tree namespace: one root per value. The `radix` backend passes
@@ -115,6 +123,8 @@ class NodeInfo:
     last_use: int
     request_tokens: int
     children: dict[tuple[int, ...], int]
+    cached_prefix_len: int = 0
+    history_len: int = 0
 
 
 Candidate = CandidateRecord  # what a policy reads about a leaf (`EvictionCandidate` natively)
@@ -136,10 +146,17 @@ class _Node:
     last_use: int = 0
     request_tokens: int = 0
     tail_key: int = 0  # content key of the last page (a root: of its namespace); ghost only
+    cached_prefix_len: int = 0  # TOKENS root -> end of this node (tlru)
+    history_len: int = 0  # deepest cached_prefix_len of its branch (tlru)
+    order_stamp: int = 0  # the heap entry with this stamp is its live one
 
     @property
     def is_root(self) -> bool:
         return self.parent is None
+
+    @property
+    def evictable_leaf(self) -> bool:
+        return self.parent is not None and self.lock_ref == 0 and not self.children
 
     def candidate(self) -> Candidate:
         return Candidate(
@@ -152,6 +169,8 @@ class _Node:
             self.use_count,
             self.last_use,
             self.request_tokens,
+            self.cached_prefix_len,
+            self.history_len,
         )
 
 
@@ -202,6 +221,9 @@ class PyRadixTree:
         protect_tokens: int = 0,
         size_weight: int = 0,
         ghost_capacity: int = 0,
+        protected_threshold: int = 2,
+        tlru_threshold: int = 0,
+        next_prompt_estimate: int = 0,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -219,8 +241,13 @@ class PyRadixTree:
             from prefixcache.registry import resolve_eviction_policy
 
             policy = resolve_eviction_policy(eviction)()
-            if eviction == "gslru":  # the native tree takes its parameters as arguments
-                policy.protect_tokens, policy.size_weight = protect_tokens, size_weight  # type: ignore[misc]
+            # The native tree takes its orders' parameters as arguments.
+            given = {"protect_tokens": protect_tokens, "size_weight": size_weight,
+                     "protected_threshold": protected_threshold, "threshold": tlru_threshold,
+                     "next_prompt_estimate": next_prompt_estimate}
+            for name in ("protect_tokens", "size_weight", "protected_threshold", "threshold", "next_prompt_estimate"):
+                if hasattr(policy, name):
+                    setattr(policy, name, given[name])
             self._order = policy.priority
         self._ghost = GhostTable(ghost_capacity)
         self.traffic = 0
@@ -232,6 +259,10 @@ class PyRadixTree:
         self.clock = 0
         self._next_id = 1
         self._last_evicted: list[int] = []
+        # The persistent leaf order of the tree's own policy: (key, id, stamp) entries,
+        # stale ones (an old stamp, a node gone or no longer an evictable leaf) skipped.
+        self._order_heap: list[tuple[Any, int, int]] = []
+        self._dirty: dict[int, _Node] = {}  # nodes to (re)enter the order before the next eviction
 
     # -- inspection ------------------------------------------------------------------
     @property
@@ -272,6 +303,8 @@ class PyRadixTree:
             last_use=n.last_use,
             request_tokens=n.request_tokens,
             children={key: child.id for key, child in children},
+            cached_prefix_len=n.cached_prefix_len,
+            history_len=n.history_len,
         )
 
     def last_evicted(self) -> list[int]:
@@ -345,12 +378,12 @@ class PyRadixTree:
         now = root.last_access_time = self.clock
         for n in w.path:
             n.last_access_time = now
-            n.hit_count += 1
             n.use_count += 1
+            self._touched(n)
         if w.partial is not None:
             w.partial.last_access_time = now  # SGLang refreshes it, then splits it
+            self._touched(w.partial)
             mid = self._split(w.partial, w.partial_len)
-            mid.hit_count += 1
             mid.use_count += 1
             out = RadixMatch(out.num_tokens, out.block_ids, mid.id, out.unlocked_tokens)
         return out
@@ -363,10 +396,14 @@ class PyRadixTree:
         namespace: Namespace = None,
         priority: int = 0,
         start: int = 0,
+        inserted: int = -1,
     ) -> RadixInsert:
         """Insert whole pages. `blocks` hold the pages from token `start` on (the caller
         already holds the first `start` tokens from the tree); entries of pages already
-        in the tree are re-pointed to the tree's blocks in place."""
+        in the tree are re-pointed to the tree's blocks in place. `inserted`: TOKENS the
+        caller inserted before, for hit counting (-1: `start`)."""
+        if inserted < 0:
+            inserted = start
         key = _int32s(tokens, "tokens")
         namespace = _check_namespace(namespace)
         if isinstance(blocks, (tuple, str, bytes)) or not hasattr(blocks, "__setitem__"):
@@ -417,12 +454,18 @@ class PyRadixTree:
             n.priority = max(n.priority, priority)
             self._stamp_use(n, offset >= start, len(key))
             offset += len(n.tokens)
+            if offset > inserted:  # ends past what the caller inserted: SGLang counts a hit
+                n.hit_count += 1
+            self._touched(n)
         node = w.last or root
         if w.partial is not None:
             w.partial.last_access_time = now
+            self._touched(w.partial)
             node = self._split(w.partial, w.partial_len)
             node.priority = max(node.priority, priority)
             self._stamp_use(node, offset >= start, len(key))
+            if offset + w.partial_len > inserted:
+                node.hit_count += 1
         displaced = []
         for p in range(first, dup_pages):
             if ids[p - first] != present[p]:
@@ -440,11 +483,28 @@ class PyRadixTree:
                 history = max(self._ghost.take(k) for k in keys)
                 leaf.tail_key = keys[-1]
             leaf.use_count = 1 + history
+            leaf.hit_count = 1 if len(key) > inserted else 0
+            leaf.cached_prefix_len = node.cached_prefix_len + len(leaf.tokens)
+            self._raise_history(leaf)
             node.children[self._page_key(leaf.tokens)] = leaf
+            self._touched(leaf)
             self._in_tree.update(leaf.blocks)
             self.evictable_size += len(leaf.tokens)
             node = leaf
         return RadixInsert(w.matched, node.id, displaced)
+
+    def _touched(self, n: _Node) -> None:
+        """`n`'s policy inputs or leaf status changed: re-key it before the next eviction."""
+        if self._order is not None and not n.is_root:
+            self._dirty[n.id] = n
+
+    def _raise_history(self, leaf: _Node) -> None:
+        leaf.history_len = max(leaf.history_len, leaf.cached_prefix_len)
+        up = leaf.parent
+        while up is not None and up.history_len < leaf.cached_prefix_len:
+            up.history_len = leaf.cached_prefix_len
+            self._touched(up)
+            up = up.parent
 
     def _stamp_use(self, n: _Node, counts: bool, request_tokens: int) -> None:
         n.last_use, n.request_tokens = self.traffic, request_tokens
@@ -476,6 +536,8 @@ class PyRadixTree:
         mid.blocks, child.blocks = child.blocks[:pages], child.blocks[pages:]
         mid.lock_ref, mid.priority, mid.hit_count = child.lock_ref, child.priority, child.hit_count
         mid.use_count, mid.last_use, mid.request_tokens = child.use_count, child.last_use, child.request_tokens
+        mid.cached_prefix_len = parent.cached_prefix_len + split_len
+        mid.history_len = child.history_len
         if self._ghost.enabled:
             mid.tail_key = self._page_keys(parent.tail_key, mid)[-1]
         parent.children[self._page_key(mid.tokens)] = mid
@@ -511,6 +573,7 @@ class PyRadixTree:
             if n.lock_ref == 0:
                 self.evictable_size += len(n.tokens)
                 self.protected_size -= len(n.tokens)
+                self._touched(n)
             n = n.parent
 
     # -- eviction --------------------------------------------------------------------
@@ -527,6 +590,8 @@ class PyRadixTree:
         rank = priority if priority is not None else self._order
         if rank is None:
             raise ValueError("evict: this tree has no native eviction order; rank candidates with a priority function")
+        if priority is None:
+            return self._evict_in_order(num_tokens)
         heap = [(rank(leaf.candidate()), leaf.id, leaf) for leaf in self._evictable_leaves()]
         heapq.heapify(heap)
         evicted = 0
@@ -542,6 +607,31 @@ class PyRadixTree:
             self._delete_leaf(leaf)
             if parent_next:
                 heapq.heappush(heap, (parent_key, parent.id, parent))
+        return evicted
+
+    def _enter_order(self, n: _Node) -> None:
+        n.order_stamp += 1
+        heapq.heappush(self._order_heap, (self._order(n.candidate()), n.id, n.order_stamp))  # type: ignore[misc]
+
+    def _evict_in_order(self, num_tokens: int) -> int:
+        """evict() by the tree's own policy, from the persistent leaf order."""
+        for n in self._dirty.values():
+            if self._nodes.get(n.id) is n and n.evictable_leaf:
+                self._enter_order(n)
+        self._dirty.clear()
+        heap, evicted = self._order_heap, 0
+        while evicted < num_tokens and heap:
+            _, id, stamp = heapq.heappop(heap)
+            leaf = self._nodes.get(id)
+            if leaf is None or leaf.order_stamp != stamp or not leaf.evictable_leaf:
+                continue  # stale: re-keyed since, gone, or no longer an evictable leaf
+            parent = leaf.parent
+            assert parent is not None
+            evicted += len(leaf.tokens)
+            self._delete_leaf(leaf)
+            if parent.evictable_leaf:
+                self._dirty.pop(parent.id, None)
+                self._enter_order(parent)
         return evicted
 
     def _delete_leaf(self, leaf: _Node) -> None:
@@ -568,6 +658,8 @@ class PyRadixTree:
         self.evictable_size = self.protected_size = 0
         self._last_evicted = []
         self._ghost.clear()
+        self._order_heap.clear()
+        self._dirty.clear()
 
     def _root_or_create(self, namespace: Namespace) -> _Node:
         root = self._roots.get(namespace)

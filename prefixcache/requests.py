@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from prefixcache.isolation import check_namespace
-from prefixcache.protocol import Namespace, as_tokens
+from prefixcache.protocol import Namespace, token_buffer
 
 __all__ = ["Request", "RequestTable", "check_count", "check_namespace", "check_tokens"]
 
@@ -27,14 +27,14 @@ def check_tokens(
     tokens: Sequence[int],
     *,
     allow_empty: bool = False,
-    copy: bool = False,
+    itemsize: int = 8,
     convert: Callable[[Sequence[int], str], T] | None = None,
 ) -> T:
-    """Tokens as a list of ints (`protocol.as_tokens`; `copy`: always a new list), or
-    through `convert(tokens, "tokens")` for a backend that stores them otherwise, whose
-    errors must be worded alike (csrc/py_args.h). ValueError for an empty prompt unless
-    allowed."""
-    out = as_tokens(tokens, "tokens", copy=copy) if convert is None else convert(tokens, "tokens")
+    """Tokens in a typed buffer of the request's own (`protocol.token_buffer`: array('q'),
+    or array('i') with itemsize 4), or through `convert(tokens, "tokens")` for a backend
+    that stores them otherwise, whose errors must be worded alike (csrc/token_ids.h).
+    ValueError for an empty prompt unless allowed."""
+    out = token_buffer(tokens, "tokens", itemsize=itemsize) if convert is None else convert(tokens, "tokens")
     if not allow_empty and not len(out):
         raise ValueError("tokens: a prompt needs at least one token")
     return out
@@ -56,7 +56,7 @@ class Request:
     """A live request. Counts in TOKENS except `block_table` (block ids)."""
 
     request_id: Hashable
-    tokens: list[int]
+    tokens: Sequence[int]  # a typed buffer (array) of the request's own; a list for ids beyond int64
     namespace: Namespace
     block_table: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0  # prefix hit at admission

@@ -91,7 +91,7 @@ def test_ids_beyond_int64_go_to_the_reference():
 
 @pytest.mark.parametrize("bad", ["1", 1.0, None, True, b"x"])
 def test_non_int_tokens_are_a_type_error(bad):
-    with pytest.raises(TypeError, match=r"tokens\[3\] must be an int"):
+    with pytest.raises(TypeError, match=r"tokens\[3\]: expected an int token id"):
         native([0, 1, 2, bad], 2)
 
 
@@ -102,7 +102,7 @@ def test_argument_errors():
         _C.sha256_cbor_chain([1], 1, "root")
     with pytest.raises(TypeError, match="first_extra_cbor must be bytes"):
         _C.sha256_cbor_chain([1], 1, ROOT, ("cache_salt", "x"))
-    with pytest.raises(TypeError, match="tokens must be a sequence of ints"):
+    with pytest.raises(TypeError, match="tokens: expected a sequence of int token ids"):
         _C.sha256_cbor_chain(5, 1, ROOT)
 
 

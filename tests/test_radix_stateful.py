@@ -82,9 +82,9 @@ class ModelledCache:
         return freed
 
     def make_room(self, needed: int, locked: set, evictions_before: int) -> None:
-        """An allocation of `needed` blocks: SGLang evicts `needed` blocks' worth when short."""
+        """An allocation of `needed` blocks: SGLang 0.5.23 evicts the shortfall's worth when short."""
         if self.free < needed:
-            freed = self.observe_eviction(locked, needed)
+            freed = self.observe_eviction(locked, needed - self.free)
             assert self.cache.stats().evictions - evictions_before == freed
             self.free += freed
         else:

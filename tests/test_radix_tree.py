@@ -156,7 +156,9 @@ def test_evict_cascades_to_parents_and_spares_locks(kind):
 
 
 @pytest.mark.parametrize(
-    "policy,victim", [("lru", [2]), ("lfu", [2]), ("fifo", [1]), ("mru", [1]), ("filo", [3]), ("priority", [2])]
+    "policy,victim",
+    [("lru", [2]), ("lfu", [2]), ("fifo", [1]), ("mru", [1]), ("filo", [3]), ("priority", [2]), ("slru", [2]),
+     ("tlru", [2])],
 )
 def test_policy_victims(kind, policy, victim):
     tr = Tree(kind, page=1, eviction=policy)
@@ -177,16 +179,38 @@ def test_priority_keeps_high_priority(kind):
     assert (tr.t.match([1]).num_tokens, tr.t.match([2]).num_tokens) == (1, 0)
 
 
-def test_lfu_counts_hits_unlike_sglang(kind):
+def test_lfu_counts_hits_at_insert_as_sglang(kind):
+    # SGLang 0.5.23: a request counts a hit on each node its insert walks past what it
+    # inserted before (here each insert is a new request), and on the node it creates;
+    # match_prefix counts none.
     tr = Tree(kind, page=1, eviction="lfu")
     tr.insert([1])
     tr.insert([2])
     for _ in range(3):
+        tr.insert([1])
         tr.t.match_prefix([1])
-    tr.t.match_prefix([2])  # more recent but hit once
-    assert tr.t.node(tr.t.match([1]).node).hit_count == 3
+    tr.t.match_prefix([2])  # more recent but inserted once
+    assert tr.t.node(tr.t.match([1]).node).hit_count == 4
+    assert tr.t.node(tr.t.match([2]).node).hit_count == 1
     tr.t.evict(1)
     assert (tr.t.match([1]).num_tokens, tr.t.match([2]).num_tokens) == (1, 0)
+
+
+def test_insert_counts_hits_past_what_the_caller_inserted(kind):
+    tr = Tree(kind, page=1, eviction="lfu")
+    tr.insert([1, 2, 3, 4])
+    blocks = tr.pool.allocate(2)
+    # The caller inserted [1, 2] before: the node [1..4] ends past it and counts; a split's
+    # upper half copies the count.
+    result = tr.t.insert([1, 2, 3, 4, 5, 6], blocks, None, 0, 4, 2)
+    assert result.prefix_len == 4
+    upper = tr.t.node(tr.t.match([1, 2, 3, 4]).node)
+    assert upper.hit_count == 2
+    leaf = tr.t.node(result.node)
+    assert leaf.hit_count == 1 and leaf.cached_prefix_len == 6 and upper.history_len == 6
+    node = tr.t.match_prefix([1, 2]).node  # splits [1..4]: the upper half copies its count
+    assert tr.t.node(node).hit_count == 2 and tr.t.node(node).cached_prefix_len == 2
+    tr.check()
 
 
 def test_namespaces_are_separate_subtrees(kind):

@@ -8,8 +8,9 @@ consecutive ids `[start, stop)`. The runs are canonical (empty runs dropped, a r
 continues its predecessor merged into it), so two `TokenRuns` hold equal tokens exactly
 when they hold equal runs, and a block's content can be named by the runs it overlaps
 without listing its tokens. A 12,000-token Mooncake prompt is a handful of runs, which is
-what lets a whole trace (145 M prompt tokens) sit in memory; `tolist()` expands one
-request when a cache needs real ids.
+what lets a whole trace (145 M prompt tokens) sit in memory; `to_array()` expands one
+request straight into an int64 (or int32) array in C++, which is what a cache reads
+(no Python int per token); `tolist()` gives plain ints.
 
 Id choice (why equal runs mean real hits and nothing else does). `TokenSource.fresh(n)`
 hands out ids from a counter, so every piece of content a generator creates is a range no
@@ -22,6 +23,7 @@ must map them into its vocabulary itself.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate
@@ -86,6 +88,13 @@ class TokenRuns(Sequence[int]):
     def __iter__(self) -> Iterator[int]:
         for start, stop in self._runs:
             yield from range(start, stop)
+
+    def to_array(self, itemsize: int = 8) -> array:
+        """All token ids as `array('q')` (itemsize 8) or `array('i')` (4; ValueError if an id
+        does not fit int32), expanded in C++: what a cache takes, as one buffer."""
+        from prefixcache._C import expand_runs
+
+        return expand_runs(self._runs, itemsize)
 
     def tolist(self) -> list[int]:
         """All token ids as a list (what `protocol.as_tokens` calls)."""
