@@ -106,12 +106,12 @@ def parse_serve_config(data: Any, source: str | None = None) -> ServeConfig:
             unknown[0], f"unknown section; allowed sections: {', '.join(SECTIONS)}{did_you_mean(unknown[0], SECTIONS)}",
             source,
         )
-    serving = parse_serving_config({k: v for k, v in data.items() if k != "kv_events"}, source)
     try:
         events = from_mapping(KVEventsConfig, data.get("kv_events"), "kv_events")
     except ConfigError as err:
         raise err.within("", source) from None
-    return ServeConfig(serving, events)
+    sections = {k: v for k, v in data.items() if k != "kv_events"}
+    return ServeConfig(parse_serving_config(sections, source, events=events.enabled), events)
 
 
 def load_serve_config(source: str | Path) -> ServeConfig:

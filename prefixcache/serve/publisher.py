@@ -64,6 +64,9 @@ class ZmqEventPublisher:
         self._next_seq = 0
         self.num_published = 0  # batches sent (the next sequence number)
         self.num_replays = 0  # replay requests answered
+        self._queued = 0  # batches handed to publish(); the thread counts them off in _handled
+        self._handled = 0
+        self._handled_cv = threading.Condition()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.set_hwm(config.hwm)
@@ -96,7 +99,15 @@ class ZmqEventPublisher:
         if not self._thread.is_alive():
             raise RuntimeError("the KV event publisher is closed")
         if events:
+            with self._handled_cv:
+                self._queued += 1
             self._queue.put((time.time(), list(events)))
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every batch queued so far is sent (at most `timeout_s` SECONDS);
+        False if that did not happen in time."""
+        with self._handled_cv:
+            return self._handled_cv.wait_for(lambda: self._handled >= self._queued, timeout_s)
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (within `timeout_s` SECONDS), stop the thread, close the sockets."""
@@ -131,6 +142,9 @@ class ZmqEventPublisher:
                 self._send(ts, events)
             except Exception:  # noqa: BLE001 - a bad event must not kill the stream
                 _log.exception("KV event publisher: a batch could not be published")
+            with self._handled_cv:
+                self._handled += 1
+                self._handled_cv.notify_all()
 
     def _send(self, ts: float, events: list[KVEvent]) -> None:
         medium = self.config.medium
