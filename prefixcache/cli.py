@@ -73,9 +73,9 @@ def _console() -> Console:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """The file through the loader of the command that reads it: an A/B file (`arms:` or
-    `workload:`) as `ab` does, generator included; one with `engine:` (or a near miss of
-    it, such as `engin:`) as `generate` does; else its `cache:` section (other sections
-    may share such a file). Prints nothing but the error when anything is wrong."""
+    `workload:`) as `ab` does, generator included; one with `kv_events:` (or a near miss)
+    as `serve` does; one with `engine:` (or a near miss of it, such as `engin:`) as
+    `generate` does; else its `cache:` section (other sections may share such a file). Prints nothing but the error when anything is wrong."""
     source = str(args.file)
     data = load_yaml(source)
     if is_ab_mapping(data):
@@ -92,7 +92,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         elif spec.mooncake is not None and spec.mooncake.path is None:
             print("# workload: a Mooncake trace, path given at run time with --trace PATH")
         return 0
-    if "kv_events" in data:
+    if difflib.get_close_matches("kv_events", [str(k) for k in data], n=1):
         from prefixcache.serve.config import parse_serve_config  # no torch, no sockets: the schema only
 
         served = parse_serve_config(data, source)

@@ -113,10 +113,9 @@ class EventSubscriber:
             self._sub.setsockopt(zmq.LINGER, 0)
             self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
             self._sub.connect(endpoint)
+        self._replay_endpoint = replay_endpoint
         if replay_endpoint is not None:
-            self._replay = self._ctx.socket(zmq.DEALER)
-            self._replay.setsockopt(zmq.LINGER, 0)
-            self._replay.connect(replay_endpoint)
+            self._replay = self._dealer()
 
     # -- receiving ------------------------------------------------------------------------
     def poll(self, timeout_s: float) -> list[SequencedBatch]:
@@ -154,6 +153,12 @@ class EventSubscriber:
         return out
 
     # -- internals ------------------------------------------------------------------------
+    def _dealer(self) -> Any:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self._replay_endpoint)
+        return sock
+
     def _hand_on(self, seq: int, payload: bytes, *, replayed: bool) -> list[SequencedBatch]:
         if self.next_seq is None:
             self.next_seq = seq
@@ -200,7 +205,11 @@ class EventSubscriber:
         while True:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0 or not self._replay.poll(left_ms, zmq.POLLIN):
-                return got  # timed out: the rest counts as lost
+                # Timed out: the rest counts as lost, and a fresh socket keeps this
+                # replay's late answers (an end marker among them) out of the next one.
+                self._replay.close(linger=0)
+                self._replay = self._dealer()
+                return got
             frames = self._replay.recv_multipart()
             if frames and frames[0] == b"":
                 frames = frames[1:]  # the DEALER sees ROUTER's empty delimiter

@@ -23,7 +23,7 @@ be imported by `import prefixcache`: it needs msgspec (`pip install 'prefixcache
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,75 +133,35 @@ def external_block_hash(block_hash: BlockHash, int_block_hashes: bool = True) ->
     return int.from_bytes(block_hash, "big") & _LOW_64
 
 
-def _hashes(hashes: Iterable[BlockHash], as_int: bool) -> list[BlockHash]:
-    return [external_block_hash(h, as_int) for h in hashes]
+# Our event types and their wire structs: the same field names (ours may have more).
+_WIRE: dict[type, type] = {BlockStored: _BlockStored, BlockRemoved: _BlockRemoved, AllBlocksCleared: _AllBlocksCleared}
+_OURS = {wire: ours for ours, wire in _WIRE.items()}
 
 
 def _to_wire(event: KVEvent, as_int: bool) -> _KVCacheEvent:
-    if isinstance(event, BlockStored):
-        parent = event.parent_block_hash
-        return _BlockStored(
-            block_hashes=_hashes(event.block_hashes, as_int),
-            parent_block_hash=None if parent is None else external_block_hash(parent, as_int),
-            token_ids=list(event.token_ids),
-            block_size=event.block_size,
-            lora_id=event.lora_id,
-            medium=event.medium,
-            lora_name=event.lora_name,
-            extra_keys=None if event.extra_keys is None else list(event.extra_keys),
-            group_idx=event.group_idx,
-            kv_cache_spec_kind=event.kv_cache_spec_kind,
-            kv_cache_spec_sliding_window=event.kv_cache_spec_sliding_window,
-            locality=event.locality,
-            ownership=event.ownership,
-            session_id=event.session_id,
-            lookahead_token_ids=None
-            if event.lookahead_token_ids is None
-            else [list(ids) for ids in event.lookahead_token_ids],
-        )
-    if isinstance(event, BlockRemoved):
-        return _BlockRemoved(
-            block_hashes=_hashes(event.block_hashes, as_int),
-            medium=event.medium,
-            group_idx=event.group_idx,
-            locality=event.locality,
-            ownership=event.ownership,
-        )
-    if isinstance(event, AllBlocksCleared):
-        return _AllBlocksCleared()
-    raise TypeError(f"not a KV event: {type(event).__name__} {event!r}")
+    """Our event as its wire struct: its fields by name, block hashes in wire form
+    (tuples go out as msgpack arrays, as lists would)."""
+    wire = _WIRE.get(type(event))
+    if wire is None:
+        raise TypeError(f"not a KV event: {type(event).__name__} {event!r}")
+    fields = {name: getattr(event, name) for name in wire.__struct_fields__}
+    if "block_hashes" in fields:
+        fields["block_hashes"] = [external_block_hash(h, as_int) for h in fields["block_hashes"]]
+    if fields.get("parent_block_hash") is not None:
+        fields["parent_block_hash"] = external_block_hash(fields["parent_block_hash"], as_int)
+    return wire(**fields)
+
+
+def _tuples(value: Any) -> Any:
+    """Decoded msgpack arrays as the tuples our frozen event types hold."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_tuples(v) for v in value)
+    return value
 
 
 def _from_wire(event: _KVCacheEvent) -> KVEvent:
-    if isinstance(event, _BlockStored):
-        return BlockStored(
-            block_hashes=tuple(event.block_hashes),
-            parent_block_hash=event.parent_block_hash,
-            token_ids=tuple(event.token_ids),
-            block_size=event.block_size,
-            lora_id=event.lora_id,
-            medium=event.medium,
-            lora_name=event.lora_name,
-            extra_keys=None if event.extra_keys is None else tuple(event.extra_keys),
-            group_idx=event.group_idx,
-            kv_cache_spec_kind=event.kv_cache_spec_kind,
-            kv_cache_spec_sliding_window=event.kv_cache_spec_sliding_window,
-            locality=event.locality,
-            ownership=event.ownership,
-            session_id=event.session_id,
-            lookahead_token_ids=None
-            if event.lookahead_token_ids is None
-            else tuple(tuple(ids) for ids in event.lookahead_token_ids),
-        )
-    if isinstance(event, _BlockRemoved):
-        return BlockRemoved(
-            block_hashes=tuple(event.block_hashes),
-            medium=event.medium,
-            group_idx=event.group_idx,
-            locality=event.locality,
-            ownership=event.ownership,
-        )
-    return AllBlocksCleared()
+    """A decoded wire struct as our event type (fields it lacks take our defaults)."""
+    return _OURS[type(event)](**{name: _tuples(getattr(event, name)) for name in event.__struct_fields__})
 
 
 # -- batches and frames ---------------------------------------------------------------

@@ -27,9 +27,10 @@ def serve_config(backend: str = "hash", *, prefix_caching: bool = True, block_si
 
 
 @contextmanager
-def running(model: LoadedModel, backend: str = "hash", **kw: Any) -> Iterator[Replica]:
-    """A started replica (HTTP on 127.0.0.1, a port the OS picks), stopped on exit."""
-    replica = Replica(serve_config(backend, **kw), model=model)
+def running(loaded: LoadedModel, backend: str = "hash", **kw: Any) -> Iterator[Replica]:
+    """A started replica of `loaded` (HTTP on 127.0.0.1, a port the OS picks), stopped on
+    exit; `kw` are `serve_config`'s (engine fields included: `model="smollm2"`)."""
+    replica = Replica(serve_config(backend, **kw), model=loaded)
     replica.start()
     try:
         yield replica

@@ -95,3 +95,18 @@ def test_ab_arms_record_events_only_when_they_say_so():
         "arms": {"quiet": {"backend": "hash"}, "counted": {"backend": "radix", "enable_events": True}},
     })
     assert ab.arms["quiet"].enable_events is False and ab.arms["counted"].enable_events is True
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"endpoint": "udp://127.0.0.1:1"}, "kv_events.endpoint: must be a ZeroMQ endpoint"),
+    ({"replay_endpoint": "tcp://*:5557"}, "kv_events.replay_endpoint: must differ from endpoint"),
+    ({"buffer_steps": 0}, "kv_events.buffer_steps: must be an integer >= 1"),
+    ({"enabeld": True}, "kv_events.enabeld: unknown key; allowed keys: enabled, endpoint"),
+])
+def test_a_serve_file_names_what_is_wrong_with_kv_events(section, message):
+    from prefixcache.serve.config import parse_serve_config
+
+    with pytest.raises(ConfigError, match=message):
+        parse_serve_config({"cache": {}, "engine": {"model": "tiny"}, "kv_events": section}, "serve.yaml")
+    served = parse_serve_config({"cache": {}, "engine": {"model": "tiny"}, "kv_events": {"enabled": True}})
+    assert served.serving.cache.enable_events is True and served.kv_events.endpoint == "tcp://*:5557"

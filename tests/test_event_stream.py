@@ -187,3 +187,18 @@ def test_a_closed_publisher_refuses_more():
     pub.close()
     with pytest.raises(RuntimeError, match="closed"):
         pub.publish(batch(0))
+
+
+def test_a_replay_that_times_out_counts_as_lost():
+    from prefixcache.event_wire import encode_batch
+
+    silent = zmq.Context.instance().socket(zmq.ROUTER)  # takes requests, never answers
+    silent.bind(LOOPBACK)
+    try:
+        sub = EventSubscriber(None, replay_endpoint=silent.getsockopt_string(zmq.LAST_ENDPOINT), start_seq=0,
+                              replay_timeout_s=0.2)
+        [after] = sub.accept(2, encode_batch(batch(2), ts=1.0))
+        assert after.gap_before == Gap(0, 1, recovered=0) and after.seq == 2
+        sub.close()
+    finally:
+        silent.close(linger=0)

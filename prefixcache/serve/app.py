@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +68,7 @@ def build_app(loop: EngineLoop, metrics: ServingMetrics, info: ReplicaInfo, toke
     """The FastAPI application of one replica (see the module docstring)."""
     app = FastAPI(title="prefixcache", docs_url=None, redoc_url=None, openapi_url=None)
     install_handlers(app)
+    serving = _Serving(loop, info, tokenizer)
 
     @app.get("/health")
     async def health() -> Response:
@@ -93,8 +94,7 @@ def build_app(loop: EngineLoop, metrics: ServingMetrics, info: ReplicaInfo, toke
         arrival = time.perf_counter()
         _check_common(body, info)
         prompt = _completion_prompt(body.prompt, tokenizer)
-        return await _serve(loop, info, tokenizer, request, body, prompt, body.max_tokens, "max_tokens", arrival,
-                            chat=False)
+        return await serving.serve(request, body, prompt, body.max_tokens, "max_tokens", arrival, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -103,7 +103,7 @@ def build_app(loop: EngineLoop, metrics: ServingMetrics, info: ReplicaInfo, toke
         prompt = _chat_prompt(body, tokenizer)
         limit, param = ((body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens is not None
                         else (body.max_tokens, "max_tokens"))
-        return await _serve(loop, info, tokenizer, request, body, prompt, limit, param, arrival, chat=True)
+        return await serving.serve(request, body, prompt, limit, param, arrival, chat=True)
 
     return app
 
@@ -157,139 +157,144 @@ def _chat_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]
     return ids
 
 
-def _generation_request(
-    body: CompletionRequest | ChatCompletionRequest, prompt: list[int], max_tokens: int | None, param: str,
-    info: ReplicaInfo, arrival: float, rid: str,
-) -> GenerationRequest:
-    top = max(prompt)
-    if top >= info.vocab_size:
-        raise APIError(f"Token id {top} is out of vocabulary (vocab_size {info.vocab_size})", param="prompt")
-    limit = info.max_model_len
-    if len(prompt) >= limit:
-        room = "exceeds this limit even without any output tokens" if len(prompt) > limit else \
-            "leaves no room for any output token"
-        raise APIError(f"This model's maximum context length is {limit} tokens. However, your prompt contains "
-                       f"{len(prompt)} input tokens, which {room}. Please reduce the length of the input prompt.",
-                       param="input_tokens")
-    if max_tokens is not None:
-        if max_tokens < 1:
-            raise APIError(f"{param} must be at least 1, got {max_tokens}.", param=param)
-        if max_tokens > limit:
-            raise APIError(f"{param}={max_tokens} cannot be greater than max_model_len={limit}. "
-                           "Please request fewer output tokens.", param=param)
-    room = limit - len(prompt)
-    max_tokens = room if max_tokens is None else min(max_tokens, room)
-    sampling = None
-    if any(v is not None for v in (body.temperature, body.top_p, body.top_k, body.seed)):
-        d = info.default_sampling
-        try:
-            sampling = SamplingParams(
-                temperature=d.temperature if body.temperature is None else body.temperature,
-                top_p=d.top_p if body.top_p is None else body.top_p,
-                top_k=d.top_k if body.top_k is None or body.top_k == -1 else body.top_k,
-                seed=body.seed,
-            )
-        except ValueError as err:  # ConfigError names the field: "seed: must be an integer >= 0, got -1"
-            raise APIError(str(err), param=getattr(err, "path", None)) from None
-    return GenerationRequest(
-        prompt=prompt, namespace=body.cache_salt, max_tokens=max_tokens, sampling=sampling,
-        stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, request_id=rid,
-        arrival_s=arrival,
-    )
+def _sampling(body: CompletionRequest | ChatCompletionRequest, default: SamplingParams) -> SamplingParams | None:
+    """The request's sampling: None (the engine's default) if it sets no sampling field,
+    else its fields over `default`, with its own seed."""
+    if all(v is None for v in (body.temperature, body.top_p, body.top_k, body.seed)):
+        return None
+    try:
+        return SamplingParams(
+            temperature=default.temperature if body.temperature is None else body.temperature,
+            top_p=default.top_p if body.top_p is None else body.top_p,
+            top_k=default.top_k if body.top_k is None or body.top_k == -1 else body.top_k,
+            seed=body.seed,
+        )
+    except ValueError as err:  # ConfigError names the field: "seed: must be an integer >= 0, got -1"
+        raise APIError(str(err), param=getattr(err, "path", None)) from None
 
 
 # -- serving ----------------------------------------------------------------------------------
 
 
-async def _serve(
-    loop: EngineLoop, info: ReplicaInfo, tokenizer: Tokenizer, request: Request,
-    body: CompletionRequest | ChatCompletionRequest, prompt: list[int], max_tokens: int | None, param: str,
-    arrival: float, *, chat: bool,
-) -> Response:
-    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    generation = _generation_request(body, prompt, max_tokens, param, info, arrival, rid)
-    try:
-        stream = await loop.submit(generation)
-    except ValueError as err:  # the engine's own checks (e.g. the request can never fit the pool)
-        raise APIError(str(err)) from None
-    created = int(time.time())
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        chunks = _sse(loop, stream, tokenizer, info, rid, created, chat=chat, include_usage=include_usage)
-        return StreamingResponse(chunks, media_type="text/event-stream")
-    output = await _until_finished(loop, stream, request)
-    if output is None:  # the client went away; nobody reads this
-        return Response(status_code=499)
-    make = R.chat_body if chat else R.completion_body
-    return JSONResponse(make(rid, created, info.model_name, output, info.eos_token_id))
+class _Serving:
+    """Runs checked requests through the engine loop and writes their responses."""
 
+    def __init__(self, loop: EngineLoop, info: ReplicaInfo, tokenizer: Tokenizer) -> None:
+        self.loop = loop
+        self.info = info
+        self.tokenizer = tokenizer
 
-async def _until_finished(loop: EngineLoop, stream: RequestStream, request: Request) -> RequestOutput | None:
-    """The request's output, or None (and the request aborted) if its client disconnects first."""
+    def generation_request(
+        self, body: CompletionRequest | ChatCompletionRequest, prompt: list[int], max_tokens: int | None, param: str,
+        arrival: float, rid: str,
+    ) -> GenerationRequest:
+        """What the engine runs; APIError for what it cannot (module docstring)."""
+        info = self.info
+        top = max(prompt)
+        if top >= info.vocab_size:
+            raise APIError(f"Token id {top} is out of vocabulary (vocab_size {info.vocab_size})", param="prompt")
+        limit = info.max_model_len
+        if len(prompt) >= limit:
+            room = ("exceeds this limit even without any output tokens" if len(prompt) > limit
+                    else "leaves no room for any output token")
+            raise APIError(f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                           f"{len(prompt)} input tokens, which {room}. Please reduce the length of the input prompt.",
+                           param="input_tokens")
+        if max_tokens is not None:
+            if max_tokens < 1:
+                raise APIError(f"{param} must be at least 1, got {max_tokens}.", param=param)
+            if max_tokens > limit:
+                raise APIError(f"{param}={max_tokens} cannot be greater than max_model_len={limit}. "
+                               "Please request fewer output tokens.", param=param)
+        room = limit - len(prompt)
+        return GenerationRequest(
+            prompt=prompt, namespace=body.cache_salt, max_tokens=room if max_tokens is None else min(max_tokens, room),
+            sampling=_sampling(body, info.default_sampling), stop_token_ids=tuple(body.stop_token_ids or ()),
+            ignore_eos=body.ignore_eos, request_id=rid, arrival_s=arrival,
+        )
 
-    async def finished() -> RequestOutput:
-        async for item in stream:
-            if isinstance(item, Finished):
-                return item.output
-            if isinstance(item, Failed):
-                raise item.error
-        raise AssertionError("unreachable: a stream ends with Finished or Failed")
+    async def serve(
+        self, request: Request, body: CompletionRequest | ChatCompletionRequest, prompt: list[int],
+        max_tokens: int | None, param: str, arrival: float, *, chat: bool,
+    ) -> Response:
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        generation = self.generation_request(body, prompt, max_tokens, param, arrival, rid)
+        try:
+            stream = await self.loop.submit(generation)
+        except ValueError as err:  # the engine's own checks (e.g. the request can never fit the pool)
+            raise APIError(str(err)) from None
+        created = int(time.time())
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            events = self.events(stream, created, chat=chat, include_usage=include_usage)
+            return StreamingResponse(events, media_type="text/event-stream")
+        output = await self.until_finished(stream, request)
+        if output is None:  # the client went away; nobody reads this
+            return Response(status_code=499)
+        make = R.chat_body if chat else R.completion_body
+        return JSONResponse(make(rid, created, self.info.model_name, output, self.info.eos_token_id))
 
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
+    async def until_finished(self, stream: RequestStream, request: Request) -> RequestOutput | None:
+        """The request's output, or None (and the request aborted) if its client disconnects first."""
 
-    done_task = asyncio.create_task(finished())
-    watch = asyncio.create_task(disconnected())
-    aborted = False
-    try:
-        await asyncio.wait({done_task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not done_task.done():  # the client left first (or this handler was cancelled)
-            done_task.cancel()
-            loop.abort(stream.request_id)
-            aborted = True
-    return None if aborted else done_task.result()
+        async def finished() -> RequestOutput:
+            async for item in stream:
+                if isinstance(item, Finished):
+                    return item.output
+                if isinstance(item, Failed):
+                    raise item.error
+            raise AssertionError("unreachable: a stream ends with Finished or Failed")
 
+        async def disconnected() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
 
-async def _sse(
-    loop: EngineLoop, stream: RequestStream, tokenizer: Tokenizer, info: ReplicaInfo, rid: str, created: int, *,
-    chat: bool, include_usage: bool,
-) -> AsyncIterator[str]:
-    """The stream's server-sent events; aborts the request if the client goes away first."""
-    text = R.IncrementalText(tokenizer)
-    model = info.model_name
-    finished = False
-    try:
-        if chat:
-            yield R.sse(R.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}))
-        async for item in stream:
-            if isinstance(item, Failed):  # the status line is sent: say it in the stream, as vLLM does
+        done_task = asyncio.create_task(finished())
+        watch = asyncio.create_task(disconnected())
+        aborted = False
+        try:
+            await asyncio.wait({done_task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not done_task.done():  # the client left first (or this handler was cancelled)
+                done_task.cancel()
+                self.loop.abort(stream.request_id)
+                aborted = True
+        return None if aborted else done_task.result()
+
+    async def events(self, stream: RequestStream, created: int, *, chat: bool, include_usage: bool
+                     ) -> AsyncIterator[str]:
+        """The stream's server-sent events; aborts the request if the client goes away first."""
+        text = R.IncrementalText(self.tokenizer)
+        rid, model = stream.request_id, self.info.model_name
+
+        def chunk(delta: str, finish: str | None = None, stop: int | None = None) -> str:
+            if chat:
+                return R.sse(R.chat_chunk(rid, created, model, {"content": delta}, finish, stop))
+            return R.sse(R.completion_chunk(rid, created, model, delta, finish, stop))
+
+        finished = False
+        try:
+            if chat:
+                yield R.sse(R.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}))
+            async for item in stream:
+                if isinstance(item, Failed):  # the status line is sent: say it in the stream, as vLLM does
+                    finished = True
+                    yield R.sse(error_body(str(item.error) or type(item.error).__name__, "InternalServerError", 500))
+                    yield R.DONE
+                    return
+                if isinstance(item, Tokens):  # one chunk per step, even when its text is still held back (vLLM)
+                    yield chunk(text.add(item.token_ids))
+                    continue
+                assert isinstance(item, Finished)
                 finished = True
-                yield R.sse(error_body(str(item.error) or type(item.error).__name__, "InternalServerError", 500))
+                output = item.output
+                yield chunk(text.finish(output), output.finish_reason, R.stop_reason(output, self.info.eos_token_id))
+                if include_usage:
+                    obj = "chat.completion.chunk" if chat else "text_completion"
+                    yield R.sse(R.usage_chunk(rid, created, model, obj, output))
                 yield R.DONE
                 return
-            if isinstance(item, Tokens):  # one chunk per step, even when its text is still held back (vLLM)
-                yield R.sse(_chunk(chat, rid, created, model, text.add(item.token_ids)))
-                continue
-            assert isinstance(item, Finished)
-            finished = True
-            output = item.output
-            stop = R.stop_reason(output, info.eos_token_id)
-            yield R.sse(_chunk(chat, rid, created, model, text.finish(output), output.finish_reason, stop))
-            if include_usage:
-                obj = "chat.completion.chunk" if chat else "text_completion"
-                yield R.sse(R.usage_chunk(rid, created, model, obj, output))
-            yield R.DONE
-            return
-    finally:
-        if not finished:
-            loop.abort(rid)
-
-
-def _chunk(chat: bool, rid: str, created: int, model: str, delta: str, finish: str | None = None,
-           stop: int | None = None) -> Mapping[str, Any]:
-    if chat:
-        return R.chat_chunk(rid, created, model, {"content": delta}, finish, stop)
-    return R.completion_chunk(rid, created, model, delta, finish, stop)
+        finally:
+            if not finished:
+                self.loop.abort(rid)

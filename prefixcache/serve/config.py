@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefixcache.config import ConfigError, did_you_mean, from_mapping, load_yaml
-from prefixcache.engine.config import ServingConfig, parse_serving_config
+from prefixcache.config import ConfigError, from_mapping, load_yaml
+from prefixcache.engine.config import ServingConfig, check_sections, parse_serving_config
 
 __all__ = ["KVEventsConfig", "ServeConfig", "SECTIONS", "parse_serve_config", "load_serve_config", "is_serve_mapping"]
 
@@ -98,14 +98,7 @@ def is_serve_mapping(data: Mapping[str, Any]) -> bool:
 
 def parse_serve_config(data: Any, source: str | None = None) -> ServeConfig:
     """A top-level mapping with `cache:`, `engine:` and optional `kv_events:` -> ServeConfig."""
-    if not isinstance(data, Mapping):
-        raise ConfigError("", f"top level must be a mapping, got {type(data).__name__}", source)
-    unknown = sorted(str(k) for k in set(data) - set(SECTIONS))
-    if unknown:
-        raise ConfigError(
-            unknown[0], f"unknown section; allowed sections: {', '.join(SECTIONS)}{did_you_mean(unknown[0], SECTIONS)}",
-            source,
-        )
+    check_sections(data, SECTIONS, source)
     try:
         events = from_mapping(KVEventsConfig, data.get("kv_events"), "kv_events")
     except ConfigError as err:

@@ -15,8 +15,8 @@ fails every request in flight with the error and aborts them, so no block stays 
 and the loop goes on.
 
 Must never: run the engine from another thread, block on a handler, or lose a request:
-every submitted request ends with exactly one `Finished`, `Aborted` or `Failed` item,
-unless its handler aborted it.
+every submitted request's stream ends with exactly one `Finished` or `Failed` item,
+unless its handler aborted it (then nothing more is pushed).
 """
 
 from __future__ import annotations
@@ -151,7 +151,8 @@ class EngineLoop:
         Raises the engine's `ValueError` for a request it can never run, before anything
         is streamed."""
         rid = request_id or request.request_id or uuid.uuid4().hex
-        request = replace(request, request_id=rid, arrival_s=request.arrival_s or time.perf_counter())
+        arrival = time.perf_counter() if request.arrival_s is None else request.arrival_s
+        request = replace(request, request_id=rid, arrival_s=arrival)
         loop = asyncio.get_running_loop()
 
         def add(engine: Engine) -> RequestStream:

@@ -96,58 +96,40 @@ def output_usage(output: RequestOutput) -> dict[str, Any]:
     return usage(len(output.prompt_token_ids), len(output.token_ids), output.metrics.cached_tokens)
 
 
+def _body(rid: str, obj: str, created: int, model: str, choice: dict[str, Any] | None, **rest: Any) -> dict[str, Any]:
+    """The envelope every response and chunk shares; `choice` None: no choices."""
+    return {"id": rid, "object": obj, "created": created, "model": model,
+            "choices": [] if choice is None else [{"index": 0, **choice}], **rest}
+
+
+def _ending(finish_reason: str | None, stop: int | None) -> dict[str, Any]:
+    return {"logprobs": None, "finish_reason": finish_reason, "stop_reason": stop}
+
+
 def completion_body(rid: str, created: int, model: str, output: RequestOutput, eos: int) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "text": output.text, "logprobs": None, "finish_reason": output.finish_reason,
-                     "stop_reason": stop_reason(output, eos)}],
-        "usage": output_usage(output),
-    }
+    choice = {"text": output.text, **_ending(output.finish_reason, stop_reason(output, eos))}
+    return _body(rid, "text_completion", created, model, choice, usage=output_usage(output))
 
 
 def completion_chunk(
     rid: str, created: int, model: str, text: str, finish_reason: str | None = None, stop: int | None = None
 ) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
-                     "stop_reason": stop}],
-    }
+    return _body(rid, "text_completion", created, model, {"text": text, **_ending(finish_reason, stop)})
 
 
 def chat_body(rid: str, created: int, model: str, output: RequestOutput, eos: int) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": output.text, "tool_calls": []},
-                     "logprobs": None, "finish_reason": output.finish_reason,
-                     "stop_reason": stop_reason(output, eos)}],
-        "usage": output_usage(output),
-    }
+    message = {"role": "assistant", "content": output.text, "tool_calls": []}
+    choice = {"message": message, **_ending(output.finish_reason, stop_reason(output, eos))}
+    return _body(rid, "chat.completion", created, model, choice, usage=output_usage(output))
 
 
 def chat_chunk(
     rid: str, created: int, model: str, delta: dict[str, Any], finish_reason: str | None = None,
     stop: int | None = None,
 ) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason,
-                     "stop_reason": stop}],
-    }
+    return _body(rid, "chat.completion.chunk", created, model, {"delta": delta, **_ending(finish_reason, stop)})
 
 
 def usage_chunk(rid: str, created: int, model: str, obj: str, output: RequestOutput) -> dict[str, Any]:
     """The final chunk of a stream that asked for usage: no choices, the usage."""
-    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": output_usage(output)}
+    return _body(rid, obj, created, model, None, usage=output_usage(output))
