@@ -162,3 +162,33 @@ def test_a_server_that_refuses_is_reported_per_request(replica):
     assert "does not exist" in run.results[0].error
     with pytest.raises(RuntimeError, match="cannot list the models"):
         asyncio.run(run_bench(options(base_url="http://127.0.0.1:9"), schedule))
+
+
+def test_ctrl_c_stops_the_command_and_writes_what_finished(replica, tmp_path):
+    """`prefixcache bench` in a process of its own; SIGINT after its first finished request."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "interrupted.json"
+    cmd = [sys.executable, "-m", "prefixcache.cli", "bench", "--base-url", replica.base_url, "--vocab-size", "320",
+           "--workload-arg", "num_groups=1", "--workload-arg", "prompts_per_group=20", "--workload-arg",
+           "system_prompt_len=64", "--workload-arg", "question_len=8", "--workload-arg", "output_len=60",
+           "--max-concurrency", "1", "--progress-every", "1", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        for line in proc.stdout:  # bounded: the process ends by itself within the workload
+            if "requests finished" in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, rest
+    doc = json.loads(out.read_text())
+    assert doc["metadata"]["stopped_by"] == "interrupted" and "stopped: interrupted" in rest
+    assert 1 <= doc["summary"]["completed"] < 20 and doc["summary"]["not_sent"] >= 1 and doc["summary"]["failed"] == 0
+    idle(replica)
+    assert in_engine(replica, lambda e: e.cache.pool.num_pinned) == 0  # the request in flight was aborted

@@ -5,6 +5,7 @@ A real uvicorn server on 127.0.0.1 (a port the OS picks) serves the tiny generat
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -194,3 +195,27 @@ def test_clients_that_go_away_release_their_blocks(replicas):
         assert in_engine(r, held) == 0  # radix: no node locked by a request; hash: no block pinned
         after = client(r).completions.create(model="tiny", prompt=PROMPT + arm, max_tokens=2)
         assert after.usage.prompt_tokens_details.cached_tokens > 0  # what the aborted requests computed stays cached
+
+
+def test_concurrent_requests_are_batched_into_shared_steps(replicas):
+    r = replicas["radix"]
+    idle(r)
+    before = in_engine(r, lambda e: e.stats().steps)
+    with httpx.Client(base_url=r.base_url, timeout=30) as http, contextlib.ExitStack() as open_streams:
+        bodies = [open_streams.enter_context(http.stream("POST", "/v1/completions", json={
+            "prompt": [5 + i] * 12, "max_tokens": 8, "ignore_eos": True, "stream": True})) for i in range(4)]
+        texts = [b.read() for b in bodies]  # all four were submitted before any is read to its end
+    assert all(t.endswith(b"data: [DONE]\n\n") for t in texts)
+    steps = in_engine(r, lambda e: e.stats().steps) - before
+    assert steps < 4 * 8  # 32 tokens sampled in fewer steps: requests shared them
+
+
+def test_the_serve_command_names_a_config_mistake(tmp_path, capsys):
+    from prefixcache.cli import main
+
+    bad = tmp_path / "serve.yaml"
+    bad.write_text("cache: {backend: hash}\nengine: {model: tiny}\nkv_events: {enabled: true, endpoint: 'udp://x'}\n")
+    assert main(["serve", str(bad)]) == 2
+    assert "kv_events.endpoint: must be a ZeroMQ endpoint" in capsys.readouterr().err
+    assert main(["validate", "configs/serve.yaml"]) == 0  # the shipped default
+    assert "kv_events" in capsys.readouterr().out
