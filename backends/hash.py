@@ -43,7 +43,8 @@ by reuse or by `evict`.
 
 Events are vLLM's: one `BlockStored` per commit that caches blocks (their hashes, the
 parent hash of the first, their tokens, per-block extra keys in vLLM's event form,
-`group_idx=0`), one `BlockRemoved` per hash dropped, `AllBlocksCleared` on `reset`.
+`group_idx=0`, `kv_cache_spec_kind="full_attention"`, the adapter's `lora_id`), one
+`BlockRemoved` per hash dropped, `AllBlocksCleared` on `reset`.
 
 Eviction. With `eviction: lru` (the default) the free queue's order is the policy, at no
 added cost. Any other policy (`prefixcache.eviction`, or a plugin's) runs through a
@@ -93,9 +94,18 @@ from dataclasses import dataclass
 
 from prefixcache._C import BlockContents, BlockEvictor, BlockPool, CallbackBlockEvictor, InvariantError, token_array
 from prefixcache.config import CacheConfig
-from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent, event_extra_keys
+from prefixcache.events import (
+    FULL_ATTENTION,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventLog,
+    KVEvent,
+    event_extra_keys,
+    event_lora,
+)
 from prefixcache.hashing import CRYPTOGRAPHIC, chain_digests, namespace_extra_keys, none_hash
-from prefixcache.isolation import Isolation, exact_bytes
+from prefixcache.isolation import exact_bytes
 from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, token_buffer
 from prefixcache.registry import register_backend, resolve_eviction_policy
 from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_tokens
@@ -326,6 +336,7 @@ class HashCache(PrefixCache):
 
     def stats(self) -> CacheStats:
         self._stats.evictions = self.pool.num_evicted - self._evicted_at_reset
+        self._stats.events_dropped = self._events.dropped
         return self._stats.snapshot()
 
     def drain_events(self) -> list[KVEvent]:
@@ -529,12 +540,15 @@ class HashCache(PrefixCache):
         bs, namespace = self.block_size, request.namespace
         first = event_extra_keys(namespace_extra_keys(namespace))
         later = event_extra_keys(namespace_extra_keys(namespace, first_block=False))
+        lora_id, lora_name = event_lora(namespace)
         return BlockStored(
             block_hashes=tuple(self._digest(request, i) for i in range(start, stop)),
             parent_block_hash=self._digest(request, start - 1) if start else None,
             token_ids=tuple(request.tokens[start * bs : stop * bs]),
             block_size=bs,
-            lora_name=namespace.lora.name if isinstance(namespace, Isolation) else None,
+            lora_id=lora_id,
+            lora_name=lora_name,
             extra_keys=tuple(first if i == 0 else later for i in range(start, stop)),
             group_idx=_GROUP,
+            kv_cache_spec_kind=FULL_ATTENTION,
         )

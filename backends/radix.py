@@ -40,7 +40,8 @@ the pool is the tree's or exactly one live request's (`check_invariants`).
 Events: one `BlockStored` per page, carrying the chained block hash of the configured
 algorithm from `prefixcache.hashing.block_hashes`, the function the `hash` backend
 uses, so one consumer serves both; `BlockRemoved` per evicted page;
-`AllBlocksCleared` on reset.
+`AllBlocksCleared` on reset. Every event says `group_idx=0` (and a `BlockStored`
+`kv_cache_spec_kind="full_attention"`), as the `hash` backend's do.
 
 Extension: `usable_hit` (the protocol's hook) trims a hit in `match` and `admit` alike;
 `admit` then matches, splits and locks only the part it keeps. Eviction policies come
@@ -65,15 +66,27 @@ from dataclasses import dataclass
 
 from prefixcache._C import BlockPool, InvariantError, RadixTree
 from prefixcache.config import CacheConfig
-from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent, event_extra_keys
+from prefixcache.events import (
+    FULL_ATTENTION,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventLog,
+    KVEvent,
+    event_extra_keys,
+    event_lora,
+)
 from prefixcache.hashing import block_hashes, namespace_extra_keys
-from prefixcache.isolation import Isolation, exact_key
+from prefixcache.isolation import exact_key
 from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache
 from prefixcache.registry import register_backend, resolve_eviction_policy
 from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
 
 __all__ = ["RadixCache"]
+
+# One full-attention KV cache group, as the `hash` backend reports it.
+_GROUP = 0
 
 
 def _int32_array(tokens: Sequence[int], *, allow_empty: bool = False) -> array:
@@ -223,6 +236,7 @@ class RadixCache(PrefixCache):
         return True
 
     def stats(self) -> CacheStats:
+        self._stats.events_dropped = self._events.dropped
         return self._stats.snapshot()
 
     def drain_events(self) -> list[KVEvent]:
@@ -257,7 +271,7 @@ class RadixCache(PrefixCache):
             self._stats.evictions += freed
             if self._events.enabled:
                 for block in self.tree.last_evicted():
-                    self._events.record(BlockRemoved(block_hashes=(self._page_hash.pop(block),)))
+                    self._events.record(BlockRemoved(block_hashes=(self._page_hash.pop(block),), group_idx=_GROUP))
         return freed
 
     def _insert(self, req: _RadixRequest, num_computed: int) -> None:
@@ -296,6 +310,7 @@ class RadixCache(PrefixCache):
         bs = self.block_size
         first = start // bs
         parent = self._page_hash[req.block_table[first - 1]] if first else None
+        lora_id, lora_name = event_lora(req.namespace)
         hashes = block_hashes(
             req.tokens[start:end],
             bs,
@@ -313,8 +328,11 @@ class RadixCache(PrefixCache):
                     parent_block_hash=parent,
                     token_ids=tuple(req.tokens[page * bs : (page + 1) * bs]),
                     block_size=bs,
-                    lora_name=req.namespace.lora.name if isinstance(req.namespace, Isolation) else None,
+                    lora_id=lora_id,
+                    lora_name=lora_name,
                     extra_keys=(event_extra_keys(namespace_extra_keys(req.namespace, first_block=page == 0)),),
+                    group_idx=_GROUP,
+                    kv_cache_spec_kind=FULL_ATTENTION,
                 )
             )
             parent = block_hash

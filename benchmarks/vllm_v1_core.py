@@ -12,7 +12,10 @@ Must never: be imported by the library or the tests, or be committed with vLLM's
 source; the stand-ins with behaviour are `Request`, a data holder that hashes its
 blocks with vLLM's own `get_request_block_hasher` exactly as vLLM's
 `Request.update_block_hashes` does, and the KV event types (plain dataclasses with the
-fields of vLLM's msgspec structs, which live beside a ZeroMQ publisher).
+fields of vLLM's msgspec structs, which live beside a ZeroMQ publisher). With
+`load(..., real_events=True)` the event types are vLLM's own as well: its
+`vllm/distributed/kv_events.py` (msgspec structs, `ZmqEventPublisher`) and
+`vllm/config/kv_events.py` run unmodified, which needs pyzmq and msgspec installed.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ REAL_MODULES = (
     "vllm.utils.math_utils",
     "vllm.utils.hashing",
 )
+# With real_events: vLLM's KV event structs, its ZeroMQ publisher and their config.
+EVENT_MODULES = ("vllm.distributed.kv_events", "vllm.config.kv_events")
 
 
 class _StubMeta(type):
@@ -86,7 +91,7 @@ class _StubModule(types.ModuleType):
         if name.startswith("__"):
             raise AttributeError(name)
         submodule = f"{self.__name__}.{name}"
-        if submodule in REAL_MODULES or submodule in SHIMS:  # `from vllm import envs`
+        if submodule in _real or submodule in SHIMS:  # `from vllm import envs`
             return importlib.import_module(submodule)
         value = _StubMeta(name, (_Stub,), {})
         setattr(self, name, value)
@@ -206,7 +211,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if name.split(".")[0] not in ("vllm", "torch"):
             return None
-        if name in REAL_MODULES:
+        if name in _real:
             return importlib.util.spec_from_file_location(name, self.root / (name.replace(".", "/") + ".py"))
         return importlib.machinery.ModuleSpec(name, self, is_package=True)
 
@@ -221,10 +226,15 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
+# The modules executed for real in this process (REAL_MODULES, + EVENT_MODULES with real_events).
+_real: set[str] = set(REAL_MODULES)
+
+
 def fetch(cache_dir: Path) -> Path:
     """The extracted sources under cache_dir/src, downloading the wheel on first use."""
     src = cache_dir / "src"
-    if all((src / (m.replace(".", "/") + ".py")).is_file() for m in REAL_MODULES):
+    modules = REAL_MODULES + EVENT_MODULES
+    if all((src / (m.replace(".", "/") + ".py")).is_file() for m in modules):
         return src
     cache_dir.mkdir(parents=True, exist_ok=True)
     wheels = sorted(cache_dir.glob(f"vllm-{VERSION}-*.whl"))
@@ -236,7 +246,7 @@ def fetch(cache_dir: Path) -> Path:
         )
         wheels = sorted(cache_dir.glob(f"vllm-{VERSION}-*.whl"))
     with zipfile.ZipFile(wheels[0]) as wheel:
-        for module in REAL_MODULES:
+        for module in modules:
             wheel.extract(module.replace(".", "/") + ".py", src)
     return src
 
@@ -251,13 +261,19 @@ class VllmCore:
     make_manager: Any
 
 
-def load(cache_dir: Path, block_size: int) -> VllmCore:
-    """Import vLLM's v1/core from `cache_dir` (see the module docstring)."""
+def load(cache_dir: Path, block_size: int, *, real_events: bool = False) -> VllmCore:
+    """Import vLLM's v1/core from `cache_dir` (see the module docstring); with
+    `real_events`, vLLM's own KV event module too (vLLM's default int block hashes)."""
     src = fetch(cache_dir)
     if any(name == "vllm" or name.startswith("vllm.") for name in sys.modules):
         raise RuntimeError("a vllm package is already imported in this process")
     if "torch" in sys.modules:
         raise RuntimeError("import this before torch: vLLM's torch imports are stood in for")
+    if real_events:
+        _real.update(EVENT_MODULES)
+        SHIMS.pop("vllm.distributed.kv_events")
+        SHIMS["vllm.envs"] = dict(VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=True)
+        SHIMS["vllm.config.utils"] = dict(config=dataclass)  # vLLM's @config: a dataclass
     sys.meta_path.insert(0, _Finder(src))
 
     from vllm.utils.hashing import sha256_cbor

@@ -25,6 +25,9 @@ Capacity is given once, in TOKENS, because arms may differ in block size: an arm
 block size B gets `num_blocks = capacity_tokens // B` blocks, so every arm holds the
 same number of tokens (exactly, when capacity_tokens is a multiple of every B; else
 each arm gets the whole blocks that fit). Setting `num_blocks` in an arm is an error.
+
+KV events: an arm records them only when it says `enable_events: true` (the A/B then
+counts them by type); by default it records none, since nothing else reads them.
 """
 
 from __future__ import annotations
@@ -224,6 +227,9 @@ def parse_ab_config(data: Any, source: str | None = None, *, check_trace: bool =
                     "set the pool size once with capacity_tokens (TOKENS); each arm gets "
                     "capacity_tokens // block_size blocks",
                 )
+        if isinstance(arms, Mapping):  # events off unless an arm asks for them (module docstring)
+            quiet = {n: {"enable_events": False, **a} if isinstance(a, Mapping) else a for n, a in arms.items()}
+            data = {**data, "arms": quiet}
         config = from_mapping(ABConfig, data)
         if check_trace:
             _check_trace_exists(config.workload.mooncake)

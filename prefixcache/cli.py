@@ -13,6 +13,11 @@ library functions and shows their results; none holds logic of its own.
     prefixcache generate --config FILE --prompts FILE.jsonl
                                               run prompts through the engine: completions
                                               and a metrics table
+    prefixcache serve [CONFIG] [--host 127.0.0.1] [--port 8000]
+                                              an OpenAI-compatible server over the engine,
+                                              KV events on ZeroMQ, Prometheus /metrics
+    prefixcache bench --base-url URL ...      timed load against any OpenAI-compatible
+                                              server: TTFT/TPOT/ITL/latency, hit ratio
 
 Must never: implement caching, workloads or experiments here.
 """
@@ -45,14 +50,19 @@ installed as package data of `prefixcache.configs` (see setup.py)."""
 
 def default_ab_config() -> Path:
     """The installed copy of the shipped A/B file (a real file: the package is not zipped)."""
+    return _shipped(DEFAULT_AB_CONFIG, "prefixcache ab path/to/ab.yaml")
+
+
+def _shipped(name: str, instead: str) -> Path:
+    """The installed copy of a shipped config (`configs/NAME`, package data)."""
     try:
-        resource = importlib.resources.files("prefixcache.configs") / DEFAULT_AB_CONFIG
+        resource = importlib.resources.files("prefixcache.configs") / name
     except ModuleNotFoundError:
         resource = None
     if resource is None or not resource.is_file():
-        raise ConfigError("", f"the shipped default {DEFAULT_AB_CONFIG} is not installed with prefixcache "
+        raise ConfigError("", f"the shipped default {name} is not installed with prefixcache "
                           "(an editable install from before it was package data: pip install -e . again); "
-                          "or pass a config: prefixcache ab path/to/ab.yaml")
+                          f"or pass a config: {instead}")
     return Path(str(resource))
 
 
@@ -63,9 +73,9 @@ def _console() -> Console:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """The file through the loader of the command that reads it: an A/B file (`arms:` or
-    `workload:`) as `ab` does, generator included; one with `engine:` (or a near miss of
-    it, such as `engin:`) as `generate` does; else its `cache:` section (other sections
-    may share such a file). Prints nothing but the error when anything is wrong."""
+    `workload:`) as `ab` does, generator included; one with `kv_events:` (or a near miss)
+    as `serve` does; one with `engine:` (or a near miss of it, such as `engin:`) as
+    `generate` does; else its `cache:` section (other sections may share such a file). Prints nothing but the error when anything is wrong."""
     source = str(args.file)
     data = load_yaml(source)
     if is_ab_mapping(data):
@@ -81,6 +91,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
                   + (f"; analytic ceiling {analytic}" if analytic else ""))
         elif spec.mooncake is not None and spec.mooncake.path is None:
             print("# workload: a Mooncake trace, path given at run time with --trace PATH")
+        return 0
+    if difflib.get_close_matches("kv_events", [str(k) for k in data], n=1):
+        from prefixcache.serve.config import parse_serve_config  # no torch, no sockets: the schema only
+
+        served = parse_serve_config(data, source)
+        print(f"# {source}: valid (cache, engine and kv_events, as prefixcache serve reads them)")
+        plain = {**to_plain(served.serving), "kv_events": to_plain(served.kv_events)}
+        print(yaml.safe_dump(plain, sort_keys=False), end="")
         return 0
     if difflib.get_close_matches("engine", [str(k) for k in data], n=1):
         from prefixcache.engine.config import parse_serving_config  # no torch: the schema only
@@ -192,6 +210,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return generate(args.config, args.prompts, as_json=args.json)
 
 
+DEFAULT_SERVE_CONFIG = "serve.yaml"
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from prefixcache.serve.server import serve  # late: the engine needs torch, the server fastapi
+
+    path = args.config if args.config is not None else str(_shipped(DEFAULT_SERVE_CONFIG, "prefixcache serve CONFIG"))
+    return serve(path, host=args.host, port=args.port, served_model_name=args.served_model_name)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from prefixcache.loadgen.cli import bench  # late: the load generator needs httpx
+
+    return bench(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prefixcache", description="Prefix caching for LLM inference.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -218,12 +252,27 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompts", required=True, help='JSONL: {"prompt": str} or {"messages": [...]}, optional "namespace", "max_tokens"')
     gen.add_argument("--json", action="store_true", help="one JSON object per completion instead of text")
     gen.set_defaults(func=cmd_generate)
+
+    srv = sub.add_parser("serve", help="serve the engine over an OpenAI-compatible HTTP API (KV events, metrics)")
+    srv.add_argument("config", nargs="?", help=f"YAML with cache:, engine: and kv_events: (default: the shipped "
+                                               f"{DEFAULT_SERVE_CONFIG})")
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--served-model-name", help="the name clients send as `model` (default: engine.model)")
+    srv.set_defaults(func=cmd_serve)
+
+    from prefixcache.loadgen.options import add_bench_arguments  # argparse only: no httpx
+
+    bench = sub.add_parser("bench", help="timed load against an OpenAI-compatible server (ours, vLLM, SGLang)")
+    add_bench_arguments(bench)
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = ["prefixcache", *(sys.argv[1:] if argv is None else argv)]  # for a result's metadata
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

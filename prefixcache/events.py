@@ -1,31 +1,53 @@
 """KV-cache events: what a cache tells the outside world about the blocks it holds.
 
-Owns the event value types, shaped like vLLM's `vllm.distributed.kv_events` (same
-names, same fields, block hashes as the raw digest bytes) so a router or KV-aware
-load balancer written for vLLM reads ours, and `EventLog`, the buffer a backend
-appends to and `drain_events()` empties.
+Owns the event value types, shaped like vLLM 0.33's `vllm.distributed.kv_events` (same
+names, same fields in the same order) so a router or KV-aware load balancer written for
+vLLM reads ours, and `EventLog`, the bounded buffer a backend appends to and
+`drain_events()` empties. Backends put the raw digest bytes in `block_hashes`; an event
+decoded from the wire (`prefixcache.event_wire`) carries what the publisher sent, by
+default vLLM's int form (`BlockHash`).
 
-Must never: compute hashes or decide when an event happens; backends do both. The
-`radix` backend reports pages with the same chained block hash as `hash`, so one
-consumer serves both strategies.
+Must never: compute hashes, decide when an event happens (backends do both), or
+encode events for the wire (`event_wire` does). The `radix` backend reports pages with
+the same chained block hash as `hash`, so one consumer serves both strategies.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from prefixcache.isolation import Isolation
+
 __all__ = [
     "KVEvent",
+    "BlockHash",
     "BlockStored",
     "BlockRemoved",
     "AllBlocksCleared",
     "EventLog",
     "MEDIUM_GPU",
+    "FULL_ATTENTION",
+    "EVENT_LOG_CAPACITY",
     "event_extra_keys",
+    "event_lora",
 ]
 
 MEDIUM_GPU = "GPU"
+FULL_ATTENTION = "full_attention"
+"""vLLM's `KVCacheSpecKind.FULL_ATTENTION`: the one KV cache group both backends have."""
+
+EVENT_LOG_CAPACITY = 100_000
+"""Events an `EventLog` holds before it drops the oldest (vLLM's publisher queue size)."""
+
+BlockHash = bytes | int
+"""A block hash in an event: the digest bytes (what backends record, and the wire with
+`int_block_hashes: false`) or its low 64 bits as an int, big-endian (vLLM's default wire
+form, `ExternalBlockHash`)."""
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -39,13 +61,17 @@ class BlockStored(KVEvent):
 
     `block_hashes[i]` is the chained hash of the i-th block; `parent_block_hash` is the
     hash of the block before the first one (None at the start of a sequence);
-    `token_ids` are the tokens of all the blocks, `block_size` per block; `extra_keys`
-    has one entry per block: the extra keys hashed into it in vLLM's published form
+    `token_ids` are the tokens of all the blocks, `block_size` per block; `lora_id` and
+    `lora_name` name the adapter (`LoRA.id`, `LoRA.name`); `extra_keys` has one entry
+    per block: the extra keys hashed into it in vLLM's published form
     (`event_extra_keys`: a namespace "a" on the first block is `("a",)`), or None.
+    Both backends set `group_idx=0` and `kv_cache_spec_kind="full_attention"` (one
+    full-attention KV cache group); the fields after it exist so that an event from a
+    vLLM server decodes whole, and our backends leave them None.
     """
 
-    block_hashes: tuple[bytes, ...]
-    parent_block_hash: bytes | None
+    block_hashes: tuple[BlockHash, ...]
+    parent_block_hash: BlockHash | None
     token_ids: tuple[int, ...]
     block_size: int
     lora_id: int | None = None
@@ -53,20 +79,29 @@ class BlockStored(KVEvent):
     lora_name: str | None = None
     extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None
     group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass(frozen=True)
 class BlockRemoved(KVEvent):
     """Blocks stopped being hittable (evicted or reused)."""
 
-    block_hashes: tuple[bytes, ...]
+    block_hashes: tuple[BlockHash, ...]
     medium: str | None = MEDIUM_GPU
     group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
 
 
 @dataclass(frozen=True)
 class AllBlocksCleared(KVEvent):
-    """The whole cache was reset."""
+    """The whole cache was reset. (`medium` is ours: vLLM's event has no field, so it
+    does not cross the wire.)"""
 
     medium: str | None = None
 
@@ -83,22 +118,51 @@ def event_extra_keys(extra_keys: tuple[tuple[Any, ...], ...] | None) -> tuple[An
     return tuple(key[1:] if key[0] == "mm" else key[1] for key in extra_keys)
 
 
+def event_lora(namespace: object) -> tuple[int | None, str | None]:
+    """`(lora_id, lora_name)` of a canonical namespace, as `BlockStored` carries them
+    (vLLM: the adapter's int id and its name; `(None, None)` without an adapter)."""
+    if isinstance(namespace, Isolation) and namespace.lora is not None:
+        return namespace.lora.id, namespace.lora.name
+    return None, None
+
+
 class EventLog:
-    """Ordered buffer of events; a disabled log records nothing and costs nothing."""
+    """Ordered, bounded buffer of events; a disabled log records nothing and costs nothing.
 
-    __slots__ = ("enabled", "_events")
+    Holds at most `capacity` events (default `EVENT_LOG_CAPACITY`): when full, recording drops the OLDEST event and
+    counts it in `dropped` (logged once, as a warning), so a cache whose events nobody
+    drains cannot grow without bound. A consumer that sees `dropped` move has missed
+    events and must rebuild its view (a reset is the only full resynchronisation).
+    """
 
-    def __init__(self, enabled: bool = True) -> None:
+    __slots__ = ("enabled", "capacity", "dropped", "_events")
+
+    def __init__(self, enabled: bool = True, capacity: int | None = None) -> None:
+        if capacity is None:
+            capacity = EVENT_LOG_CAPACITY
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
         self.enabled = enabled
-        self._events: list[KVEvent] = []
+        self.capacity = capacity
+        self.dropped = 0
+        self._events: deque[KVEvent] = deque(maxlen=capacity)
 
     def record(self, event: KVEvent) -> None:
         if self.enabled:
+            if len(self._events) == self.capacity:
+                if not self.dropped:
+                    _log.warning(
+                        "KV event log full (%d events, nothing drains it): dropping the oldest; "
+                        "drain_events() regularly, or build the cache with enable_events=False",
+                        self.capacity,
+                    )
+                self.dropped += 1
             self._events.append(event)
 
     def drain(self) -> list[KVEvent]:
         """Events since the last drain, oldest first; the log is left empty."""
-        events, self._events = self._events, []
+        events = list(self._events)
+        self._events.clear()
         return events
 
     def __len__(self) -> int:

@@ -10,7 +10,7 @@ A namespace is one of:
 
 - `None`: no salt, no adapter (a namespace of its own);
 - a `str`: a cache salt (vLLM `cache_salt`, SGLang `extra_key`);
-- `Isolation(salt, lora)`: a salt (or None) and a LoRA adapter `LoRA(name, path)`.
+- `Isolation(salt, lora)`: a salt (or None) and a LoRA adapter `LoRA(name, path, id)`.
 
 `Isolation(salt="a")` without an adapter IS the salt "a": `check_namespace` reduces it to
 the plain str, so the two share blocks and hash identically, and the plain-salt digests
@@ -26,7 +26,7 @@ Must never: hash, touch a pool, or decide what is cached.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["LoRA", "Isolation", "Namespace", "check_namespace", "extra_keys", "exact_key", "exact_bytes"]
 
@@ -46,21 +46,29 @@ def _check_text(value: object, what: str) -> str:
 
 @dataclass(frozen=True)
 class LoRA:
-    """A LoRA adapter, by the name requests use and the path its weights load from."""
+    """A LoRA adapter, by the name requests use and the path its weights load from.
+
+    `id` is the adapter's integer id (vLLM's `lora_int_id`, an int >= 1) or None. It is
+    a label for KV events (`BlockStored.lora_id`) only: isolation and hashing use the
+    name and path, as vLLM's do, so it takes no part in equality either.
+    """
 
     name: str
     path: str
+    id: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         _check_text(self.name, "lora.name")
         _check_text(self.path, "lora.path")
+        if self.id is not None and (isinstance(self.id, bool) or not isinstance(self.id, int) or self.id < 1):
+            raise ValueError(f"lora.id must be an int >= 1 or None, got {self.id!r}")
 
 
 @dataclass(frozen=True)
 class Isolation:
     """A namespace with a LoRA adapter: `salt` (a str or None) and `lora`.
 
-    `lora` may be given as a `(name, path)` pair. Without an adapter, pass the salt
+    `lora` may be given as a `(name, path)` pair or a `(name, path, id)` triple. Without an adapter, pass the salt
     itself (or None) as the namespace; `check_namespace` reduces `Isolation(salt)` to it.
     """
 
@@ -72,11 +80,13 @@ class Isolation:
             _check_text(self.salt, "namespace salt")
         lora = self.lora
         if isinstance(lora, tuple):
-            if len(lora) != 2:
-                raise ValueError(f"lora must be a LoRA or a (name, path) pair, got {lora!r}")
+            if len(lora) not in (2, 3):
+                raise ValueError(f"lora must be a LoRA, a (name, path) pair or a (name, path, id) triple, got {lora!r}")
             object.__setattr__(self, "lora", LoRA(*lora))
         elif lora is not None and not isinstance(lora, LoRA):
-            raise TypeError(f"lora must be a LoRA, a (name, path) pair or None, got {type(lora).__name__} {lora!r}")
+            raise TypeError(
+                f"lora must be a LoRA, a (name, path) pair, a (name, path, id) triple or None, got {type(lora).__name__} {lora!r}"
+            )
 
 
 Namespace = str | Isolation | None

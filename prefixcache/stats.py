@@ -28,6 +28,8 @@ class CacheStats:
                 collision, caught by the `hash` backend's hit verification under a
                 non-cryptographic hash), or whose partial-hit source was refuted
                 the same way; that block and the rest are computed afresh
+    events_dropped: KV events the cache's bounded log dropped because nothing drained
+                it (`events.EventLog`); counted since construction, not reset
     """
 
     requests: int = 0
@@ -36,6 +38,7 @@ class CacheStats:
     evictions: int = 0
     rejected: int = 0
     verify_failures: int = 0
+    events_dropped: int = 0
 
     @property
     def hit_rate(self) -> float:

@@ -91,3 +91,22 @@ def test_cache_does_not_change_output(smollm2, uncached, backend, block_size):
     got = run_waves(engine, chat_waves())
     assert_same_outputs(got, uncached[block_size])
     assert engine.stats().prefill_tokens_saved > 0
+
+
+def test_served_over_http_by_the_official_client(smollm2):
+    """`prefixcache serve` with `model: smollm2`: the chat answer, streamed and not, and
+    the second ask of a chat served from the cache."""
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("fastapi")
+    from serve_cases import running
+
+    with running(smollm2, "radix", block_size=16, num_blocks=256, model="smollm2", num_threads=2) as replica:
+        client = openai.OpenAI(base_url=replica.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}]
+        whole = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=10)
+        assert "Paris" in whole.choices[0].message.content
+        stream = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=10, stream=True,
+                                                stream_options={"include_usage": True})
+        chunks = list(stream)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+        assert chunks[-1].usage.prompt_tokens_details.cached_tokens == (whole.usage.prompt_tokens - 1) // 16 * 16

@@ -196,6 +196,7 @@ def test_kv_cache_events():
             block_size=BS,
             extra_keys=(None,) * n,
             group_idx=0,
+            kv_cache_spec_kind="full_attention",
         )
         assert cache.pool.num_cached == n and stored.medium == "GPU" and stored.lora_id is None
         cache.release("0")

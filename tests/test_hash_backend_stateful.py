@@ -127,6 +127,7 @@ class VllmModel:
                 block_size=BS,
                 extra_keys=tuple(salt if i == 0 else None for i in range(start, stop)),
                 group_idx=0,
+                kv_cache_spec_kind="full_attention",
             )
         )
 

@@ -214,7 +214,7 @@ def test_events_survive_a_split():
     assert stored[2].parent_block_hash == stored[0].block_hashes[0]
     assert stored[2].block_hashes[0] == block_hashes([1, 2, 5, 6], 2)[1]
     assert cache.evict(1) == 1  # the LRU leaf: [3, 4]
-    assert cache.drain_events() == [BlockRemoved(stored[1].block_hashes)]
+    assert cache.drain_events() == [BlockRemoved(stored[1].block_hashes, group_idx=0)]
 
 
 @pytest.mark.parametrize("page", [1, 2])
@@ -233,7 +233,7 @@ def test_events_removed_on_eviction_and_cleared_on_reset():
     stored = {e.token_ids: e.block_hashes[0] for e in cache.drain_events() if isinstance(e, BlockStored)}
     assert cache.evict(1) == 2  # the LRU leaf [1,2,3,4] goes whole: 2 blocks
     removed = cache.drain_events()
-    assert removed == [BlockRemoved((stored[(1, 2)],)), BlockRemoved((stored[(3, 4)],))]
+    assert removed == [BlockRemoved((stored[(1, 2)],), group_idx=0), BlockRemoved((stored[(3, 4)],), group_idx=0)]
     assert cache.stats().evictions == 2
     assert cache.reset() is True
     assert cache.drain_events() == [AllBlocksCleared()]

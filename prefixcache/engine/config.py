@@ -40,7 +40,7 @@ from prefixcache.config import (
 )
 
 __all__ = ["SamplingConfig", "EngineConfig", "ServingConfig", "load_serving_config", "parse_serving_config",
-           "BUILTIN_MODELS", "SECTIONS"]
+           "check_sections", "BUILTIN_MODELS", "SECTIONS"]
 
 # Models `engine.model` names without a path (prefixcache.engine.loader loads them).
 BUILTIN_MODELS = ("smollm2", "tiny")
@@ -185,17 +185,35 @@ class ServingConfig:
         )
 
 
-def parse_serving_config(data: Any, source: str | None = None) -> ServingConfig:
-    """A top-level mapping with `cache:` and `engine:` sections -> ServingConfig."""
+def check_sections(data: Any, sections: tuple[str, ...], source: str | None = None) -> None:
+    """ConfigError unless `data` is a mapping whose keys are all among `sections`."""
     if not isinstance(data, Mapping):
         raise ConfigError("", f"top level must be a mapping, got {type(data).__name__}", source)
-    unknown = sorted(str(k) for k in set(data) - set(SECTIONS))
+    unknown = sorted(str(k) for k in set(data) - set(sections))
     if unknown:
         raise ConfigError(
-            unknown[0], f"unknown section; allowed sections: {', '.join(SECTIONS)}{did_you_mean(unknown[0], SECTIONS)}",
+            unknown[0], f"unknown section; allowed sections: {', '.join(sections)}{did_you_mean(unknown[0], sections)}",
             source,
         )
-    cache = parse_cache_config(require_section(data, "cache", source), "cache", source)
+
+
+def parse_serving_config(data: Any, source: str | None = None, *, events: bool = False) -> ServingConfig:
+    """A top-level mapping with `cache:` and `engine:` sections -> ServingConfig.
+
+    An engine records KV events only to publish them (`prefixcache serve` with
+    `kv_events.enabled`, which passes `events=True`), so `cache.enable_events` is set to
+    `events`, and a file that says otherwise is an error rather than a setting ignored."""
+    check_sections(data, SECTIONS, source)
+    section = require_section(data, "cache", source)
+    if isinstance(section, Mapping) and section.get("enable_events", events) is not events:
+        why = ("kv_events.enabled is true" if events else
+               "an engine records KV events only to publish them (kv_events.enabled, prefixcache serve)")
+        given = section["enable_events"]
+        shown = str(given).lower() if isinstance(given, bool) else repr(given)
+        raise ConfigError("cache.enable_events", f"is {shown}, but {why}; leave it out", source)
+    cache = parse_cache_config(section, "cache", source)
+    if cache.enable_events is not events:
+        cache = cache.replace(enable_events=events)
     try:
         engine = from_mapping(EngineConfig, data.get("engine"), "engine")
     except ConfigError as err:

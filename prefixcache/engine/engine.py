@@ -4,7 +4,14 @@ Owns `Engine`: it builds the configured cache (or `NoPrefixCache` when
 `engine.prefix_caching` is false) over a pool of `cache.num_blocks` blocks, the model with
 a KV tensor per layer of the same geometry, and the scheduler; `step()` runs one forward
 pass over what the scheduler picked, commits, samples, and finishes requests. Also
-`GenerationRequest` (what a caller asks for) and `RequestOutput` (what it gets back).
+`GenerationRequest` (what a caller asks for), `RequestOutput` (what it gets back) and
+`StepOutput` (what one step sampled, for callers that stream).
+
+KV events: the engine records them only when it has somewhere to send them (an
+`event_sink`, e.g. the serving layer's publisher): it builds the cache with
+`enable_events` set to that, whatever `cache.enable_events` says, and hands the sink
+the events the cache logged once per step (and after an abort or a reset), so the log
+never grows between steps. Without a sink no event is recorded at all.
 
 The cache decides which prompt tokens are already computed; the engine computes only
 the rest, so a hit is prefill skipped, and rule 6 of the protocol (cached KV equals
@@ -17,7 +24,7 @@ backend drops in), or keep a block table across a commit.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,10 +39,14 @@ from prefixcache.engine.model import LlamaModel
 from prefixcache.engine.nocache import NoPrefixCache
 from prefixcache.engine.sampling import SamplingParams, sample
 from prefixcache.engine.scheduler import Scheduled, Scheduler, Sequence as Seq
+from prefixcache.events import KVEvent
 from prefixcache.protocol import PrefixCache, as_tokens
 from prefixcache.requests import check_namespace
 
-__all__ = ["Engine", "GenerationRequest", "RequestOutput"]
+__all__ = ["Engine", "GenerationRequest", "RequestOutput", "StepOutput", "EventSink"]
+
+EventSink = Callable[[list[KVEvent]], None]
+"""Where the engine sends the KV events of a step (called in the engine's thread)."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +54,10 @@ class GenerationRequest:
     """One request: a `prompt` (text or token ids) or chat `messages` (rendered with the
     tokenizer's chat template), its `namespace` (cache isolation), and optional
     overrides of the engine's defaults. `keep_first_logits`: return the fp32 logits the
-    first output token was drawn from."""
+    first output token was drawn from. `ignore_eos`: the tokenizer's end-of-sequence
+    token does not stop it (vLLM's `ignore_eos`; other stop tokens still do).
+    `arrival_s`: when it arrived (`time.perf_counter()` SECONDS; default: when added),
+    the start of its TTFT and latency."""
 
     prompt: str | Sequence[int] | None = None
     messages: Sequence[Mapping[str, str]] | None = None
@@ -53,6 +67,8 @@ class GenerationRequest:
     stop_token_ids: tuple[int, ...] = ()
     keep_first_logits: bool = False
     request_id: str | None = None
+    ignore_eos: bool = False
+    arrival_s: float | None = None
 
 
 @dataclass
@@ -68,21 +84,38 @@ class RequestOutput:
     first_logits: torch.Tensor | None = field(default=None, repr=False)
 
 
+@dataclass(frozen=True)
+class StepOutput:
+    """What one step did: `tokens` are the (request id, token id) pairs it sampled, in
+    batch order (a request's final stop token included), `finished` the requests it
+    finished (their last sampled token is in `tokens` too)."""
+
+    tokens: tuple[tuple[str, int], ...]
+    finished: tuple[RequestOutput, ...]
+
+
 class Engine:
     """Continuous-batching inference over a `PrefixCache` (see the module docstring).
 
     `model`: an already loaded model to share between engines (tests, A/B); by default
-    the one `config.engine.model` names is loaded. Sets torch's thread count when
-    `engine.num_threads` is given (a process-wide setting).
+    the one `config.engine.model` names is loaded. `event_sink`: where the KV events of
+    each step go (module docstring); None records none. Sets torch's thread count when
+    `engine.num_threads` is given (a process-wide setting). Not thread-safe: one thread
+    drives an engine (`prefixcache.serve.engine_loop` runs it in a thread of its own).
     """
 
-    def __init__(self, config: ServingConfig, *, model: LoadedModel | None = None) -> None:
+    def __init__(
+        self, config: ServingConfig, *, model: LoadedModel | None = None, event_sink: EventSink | None = None
+    ) -> None:
         self.config = config
         ec, cc = config.engine, config.cache
         if ec.num_threads is not None:
             torch.set_num_threads(ec.num_threads)
         self.loaded = model or load_model(ec.model, seed=ec.seed, chat_template=ec.chat_template)
         self.tokenizer = self.loaded.tokenizer
+        self._event_sink = event_sink
+        if cc.enable_events != (event_sink is not None):
+            cc = cc.replace(enable_events=event_sink is not None)
         pool = BlockPool(cc.num_blocks)
         self.cache: PrefixCache = build_cache(cc, pool) if ec.prefix_caching else NoPrefixCache(pool, cc)
         self.model = LlamaModel(self.loaded.weights, attention_impl=ec.attention)
@@ -90,7 +123,8 @@ class Engine:
         self.scheduler = Scheduler(
             self.cache, max_num_batched_tokens=ec.max_num_batched_tokens, max_num_seqs=ec.max_num_seqs
         )
-        self._stop_ids = frozenset(ec.stop_token_ids) | {self.tokenizer.eos_token_id}
+        self._config_stop_ids = frozenset(ec.stop_token_ids)
+        self._stop_ids = self._config_stop_ids | {self.tokenizer.eos_token_id}
         self._next_id = 0
         self._finished: list[Seq] = []
         self.reset_stats()
@@ -138,7 +172,8 @@ class Engine:
         if not isinstance(rid, str):
             raise TypeError(f"request_id must be a str, got {type(rid).__name__}")
         self._next_id += 1
-        now = time.perf_counter()
+        now = time.perf_counter() if request.arrival_s is None else request.arrival_s
+        stops = self._config_stop_ids if request.ignore_eos else self._stop_ids
         self.scheduler.add(
             Seq(
                 request_id=rid,
@@ -146,7 +181,7 @@ class Engine:
                 namespace=check_namespace(request.namespace),
                 params=params,
                 max_tokens=max_tokens,
-                stop_token_ids=self._stop_ids | frozenset(request.stop_token_ids),
+                stop_token_ids=stops | frozenset(request.stop_token_ids),
                 generator=generator,
                 metrics=RequestMetrics(arrival_s=now, prompt_tokens=len(prompt)),
                 keep_first_logits=request.keep_first_logits,
@@ -172,9 +207,34 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now, queued or running: its blocks are released (what it had
+        computed stays cached, as on any release) and it produces no output. False if
+        no such request is unfinished."""
+        seq = self.scheduler.abort(request_id)
+        self._publish_events()
+        return seq is not None
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block (`PrefixCache.reset`); False, with nothing changed,
+        while any request holds blocks."""
+        done = self.cache.reset()
+        self._publish_events()
+        return done
+
+    def _publish_events(self) -> None:
+        if self._event_sink is not None:
+            events = self.cache.drain_events()
+            if events:
+                self._event_sink(events)
+
     # -- running ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One forward pass over the scheduled work; returns the requests it finished."""
+        return list(self.run_step().finished)
+
+    def run_step(self) -> StepOutput:
+        """One forward pass over the scheduled work: what it sampled and finished."""
         t0 = time.perf_counter()
         work = self.scheduler.schedule()
         if not work:
@@ -185,7 +245,7 @@ class Engine:
                     f"no request could be scheduled: {len(self.scheduler.waiting)} waiting, "
                     f"{len(self.scheduler.running)} running, {self.cache.pool.num_free} free blocks"
                 )
-            return []
+            return StepOutput((), ())
         # A partial-hit backend (Admission.copies) reuses the head of a cached block by
         # copying it into the request's own block; the copy must land before this pass.
         self.model.copy_blocks(self.scheduler.take_copies())
@@ -195,10 +255,12 @@ class Engine:
         ]
         logits = self.model.forward(self.model.plan(chunks))
         self.scheduler.computed(work)
-        finished = self._sample([w for w in work if w.samples], logits)
+        sampling = [w for w in work if w.samples]
+        finished = self._sample(sampling, logits)
         self._steps += 1
         self._wall_s += time.perf_counter() - t0
-        return finished
+        self._publish_events()
+        return StepOutput(tuple((w.seq.request_id, w.seq.output[-1]) for w in sampling), tuple(finished))
 
     def _sample(self, work: list[Scheduled], logits: torch.Tensor) -> list[RequestOutput]:
         seqs = [w.seq for w in work]

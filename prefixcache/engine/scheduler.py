@@ -2,8 +2,8 @@
 
 Owns the waiting queue and the running list, each request's path through the cache
 (`admit` -> prefill of the uncached tokens in chunks -> `commit` after every step ->
-`append` of each sampled token -> `release`), the per-step token budget, and what
-happens when the pool is full. Every cache call goes through here and is timed.
+`append` of each sampled token -> `release`, or `abort` at any point), the per-step
+token budget, and what happens when the pool is full. Every cache call goes through here and is timed.
 
 A step, in vLLM V1's order:
 1. Running requests, oldest first, each gets `min(tokens it still needs, budget left)`:
@@ -204,6 +204,21 @@ class Scheduler:
         self._timed(self.cache.release, seq.request_id)
         seq.admitted = False
         seq.finish_reason = reason
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Drop a request wherever it is: out of the waiting queue, or out of the
+        running list with its blocks released (what it computed stays cached, as on
+        any release). The request, or None if it is not here (finished, or unknown)."""
+        for seq in self.waiting:
+            if seq.request_id == request_id:
+                self.waiting.remove(seq)
+                seq.finish_reason = "abort"
+                return seq
+        for seq in self.running:
+            if seq.request_id == request_id:
+                self.finish(seq, "abort")
+                return seq
+        return None
 
     def check_invariants(self) -> None:
         """The cache's invariants, and every running request is admitted exactly once."""

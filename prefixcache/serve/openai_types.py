@@ -1,0 +1,101 @@
+"""Request bodies of the OpenAI API as vLLM 0.33 accepts them, for the fields we serve.
+
+Owns the pydantic models FastAPI validates `POST /v1/completions` and
+`POST /v1/chat/completions` bodies against. Field names, types and defaults are vLLM
+0.33's (`vllm/entrypoints/openai/{completion,chat_completion}/protocol.py`): `max_tokens`
+defaults to 16 for completions and to "the rest of the context" for chat, a completion
+`prompt` is a string or token ids (ids >= 0, never bools), and fields this server does not
+know are accepted and ignored, as vLLM's `extra="allow"` does. vLLM's own extensions we
+honor: `top_k`, `ignore_eos`, `stop_token_ids`, `cache_salt`.
+
+What we do not serve is refused by `unsupported()` with the field named (a 400), never
+silently ignored: several prompts in one request, `n` > 1, `echo`, `logprobs`, string
+`stop` sequences, `best_of`, and non-text chat content.
+
+Must never: run anything or decide status codes (`errors` does).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+__all__ = ["CompletionRequest", "ChatCompletionRequest", "ChatMessage", "StreamOptions", "unsupported"]
+
+TokenId = Annotated[StrictInt, Field(ge=0)]
+"""A token id in a request: an int >= 0 (strict: `true` is not 1)."""
+
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Request):
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
+
+
+class _Sampling(_Request):
+    """Fields both endpoints share."""
+
+    model: str | None = None
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    seed: int | None = Field(None, ge=_INT64[0], le=_INT64[1])
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: bool = False
+    n: int = 1
+    logprobs: Any = None
+    cache_salt: str | None = None
+    user: str | None = None
+
+
+class CompletionRequest(_Sampling):
+    """`POST /v1/completions`."""
+
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
+    max_tokens: int | None = 16
+    echo: bool | None = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class ChatMessage(_Request):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    """`POST /v1/chat/completions`."""
+
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+
+
+def unsupported(body: _Sampling) -> tuple[str, str] | None:
+    """(field, message) for the first feature `body` asks for that this server does not
+    serve, or None."""
+    if body.n != 1:
+        return "n", f"only n=1 is supported, got n={body.n}"
+    if body.stop:
+        return "stop", "stop strings are not supported; use stop_token_ids"
+    if body.logprobs:
+        return "logprobs", "logprobs are not supported"
+    if isinstance(body, CompletionRequest):
+        if body.echo:
+            return "echo", "echo is not supported"
+        if body.best_of not in (None, 1):
+            return "best_of", "best_of is not supported"
+        if body.suffix:
+            return "suffix", "suffix is not supported"
+    return None

@@ -1,0 +1,181 @@
+"""The replica's KV event publisher: ZeroMQ PUB + ROUTER replay, as vLLM 0.33's.
+
+Owns `ZmqEventPublisher`: the engine hands it each step's events (`publish`, in the
+engine's thread, never blocking on the network); a publisher thread encodes them as one
+`KVEventBatch` (`prefixcache.event_wire`), gives it the next sequence number, sends
+`(topic, seq as 8 bytes big-endian, payload)` on the PUB socket, then keeps it in a
+bounded replay buffer of `buffer_steps` batches. The same thread answers replay
+requests on the ROUTER socket between sends: for a request `(identity, b"", start_seq)`
+it sends `(identity, b"", topic, seq, payload)` for every buffered batch with
+`seq >= start_seq`, then the end marker `(identity, b"", b"", END_SEQ, b"")`.
+
+Send before buffer, in one thread: a replay never misses a batch the PUB socket already
+sent, so a subscriber that saw seq N and asks for the hole before it always gets
+whatever of it is still buffered. A PUB socket drops messages for a slow subscriber
+(`hwm`); sequence numbers make that visible, and replay repairs it.
+
+Endpoints follow vLLM: a PUB endpoint with `*` (`tcp://*:5557`; `tcp://127.0.0.1:*` for
+a free loopback port), `::`, `ipc://` or `inproc://` is bound, any other is connected;
+the replay endpoint is always bound. `endpoint` / `replay_endpoint` are the addresses
+actually bound (a `*` port resolved), for subscribers to connect to.
+
+Must never: block the engine on a subscriber, drop a batch without consuming its
+sequence number, or publish from more than one thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+import zmq
+
+from prefixcache.event_wire import END_SEQ, encode_batch, encode_seq
+from prefixcache.events import MEDIUM_GPU, BlockRemoved, BlockStored, KVEvent
+from prefixcache.serve.config import KVEventsConfig
+
+__all__ = ["ZmqEventPublisher", "is_bind_endpoint"]
+
+_log = logging.getLogger(__name__)
+_STOP = object()
+# vLLM's engine always stamps its batches with its data-parallel rank; one engine is rank 0.
+_DP_RANK = 0
+
+
+def is_bind_endpoint(endpoint: str) -> bool:
+    """Whether the PUB socket binds `endpoint` (else it connects), by vLLM's rule."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+class ZmqEventPublisher:
+    """PUB + ROUTER publisher with a bounded replay buffer (see the module docstring)."""
+
+    def __init__(self, config: KVEventsConfig, *, context: zmq.Context | None = None) -> None:
+        self.config = config
+        self._ctx = context or zmq.Context.instance()
+        self._topic = config.topic.encode("utf-8")
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=config.max_queue_size)
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
+        self._next_seq = 0
+        self.num_published = 0  # batches sent (the next sequence number)
+        self.num_replays = 0  # replay requests answered
+        self._queued = 0  # batches handed to publish(); the thread counts them off in _handled
+        self._handled = 0
+        self._handled_cv = threading.Condition()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.LINGER, 0)
+        self._pub.set_hwm(config.hwm)
+        self._replay = None
+        try:
+            if is_bind_endpoint(config.endpoint):
+                self._pub.bind(config.endpoint)
+                self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+            else:
+                self._pub.connect(config.endpoint)
+                self.endpoint = config.endpoint
+            self.replay_endpoint: str | None = None
+            if config.replay_endpoint is not None:
+                self._replay = self._ctx.socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.LINGER, 0)
+                # Room for a whole replay and its marker, as vLLM sizes it.
+                self._replay.setsockopt(zmq.SNDHWM, 2 * (config.buffer_steps + 1))
+                self._replay.bind(config.replay_endpoint)
+                self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        except zmq.ZMQError as err:
+            self._close_sockets()
+            raise OSError(f"kv_events: cannot open {config.endpoint!r} / {config.replay_endpoint!r}: {err}") from None
+        self._thread = threading.Thread(target=self._run, name="kv-event-publisher", daemon=True)
+        self._thread.start()
+
+    # -- the engine's side ----------------------------------------------------------------
+    def publish(self, events: Sequence[KVEvent]) -> None:
+        """Queue one step's events as one batch, stamped now (wall clock). Waits only
+        if `max_queue_size` batches are already waiting for the publisher thread."""
+        if not self._thread.is_alive():
+            raise RuntimeError("the KV event publisher is closed")
+        if events:
+            with self._handled_cv:
+                self._queued += 1
+            self._queue.put((time.time(), list(events)))
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every batch queued so far is sent (at most `timeout_s` SECONDS);
+        False if that did not happen in time."""
+        with self._handled_cv:
+            return self._handled_cv.wait_for(lambda: self._handled >= self._queued, timeout_s)
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Send what is queued (within `timeout_s` SECONDS), stop the thread, close the sockets."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            _log.warning("KV event publisher did not stop within %.1f s; closing its sockets anyway", timeout_s)
+        else:
+            self._close_sockets()
+
+    def __enter__(self) -> ZmqEventPublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the publisher thread -------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            if self._replay is not None:
+                while self._replay.poll(0, zmq.POLLIN):
+                    self._answer_replay()
+            try:
+                item = self._queue.get(timeout=0.05 if self._replay is not None else None)
+            except queue.Empty:
+                continue
+            if item is _STOP:
+                return
+            ts, events = item  # type: ignore[misc]
+            try:
+                self._send(ts, events)
+            except Exception:  # noqa: BLE001 - a bad event must not kill the stream
+                _log.exception("KV event publisher: a batch could not be published")
+            with self._handled_cv:
+                self._handled += 1
+                self._handled_cv.notify_all()
+
+    def _send(self, ts: float, events: list[KVEvent]) -> None:
+        medium = self.config.medium
+        if medium != MEDIUM_GPU:
+            events = [
+                dataclasses.replace(e, medium=medium) if isinstance(e, (BlockStored, BlockRemoved)) else e
+                for e in events
+            ]
+        payload = encode_batch(
+            events, ts=ts, data_parallel_rank=_DP_RANK, int_block_hashes=self.config.int_block_hashes
+        )
+        seq = self._next_seq
+        self._next_seq += 1
+        self._pub.send_multipart((self._topic, encode_seq(seq), payload))
+        self._buffer.append((seq, payload))
+        self.num_published = self._next_seq
+
+    def _answer_replay(self) -> None:
+        frames = self._replay.recv_multipart()  # type: ignore[union-attr]
+        if len(frames) != 3 or len(frames[2]) != 8:
+            _log.warning("KV event publisher: ignoring a malformed replay request of %d frames", len(frames))
+            return
+        identity, _, start = frames
+        start_seq = int.from_bytes(start, "big")
+        for seq, payload in self._buffer:
+            if seq >= start_seq:
+                self._replay.send_multipart((identity, b"", self._topic, encode_seq(seq), payload))  # type: ignore[union-attr]
+        self._replay.send_multipart((identity, b"", b"", END_SEQ, b""))  # type: ignore[union-attr]
+        self.num_replays += 1
+
+    def _close_sockets(self) -> None:
+        self._pub.close(linger=0)
+        if self._replay is not None:
+            self._replay.close(linger=0)

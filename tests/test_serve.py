@@ -1,0 +1,221 @@
+"""`prefixcache serve` over HTTP, driven by the official `openai` client and raw httpx.
+
+A real uvicorn server on 127.0.0.1 (a port the OS picks) serves the tiny generated model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("zmq")
+
+from prefixcache.engine.loader import load_model  # noqa: E402
+from serve_cases import idle, in_engine, running  # noqa: E402
+
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 3  # 135 byte tokens on the tiny model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny")
+
+
+@pytest.fixture(scope="module")
+def replicas(tiny):
+    """One replica per arm, all on the same weights: hash, radix, no cache."""
+    with running(tiny, "hash") as h, running(tiny, "radix") as r, running(tiny, "hash", prefix_caching=False) as n:
+        yield {"hash": h, "radix": r, "none": n}
+
+
+def client(replica) -> openai.OpenAI:
+    return openai.OpenAI(base_url=replica.base_url + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def sse_events(response: httpx.Response) -> list:
+    """The data lines of a server-sent-event response, JSON-decoded ([DONE] kept as is)."""
+    out = []
+    for line in response.text.splitlines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def test_models_and_health(replicas):
+    r = replicas["hash"]
+    models = client(r).models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+    body = httpx.get(r.base_url + "/v1/models").json()
+    assert body["data"][0]["max_model_len"] == min(4096, 256 * 4)
+    assert httpx.get(r.base_url + "/health").status_code == 200
+
+
+@pytest.mark.parametrize("arm", ["hash", "radix"])
+def test_a_shared_prefix_is_served_from_the_cache_and_the_text_does_not_change(replicas, arm):
+    cached, plain = client(replicas[arm]), client(replicas["none"])
+    first = cached.completions.create(model="tiny", prompt=PROMPT + "one", max_tokens=6)
+    second = cached.completions.create(model="tiny", prompt=PROMPT + "two", max_tokens=6)
+    baseline = plain.completions.create(model="tiny", prompt=PROMPT + "two", max_tokens=6)
+    assert second.usage.prompt_tokens_details.cached_tokens >= len(PROMPT) // 4 * 4
+    assert baseline.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.choices[0].text == baseline.choices[0].text  # greedy: caching never changes output
+    assert first.usage.prompt_tokens == len((PROMPT + "one").encode()) and second.usage.completion_tokens == 6
+    assert second.object == "text_completion" and second.id.startswith("cmpl-")
+
+
+def test_token_id_prompts_and_a_stream_that_ends_with_done(replicas):
+    r = replicas["radix"]
+    ids = list(range(40, 90))
+    plain = client(r).completions.create(model="tiny", prompt=ids, max_tokens=5)
+    response = httpx.post(r.base_url + "/v1/completions", json={
+        "model": "tiny", "prompt": ids, "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}})
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    *chunks, usage, _ = events
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 5
+    assert usage["usage"]["prompt_tokens_details"]["cached_tokens"] == 48  # 50 ids, whole blocks of 4, last computed
+    assert "".join(c["choices"][0]["text"] for c in chunks) == plain.choices[0].text
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
+    assert len(chunks) == 5  # one chunk per step, as vLLM streams
+
+
+def test_chat_with_and_without_streaming(replicas):
+    c = client(replicas["hash"])
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    whole = c.chat.completions.create(model="tiny", messages=messages, max_tokens=4)
+    assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
+    assert 1 <= whole.usage.completion_tokens <= 4 and whole.id.startswith("chatcmpl-")
+    stream = c.chat.completions.create(model="tiny", messages=messages, max_tokens=4, stream=True,
+                                       stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0  # the same chat, asked twice
+    parts = c.chat.completions.create(model="tiny", max_tokens=4, messages=[
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hello there"}]}])
+    assert parts.choices[0].message.content == whole.choices[0].message.content
+
+
+def test_max_tokens_past_the_rest_of_the_context_is_cut_as_vllm_does(replicas):
+    r = replicas["hash"]  # max_model_len 1024 (the pool)
+    out = client(r).completions.create(model="tiny", prompt=[7] * 1020, max_tokens=50)
+    assert out.usage.completion_tokens == 4 and out.choices[0].finish_reason == "length"
+
+
+BAD = [
+    # (what, path, body (dict) or raw bytes, status, param)
+    ("invalid JSON", "/v1/completions", b'{"prompt": "x", ', 400, None),
+    ("a JSON array", "/v1/completions", [1, 2], 400, None),
+    ("no prompt", "/v1/completions", {"model": "tiny"}, 400, "prompt"),
+    ("unknown model", "/v1/completions", {"model": "gpt-9", "prompt": "x"}, 404, "model"),
+    ("max_tokens 0", "/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ("max_tokens -3", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": -3}, 400,
+     "max_tokens"),
+    ("max_completion_tokens 0", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, 400, "max_completion_tokens"),
+    ("max_tokens past the context", "/v1/completions", {"prompt": "x", "max_tokens": 5000}, 400, "max_tokens"),
+    ("a prompt longer than the context", "/v1/completions", {"prompt": [1] * 1100}, 400, "input_tokens"),
+    ("a prompt as long as the context", "/v1/completions", {"prompt": [1] * 1024}, 400, "input_tokens"),
+    ("max_tokens a string", "/v1/completions", {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
+    ("prompt a number", "/v1/completions", {"prompt": 5}, 400, "prompt"),
+    ("token ids as bools", "/v1/completions", {"prompt": [True, False]}, 400, "prompt"),
+    ("a negative token id", "/v1/completions", {"prompt": [3, -1]}, 400, "prompt"),
+    ("a token id past the vocabulary", "/v1/completions", {"prompt": [3, 320]}, 400, "prompt"),
+    ("temperature a string", "/v1/completions", {"prompt": "x", "temperature": "hot"}, 400, "temperature"),
+    ("negative temperature", "/v1/completions", {"prompt": "x", "temperature": -1}, 400, "temperature"),
+    ("stream a list", "/v1/completions", {"prompt": "x", "stream": [1]}, 400, "stream"),
+    ("an empty prompt", "/v1/completions", {"prompt": ""}, 400, "prompt"),
+    ("an empty token list", "/v1/completions", {"prompt": []}, 400, "prompt"),
+    ("two prompts", "/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("n = 2", "/v1/completions", {"prompt": "x", "n": 2}, 400, "n"),
+    ("stop strings", "/v1/completions", {"prompt": "x", "stop": ["\n"]}, 400, "stop"),
+    ("messages not a list", "/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
+    ("no messages", "/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("a message without a role", "/v1/chat/completions", {"messages": [{"content": "x"}]}, 400, "messages[0].role"),
+    ("an image part", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
+     "messages[0].content[0]"),
+    ("a negative seed", "/v1/completions", {"prompt": "x", "seed": -1}, 400, "seed"),
+]
+
+
+@pytest.mark.parametrize("what, path, body, status, param", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_gets_an_openai_error_body_never_a_500(replicas, what, path, body, status, param):
+    url = replicas["hash"].base_url + path
+    response = (httpx.post(url, content=body, headers={"content-type": "application/json"}) if isinstance(body, bytes)
+                else httpx.post(url, json=body))
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == status
+    assert error["param"] == param and error["message"]
+    assert error["type"] in ("Bad Request", "BadRequestError", "NotFoundError")
+
+
+def test_unknown_routes_and_methods_answer_in_the_same_shape(replicas):
+    base = replicas["hash"].base_url
+    missing, wrong = httpx.get(base + "/v1/nothing"), httpx.get(base + "/v1/completions")
+    assert (missing.status_code, missing.json()["error"]["type"]) == (404, "Not Found")
+    assert (wrong.status_code, wrong.json()["error"]["type"]) == (405, "Method Not Allowed")
+
+
+def test_the_official_client_sees_the_errors_as_its_own_exceptions(replicas):
+    c = client(replicas["hash"])
+    with pytest.raises(openai.NotFoundError) as err:
+        c.completions.create(model="nope", prompt="x", max_tokens=2)
+    assert err.value.body["param"] == "model" or err.value.status_code == 404
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be at least 1"):
+        c.completions.create(model="tiny", prompt="x", max_tokens=0)
+
+
+def test_clients_that_go_away_release_their_blocks(replicas):
+    """Streams closed after their first chunk and plain requests whose client times out
+    are aborted: afterwards nothing is running and no block is pinned."""
+    for arm in ("hash", "radix"):
+        r = replicas[arm]
+        idle(r)
+        body = {"model": "tiny", "prompt": PROMPT + arm, "max_tokens": 900, "ignore_eos": True}
+        with httpx.Client(base_url=r.base_url, timeout=30) as http:
+            for _ in range(3):
+                with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as stream:
+                    next(stream.iter_lines())  # the first chunk: the request is running
+            with pytest.raises(httpx.ReadTimeout):
+                http.post("/v1/completions", json=body, timeout=0.3)
+        idle(r)
+        in_engine(r, lambda e: e.check_invariants())  # every pinned block is the tree's or a live request's
+        held = (lambda e: e.cache.tree.protected_size) if arm == "radix" else (lambda e: e.cache.pool.num_pinned)
+        assert in_engine(r, held) == 0  # radix: no node locked by a request; hash: no block pinned
+        after = client(r).completions.create(model="tiny", prompt=PROMPT + arm, max_tokens=2)
+        assert after.usage.prompt_tokens_details.cached_tokens > 0  # what the aborted requests computed stays cached
+
+
+def test_concurrent_requests_are_batched_into_shared_steps(replicas):
+    r = replicas["radix"]
+    idle(r)
+    before = in_engine(r, lambda e: e.stats().steps)
+    with httpx.Client(base_url=r.base_url, timeout=30) as http, contextlib.ExitStack() as open_streams:
+        bodies = [open_streams.enter_context(http.stream("POST", "/v1/completions", json={
+            "prompt": [5 + i] * 12, "max_tokens": 8, "ignore_eos": True, "stream": True})) for i in range(4)]
+        texts = [b.read() for b in bodies]  # all four were submitted before any is read to its end
+    assert all(t.endswith(b"data: [DONE]\n\n") for t in texts)
+    steps = in_engine(r, lambda e: e.stats().steps) - before
+    assert steps < 4 * 8  # 32 tokens sampled in fewer steps: requests shared them
+
+
+def test_the_serve_command_names_a_config_mistake(tmp_path, capsys):
+    from prefixcache.cli import main
+
+    bad = tmp_path / "serve.yaml"
+    bad.write_text("cache: {backend: hash}\nengine: {model: tiny}\nkv_events: {enabled: true, endpoint: 'udp://x'}\n")
+    assert main(["serve", str(bad)]) == 2
+    assert "kv_events.endpoint: must be a ZeroMQ endpoint" in capsys.readouterr().err
+    assert main(["validate", "configs/serve.yaml"]) == 0  # the shipped default
+    assert "kv_events" in capsys.readouterr().out
