@@ -30,50 +30,57 @@ uint64_t low64(const char* data, Py_ssize_t size) {
   return v;
 }
 
-uint64_t block_hash(PyObject* item, const std::string& what) {
-  if (PyLong_Check(item) && !PyBool_Check(item)) {
-    uint64_t v = PyLong_AsUnsignedLongLongMask(item);
-    if (v == static_cast<uint64_t>(-1) && PyErr_Occurred()) throw py::error_already_set();
-    return v;
+// The hash of `item`, or false for anything but an int (not a bool) or bytes.
+bool try_block_hash(PyObject* item, uint64_t& out) {
+  if (PyLong_CheckExact(item) || (PyLong_Check(item) && !PyBool_Check(item))) {
+    out = PyLong_AsUnsignedLongLongMask(item);
+    if (out == static_cast<uint64_t>(-1) && PyErr_Occurred()) throw py::error_already_set();
+    return true;
   }
-  if (PyBytes_Check(item)) return low64(PyBytes_AS_STRING(item), PyBytes_GET_SIZE(item));
+  if (PyBytes_Check(item)) {
+    out = low64(PyBytes_AS_STRING(item), PyBytes_GET_SIZE(item));
+    return true;
+  }
+  return false;
+}
+
+[[noreturn]] void bad_hash(PyObject* item, const std::string& what) {
   throw py::type_error(what + ": expected a block hash (an int, or a digest as bytes); got " + Py_TYPE(item)->tp_name +
                        " " + short_repr(item));
 }
 
-// Appends the hashes of `obj` (a sequence of block hashes) to `out`.
-void append_hashes(py::handle obj, const std::string& what, std::vector<uint64_t>& out) {
+uint64_t block_hash(PyObject* item, const std::string& what) {
+  uint64_t v;
+  if (!try_block_hash(item, v)) bad_hash(item, what);
+  return v;
+}
+
+// Appends the hashes of `obj` (a sequence of block hashes) to `out`. `what` names the
+// argument in errors; it is a function so the label is built only for an error.
+template <class What>
+void append_hashes(py::handle obj, const What& what, std::vector<uint64_t>& out) {
   PyObject* p = obj.ptr();
   if (PyUnicode_Check(p) || PyBytes_Check(p) || PyByteArray_Check(p)) {
-    throw py::type_error(what + ": expected a sequence of block hashes (a list of ints or digests); got " +
+    throw py::type_error(what() + ": expected a sequence of block hashes (a list of ints or digests); got " +
                          Py_TYPE(p)->tp_name);
   }
   py::object seq = py::reinterpret_borrow<py::object>(obj);
   if (!PyList_Check(p) && !PyTuple_Check(p)) {
-    seq = py::reinterpret_steal<py::object>(PySequence_Fast(p, (what + ": expected a sequence of block hashes").c_str()));
+    seq = py::reinterpret_steal<py::object>(PySequence_Fast(p, "expected a sequence of block hashes"));
     if (!seq) throw py::error_already_set();
   }
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
   PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
   for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* item = items[i];
-    // The common case (an exact int below 2**63) without building the error label.
-    if (PyLong_CheckExact(item)) {
-      int overflow = 0;
-      long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
-      if (overflow == 0 && v >= 0) {
-        out.push_back(static_cast<uint64_t>(v));
-        continue;
-      }
-      PyErr_Clear();
-    }
-    out.push_back(block_hash(item, what + "[" + std::to_string(i) + "]"));
+    uint64_t v;
+    if (!try_block_hash(items[i], v)) bad_hash(items[i], what() + "[" + std::to_string(i) + "]");
+    out.push_back(v);
   }
 }
 
 std::vector<uint64_t> to_hashes(py::handle obj) {
   std::vector<uint64_t> out;
-  append_hashes(obj, "hashes", out);
+  append_hashes(obj, [] { return std::string("hashes"); }, out);
   return out;
 }
 
@@ -108,18 +115,38 @@ const EventTypes& event_types() {
 }
 
 bool is_instance(PyObject* obj, PyObject* cls) {
-  if (Py_TYPE(obj) == reinterpret_cast<PyTypeObject*>(cls)) return true;
   int r = PyObject_IsInstance(obj, cls);
   if (r < 0) throw py::error_already_set();
   return r == 1;
 }
 
+// The event's kind: its exact class first (the usual case, a pointer compare), then
+// subclasses; -1 for anything else.
+int event_kind(PyObject* event, const EventTypes& types) {
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(event));
+  if (type == types.stored) return KvEventBatch::kStored;
+  if (type == types.removed) return KvEventBatch::kRemoved;
+  if (type == types.cleared) return KvEventBatch::kCleared;
+  if (is_instance(event, types.stored)) return KvEventBatch::kStored;
+  if (is_instance(event, types.removed)) return KvEventBatch::kRemoved;
+  if (is_instance(event, types.cleared)) return KvEventBatch::kCleared;
+  return -1;
+}
+
+// `name` as an interned str, made once: attribute look-ups by it skip building a str.
+PyObject* interned(const char* name) {
+  PyObject* s = PyUnicode_InternFromString(name);
+  if (s == nullptr) throw py::error_already_set();
+  return s;  // kept for the life of the interpreter
+}
+
 // Whether an event's medium (None: any) is the one the caller tracks (None: every one).
 bool same_medium(PyObject* event, py::handle medium) {
   if (medium.is_none()) return true;
-  py::object own = py::reinterpret_steal<py::object>(PyObject_GetAttrString(event, "medium"));
+  static PyObject* const attr = interned("medium");
+  py::object own = py::reinterpret_steal<py::object>(PyObject_GetAttr(event, attr));
   if (!own) throw py::error_already_set();
-  if (own.is_none()) return true;
+  if (own.is_none() || own.ptr() == medium.ptr()) return true;
   int r = PyObject_RichCompareBool(own.ptr(), medium.ptr(), Py_EQ);
   if (r < 0) throw py::error_already_set();
   return r == 1;
@@ -137,18 +164,14 @@ KvEventBatch to_event_batch(py::handle events, py::handle medium) {
   KvEventBatch batch;
   batch.kinds.reserve(n);
   batch.ends.reserve(n);
+  batch.hashes.reserve(n);
+  static PyObject* const hashes_attr = interned("block_hashes");
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* event = items[i];
-    const std::string where = "events[" + std::to_string(i) + "]";
-    uint8_t kind;
-    if (is_instance(event, types.stored)) {
-      kind = KvEventBatch::kStored;
-    } else if (is_instance(event, types.removed)) {
-      kind = KvEventBatch::kRemoved;
-    } else if (is_instance(event, types.cleared)) {
-      kind = KvEventBatch::kCleared;
-    } else {
-      throw py::type_error(where + ": expected BlockStored, BlockRemoved or AllBlocksCleared; got " +
+    auto where = [i] { return "events[" + std::to_string(i) + "]"; };
+    const int kind = event_kind(event, types);
+    if (kind < 0) {
+      throw py::type_error(where() + ": expected BlockStored, BlockRemoved or AllBlocksCleared; got " +
                            Py_TYPE(event)->tp_name);
     }
     if (!same_medium(event, medium)) {
@@ -156,12 +179,12 @@ KvEventBatch to_event_batch(py::handle events, py::handle medium) {
       continue;
     }
     if (kind != KvEventBatch::kCleared) {
-      py::object hashes = py::reinterpret_steal<py::object>(PyObject_GetAttrString(event, "block_hashes"));
+      py::object hashes = py::reinterpret_steal<py::object>(PyObject_GetAttr(event, hashes_attr));
       if (!hashes) throw py::error_already_set();
-      append_hashes(hashes, where + ".block_hashes", batch.hashes);
+      append_hashes(hashes, [&] { return where() + ".block_hashes"; }, batch.hashes);
       if (batch.hashes.size() > UINT32_MAX) throw py::value_error("events: more than 2**32 block hashes in one call");
     }
-    batch.kinds.push_back(kind);
+    batch.kinds.push_back(static_cast<uint8_t>(kind));
     batch.ends.push_back(static_cast<uint32_t>(batch.hashes.size()));
   }
   return batch;

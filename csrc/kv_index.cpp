@@ -44,14 +44,20 @@ int64_t KvIndex::find(uint64_t hash) const {
   }
 }
 
-uint64_t KvIndex::insert_slot(uint64_t hash) {
+uint64_t KvIndex::find_or_insert(uint64_t hash) {
   if (static_cast<uint64_t>(size_ + 1) * 4 > capacity() * 3) rebuild(capacity() * 2, words_);
-  uint64_t i = mix(hash) & mask_;
-  while (!empty_slot(slot(i))) i = (i + 1) & mask_;
-  slot(i)[0] = hash;
-  ++size_;
-  return i;
+  for (uint64_t i = mix(hash) & mask_;; i = (i + 1) & mask_) {
+    uint64_t* s = slot(i);
+    if (empty_slot(s)) {
+      s[0] = hash;  // a new entry: its mask is set by the caller
+      ++size_;
+      return i;
+    }
+    if (s[0] == hash) return i;
+  }
 }
+
+void KvIndex::prefetch(uint64_t hash) const { __builtin_prefetch(slot(mix(hash) & mask_)); }
 
 void KvIndex::erase_slot(uint64_t i) {
   // Backward-shift deletion: pull later entries of the probe run into the gap
@@ -102,9 +108,7 @@ void KvIndex::add_replica(int32_t r) {
 }
 
 void KvIndex::store_one(int32_t r, uint64_t hash) {
-  int64_t found = find(hash);
-  uint64_t i = found >= 0 ? static_cast<uint64_t>(found) : insert_slot(hash);
-  uint64_t* s = slot(i);
+  uint64_t* s = slot(find_or_insert(hash));
   ++copies_[r];
   ++counters_.stored;
   if (has_bit(s + 1, r)) {
@@ -136,12 +140,22 @@ void KvIndex::remove_one(int32_t r, uint64_t hash) {
   if (empty_slot(s)) erase_slot(static_cast<uint64_t>(found));
 }
 
+// Batches touch random slots of a big table: fetch a few hashes ahead so the cache
+// misses overlap (the query does the same, and says why).
+constexpr size_t kAhead = 8;
+
 void KvIndex::store(int32_t r, std::span<const uint64_t> hashes) {
-  for (uint64_t h : hashes) store_one(r, h);
+  for (size_t k = 0; k < hashes.size(); ++k) {
+    if (k + kAhead < hashes.size()) prefetch(hashes[k + kAhead]);
+    store_one(r, hashes[k]);
+  }
 }
 
 void KvIndex::remove(int32_t r, std::span<const uint64_t> hashes) {
-  for (uint64_t h : hashes) remove_one(r, h);
+  for (size_t k = 0; k < hashes.size(); ++k) {
+    if (k + kAhead < hashes.size()) prefetch(hashes[k + kAhead]);
+    remove_one(r, hashes[k]);
+  }
 }
 
 void KvIndex::clear(int32_t r) {
@@ -186,7 +200,11 @@ void KvIndex::longest_prefix(std::span<const uint64_t> hashes, std::vector<int32
   // hash it lacks, and its depth is that position.
   std::vector<uint64_t> alive(words_, 0);
   for (int32_t r = 0; r < num_replicas_; ++r) alive[r >> 6] |= uint64_t{1} << (r & 63);
+  // A long chain in a big table is a cache miss per block; the hashes are all known,
+  // so fetch the home slots a few blocks ahead and let the misses overlap.
+  for (size_t d = 0; d < std::min(kAhead, hashes.size()); ++d) prefetch(hashes[d]);
   for (size_t depth = 0; depth < hashes.size(); ++depth) {
+    if (depth + kAhead < hashes.size()) prefetch(hashes[depth + kAhead]);
     int64_t found = find(hashes[depth]);
     const uint64_t* held = found >= 0 ? slot(found) + 1 : nullptr;
     bool any = false;

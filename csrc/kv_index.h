@@ -96,8 +96,9 @@ class KvIndex {
   uint64_t stride() const { return 1 + static_cast<uint64_t>(words_); }
   uint64_t capacity() const { return mask_ + 1; }
   bool empty_slot(const uint64_t* s) const;
-  int64_t find(uint64_t hash) const;  // slot index, or -1
-  uint64_t insert_slot(uint64_t hash);  // slot index of a new, empty-masked entry
+  int64_t find(uint64_t hash) const;        // slot index, or -1
+  uint64_t find_or_insert(uint64_t hash);  // slot index; a new entry has an empty mask
+  void prefetch(uint64_t hash) const;      // hint: `hash`'s home slot is read soon
   void erase_slot(uint64_t i);
   void rebuild(uint64_t capacity, int32_t words);  // rehash every held entry
 
