@@ -13,10 +13,11 @@ void bind_attention(py::module_& m);
 void bind_block_contents(py::module_& m);
 void bind_tokens(py::module_& m);
 void bind_kv_index(py::module_& m);
+void bind_kv_router_cost(py::module_& m);
 }  // namespace prefixcache
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "prefixcache native core: block pool, hashing, radix tree, paged attention (CPU), KV index.";
+  m.doc() = "prefixcache native core: block pool, hashing, radix tree, paged attention (CPU), KV index and router cost.";
   prefixcache::bind_block_pool(m);
   prefixcache::bind_hashing(m);
   prefixcache::bind_radix_tree(m);
@@ -25,4 +26,5 @@ PYBIND11_MODULE(_C, m) {
   prefixcache::bind_block_contents(m);
   prefixcache::bind_tokens(m);
   prefixcache::bind_kv_index(m);
+  prefixcache::bind_kv_router_cost(m);
 }
