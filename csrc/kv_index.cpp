@@ -3,7 +3,14 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <new>
 #include <string>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "block_pool.h"
 
@@ -27,7 +34,23 @@ inline bool has_bit(const uint64_t* mask, int32_t r) { return (mask[r >> 6] >> (
 
 }  // namespace
 
-KvIndex::KvIndex() : table_(kMinSlots * 2, 0), mask_(kMinSlots - 1) {}
+constexpr size_t kHugePage = size_t{2} << 20;
+
+TableWords::TableWords(size_t n) : size_(n) {
+  const size_t bytes = n * sizeof(uint64_t);
+  const size_t align = bytes >= kHugePage ? kHugePage : alignof(std::max_align_t);
+  bytes_ = (bytes + align - 1) / align * align;
+  data_ = static_cast<uint64_t*>(std::aligned_alloc(align, bytes_));
+  if (data_ == nullptr) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (align == kHugePage) madvise(data_, bytes_, MADV_HUGEPAGE);  // a hint: no huge pages is fine
+#endif
+  std::memset(data_, 0, bytes_);
+}
+
+TableWords::~TableWords() { std::free(data_); }
+
+KvIndex::KvIndex() : table_(kMinSlots * 2), mask_(kMinSlots - 1) {}
 
 bool KvIndex::empty_slot(const uint64_t* s) const {
   for (int32_t w = 0; w < words_; ++w) {
@@ -76,7 +99,7 @@ void KvIndex::erase_slot(uint64_t i) {
 }
 
 void KvIndex::rebuild(uint64_t new_capacity, int32_t words) {
-  std::vector<uint64_t> old(new_capacity * (1 + static_cast<uint64_t>(words)), 0);
+  TableWords old(new_capacity * (1 + static_cast<uint64_t>(words)));
   old.swap(table_);
   const uint64_t old_stride = stride();
   const int32_t old_words = words_;
@@ -241,7 +264,7 @@ int64_t KvIndex::num_pairs() const {
 int64_t KvIndex::memory_bytes() const {
   // The side map: a node (key, count, next pointer, cached hash) per entry plus its buckets.
   const int64_t node = sizeof(std::pair<const std::pair<uint64_t, int32_t>, int64_t>) + 2 * sizeof(void*);
-  return static_cast<int64_t>(table_.capacity() * sizeof(uint64_t)) +
+  return static_cast<int64_t>(table_.bytes()) +
          static_cast<int64_t>(extra_.size()) * node + static_cast<int64_t>(extra_.bucket_count() * sizeof(void*)) +
          static_cast<int64_t>((blocks_.capacity() + copies_.capacity()) * sizeof(int64_t));
 }
