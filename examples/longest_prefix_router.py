@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefixcache.cluster import Router
-from prefixcache.cluster.router import Candidates, Ranked, RoutingRequest
+from prefixcache.cluster import Candidates, Ranked, Router, RoutingRequest
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ def plot_cluster(result: ClusterResult, path: str | Path) -> None:
     plt = _pyplot()
     fig, (hits, p50, p99) = plt.subplots(1, 3, figsize=(17, 5))
     sizes = result.replica_counts
+    top = max((r.hit_ratio for r in result.runs), default=0.0)
     for k, label in enumerate(result.labels):
         runs = [result.run(label, n) for n in sizes]
         style = {"linestyle": ":", "color": "0.4", "marker": "s"} if label == SHARED else \
@@ -75,7 +76,7 @@ def plot_cluster(result: ClusterResult, path: str | Path) -> None:
         panel.grid(True, alpha=0.3)
     p50.set_yscale("log")
     p99.set_yscale("log")
-    hits.set_ylim(0, 1)
+    hits.set_ylim(0, min(1.0, 1.15 * top) if top > 0 else 1.0)
     hits.legend(fontsize=8)
     w = result.workload
     fig.suptitle(f"{w['name']}: {w['requests']:,} requests, {result.config['capacity_tokens']:,} tokens per replica")

@@ -74,6 +74,11 @@ class RoutedPrefixes:
         lru = self._lru.get(replica)
         return 0 if lru is None else len(lru) * self.block_size
 
+    def tokens_of(self, replicas: list[ReplicaId]) -> list[int]:
+        """`tokens(r)` for each replica, in one pass (a router weighs every candidate)."""
+        get, bs = self._lru.get, self.block_size
+        return [len(get(r, ())) * bs for r in replicas]
+
     def evict_to(self, replica: ReplicaId, max_tokens: int) -> int:
         """Drop `replica`'s least recently routed blocks until it holds at most
         `max_tokens` TOKENS; returns the BLOCKS dropped."""

@@ -261,15 +261,19 @@ class _Simulation:
         self.replica_of[i] = rid
         rep = self.replicas[rid]
         rep.queue.append(i)
-        # What the request will prefill, as its replica's cache stands now (a pure look-up;
-        # Dynamo's router estimates the same from its index): the load it adds until admitted.
-        expected = len(r.prompt) - rep.cache.match(self.prompt(i), namespace=r.namespace).num_tokens
-        self.expected_prefill[i] = expected
+        self.expected_prefill[i] = len(r.prompt)
         loads.queued_tokens[rid] += len(r.prompt) + len(r.output)
         loads.num_requests[rid] += 1
-        loads.prefill_tokens[rid] += expected
+        loads.prefill_tokens[rid] += len(r.prompt)
         loads.active_blocks[rid] += self.blocks(i)
         self.start(rep)
+        if self.ttft[i] is None and self.replica_of[i] == rid:
+            # It waits: the load it adds until admitted is what it will prefill as the
+            # replica's cache stands now (a pure look-up; Dynamo's router estimates the
+            # same from its index). A request that starts at once is counted exactly.
+            expected = len(r.prompt) - rep.cache.match(self.prompt(i), namespace=r.namespace).num_tokens
+            loads.prefill_tokens[rid] += expected - len(r.prompt)
+            self.expected_prefill[i] = expected
 
     def push(self, at: float, kind: int, i: int, rid: int) -> None:
         heapq.heappush(self.heap, (at, self.seq, kind, i, rid))

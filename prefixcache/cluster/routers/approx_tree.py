@@ -83,7 +83,7 @@ class ApproxTreeRouter(Router):
         if best and best * self.context.block_size > opts.cache_threshold * request.num_prompt_tokens:
             group = [i for i, blocks in matched.items() if blocks == best]
         else:
-            sizes = [self.tree.tokens(r) for r in candidates.replicas]
+            sizes = self.tree.tokens_of(candidates.replicas)
             smallest = min(sizes)
             group = [i for i, size in enumerate(sizes) if size == smallest]
         return [[min(group, key=loads.__getitem__)]]

@@ -81,7 +81,7 @@ class PrefixAffinityRouter(Router):
         best = max(matched.values(), default=0)
         if best and best * self.context.block_size >= opts.match_rate_threshold * request.num_prompt_tokens:
             return [[i for i, blocks in matched.items() if blocks == best]]
-        sizes = [self.tree.tokens(r) for r in candidates.replicas]
+        sizes = self.tree.tokens_of(candidates.replicas)
         smallest = min(sizes)
         return [[i for i, size in enumerate(sizes) if size == smallest]]
 
