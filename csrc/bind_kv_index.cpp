@@ -157,7 +157,8 @@ KvEventBatch to_event_batch(py::handle events, py::handle medium) {
     throw py::type_error(std::string("medium must be a str or None, got ") + Py_TYPE(medium.ptr())->tp_name);
   }
   const EventTypes& types = event_types();
-  py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(events.ptr(), "events must be a sequence of KV events"));
+  py::object seq =
+      py::reinterpret_steal<py::object>(PySequence_Fast(events.ptr(), "events must be a sequence of KV events"));
   if (!seq) throw py::error_already_set();
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
   PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
@@ -243,11 +244,16 @@ serialized, never interleaved.
           "clear", [](KvIndex& index, py::handle r) { index.clear(replica_arg(index, r)); }, py::arg("replica"),
           "Drop every block of the replica (O(table)).")
       .def(
-          "store", [](KvIndex& index, py::handle r, py::handle hashes) { index.store(replica_arg(index, r), to_hashes(hashes)); },
+          "store",
+          [](KvIndex& index, py::handle r, py::handle hashes) {
+            index.store(replica_arg(index, r), to_hashes(hashes));
+          },
           py::arg("replica"), py::arg("hashes"), "The replica now holds one more copy of each hash.")
       .def(
           "remove",
-          [](KvIndex& index, py::handle r, py::handle hashes) { index.remove(replica_arg(index, r), to_hashes(hashes)); },
+          [](KvIndex& index, py::handle r, py::handle hashes) {
+            index.remove(replica_arg(index, r), to_hashes(hashes));
+          },
           py::arg("replica"), py::arg("hashes"), "The replica dropped one copy of each hash.")
       .def(
           "apply",

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -16,21 +17,40 @@ namespace py = pybind11;
 namespace prefixcache {
 namespace {
 
-std::vector<int64_t> int64_column(py::handle obj, const char* what) {
-  if (PyObject_CheckBuffer(obj.ptr())) {
-    py::buffer_info info = py::reinterpret_borrow<py::buffer>(obj).request();
-    const bool int64 = info.itemsize == 8 && (info.format == "q" || info.format == "l" || info.format == "<q" ||
-                                              info.format == "<l" || info.format == "=q" || info.format == "=l");
-    if (!int64 || info.ndim != 1 || info.strides[0] != 8) {
-      throw py::type_error(std::string(what) + ": expected a contiguous int64 column (array('q')), got format '" +
-                           info.format + "'");
+// A read-only int64 view of a load column: the buffer itself when `obj` exposes a
+// contiguous int64 one (array('q'), numpy int64; per decision, so no copy and no
+// pybind11 buffer_info), else a copy of a sequence of ints.
+class Int64Column {
+ public:
+  Int64Column(py::handle obj, const char* what) {
+    if (!PyObject_CheckBuffer(obj.ptr())) {
+      copy_ = to_ids(obj);
+      span_ = copy_;
+      return;
     }
-    std::vector<int64_t> out(static_cast<size_t>(info.shape[0]));
-    if (!out.empty()) std::memcpy(out.data(), info.ptr, out.size() * sizeof(int64_t));
-    return out;
+    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+    held_ = true;
+    const char* f = view_.format != nullptr ? view_.format : "B";
+    if (f[0] == '<' || f[0] == '=' || f[0] == '@') ++f;
+    if (view_.itemsize != 8 || view_.ndim != 1 || (std::strcmp(f, "q") != 0 && std::strcmp(f, "l") != 0)) {
+      throw py::type_error(std::string(what) + ": expected a contiguous int64 column (array('q')), got format '" +
+                           (view_.format != nullptr ? view_.format : "B") + "'");
+    }
+    span_ = std::span<const int64_t>(static_cast<const int64_t*>(view_.buf), static_cast<size_t>(view_.shape[0]));
   }
-  return to_ids(obj);
-}
+  Int64Column(const Int64Column&) = delete;
+  Int64Column& operator=(const Int64Column&) = delete;
+  ~Int64Column() {
+    if (held_) PyBuffer_Release(&view_);
+  }
+  std::span<const int64_t> span() const { return span_; }
+
+ private:
+  Py_buffer view_{};
+  bool held_ = false;
+  std::vector<int64_t> copy_;
+  std::span<const int64_t> span_;
+};
 
 std::vector<int32_t> overlap_column(py::handle overlaps, size_t n) {
   if (!PyDict_Check(overlaps.ptr())) {
@@ -47,7 +67,9 @@ std::vector<int32_t> overlap_column(py::handle overlaps, size_t n) {
       throw py::index_error("overlaps: candidate position " + std::to_string(i) + " is not in [0, " +
                             std::to_string(n) + ")");
     }
-    if (blocks < 0 || blocks > INT32_MAX) throw py::value_error("overlaps: blocks must be in [0, 2**31), got " + std::to_string(blocks));
+    if (blocks < 0 || blocks > INT32_MAX) {
+      throw py::value_error("overlaps: blocks must be in [0, 2**31), got " + std::to_string(blocks));
+    }
     out[i] = static_cast<int32_t>(blocks);
   }
   return out;
@@ -55,9 +77,9 @@ std::vector<int32_t> overlap_column(py::handle overlaps, size_t n) {
 
 std::vector<double> costs(py::handle prefill_tokens, py::handle active_blocks, py::handle overlaps,
                           py::handle prompt_tokens, py::handle block_size, double weight) {
-  std::vector<int64_t> prefill = int64_column(prefill_tokens, "prefill_tokens");
-  std::vector<int64_t> active = int64_column(active_blocks, "active_blocks");
-  return kv_router_costs(prefill, active, overlap_column(overlaps, prefill.size()),
+  const Int64Column prefill(prefill_tokens, "prefill_tokens");
+  const Int64Column active(active_blocks, "active_blocks");
+  return kv_router_costs(prefill.span(), active.span(), overlap_column(overlaps, prefill.span().size()),
                          saturated_int64(prompt_tokens, "prompt_tokens"), saturated_int64(block_size, "block_size"),
                          weight);
 }
@@ -88,8 +110,8 @@ block_size (TOKENS per block), weight (Dynamo's overlap_score_weight).)doc";
       },
       py::arg("prefill_tokens"), py::arg("active_blocks"), py::arg("overlaps"), py::arg("prompt_tokens"),
       py::arg("block_size"), py::arg("weight"),
-      (std::string("Dynamo's KV-router cost of each candidate:\n"
-                   "weight * (prefill_tokens + max(P - overlap * B, 0)) / B + active_blocks + max(ceil(P/B) - overlap, 0).") +
+      (std::string("Dynamo's KV-router cost of each candidate: weight * (prefill_tokens +\n"
+                   "max(P - overlap * B, 0)) / B + active_blocks + max(ceil(P/B) - overlap, 0).") +
        args_doc)
           .c_str());
   m.def(

@@ -17,7 +17,9 @@ std::vector<double> kv_router_costs(std::span<const int64_t> prefill_tokens, std
                                 std::to_string(overlap_blocks.size()));
   }
   if (block_size < 1) throw std::invalid_argument("block_size must be >= 1, got " + std::to_string(block_size));
-  if (prompt_tokens < 0) throw std::invalid_argument("prompt_tokens must be >= 0, got " + std::to_string(prompt_tokens));
+  if (prompt_tokens < 0) {
+    throw std::invalid_argument("prompt_tokens must be >= 0, got " + std::to_string(prompt_tokens));
+  }
   if (!(weight >= 0)) throw std::invalid_argument("weight must be >= 0");
   const double per_token = weight / static_cast<double>(block_size);
   const int64_t prompt_blocks = (prompt_tokens + block_size - 1) / block_size;

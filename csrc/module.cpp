@@ -17,7 +17,7 @@ void bind_kv_router_cost(py::module_& m);
 }  // namespace prefixcache
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "prefixcache native core: block pool, hashing, radix tree, paged attention (CPU), KV index and router cost.";
+  m.doc() = "prefixcache native core: block pool, hashing, radix tree, paged attention (CPU).";
   prefixcache::bind_block_pool(m);
   prefixcache::bind_hashing(m);
   prefixcache::bind_radix_tree(m);

@@ -122,6 +122,22 @@ def test_kv_events_cost_is_dynamos_formula():
                                                 2 * (160 + 160) / 16 + 0 + 10]
 
 
+def test_the_native_cost_takes_int64_columns_or_int_sequences_and_refuses_the_rest():
+    from array import array
+
+    from prefixcache._C import kv_router_costs, kv_router_lowest
+
+    costs = kv_router_costs(array("q", [0, 100]), [1, 2], {1: 2}, 40, 16, 1.0)
+    assert costs == [(0 + 40) / 16 + 1 + 3, (100 + 8) / 16 + 2 + 1]
+    assert kv_router_lowest((5, 0, 5), (0, 0, 0), {}, 16, 16, 1.0) == [1]
+    for bad, error, words in ((array("i", [1, 2]), TypeError, "int64 column"), ([1], ValueError, "one entry per"),
+                              (array("d", [1.0, 2.0]), TypeError, "format 'd'")):
+        with pytest.raises(error, match=words):
+            kv_router_costs(bad, array("q", [1, 2]), {}, 40, 16, 1.0)
+    with pytest.raises(IndexError, match="position 2"):
+        kv_router_costs([0, 0], [0, 0], {2: 1}, 40, 16, 1.0)
+
+
 def test_kv_events_follows_the_cache_when_loads_are_even_and_the_load_when_not():
     index = KVIndex()
     for r in range(4):
