@@ -48,7 +48,8 @@ def check_targets(result: ClusterResult, n: int) -> list[str]:
                 f"{shared.hit_ratio:.4f} [{'PASS' if share >= HIT_TARGET else 'FAIL'} >= {HIT_TARGET}]")
         if p2c is not None:
             ok = run.ttft_p99_s <= p2c.ttft_p99_s
-            line += f"; TTFT p99 {run.ttft_p99_s:.3f} s vs power_of_two {p2c.ttft_p99_s:.3f} s [{'PASS' if ok else 'FAIL'}]"
+            line += (f"; TTFT p99 {run.ttft_p99_s:.3f} s vs power_of_two {p2c.ttft_p99_s:.3f} s "
+                     f"[{'PASS' if ok else 'FAIL'}]")
         lines.append(line)
     return lines
 

@@ -24,7 +24,15 @@ from __future__ import annotations
 from prefixcache.cluster.kv_index import KVIndex, ReplicaId, block_hash_int
 from prefixcache.cluster.prompt_hashes import PromptHasher, PromptHashes
 from prefixcache.cluster.registry import available_routers, register_router, resolve_router
-from prefixcache.cluster.router import Candidates, Ranked, ReplicaLoad, Router, RouterContext, RoutingRequest, pick_replica
+from prefixcache.cluster.router import (
+    Candidates,
+    Ranked,
+    ReplicaLoad,
+    Router,
+    RouterContext,
+    RoutingRequest,
+    pick_replica,
+)
 
 __all__ = [
     "KVIndex",

@@ -11,6 +11,8 @@ build a cache (`prefixcache.cluster.simulate` does both).
       generator: multi_turn
       params: {seed: 0, request_rate: 40}
     cache: {backend: hash, block_size: 16}    # every replica's cache, without num_blocks
+                                     # (enable_events is set per run: on where the router
+                                     # reads the KV index, off otherwise)
     capacity_tokens: 16384           # ONE replica's pool, in TOKENS
     replicas: [2, 4, 8]              # cluster sizes N to simulate
     service: {fixed_s: 0.01, prefill_token_s: 5.0e-5, output_token_s: 0.02, max_concurrent: 8}

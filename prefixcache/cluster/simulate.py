@@ -8,10 +8,11 @@ do), or reach into a cache past the `PrefixCache` protocol.
 
 Replay model. Each replica is a real `PrefixCache` (the configured backend, one
 replica's capacity) with `service.max_concurrent` slots, a FIFO queue and one prefill
-at a time (`ServiceModel`); time is simulated. Requests arrive at `arrival_s / arrival_speedup`; at arrival the router sees
-every replica's load (`Candidates`, kept current as requests come and go) and the request, and the request joins the chosen
-replica's queue. A replica starts the head of its queue when a slot is free, through the
-protocol:
+at a time (`ServiceModel`); time is simulated. Requests arrive at
+`arrival_s / arrival_speedup`; at arrival the router sees every replica's load
+(`Candidates`, kept current as requests come and go) and the request, and the request
+joins the chosen replica's queue. A replica starts the head of its queue when a slot is
+free, through the protocol:
 
     admit(i, prompt)             the hit is what the cache reports
     append(i, output)            with commit_outputs: the output's KV is reserved now
