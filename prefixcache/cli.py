@@ -18,6 +18,9 @@ library functions and shows their results; none holds logic of its own.
                                               KV events on ZeroMQ, Prometheus /metrics
     prefixcache bench --base-url URL ...      timed load against any OpenAI-compatible
                                               server: TTFT/TPOT/ITL/latency, hit ratio
+    prefixcache cluster CONFIG [--out DIR] [--trace PATH] [--replicas N ...]
+                                              routers over N simulated replicas by arrival
+                                              time: table, JSON, CSV, PNG
 
 Must never: implement caching, workloads or experiments here.
 """
@@ -32,6 +35,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import yaml
 from rich.console import Console
@@ -72,12 +76,21 @@ def _console() -> Console:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """The file through the loader of the command that reads it: an A/B file (`arms:` or
-    `workload:`) as `ab` does, generator included; one with `kv_events:` (or a near miss)
-    as `serve` does; one with `engine:` (or a near miss of it, such as `engin:`) as
-    `generate` does; else its `cache:` section (other sections may share such a file). Prints nothing but the error when anything is wrong."""
+    """The file through the loader of the command that reads it: a cluster file
+    (`routers:` or `replicas:`) as `cluster` does; an A/B file (`arms:` or `workload:`) as
+    `ab` does, generator included; one with `kv_events:` (or a near miss) as `serve` does;
+    one with `engine:` (or a near miss of it, such as `engin:`) as `generate` does; else
+    its `cache:` section (other sections may share such a file). Prints nothing but the
+    error when anything is wrong."""
     source = str(args.file)
     data = load_yaml(source)
+    from prefixcache.cluster.config import is_cluster_mapping, parse_cluster_config
+
+    if is_cluster_mapping(data):
+        cluster = parse_cluster_config(data, source)
+        print(f"# {source}: valid cluster experiment; each replica's num_blocks = capacity_tokens // block_size")
+        print(yaml.safe_dump(cluster.plain(), sort_keys=False), end="")
+        return 0
     if is_ab_mapping(data):
         ab = parse_ab_config(data, source)
         spec = ab.workload
@@ -188,13 +201,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise ConfigError("--capacities", str(err)) from None
     console.print(sweep_table(result))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result.write_json(out / "sweep.json")
-    result.write_csv(out / "sweep.csv")
-    console.print(f"wrote {out / 'sweep.json'}, {out / 'sweep.csv'}")
-    _plot(console, lambda: plot_sweep(result, out / "sweep.png"), out / "sweep.png")
+    _save(console, result, Path(args.out), "sweep", plot_sweep)
     return 0
+
+
+def _save(console: Console, result: Any, out: Path, name: str, plot: Callable[[Any, Path], None]) -> None:
+    """`result` as out/NAME.json, out/NAME.csv and (matplotlib permitting) out/NAME.png."""
+    out.mkdir(parents=True, exist_ok=True)
+    result.write_json(out / f"{name}.json")
+    result.write_csv(out / f"{name}.csv")
+    console.print(f"wrote {out / f'{name}.json'}, {out / f'{name}.csv'}")
+    _plot(console, lambda: plot(result, out / f"{name}.png"), out / f"{name}.png")
 
 
 def _capacity(text: str) -> int:
@@ -224,6 +241,38 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from prefixcache.loadgen.cli import bench  # late: the load generator needs httpx
 
     return bench(args)
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from prefixcache.cluster.config import load_cluster_config
+    from prefixcache.cluster.report import cluster_table, plot_cluster
+    from prefixcache.cluster.simulate import run_cluster
+
+    console = _console()
+    if args.trace is not None and not Path(args.trace).is_file():
+        raise ConfigError("--trace", f"no such file {args.trace!r}")
+    config = load_cluster_config(args.config, trace=args.trace)
+    if args.replicas:
+        config = config.with_replicas(tuple(args.replicas))
+    try:
+        workload = config.workload.build()
+    except ConfigError as err:
+        raise err.within("", args.config) from None
+    with _progress(console) as progress:
+        result = run_cluster(config, workload, progress=progress)
+    console.print(cluster_table(result))
+    _save(console, result, Path(args.out), "cluster", plot_cluster)
+    return 0
+
+
+def _replica_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a cluster size is an integer >= 1, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -266,6 +315,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="timed load against an OpenAI-compatible server (ours, vLLM, SGLang)")
     add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)
+
+    cl = sub.add_parser("cluster", help="routers over N simulated replicas (each a real cache), by arrival time")
+    cl.add_argument("config", help="cluster YAML (see configs/cluster.yaml)")
+    cl.add_argument("--out", default="out/cluster", help="folder for cluster.json, cluster.csv, cluster.png")
+    cl.add_argument("--trace", help="replay this Mooncake JSONL trace instead of the config's workload")
+    cl.add_argument("--replicas", type=_replica_count, nargs="+", help="cluster sizes N (default: the config's)")
+    cl.set_defaults(func=cmd_cluster)
     return parser
 
 

@@ -130,12 +130,17 @@ def test_shipped_configs_load():
     from pathlib import Path
 
     from prefixcache.ab_config import is_ab_mapping, load_ab_config
+    from prefixcache.cluster.config import is_cluster_mapping, load_cluster_config
     from prefixcache.config import load_yaml
 
     configs = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
     assert configs, "configs/ holds the shipped YAML files"
     for path in configs:
-        (load_ab_config if is_ab_mapping(load_yaml(path)) else load_config)(path)
+        data = load_yaml(path)
+        if is_cluster_mapping(data):
+            load_cluster_config(path)
+        else:
+            (load_ab_config if is_ab_mapping(data) else load_config)(path)
 
 
 def test_other_sections_may_share_a_cache_file(tmp_path):

@@ -1,0 +1,192 @@
+"""The cluster experiment file (`cluster.yaml`): its schema as frozen dataclasses, and its loader.
+
+Owns `ClusterConfig` (one workload, the replicas' cache and capacity, the replica
+counts to try, the service model, the routers) and `RouterSpec` (a router by name with
+its options), parsed by `prefixcache.config.from_mapping`, so every mistake is a
+`ConfigError` naming the file, the key path and what is allowed; a router's options
+are checked against its class's `Options` at load. Must never: run a simulation or
+build a cache (`prefixcache.cluster.simulate` does both).
+
+    workload:                        # as in ab.yaml: a generator, or a Mooncake trace
+      generator: multi_turn
+      params: {seed: 0, request_rate: 40}
+    cache: {backend: hash, block_size: 16}    # every replica's cache, without num_blocks
+                                     # (enable_events is set per run: on where the router
+                                     # reads the KV index, off otherwise)
+    capacity_tokens: 16384           # ONE replica's pool, in TOKENS
+    replicas: [2, 4, 8]              # cluster sizes N to simulate
+    service: {fixed_s: 0.01, prefill_token_s: 5.0e-5, output_token_s: 0.02, max_concurrent: 8}
+    commit_outputs: true             # outputs take cache room, as in a real engine
+    arrival_speedup: 1.0             # arrival times are divided by this
+    seed: 0                          # every router's random source
+    routers:                         # label -> {router: name (default: the label), options: {...}}
+      round_robin: {}
+      power_of_two: {}
+      approx_tree: {options: {cache_threshold: 0.3}}
+      kv_events: {options: {overlap_score_weight: 1.0}}
+
+`round_robin` is a reference line of every report: it is added when no label names it.
+The other reference, one shared cache of N x capacity_tokens with N x max_concurrent
+slots (the hit ceiling for any router), is simulated for every N.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefixcache.ab_config import ARM_NAME, MooncakeSpec, WorkloadSpec, _check_trace_exists
+from prefixcache.cluster.registry import resolve_router
+from prefixcache.cluster.router import Router, RouterContext
+from prefixcache.cluster.service_model import ServiceModel
+from prefixcache.config import CacheConfig, ConfigError, from_mapping, load_yaml, to_plain
+
+__all__ = ["ClusterConfig", "RouterSpec", "REFERENCE_ROUTER", "load_cluster_config", "parse_cluster_config",
+           "is_cluster_mapping"]
+
+REFERENCE_ROUTER = "round_robin"
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """One router arm: `router` is a registered name, an entry-point name or
+    "package.module:ClassName"; `options` are its class's `Options` keys."""
+
+    router: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    cls: type[Router] = field(init=False, repr=False, compare=False)
+    parsed: Any = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        cls = resolve_router(self.router)
+        object.__setattr__(self, "cls", cls)
+        object.__setattr__(self, "parsed", cls.parse_options(self.options, "options"))
+        object.__setattr__(self, "options", types.MappingProxyType(dict(self.options)))
+
+    def build(self, context: RouterContext) -> Router:
+        """A fresh router of this spec."""
+        return self.cls(context, self.parsed)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """One cluster experiment (see the module docstring). TOKENS unless a name says otherwise."""
+
+    workload: WorkloadSpec
+    cache: CacheConfig
+    capacity_tokens: int
+    routers: Mapping[str, RouterSpec]
+    replicas: tuple[int, ...] = (2, 4, 8)
+    service: ServiceModel = field(default_factory=ServiceModel)
+    commit_outputs: bool = True
+    arrival_speedup: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.capacity_tokens < self.cache.block_size:
+            raise ConfigError(
+                "capacity_tokens",
+                f"must be at least one block ({self.cache.block_size} TOKENS), got {self.capacity_tokens!r}",
+            )
+        if not self.replicas:
+            raise ConfigError("replicas", "needs at least one cluster size, e.g. [2, 4, 8]")
+        for i, n in enumerate(self.replicas):
+            if n < 1:
+                raise ConfigError(f"replicas[{i}]", f"must be an integer >= 1, got {n!r}")
+        if len(set(self.replicas)) != len(self.replicas):
+            raise ConfigError("replicas", f"lists a cluster size twice: {list(self.replicas)}")
+        if not self.arrival_speedup > 0 or self.arrival_speedup == float("inf"):
+            raise ConfigError("arrival_speedup", f"must be a finite number > 0, got {self.arrival_speedup!r}")
+        spec = self.workload.mooncake
+        if spec is not None and not spec.outputs:
+            raise ConfigError(
+                "workload.mooncake.outputs",
+                "the service model needs every request's output length: keep outputs true "
+                "(set commit_outputs: false to keep outputs out of the caches)",
+            )
+        for name in self.routers:
+            if not isinstance(name, str) or not ARM_NAME.fullmatch(name):
+                raise ConfigError(f"routers.{name}", "a router label is letters, digits and _ . : / + - (e.g. 'kv/2')")
+        routers = dict(self.routers)
+        if not any(s.router == REFERENCE_ROUTER for s in routers.values()):
+            routers = {REFERENCE_ROUTER: RouterSpec(REFERENCE_ROUTER), **routers}
+        cache = self.cache.replace(num_blocks=self.capacity_tokens // self.cache.block_size)
+        object.__setattr__(self, "cache", cache)
+        object.__setattr__(self, "routers", types.MappingProxyType(routers))
+
+    @property
+    def block_size(self) -> int:
+        return self.cache.block_size
+
+    @property
+    def reference_label(self) -> str:
+        """The label of the round-robin reference line."""
+        return next(label for label, s in self.routers.items() if s.router == REFERENCE_ROUTER)
+
+    def plain(self) -> dict[str, Any]:
+        """The config as plain dicts and lists (for YAML and JSON), every router's
+        options resolved to their values."""
+        out = to_plain(self)
+        out["routers"] = {label: {"router": s.router, "options": s.cls.option_values(s.parsed)}
+                          for label, s in self.routers.items()}
+        return out
+
+    def with_trace(self, path: str | Path) -> ClusterConfig:
+        """The same experiment on the Mooncake trace at `path` (the file's other trace
+        settings kept when its workload is a trace already)."""
+        spec = self.workload.mooncake or MooncakeSpec()
+        return dataclasses.replace(self, workload=WorkloadSpec(mooncake=dataclasses.replace(spec, path=str(path))))
+
+    def with_replicas(self, replicas: tuple[int, ...]) -> ClusterConfig:
+        """The same experiment at other cluster sizes."""
+        return dataclasses.replace(self, replicas=tuple(replicas))
+
+
+def is_cluster_mapping(data: Mapping[str, Any]) -> bool:
+    """Whether a YAML file's top level is a cluster experiment."""
+    return "routers" in data or "replicas" in data
+
+
+def parse_cluster_config(data: Any, source: str | None = None, *, check_trace: bool = True) -> ClusterConfig:
+    """A cluster mapping -> ClusterConfig; errors carry `source` (the file) and the key
+    path. `check_trace=False` skips the trace file check (a caller replacing the trace)."""
+    try:
+        if not isinstance(data, Mapping):
+            raise ConfigError("", f"top level must be a mapping, got {type(data).__name__}")
+        cache = data.get("cache")
+        if isinstance(cache, Mapping) and "num_blocks" in cache:
+            raise ConfigError(
+                "cache.num_blocks",
+                "set one replica's pool with capacity_tokens (TOKENS); num_blocks = capacity_tokens // block_size",
+            )
+        routers = data.get("routers")
+        if isinstance(routers, Mapping):
+            # A label is its router's name unless it says otherwise: `kv_events: {}`.
+            data = {**data, "routers": {
+                label: ({"router": label, **spec} if isinstance(spec, Mapping) and "router" not in spec
+                        else {"router": label} if spec is None else spec)
+                for label, spec in routers.items()
+            }}
+        elif routers is None:
+            raise ConfigError("routers", "missing required key: label -> {router: name, options: {...}}")
+        config = from_mapping(ClusterConfig, data)
+        if check_trace:
+            _check_trace_exists(config.workload.mooncake)
+        return config
+    except ConfigError as err:
+        raise err.within("", source) from None
+
+
+def load_cluster_config(source: str | Path, *, trace: str | Path | None = None) -> ClusterConfig:
+    """The cluster experiment in a YAML file, validated; with `trace`, on that Mooncake
+    trace instead of the file's workload (then the file's own trace path need not exist)."""
+    config = parse_cluster_config(load_yaml(source), str(source), check_trace=trace is None)
+    if trace is None:
+        return config
+    config = config.with_trace(trace)
+    _check_trace_exists(config.workload.mooncake)
+    return config

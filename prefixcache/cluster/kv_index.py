@@ -1,0 +1,165 @@
+"""The cluster KV index: which replicas hold which blocks, built from their KV events.
+
+Owns `KVIndex`, the cluster-wide map from block hash to the replicas holding it, over the
+native `prefixcache._C.KvIndex` (csrc/kv_index.h: one flat table, a replica bitmask per
+hash). It is fed by each replica's KV events, `apply(replica, events)`, a plain function
+of (replica id, events) that an event subscriber, a simulation draining
+`PrefixCache.drain_events()`, or a test calls alike; and it answers, for a request's
+block hashes, how long a prefix each replica holds (`longest_prefix`), in one call.
+
+Semantics (as vLLM publishes events, DESIGN "On the wire"):
+- a block hash is an int (vLLM's default wire form: the low 64 bits of the digest) or a
+  digest (bytes; its low 64 bits, big-endian, are taken), so our events and vLLM's index
+  the same way;
+- a `BlockStored` of a hash a replica holds already is another copy (the `hash` backend
+  caches a block computed twice twice); a `BlockRemoved` drops one copy, and the
+  replica holds the block until its last copy goes; a removal of a hash the replica
+  does not hold (an event lost upstream) is counted in `counters["unknown_removed"]`;
+- `AllBlocksCleared` drops the replica's blocks; `remove_replica` drops them and the
+  replica;
+- only events of `medium` (default "GPU"; an event's medium None counts as any) are
+  applied, the others counted in `counters["skipped"]`.
+
+Replicas are any hashable ids (ints in a simulation, Ray Serve replica ids in a
+deployment); the index numbers them densely for the native table and reuses the number
+of a removed replica. Must never: hold routing policy (costs, loads, thresholds), talk
+to the network, or guess: events of a replica it was not told about raise KeyError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+
+from prefixcache._C import KvIndex as _NativeKvIndex
+from prefixcache._C import block_hash_int
+from prefixcache.cluster.prompt_hashes import PromptHashes
+from prefixcache.events import MEDIUM_GPU, KVEvent
+
+__all__ = ["KVIndex", "ReplicaId", "block_hash_int"]
+
+ReplicaId = Hashable
+BlockHashes = Sequence[int | bytes] | PromptHashes
+"""A chain of block hashes: ints or digests, or a prompt's packed digests."""
+
+
+class KVIndex:
+    """Block hash -> replicas holding it, fed by KV events (see the module docstring)."""
+
+    def __init__(self, *, medium: str | None = MEDIUM_GPU) -> None:
+        self.medium = medium
+        self._native = _NativeKvIndex()
+        self._slot: dict[ReplicaId, int] = {}
+        self._keys: list[ReplicaId | None] = []  # slot -> replica (None: free)
+        self._free: list[int] = []  # free slots, the last freed reused first
+
+    # -- replicas ------------------------------------------------------------------
+    @property
+    def replicas(self) -> tuple[ReplicaId, ...]:
+        """The replicas in the index, in the order they were added."""
+        return tuple(self._slot)
+
+    def __contains__(self, replica: object) -> bool:
+        return replica in self._slot
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    def add_replica(self, replica: ReplicaId) -> None:
+        """Start tracking `replica` (holding nothing). ValueError if it is tracked."""
+        if replica in self._slot:
+            raise ValueError(f"replica {replica!r} is already in the index")
+        if self._free:
+            slot = self._free.pop()
+        else:
+            slot = len(self._keys)
+            if slot >= _NativeKvIndex.max_replicas:
+                raise ValueError(f"the index tracks at most {_NativeKvIndex.max_replicas} replicas")
+            self._native.add_replica(slot)
+            self._keys.append(None)
+        self._slot[replica] = slot
+        self._keys[slot] = replica
+
+    def remove_replica(self, replica: ReplicaId) -> int:
+        """Forget `replica` and every block it held (a dead or removed replica); returns
+        the BLOCKS it held. KeyError if it is not tracked."""
+        slot = self._slot_of(replica)
+        blocks = self._native.blocks(slot)
+        self._native.clear(slot)
+        del self._slot[replica]
+        self._keys[slot] = None
+        self._free.append(slot)
+        return blocks
+
+    def _slot_of(self, replica: ReplicaId) -> int:
+        try:
+            return self._slot[replica]
+        except (KeyError, TypeError):
+            known = ", ".join(map(repr, self._slot)) or "none"
+            raise KeyError(f"replica {replica!r} is not in the index (replicas: {known}); add_replica first") from None
+
+    # -- ingest --------------------------------------------------------------------
+    def apply(self, replica: ReplicaId, events: Iterable[KVEvent]) -> None:
+        """Apply `replica`'s KV events, oldest first. A bad event (not a KV event, a
+        block hash that is neither int nor bytes) raises TypeError and applies nothing."""
+        if not isinstance(events, (list, tuple)):
+            events = list(events)
+        self._native.apply(self._slot_of(replica), events, self.medium)
+
+    def store(self, replica: ReplicaId, hashes: Sequence[int | bytes]) -> None:
+        """`replica` holds one more copy of each hash (a BlockStored without an event)."""
+        self._native.store(self._slot_of(replica), hashes)
+
+    def remove(self, replica: ReplicaId, hashes: Sequence[int | bytes]) -> None:
+        """`replica` dropped one copy of each hash (a BlockRemoved without an event)."""
+        self._native.remove(self._slot_of(replica), hashes)
+
+    def clear(self, replica: ReplicaId) -> None:
+        """`replica` holds nothing (an AllBlocksCleared without an event)."""
+        self._native.clear(self._slot_of(replica))
+
+    # -- queries -------------------------------------------------------------------
+    def longest_prefix(self, hashes: BlockHashes) -> dict[ReplicaId, int]:
+        """{replica: BLOCKS} for every replica holding at least the first block of the
+        chain: how many leading blocks of `hashes` it holds (the others hold 0)."""
+        if isinstance(hashes, PromptHashes):
+            depths = self._native.longest_prefix_packed(hashes.packed, hashes.digest_size)
+        else:
+            depths = self._native.longest_prefix(hashes)
+        keys = self._keys
+        return {keys[slot]: depth for slot, depth in depths.items()}
+
+    def blocks(self, replica: ReplicaId) -> int:
+        """Distinct BLOCKS `replica` holds."""
+        return self._native.blocks(self._slot_of(replica))
+
+    def copies(self, replica: ReplicaId) -> int:
+        """Copies `replica` holds (a block computed twice counts twice)."""
+        return self._native.copies(self._slot_of(replica))
+
+    def copies_of(self, block_hash: int | bytes, replica: ReplicaId) -> int:
+        """Copies of one block hash `replica` holds."""
+        return self._native.copies_of(block_hash, self._slot_of(replica))
+
+    @property
+    def num_hashes(self) -> int:
+        """Distinct block hashes held by any replica."""
+        return self._native.num_hashes
+
+    @property
+    def num_pairs(self) -> int:
+        """(block, replica) pairs held."""
+        return self._native.num_pairs
+
+    @property
+    def memory_bytes(self) -> int:
+        """Heap BYTES of the native index."""
+        return self._native.memory_bytes
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Ingest counters: stored, removed, unknown_removed, cleared, skipped."""
+        return self._native.counters()
+
+    def check_invariants(self) -> None:
+        """Raise InvariantError naming the first inconsistency of the native index."""
+        self._native.check_invariants()

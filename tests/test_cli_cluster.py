@@ -1,0 +1,64 @@
+"""`prefixcache cluster` and `validate` on cluster files, end to end: the shipped embedded
+config, a Mooncake trace given with --trace, and the errors a user sees."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefixcache.cli import main
+from prefixcache.workloads import synthetic_records, write_records
+
+CONFIGS = Path(__file__).parent.parent / "configs"
+
+
+def is_png(path: Path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_cluster_runs_the_shipped_config_and_writes_table_json_csv_png(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["cluster", str(CONFIGS / "cluster.yaml"), "--out", str(out), "--replicas", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "Cluster A/B on multi_turn: 288 requests" in text
+    for series in ("round_robin", "power_of_two", "approx_tree", "prefix_affinity", "kv_events", "shared"):
+        assert series in text
+    data = json.loads((out / "cluster.json").read_text())
+    assert [r["replicas"] for r in data["runs"]] == [4] * 6
+    shared = {r["replicas"]: r["hit_ratio"] for r in data["runs"] if r["kind"] == "shared"}
+    kv = {r["replicas"]: r["hit_ratio"] for r in data["runs"] if r["series"] == "kv_events"}
+    rr = {r["replicas"]: r["hit_ratio"] for r in data["runs"] if r["series"] == "round_robin"}
+    assert rr[4] < kv[4] <= shared[4]
+    assert len((out / "cluster.csv").read_text().splitlines()) == 7
+    assert is_png(out / "cluster.png")
+
+
+def test_cluster_on_a_mooncake_trace(tmp_path, capsys):
+    trace = tmp_path / "trace.jsonl"
+    write_records(trace, synthetic_records(60, seed=3, max_gap_ms=2000))
+    out = tmp_path / "out"
+    args = ["cluster", str(CONFIGS / "cluster_mooncake.yaml"), "--trace", str(trace), "--replicas", "2",
+            "--out", str(out)]
+    assert main(args) == 0
+    assert "Cluster A/B on trace: 60 requests" in capsys.readouterr().out
+    runs = json.loads((out / "cluster.json").read_text())["runs"]
+    assert {r["series"] for r in runs} == {"round_robin", "power_of_two", "approx_tree", "prefix_affinity",
+                                           "kv_events", "kv_events/w16", "shared"}
+
+
+def test_cluster_errors_name_the_file_and_key(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((CONFIGS / "cluster.yaml").read_text().replace("kv_events: {}", "kv_events: {options: {tmp: 1}}"))
+    assert main(["cluster", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: routers.kv_events.options.tmp: unknown key; allowed keys: overlap_score_weight, temperature" in err
+    assert main(["cluster", str(CONFIGS / "cluster_mooncake.yaml")]) == 2
+    assert "workload.mooncake.path: no trace given: set it, or pass --trace PATH" in capsys.readouterr().err
+    assert main(["cluster", str(CONFIGS / "cluster.yaml"), "--trace", str(tmp_path / "nope.jsonl")]) == 2
+    assert "--trace: no such file" in capsys.readouterr().err
+
+
+def test_validate_reads_cluster_files(capsys):
+    assert main(["validate", str(CONFIGS / "cluster_mooncake.yaml")]) == 0
+    text = capsys.readouterr().out
+    assert "valid cluster experiment" in text and "overlap_score_weight: 1.0" in text and "num_blocks: 5859" in text

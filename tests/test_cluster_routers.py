@@ -1,0 +1,307 @@
+"""Each router's rule as a scenario: candidates with given loads and caches, one request,
+the replica it must pick. Plus the interface (pick_replica, Candidates) and the registry."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+
+from prefixcache import ConfigError
+from prefixcache.cluster import KVIndex, PromptHasher, RouterContext, RoutingRequest, register_router, resolve_router
+from prefixcache.cluster import registry as router_registry
+from prefixcache.cluster.router import Candidates, ReplicaLoad, Router, pick_replica
+from prefixcache.cluster.routers import (
+    ApproxTreeRouter,
+    KVEventsRouter,
+    PowerOfTwoRouter,
+    PrefixAffinityRouter,
+    RoundRobinRouter,
+)
+from prefixcache.cluster.routers.approx_tree import ApproxTreeOptions
+from prefixcache.cluster.routers.kv_events import KVEventsOptions
+from prefixcache.cluster.routers.prefix_affinity import PrefixAffinityOptions
+
+BS = 16
+HASHER = PromptHasher(BS)
+
+
+def request(tokens, i=0):
+    return RoutingRequest(i, list(tokens), hasher=HASHER)
+
+
+def loads(*rows, replicas=None):
+    """Candidates from (queued_tokens, num_requests, prefill_tokens, active_blocks) rows."""
+    replicas = replicas or list(range(len(rows)))
+    return Candidates.of(ReplicaLoad(r, q, 0, n, p, a) for r, (q, n, p, a) in zip(replicas, rows, strict=True))
+
+
+def choose(router, candidates, req):
+    """The replica id the router's answer stands for, and tell the router."""
+    position = pick_replica(router.choose_replicas(candidates, req), candidates)
+    router.on_request_routed(req, candidates.replicas[position])
+    return candidates.replicas[position]
+
+
+def context(index=None, capacity_tokens=1 << 20, seed=0, clock=lambda: 0.0):
+    return RouterContext(BS, capacity_tokens, index, random.Random(seed), clock)
+
+
+def cached(index, replica, tokens):
+    index.store(replica, HASHER(tokens).digests())
+
+
+PROMPT = list(range(1000, 1160))  # 10 blocks
+OTHER = list(range(5000, 5160))
+
+
+# ------------------------------------------------------------------- interface
+
+
+def test_pick_replica_takes_the_least_loaded_of_the_first_non_empty_group():
+    c = loads((500, 1, 0, 0), (100, 1, 0, 0), (300, 1, 0, 0))
+    assert pick_replica([[], [0, 2], [1]], c) == 2
+    assert pick_replica([[0, 2, 1]], c) == 1
+    assert pick_replica([[2, 0]], loads((5, 0, 0, 0), (9, 0, 0, 0), (5, 0, 0, 0))) == 2  # tie: group order
+    with pytest.raises(ValueError, match="names none"):
+        pick_replica([[], []], c)
+    with pytest.raises(ValueError, match="not a position"):
+        pick_replica([[3]], c)
+
+
+def test_candidates_rows_and_columns_agree():
+    c = loads((1, 2, 3, 4), (5, 6, 7, 8), replicas=["x", "y"])
+    assert c[1] == ReplicaLoad("y", 5, 0, 6, 7, 8) and list(c)[0].replica == "x"
+    assert c.row("y") == 1 and c.get_row("z") is None and c.tokens(1) == 5
+    assert c.amounts("requests") == [2, 6] and c.amounts("tokens") == [1, 5]
+    assert c.by_position({"y": 3, "z": 1}) == {1: 3}
+    with pytest.raises(ValueError, match="repeat"):
+        Candidates(["x", "x"])
+
+
+def test_a_request_hashes_its_prompt_once_and_only_when_asked():
+    req = RoutingRequest(0, PROMPT, hasher=HASHER)
+    assert req._hashes is None
+    assert len(req.hashes) == 10 and req.hashes is req.hashes
+    with pytest.raises(ValueError, match="no hasher"):
+        RoutingRequest(1, PROMPT).hashes
+
+
+# ------------------------------------------------------------------ baselines
+
+
+def test_round_robin_cycles_through_the_candidates():
+    router = RoundRobinRouter(context())
+    c = loads(*[(0, 0, 0, 0)] * 3)
+    assert [choose(router, c, request(PROMPT)) for _ in range(5)] == [0, 1, 2, 0, 1]
+
+
+def test_power_of_two_takes_the_lighter_of_two_random_replicas():
+    router = PowerOfTwoRouter(context(seed=3))
+    c = loads((9000, 1, 0, 0), (10, 1, 0, 0), (5000, 1, 0, 0), (7000, 1, 0, 0))
+    picks = Counter(choose(router, c, request(PROMPT)) for _ in range(400))
+    assert picks[0] == 0  # the heaviest never wins a pair
+    assert picks[1] == pytest.approx(400 / 2, rel=0.2)  # in half the pairs: P(1 drawn) = 1/2
+    assert choose(PowerOfTwoRouter(context()), loads((5, 0, 0, 0)), request(PROMPT)) == 0
+
+
+# ------------------------------------------------------------------ kv_events
+
+
+def test_kv_events_cost_is_dynamos_formula():
+    index = KVIndex()
+    for r in range(3):
+        index.add_replica(r)
+    cached(index, 1, PROMPT[:64])  # 4 of the prompt's 10 blocks on replica 1
+    router = KVEventsRouter(context(index), KVEventsOptions(overlap_score_weight=2.0))
+    c = loads((0, 0, 32, 5), (0, 0, 0, 7), (0, 0, 160, 0))
+    # weight * (prefill_tokens + P - o*B) / B + active_blocks + (ceil(P/B) - o)
+    assert router.costs(c, request(PROMPT)) == [2 * (32 + 160) / 16 + 5 + 10, 2 * (0 + 96) / 16 + 7 + 6,
+                                                2 * (160 + 160) / 16 + 0 + 10]
+
+
+def test_the_native_cost_takes_int64_columns_or_int_sequences_and_refuses_the_rest():
+    from array import array
+
+    from prefixcache._C import kv_router_costs, kv_router_lowest
+
+    costs = kv_router_costs(array("q", [0, 100]), [1, 2], {1: 2}, 40, 16, 1.0)
+    assert costs == [(0 + 40) / 16 + 1 + 3, (100 + 8) / 16 + 2 + 1]
+    assert kv_router_lowest((5, 0, 5), (0, 0, 0), {}, 16, 16, 1.0) == [1]
+    for bad, error, words in ((array("i", [1, 2]), TypeError, "int64 column"), ([1], ValueError, "one entry per"),
+                              (array("d", [1.0, 2.0]), TypeError, "format 'd'")):
+        with pytest.raises(error, match=words):
+            kv_router_costs(bad, array("q", [1, 2]), {}, 40, 16, 1.0)
+    with pytest.raises(IndexError, match="position 2"):
+        kv_router_costs([0, 0], [0, 0], {2: 1}, 40, 16, 1.0)
+
+
+def test_kv_events_follows_the_cache_when_loads_are_even_and_the_load_when_not():
+    index = KVIndex()
+    for r in range(4):
+        index.add_replica(r)
+    cached(index, 2, PROMPT)
+    cached(index, 3, PROMPT[:32])
+    even = loads(*[(0, 1, 100, 20)] * 4)
+    assert choose(KVEventsRouter(context(index)), even, request(PROMPT)) == 2
+    busy = loads((0, 1, 100, 20), (0, 1, 100, 20), (0, 9, 3000, 400), (0, 1, 100, 20))
+    assert choose(KVEventsRouter(context(index)), busy, request(PROMPT)) == 3  # 2 blocks cached, light
+    blind = KVEventsRouter(context(index), KVEventsOptions(overlap_score_weight=0.0))
+    assert choose(blind, loads((0, 0, 0, 30), (0, 0, 0, 8), (0, 0, 0, 8), (0, 0, 0, 9)), request(OTHER)) in (1, 2)
+
+
+def test_kv_events_ties_go_to_the_replica_with_the_fewest_cached_blocks():
+    index = KVIndex()
+    for r in range(3):
+        index.add_replica(r)
+    cached(index, 0, OTHER)
+    cached(index, 2, OTHER[:48])
+    c = loads(*[(0, 0, 0, 0)] * 3)
+    assert choose(KVEventsRouter(context(index)), c, request(PROMPT)) == 1  # no overlap anywhere; 1 holds least
+    index.clear(0)
+    index.clear(2)
+    picks = Counter(choose(KVEventsRouter(context(index, seed=s)), c, request(PROMPT)) for s in range(60))
+    assert set(picks) == {0, 1, 2}  # all equal: at random
+
+
+def test_kv_events_temperature_samples_by_softmax_of_costs():
+    index = KVIndex()
+    for r in range(2):
+        index.add_replica(r)
+    router = KVEventsRouter(context(index, seed=1), KVEventsOptions(temperature=1.0))
+    c = loads((0, 0, 0, 0), (0, 0, 0, 10))
+    picks = Counter(choose(router, c, request(PROMPT)) for _ in range(2000))
+    # costs rescaled to [0, 1]: p(0) / p(1) = e
+    assert picks[0] / picks[1] == pytest.approx(2.718, rel=0.15)
+    with pytest.raises(ValueError, match="reads the KV index"):
+        KVEventsRouter(context(None))
+
+
+# ---------------------------------------------------------------- approx_tree
+
+
+def test_approx_tree_follows_its_prediction_above_the_cache_threshold():
+    router = ApproxTreeRouter(context(), ApproxTreeOptions(cache_threshold=0.5))
+    c = loads(*[(0, 1, 0, 0)] * 3)
+    first = choose(router, c, request(PROMPT))
+    assert choose(router, c, request(PROMPT[:96] + OTHER[:64])) == first  # 6 of 10 blocks predicted there
+    # 3 of 10 blocks: below the threshold, the smallest predicted cache (an empty one) wins
+    assert choose(router, c, request(PROMPT[:48] + OTHER[64:])) != first
+
+
+def test_approx_tree_balances_when_both_imbalance_thresholds_trip():
+    opts = ApproxTreeOptions(cache_threshold=0.1, balance_abs_threshold=4, balance_rel_threshold=2.0)
+    router = ApproxTreeRouter(context(), opts)
+    router.on_request_routed(request(PROMPT), 0)
+    assert choose(router, loads((0, 5, 0, 0), (0, 2, 0, 0)), request(PROMPT)) == 0  # 5 - 2 <= 4: follow the cache
+    assert choose(router, loads((0, 10, 0, 0), (0, 5, 0, 0)), request(PROMPT)) == 0  # 10 <= 2 x 5: still balanced
+    assert choose(router, loads((0, 11, 0, 0), (0, 5, 0, 0)), request(PROMPT)) == 1  # both tripped: least loaded
+    by_tokens = ApproxTreeRouter(context(), ApproxTreeOptions(balance_abs_threshold=100, load_unit="tokens"))
+    by_tokens.on_request_routed(request(PROMPT), 0)
+    assert choose(by_tokens, loads((5000, 1, 0, 0), (10, 9, 0, 0)), request(PROMPT)) == 1
+
+
+def test_approx_tree_trims_predictions_to_max_tree_size_every_interval():
+    now = [0.0]
+    opts = ApproxTreeOptions(max_tree_size=4 * BS, eviction_interval_s=10.0)
+    router = ApproxTreeRouter(context(clock=lambda: now[0]), opts)
+    router.on_request_routed(request(PROMPT), 0)
+    assert router.tree.tokens(0) == 10 * BS  # not yet: the interval has not passed
+    now[0] = 10.0
+    router.on_request_routed(request(OTHER[:32]), 1)
+    assert router.tree.tokens(0) == 4 * BS and router.tree.tokens(1) == 2 * BS
+    # the survivors are the chain's head: leaves go first
+    assert router.tree.longest_prefix(HASHER(PROMPT)) == {0: 4}
+
+
+# ------------------------------------------------------------ prefix_affinity
+
+
+def test_prefix_affinity_follows_a_match_of_ten_percent_or_more():
+    router = PrefixAffinityRouter(context())
+    c = loads(*[(0, 1, 0, 0)] * 4)
+    router.on_request_routed(request(PROMPT), 2)
+    assert choose(router, c, request(PROMPT[:16] + OTHER[:144])) == 2  # 1 of 10 blocks: exactly 10%
+    router.on_request_routed(request(OTHER), 2)
+    router.on_request_routed(request(OTHER[:32]), 3)
+    # below 10%: the smallest predicted caches (0 and 1, empty), the less loaded of them
+    fresh = list(range(9000, 9160))
+    assert choose(router, loads((50, 1, 0, 0), (10, 1, 0, 0), (0, 1, 0, 0), (0, 1, 0, 0)), request(fresh)) == 1
+
+
+def test_prefix_affinity_falls_back_to_power_of_two_when_imbalanced():
+    router = PrefixAffinityRouter(context(seed=5), PrefixAffinityOptions(imbalanced_threshold=3))
+    router.on_request_routed(request(PROMPT), 0)
+    c = loads((900, 9, 0, 0), (0, 1, 0, 0), (0, 1, 0, 0))
+    picks = Counter(choose(router, c, request(PROMPT)) for _ in range(50))
+    assert picks[0] == 0 and picks[1] > 0 and picks[2] > 0  # never the cached but overloaded replica
+
+
+def test_prefix_affinity_evicts_only_when_asked():
+    now = [0.0]
+    opts = PrefixAffinityOptions(do_eviction=True, eviction_threshold_tokens=6 * BS, eviction_target_tokens=3 * BS,
+                                 eviction_interval_s=1.0)
+    router = PrefixAffinityRouter(context(clock=lambda: now[0]), opts)
+    now[0] = 1.0
+    router.on_request_routed(request(PROMPT), 0)
+    router.on_request_routed(request(OTHER[:80]), 1)
+    assert router.tree.tokens(0) == 3 * BS and router.tree.tokens(1) == 5 * BS  # 1 is under the threshold
+    keep = PrefixAffinityRouter(context(clock=lambda: now[0]))
+    keep.on_request_routed(request(PROMPT), 0)
+    assert keep.tree.tokens(0) == 10 * BS
+
+
+def test_a_removed_replica_leaves_the_predictions():
+    router = ApproxTreeRouter(context())
+    router.on_request_routed(request(PROMPT), "gone")
+    router.on_replica_removed("gone")
+    assert router.tree.longest_prefix(HASHER(PROMPT)) == {} and router.tree.tokens("gone") == 0
+
+
+# ------------------------------------------------------------------- registry
+
+
+def test_routers_are_found_by_name_entry_point_and_path(monkeypatch):
+    assert resolve_router("kv_events") is KVEventsRouter
+    assert set(router_registry.available_routers()) >= {"round_robin", "power_of_two", "approx_tree",
+                                                        "prefix_affinity", "kv_events"}
+    from longest_prefix_router import LongestPrefixRouter
+
+    assert resolve_router("longest_prefix_router:LongestPrefixRouter") is LongestPrefixRouter
+    monkeypatch.setattr(router_registry, "_entry_point_names",
+                        lambda group: {"plugged": "longest_prefix_router:LongestPrefixRouter"})
+    assert resolve_router("plugged") is LongestPrefixRouter
+    with pytest.raises(ConfigError, match="unknown router 'kv_event'; known: .*kv_events"):
+        resolve_router("kv_event")
+    with pytest.raises(ConfigError, match="not a Router subclass"):
+        resolve_router("collections:OrderedDict")
+
+
+def test_register_router_takes_router_classes_only():
+    @register_router("test_least_loaded")
+    class LeastLoaded(Router):
+        def choose_replicas(self, candidates, request):
+            return [list(range(len(candidates)))]
+
+    assert resolve_router("test_least_loaded") is LeastLoaded and LeastLoaded.name == "test_least_loaded"
+    assert choose(LeastLoaded(context()), loads((9, 0, 0, 0), (3, 0, 0, 0)), request(PROMPT)) == 1
+    with pytest.raises(TypeError, match="Router subclass"):
+        register_router("nope")(dict)
+
+
+def test_options_are_checked_against_the_router_class():
+    @dataclass(frozen=True)
+    class Opts:
+        k: int = 1
+
+    assert KVEventsRouter.parse_options({"temperature": 0.5}).temperature == 0.5
+    with pytest.raises(ConfigError, match=r"options.temprature: unknown key; allowed keys: .*temperature"):
+        KVEventsRouter.parse_options({"temprature": 0.5})
+    with pytest.raises(ConfigError, match="load_unit: 'blocks' is not allowed; allowed values: requests, tokens"):
+        ApproxTreeRouter.parse_options({"load_unit": "blocks"})
+    with pytest.raises(ConfigError, match="cache_threshold: must be in"):
+        ApproxTreeRouter.parse_options({"cache_threshold": 1.5})
+    with pytest.raises(ConfigError, match="takes no options"):
+        RoundRobinRouter.parse_options({"k": 1})
