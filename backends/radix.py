@@ -13,25 +13,36 @@ live request uses, or leave anything changed by an `admit`/`append` that returns
 How SGLang's scheduler calls map onto the protocol (`mem_cache/radix_cache.py`,
 `mem_cache/common.py`, `managers/schedule_batch.py`):
 
-- `admit` = `match_prefix` on `tokens[:-1]` (`adjust_max_prefix_ids`: the last prompt
-  token is always computed) cut to whole pages, `inc_lock_ref` on the last matched
-  node, then `alloc_token_slots` for the rest of the prompt. Short of free blocks, the
-  tree evicts the SHORTFALL (the blocks the allocation needs beyond the free ones), as
-  SGLang 0.5.23's allocator does (`evict_to_free_tokens`; up to 0.5.6 it evicted the
-  whole demand), and the allocation is retried. Feasibility is checked first (needed blocks <= free
-  blocks + evictable blocks outside the matched path), so a refused admission changes
-  nothing: no split, no recency, no stats but `rejected`.
-- `commit(n)` = `cache_unfinished_req`: the full pages of `tokens[:n]` are inserted,
-  the request's copies of pages the tree already had are freed and its block table is
-  re-pointed to the tree's blocks (protocol rule 4: radix frees the request's copy),
-  and the lock moves to the new last node. `protected` is SGLang's
+- `admit` = `match_prefix` on `tokens[:-1]` (`_compute_max_prefix_len`: the last
+  prompt token is always computed) cut to whole pages, a lock on the last matched
+  node, then `alloc_for_extend` for the rest of the prompt. Short of room, the tree
+  evicts the SHORTFALL of the allocation's demand, as SGLang 0.5.23's allocator does
+  (`evict_to_free_tokens`; up to 0.5.6 it evicted the whole demand). The demand is
+  SGLang's scheduler's (`mem_cache/allocation.py`), in TOKENS: the extend's tokens,
+  plus one page when pages are larger than a token (`alloc_paged_token_slots_extend`
+  assumes each request needs a new page). Feasibility is checked first (needed blocks
+  <= free blocks + evictable blocks outside the matched path), so a refused admission
+  changes nothing: no split, no recency, no stats but `rejected`.
+- `append` allocates blocks as tokens grow, evicting like admit. One token is a decode
+  step (`alloc_paged_token_slots_decode` demands a whole page of room per request each
+  step, whether or not the step starts a page); more tokens are an extend (a prefill
+  chunk), demanding them plus one page.
+- `commit(n)` = `checkpoint(req, up_to=n)`: the full pages of `tokens[:n]` are
+  inserted, the request's copies of pages the tree already had are freed and its block
+  table is re-pointed to the tree's blocks (protocol rule 4: radix frees the request's
+  copy), and the lock moves to the new last node. `protected` is SGLang's
   `cache_protected_len`: the request's blocks before it belong to the tree;
   `inserted` is its `cache_inserted_len` (what the request inserted so far, 0 at
-  admission), which decides where the insert's hit counting starts.
-- `release` = `cache_finished_req` as fixed by SGLang PR #16521: every token whose KV
-  is computed, prompt and generated, is inserted; duplicates, the unaligned tail and
-  blocks never computed are freed; the lock is dropped.
-- `append` allocates blocks as tokens grow (`alloc_for_decode`), evicting like admit.
+  admission), which decides where the insert's hit counting starts. Once the request
+  has inserted, a commit extends from its locked node (`RadixTree.extend`): O(new
+  pages), where SGLang re-inserts the whole sequence (the same result: see the tree).
+  A checkpoint past the prompt also re-inserts the prompt with priority + 1
+  (`_insert_cache(split_prompt=True)`: the prompt's end becomes a node boundary, so
+  eviction can drop the output without the prompt); the prompt path stays locked by
+  the request, so doing it once per request leaves the same tree.
+- `release` = `release_kv_cache(checkpoint=True)`: a last checkpoint of every token
+  whose KV is computed, prompt and generated (SGLang PR #16521); duplicates, the
+  unaligned tail and blocks never computed are freed; the lock is dropped.
 
 The tree owns one pool reference per block it holds (request blocks are transferred
 on insert); a request's own blocks hold one reference each, so every pinned block of
@@ -94,6 +105,8 @@ class _RadixRequest(Request):
     inserted: int = 0  # SGLang's cache_inserted_len, in TOKENS
     priority: int = 0
     inserted_at: int = -1  # the tree's clock right after this request's latest insert
+    prompt_len: int = 0  # TOKENS at admission (SGLang's origin_input_ids)
+    prompt_split: bool = False  # the prompt was re-inserted with priority + 1 (once is enough)
 
 
 @register_backend("radix")
@@ -158,7 +171,7 @@ class RadixCache(PrefixCache):
             return None
         hit = self.tree.match_prefix(key, tree_key)
         self.tree.lock(hit.node)  # before evicting, so the hit cannot be evicted
-        table = hit.block_ids + self._allocate(needed)
+        table = hit.block_ids + self._allocate(needed, self._extend_demand(len(toks) - hit.num_tokens))
         self._requests.add(
             _RadixRequest(
                 request_id,
@@ -170,6 +183,7 @@ class RadixCache(PrefixCache):
                 node=hit.node,
                 protected=hit.num_tokens,
                 priority=priority,
+                prompt_len=len(toks),
             )
         )
         self._stats.record_query(len(toks), hit.num_tokens)
@@ -179,12 +193,12 @@ class RadixCache(PrefixCache):
         req = self._requests.get(request_id)
         new = _int32_array(tokens, allow_empty=True)
         needed = req.blocks_short(len(new), self.block_size)
-        blocks: list[int] = []
-        if needed > 0:
-            if needed > self._room(protecting=0):
-                self._stats.rejected += 1
-                return None
-            blocks = self._allocate(needed)
+        if needed > 0 and needed > self._room(protecting=0):
+            self._stats.rejected += 1
+            return None
+        # One token is a decode step, more an extend (a prefill chunk): SGLang's demands.
+        demand = self.block_size if len(new) == 1 else self._extend_demand(len(new)) if len(new) else 0
+        blocks = self._allocate(needed, demand)
         req.tokens.extend(new)
         req.block_table.extend(blocks)
         return blocks
@@ -234,13 +248,19 @@ class RadixCache(PrefixCache):
         `protecting` more tokens are locked."""
         return self.pool.num_free + (self.tree.evictable_size - protecting) // self.block_size
 
-    def _allocate(self, num_blocks: int) -> list[int]:
-        """`num_blocks` fresh blocks; the caller has checked `_room`."""
-        blocks = self.pool.allocate(num_blocks)
-        if blocks is None:
-            # SGLang 0.5.23 (allocator.evict_to_free_tokens) evicts the shortfall.
-            self._evict_tokens((num_blocks - self.pool.num_free) * self.block_size)
-            blocks = self.pool.allocate(num_blocks)
+    def _extend_demand(self, num_tokens: int) -> int:
+        """TOKENS of room SGLang's scheduler asks for before an extend of `num_tokens`:
+        exact at token granularity, one page more with pages."""
+        return num_tokens + (self.block_size if self.block_size > 1 else 0)
+
+    def _allocate(self, num_blocks: int, demand: int) -> list[int]:
+        """`num_blocks` fresh blocks after making `demand` TOKENS of room if the tree can
+        (SGLang 0.5.23's evict_to_free_tokens evicts the shortfall; demand >= the blocks'
+        tokens, so the allocation then fits). The caller has checked `_room`."""
+        shortfall = demand - self.pool.num_free * self.block_size
+        if shortfall > 0:
+            self._evict_tokens(shortfall)
+        blocks = self.pool.allocate(num_blocks) if num_blocks else []
         if blocks is None:
             raise InvariantError(f"radix: {num_blocks} blocks passed the room check but could not be allocated")
         return blocks
@@ -275,16 +295,24 @@ class RadixCache(PrefixCache):
         # Only the request's own pages cross into C++: the tree's are already there.
         first, last = req.protected // bs, aligned // bs
         own = req.block_table[first:last]
-        result = self.tree.insert(
-            memoryview(req.tokens)[:aligned], own, req.tree_key, req.priority, req.protected, req.inserted
-        )
+        tokens = memoryview(req.tokens)
+        if req.inserted < req.protected:
+            # The first insert after a hit walks from the root: SGLang counts a hit on
+            # every node past what this request inserted (nothing yet).
+            result = self.tree.insert(tokens[:aligned], own, req.tree_key, req.priority, req.protected, req.inserted)
+        else:
+            result = self.tree.extend(req.node, tokens[req.protected : aligned], own, req.priority)
         req.inserted = max(req.inserted, aligned)
+        prompt = req.prompt_len // bs * bs
+        if not req.prompt_split and 0 < prompt < aligned:
+            # SGLang's split_prompt: the prompt, fully present now, again with priority + 1.
+            self.tree.insert(tokens[:prompt], [], req.tree_key, min(req.priority + 1, 2**63 - 1), prompt, prompt)
+            req.prompt_split = True
         if result.displaced:
             self.pool.free(result.displaced)
             req.block_table[first:last] = own  # re-pointed to the tree's blocks
         self._record_stored(req, result.prefix_len, aligned)
-        self.tree.lock(result.node)
-        self.tree.unlock(req.node)
+        self.tree.relock(req.node, result.node)
         req.node = result.node
         req.protected = aligned
         req.inserted_at = self.tree.clock

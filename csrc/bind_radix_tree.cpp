@@ -80,25 +80,35 @@ py::tuple to_tuple(const std::vector<int32_t>& ids) {
   return out;
 }
 
-// insert() re-points `blocks` in place: a writable int32 buffer is edited directly;
-// a list is converted, and the entries that changed are written back.
-InsertResult insert(RadixTree& tree, py::handle tokens, py::handle blocks, py::handle ns, int64_t priority,
-                    int64_t start, int64_t inserted) {
-  const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
-  Namespace name = to_namespace(ns);
+// insert() and extend() re-point `blocks` in place: a writable int32 buffer is
+// edited directly; a list is converted, and the entries that changed are written back.
+template <class Insert>
+InsertResult with_blocks(py::handle blocks, Insert&& insert) {
   WritableInt32s buffer(blocks);
-  if (auto view = buffer.span()) return tree.insert(toks, *view, name, priority, start, inserted);
+  if (auto view = buffer.span()) return insert(*view);
   if (!PyList_Check(blocks.ptr())) {
     throw py::type_error(std::string("blocks must be a list or a writable int32 buffer (array('i')), got ") +
                          Py_TYPE(blocks.ptr())->tp_name);
   }
   std::vector<int32_t> ids = int32_ids(blocks, "blocks");
   const std::vector<int32_t> before = ids;
-  InsertResult out = tree.insert(toks, ids, name, priority, start, inserted);
+  InsertResult out = insert(std::span<int32_t>(ids));
   for (size_t i = 0; i < ids.size(); ++i) {
     if (before[i] != ids[i]) PyList_SetItem(blocks.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromLong(ids[i]));
   }
   return out;
+}
+
+InsertResult insert(RadixTree& tree, py::handle tokens, py::handle blocks, py::handle ns, int64_t priority,
+                    int64_t start, int64_t inserted) {
+  const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
+  Namespace name = to_namespace(ns);
+  return with_blocks(blocks, [&](std::span<int32_t> ids) { return tree.insert(toks, ids, name, priority, start, inserted); });
+}
+
+InsertResult extend(RadixTree& tree, int64_t node, py::handle tokens, py::handle blocks, int64_t priority) {
+  const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
+  return with_blocks(blocks, [&](std::span<int32_t> ids) { return tree.extend(node, toks, ids, priority); });
 }
 
 }  // namespace
@@ -198,6 +208,12 @@ the use counts of evicted content (0: none). Not thread-safe.
            py::arg("priority") = 0, py::arg("start") = 0, py::arg("inserted") = -1,
            "Insert whole pages; blocks hold the pages from token `start` on, and the entries of pages\n"
            "already in the tree are re-pointed to the tree's blocks in place.")
+      .def("extend", &extend, py::arg("node"), py::arg("tokens"), py::arg("blocks"), py::arg("priority") = 0,
+           "insert() of node's path + tokens with start = inserted = the node's depth: a caller holding the\n"
+           "path to `node` adds the pages after it (blocks: one per page of `tokens`, re-pointed in place).\n"
+           "O(tokens) when `node` is locked; prefix_len counts from the root.")
+      .def("relock", &RadixTree::relock, py::arg("from_node"), py::arg("to_node"),
+           "lock(to_node) then unlock(from_node), in O(nodes between) when to_node is at or below from_node.")
       .def("lock", &RadixTree::lock, py::arg("node"), "Lock root -> node.")
       .def("unlock", &RadixTree::unlock, py::arg("node"), "Unlock root -> node.")
       .def(

@@ -493,6 +493,28 @@ class PyRadixTree:
             node = leaf
         return RadixInsert(w.matched, node.id, displaced)
 
+    def extend(self, node: int, tokens: Sequence[int], blocks: MutableSequence[int], priority: int = 0) -> RadixInsert:
+        """`insert` continued from `node`: the tokens of root -> node followed by `tokens`,
+        with start = inserted = the node's depth (a caller that holds and inserted the
+        path adds the pages after it; `blocks`: one per page of `tokens`). prefix_len
+        counts from the root. The native tree walks only `tokens` when `node` is locked."""
+        n = self._node(node, "extend")
+        key = _int32s(tokens, "tokens")
+        if len(key) % self.page_size:
+            raise ValueError(f"extend: tokens has {len(key)} tokens, not a multiple of page_size {self.page_size}")
+        if len(blocks) != len(key) // self.page_size:
+            raise ValueError(
+                f"extend: blocks has {len(blocks)} ids but {len(key)} tokens need {len(key) // self.page_size} (one per page)"
+            )
+        path: list[list[int]] = []
+        top = n
+        while top.parent is not None:
+            path.append(top.tokens)
+            top = top.parent
+        namespace = next(ns for ns, r in self._roots.items() if r is top)
+        prefix = [t for run in reversed(path) for t in run]
+        return self.insert(prefix + key, blocks, namespace, priority, len(prefix), len(prefix))
+
     def _touched(self, n: _Node) -> None:
         """`n`'s policy inputs or leaf status changed: re-key it before the next eviction."""
         if self._order is not None and not n.is_root:
@@ -561,6 +583,15 @@ class PyRadixTree:
                 self.protected_size += len(n.tokens)
             n.lock_ref += 1
             n = n.parent
+
+    def relock(self, from_node: int, to_node: int) -> None:
+        """lock(to_node) then unlock(from_node); nothing changes if an argument is bad."""
+        start = self._node(from_node, "relock")
+        self._node(to_node, "relock")
+        if not start.is_root and start.lock_ref == 0:
+            raise ValueError(f"relock: node {from_node} is not locked")
+        self.lock(to_node)
+        self.unlock(from_node)
 
     def unlock(self, node: int) -> None:
         """Unlock root -> node."""

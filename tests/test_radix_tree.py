@@ -383,3 +383,71 @@ def test_check_invariants_reports_lock_mismatch(kind):
     with pytest.raises(InvariantError, match="lock_ref 1 but live requests hold 0"):
         tr.t.check_invariants([])
     tr.t.check_invariants([node])
+
+
+def test_extend_from_a_locked_node_reads_as_a_reinsert_of_the_whole_path(kind):
+    """A commit of a running request: extend() adds the pages after the node it locks,
+    and the tree then reads exactly as if the whole sequence had been inserted again
+    (path stamps, priority, use), while the native tree walked only the new pages."""
+    trees = [Tree(kind, page=2), Tree(kind, page=2)]
+    for tr in trees:
+        first, _ = tr.insert([1, 2, 3, 4])
+        tr.t.lock(first.node)
+        tr.insert([1, 2, 9, 9])  # a sibling branch under [1, 2]: the path has two nodes
+    extended, reinserted = trees
+    blocks = extended.pool.allocate(1)
+    r = extended.t.extend(extended.t.match([1, 2, 3, 4]).node, [5, 6], blocks, 3)
+    full = reinserted.pool.allocate(1)
+    r2 = reinserted.t.insert([1, 2, 3, 4, 5, 6], full, None, 3, 4, 4)
+    assert (r.prefix_len, r.displaced) == (r2.prefix_len, r2.displaced) == (4, [])
+
+    def nodes(tr):
+        out = []
+        for n in range(1, tr.t.num_nodes + 1):
+            i = tr.t.node(n)
+            out.append((i.tokens, i.last_access_time, i.priority, i.hit_count, i.use_count, i.last_use,
+                        i.request_tokens, i.history_len, i.lock_ref))
+        return out
+
+    assert nodes(extended) == nodes(reinserted)
+    mid = extended.t.node(extended.t.match([1, 2]).node)
+    assert (mid.priority, mid.request_tokens, mid.history_len) == (3, 6, 6)  # stamped through the lock
+    for tr, res in ((extended, r), (reinserted, r2)):
+        tr.t.relock(tr.t.match([1, 2, 3, 4]).node, res.node)
+        tr.check([res.node])
+        tr.t.unlock(res.node)  # folds the stamps owed into the path
+        tr.check([])
+    assert nodes(extended) == nodes(reinserted)
+
+
+def test_extend_matches_what_another_request_inserted_and_hands_back_duplicates(kind):
+    tr = Tree(kind, page=2)
+    base, _ = tr.insert([1, 2])
+    tr.t.lock(base.node)
+    _, theirs = tr.insert([1, 2, 3, 4, 5, 6])  # another request's continuation
+    mine = tr.pool.allocate(2)
+    ids = list(mine)
+    r = tr.t.extend(base.node, [3, 4, 7, 8], ids, 0)
+    assert r.prefix_len == 4 and r.displaced == [mine[0]]
+    assert ids == [theirs[1], mine[1]]  # re-pointed to the tree's block in place
+    tr.pool.free(r.displaced)
+    assert tr.t.match([1, 2, 3, 4, 5, 6]).num_tokens == 6  # the split kept both branches
+    tr.t.relock(base.node, r.node)
+    tr.check([r.node])
+
+
+def test_relock_moves_a_lock_down_or_the_long_way(kind):
+    tr = Tree(kind, page=1)
+    a, _ = tr.insert([1, 2])
+    b, _ = tr.insert([1, 2, 3, 4])
+    c, _ = tr.insert([7])
+    tr.t.lock(a.node)
+    tr.t.relock(a.node, b.node)  # down: only [3, 4] gets locked
+    assert (tr.t.protected_size, tr.t.node(a.node).lock_ref) == (4, 1)
+    tr.check([b.node])
+    tr.t.relock(b.node, c.node)  # elsewhere: lock c, unlock the whole old path
+    assert tr.t.protected_size == 1
+    tr.check([c.node])
+    with pytest.raises(ValueError, match="not locked"):
+        tr.t.relock(b.node, c.node)
+    tr.check([c.node])

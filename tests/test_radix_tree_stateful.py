@@ -28,7 +28,7 @@ EVICTIONS = [*NATIVE_ORDERS, None]  # None: the custom Python policy below
 NODE_FIELDS = (
     "id", "parent", "namespace", "tokens", "block_ids", "lock_ref",
     "last_access_time", "creation_time", "hit_count", "priority", "children",
-    "use_count", "last_use", "request_tokens",
+    "use_count", "last_use", "request_tokens", "cached_prefix_len", "history_len",
 )  # fmt: skip
 # gslru at this scale: a little protection, a strong size penalty, a ghost smaller
 # than the pool so that history is both remembered and forgotten. The custom Python
@@ -115,6 +115,50 @@ class TwoTrees:
             pool.free(r0.displaced)
         self.known_nodes.append(r0.node)
 
+    def extend(self, node, toks, priority):
+        """Pages after `node` with fresh blocks. From a node the test holds a lock on,
+        the native tree stamps the path above lazily; the model re-inserts the whole
+        path (its definition), and every node must still read the same."""
+        key = toks[: len(toks) // self.page * self.page]
+        ids = [pool.allocate(len(key) // self.page) for pool in self.pools]
+        assert ids[0] == ids[1]
+        if ids[0] is None:
+            return
+        copies = (list(ids[0]), list(ids[1]))
+        results = []
+        for tree, blocks in zip(self.trees, copies):
+            try:
+                results.append(("ok", tree.extend(node, key, blocks, priority)))
+            except ValueError as err:
+                results.append((type(err), None))
+        (k0, r0), (k1, r1) = results
+        assert k0 == k1, results
+        if k0 != "ok":  # the node is gone
+            for pool, blocks in zip(self.pools, ids):
+                pool.free(blocks)
+            return
+        assert fields(r0, "prefix_len", "node", "displaced") == fields(r1, "prefix_len", "node", "displaced")
+        assert copies[0] == copies[1]
+        for pool in self.pools:
+            pool.free(r0.displaced)
+        self.known_nodes.append(r0.node)
+        return r0.node
+
+    def relock(self, held, to):
+        """Move a lock the test holds from `held` to `to` (a commit's new end, or anywhere)."""
+        (kind, _), _ = self.both("relock", held, to)
+        if kind == "ok":
+            self.locks.remove(held)
+            if self.trees[0].node(to).parent is not None:  # a root: lock is a no-op
+                self.locks.append(to)
+
+    def commit(self, toks, priority):
+        """A request's commit: extend from a node the test holds, then move the lock there."""
+        held = self.locks[-1]
+        end = self.extend(held, toks, priority)
+        if end is not None:
+            self.relock(held, end)
+
     def insert_foreign_block(self, toks, ns, bad):
         """Blocks the caller does not own (free, the tree's, out of range) are refused."""
         key = toks[: len(toks) // self.page * self.page]
@@ -187,6 +231,21 @@ class TreeMachine(RuleBasedStateMachine):
     def insert(self, toks, ns, priority, start_pages):
         self.t.insert(toks, ns, priority, start_pages)
 
+    @precondition(lambda self: self.t.known_nodes)
+    @rule(data=st.data(), toks=tokens, priority=st.integers(0, 2))
+    def extend(self, data, toks, priority):
+        self.t.extend(data.draw(st.sampled_from(self.t.known_nodes)), toks, priority)
+
+    @precondition(lambda self: self.t.locks)
+    @rule(toks=tokens, priority=st.integers(0, 2))
+    def commit(self, toks, priority):
+        self.t.commit(toks, priority)
+
+    @precondition(lambda self: self.t.locks and self.t.known_nodes)
+    @rule(data=st.data())
+    def relock(self, data):
+        self.t.relock(data.draw(st.sampled_from(self.t.locks)), data.draw(st.sampled_from(self.t.known_nodes)))
+
     @rule(toks=tokens, ns=namespaces, bad=st.integers(-1, NUM_BLOCKS))
     def insert_foreign_block(self, toks, ns, bad):
         self.t.insert_foreign_block(toks, ns, bad)
@@ -247,6 +306,9 @@ def test_long_random_walks_match_model():
             (1, lambda: t.insert_foreign_block(toks(), rng.choice(NAMESPACES), rng.randint(-1, NUM_BLOCKS))),
             (1, lambda: rng.random() < 0.2 and t.locks and t.unlock(t.locks[0])),
             (1, lambda: rng.random() < 0.1 and t.reset()),
+            (3, lambda: t.locks and t.commit(toks(), rng.randint(0, 2))),
+            (1, lambda: t.known_nodes and t.extend(rng.choice(t.known_nodes), toks(), rng.randint(0, 2))),
+            (1, lambda: t.locks and t.known_nodes and t.relock(rng.choice(t.locks), rng.choice(t.known_nodes))),
         ]
         weights = [w for w, _ in ops]
         for _ in range(250):
