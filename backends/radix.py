@@ -74,7 +74,7 @@ from array import array
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from prefixcache._C import BlockPool, InvariantError, RadixTree
+from prefixcache._C import BlockPool, InvariantError, RadixTree, extend_tokens
 from prefixcache.config import CacheConfig
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent, event_extra_keys
 from prefixcache.hashing import block_hashes, namespace_extra_keys
@@ -191,15 +191,34 @@ class RadixCache(PrefixCache):
 
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         req = self._requests.get(request_id)
-        new = _int32_array(tokens, allow_empty=True)
-        needed = req.blocks_short(len(new), self.block_size)
+        before = len(req.tokens)
+        n = extend_tokens(req.tokens, tokens)  # the one converter (check_tokens' rule), empty allowed
+        bs = self.block_size
+        needed = -(-(before + n) // bs) - len(req.block_table)
+        if n == 1:
+            # A decode step: SGLang makes a page of room first, whether or not the step
+            # starts a page. It needs eviction only when no block is free, which an
+            # allocation of the (at most one) block needed finds out by failing.
+            if needed <= 0:
+                if self.pool.num_free == 0:
+                    self._make_room(bs)
+                return []
+            blocks = self.pool.allocate(needed)
+            if blocks is not None:
+                req.block_table.extend(blocks)
+                return blocks
         if needed > 0 and needed > self._room(protecting=0):
+            del req.tokens[before:]
             self._stats.rejected += 1
             return None
-        # One token is a decode step, more an extend (a prefill chunk): SGLang's demands.
-        demand = self.block_size if len(new) == 1 else self._extend_demand(len(new)) if len(new) else 0
+        if n == 0:
+            return []
+        # More tokens are an extend (a prefill chunk): its tokens plus a page of room.
+        demand = bs if n == 1 else self._extend_demand(n)
+        if needed <= 0:
+            self._make_room(demand)
+            return []
         blocks = self._allocate(needed, demand)
-        req.tokens.extend(new)
         req.block_table.extend(blocks)
         return blocks
 
@@ -253,13 +272,17 @@ class RadixCache(PrefixCache):
         exact at token granularity, one page more with pages."""
         return num_tokens + (self.block_size if self.block_size > 1 else 0)
 
-    def _allocate(self, num_blocks: int, demand: int) -> list[int]:
-        """`num_blocks` fresh blocks after making `demand` TOKENS of room if the tree can
-        (SGLang 0.5.23's evict_to_free_tokens evicts the shortfall; demand >= the blocks'
-        tokens, so the allocation then fits). The caller has checked `_room`."""
+    def _make_room(self, demand: int) -> None:
+        """Make `demand` TOKENS of room if the tree can: SGLang 0.5.23's evict_to_free_tokens
+        evicts the shortfall."""
         shortfall = demand - self.pool.num_free * self.block_size
         if shortfall > 0:
             self._evict_tokens(shortfall)
+
+    def _allocate(self, num_blocks: int, demand: int) -> list[int]:
+        """`num_blocks` fresh blocks after making `demand` TOKENS of room (demand >= the
+        blocks' tokens, so the allocation then fits). The caller has checked `_room`."""
+        self._make_room(demand)
         blocks = self.pool.allocate(num_blocks) if num_blocks else []
         if blocks is None:
             raise InvariantError(f"radix: {num_blocks} blocks passed the room check but could not be allocated")

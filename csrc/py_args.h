@@ -133,13 +133,19 @@ class ByteBuffer {
 template <class T>
 pybind11::object int_array(const T* data, size_t n) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8);
-  static PyObject* array_type = pybind11::object(pybind11::module_::import("array").attr("array")).release().ptr();  // kept for the process
-  auto out = pybind11::reinterpret_borrow<pybind11::object>(array_type)(sizeof(T) == 4 ? "i" : "q");
+  // Kept for the process: the type, the typecode and the method name (a decode step
+  // makes one of these arrays, so no per-call look-up or argument tuple).
+  static PyObject* array_type = pybind11::object(pybind11::module_::import("array").attr("array")).release().ptr();
+  static PyObject* typecode = PyUnicode_InternFromString(sizeof(T) == 4 ? "i" : "q");
+  static PyObject* frombytes = PyUnicode_InternFromString("frombytes");
+  auto out = pybind11::reinterpret_steal<pybind11::object>(PyObject_CallOneArg(array_type, typecode));
+  if (!out) throw pybind11::error_already_set();
   if (n > 0) {
     auto view = pybind11::reinterpret_steal<pybind11::object>(PyMemoryView_FromMemory(
         reinterpret_cast<char*>(const_cast<T*>(data)), static_cast<Py_ssize_t>(n * sizeof(T)), PyBUF_READ));
     if (!view) throw pybind11::error_already_set();
-    out.attr("frombytes")(view);
+    auto done = pybind11::reinterpret_steal<pybind11::object>(PyObject_CallMethodOneArg(out.ptr(), frombytes, view.ptr()));
+    if (!done) throw pybind11::error_already_set();
   }
   return out;
 }
