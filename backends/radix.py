@@ -117,6 +117,8 @@ class RadixCache(PrefixCache):
     inserts keep the highest priority that touched them, for `eviction: priority`.
     """
 
+    token_itemsize = 4  # the tree stores int32 ids
+
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)
         self.policy = resolve_eviction_policy(config.eviction)()

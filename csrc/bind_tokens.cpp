@@ -59,6 +59,24 @@ PyObject* token_list_fastcall(PyObject*, PyObject* const* args, Py_ssize_t nargs
   return nullptr;
 }
 
+// A copy of `obj` when it already is an array.array (not a subclass) of the width
+// asked for: every id such an array holds is valid, so the converter's read would be
+// a memcpy into a vector and another into the result; an array slice is one. nullptr
+// (no error set) otherwise.
+PyObject* same_array_copy(PyObject* obj, long itemsize) {
+  static PyObject* array_type = py::object(py::module_::import("array").attr("array")).release().ptr();
+  if (Py_TYPE(obj) != reinterpret_cast<PyTypeObject*>(array_type)) return nullptr;
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj, &view, PyBUF_FORMAT) != 0) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  const bool same = view.itemsize == itemsize && view.format != nullptr &&
+                    view.format[0] == (itemsize == 4 ? 'i' : 'q') && view.format[1] == '\0';
+  PyBuffer_Release(&view);
+  return same ? PySequence_GetSlice(obj, 0, PY_SSIZE_T_MAX) : nullptr;
+}
+
 // token_array(tokens, what="tokens", itemsize=8): the ids as array('q') (itemsize 8;
 // None if an id is beyond int64) or array('i') (itemsize 4; ValueError beyond int32).
 // METH_FASTCALL for the same reason as token_list: both backends call it per decode step.
@@ -71,6 +89,8 @@ PyObject* token_array_fastcall(PyObject*, PyObject* const* args, Py_ssize_t narg
     const char* what = nargs >= 2 ? PyUnicode_AsUTF8(args[1]) : "tokens";
     if (what == nullptr) throw py::error_already_set();
     const long itemsize = nargs == 3 ? PyLong_AsLong(args[2]) : 8;
+    if (PyObject* copy = same_array_copy(args[0], itemsize)) return copy;
+    if (PyErr_Occurred()) throw py::error_already_set();
     if (itemsize == 4) {
       TokenIds<int32_t> ids = read_token_ids<int32_t>(args[0], what);
       return int_array(ids.ids.data(), ids.ids.size()).release().ptr();
@@ -165,19 +185,15 @@ py::object expand_runs(py::handle runs, int itemsize) {
     spans[i] = {start, stop};
     total += static_cast<size_t>(stop - start);
   }
-  auto fill = [&](auto* out) {
+  auto fill = [&](auto made) {  // straight into the array: one pass over the ids
+    auto* out = made.second;
     for (auto [start, stop] : spans) {
       for (int64_t t = start; t < stop; ++t) *out++ = static_cast<std::remove_reference_t<decltype(*out)>>(t);
     }
+    return std::move(made.first);
   };
-  if (itemsize == 4) {
-    std::vector<int32_t> ids(total);
-    fill(ids.data());
-    return int_array(ids.data(), ids.size());
-  }
-  std::vector<int64_t> ids(total);
-  fill(ids.data());
-  return int_array(ids.data(), ids.size());
+  if (itemsize == 4) return fill(new_int_array<int32_t>(total));
+  return fill(new_int_array<int64_t>(total));
 }
 
 PyMethodDef token_list_def = {"token_list",
