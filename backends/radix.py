@@ -56,7 +56,8 @@ uses, so one consumer serves both; `BlockRemoved` per evicted page;
 Extension: `usable_hit` (the protocol's hook) trims a hit in `match` and `admit` alike;
 `admit` then matches, splits and locks only the part it keeps. Eviction policies come
 from `prefixcache.eviction` or a plugin; native ones (and their `native_params`, and a
-`history` ghost table) are evaluated in C++, others called once per candidate.
+`history` ghost table) are evaluated in C++; another's `priority()` is called once per
+leaf when it becomes a candidate or changes (the tree keeps the keys in its order).
 
 Inspection: `cache.tree` is the tree, with the API documented in
 `prefixcache.radix_tree` (`total_size`, `evictable_size`, `protected_size`,
@@ -122,13 +123,13 @@ class RadixCache(PrefixCache):
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)
         self.policy = resolve_eviction_policy(config.eviction)()
-        # A policy with a native order is evaluated in C++ from the tree's persistent
-        # leaf order; otherwise the tree calls policy.priority() once per candidate when
-        # it evicts.
+        # The tree keeps its leaves in a persistent order: a native policy's keys are
+        # computed in C++; another policy's priority() is called once per leaf when it
+        # becomes a candidate or changes, and its keys are kept.
         params = self.policy.native_params() if self.policy.native else {}
         ghost = self.policy.history * pool.num_blocks  # pages remembered after eviction
-        self.tree = RadixTree(pool, self.block_size, self.policy.native, ghost_capacity=ghost, **params)
-        self._rank = None if self.policy.native else self.policy.priority
+        order = self.policy.native or self.policy.priority
+        self.tree = RadixTree(pool, self.block_size, order, ghost_capacity=ghost, **params)
         self._trims = type(self).usable_hit is not PrefixCache.usable_hit
         self._requests: RequestTable[_RadixRequest] = RequestTable()
         self._stats = StatsCounter()
@@ -294,7 +295,7 @@ class RadixCache(PrefixCache):
         """Evict at least `num_tokens` tokens if there are; returns blocks freed."""
         freed = 0
         try:
-            freed = self.tree.evict(num_tokens, self._rank) // self.block_size
+            freed = self.tree.evict(num_tokens) // self.block_size
         except BaseException:
             freed = len(self.tree.last_evicted())  # a Python policy raised; what went, went
             raise

@@ -111,6 +111,39 @@ InsertResult extend(RadixTree& tree, int64_t node, py::handle tokens, py::handle
   return with_blocks(blocks, [&](std::span<int32_t> ids) { return tree.extend(node, toks, ids, priority); });
 }
 
+// A Python policy's priority() as the tree's LeafRanker: keys are the Python objects
+// it returns, compared with Python's `<`, held in slots the tree names by handle.
+class PyRanker final : public LeafRanker {
+ public:
+  explicit PyRanker(py::object rank) : rank_(std::move(rank)) {}
+
+  uint64_t rank(const EvictionCandidate& candidate) override {
+    py::object key = rank_(candidate);
+    if (free_.empty()) {
+      keys_.push_back(std::move(key));
+      return keys_.size() - 1;
+    }
+    const uint64_t slot = free_.back();
+    free_.pop_back();
+    keys_[slot] = std::move(key);
+    return slot;
+  }
+  bool less(uint64_t a, uint64_t b) const override {
+    const int r = PyObject_RichCompareBool(keys_[a].ptr(), keys_[b].ptr(), Py_LT);
+    if (r < 0) throw py::error_already_set();
+    return r == 1;
+  }
+  void release(uint64_t key) noexcept override {
+    keys_[key] = py::object();
+    free_.push_back(key);
+  }
+
+ private:
+  py::object rank_;
+  std::vector<py::object> keys_;
+  std::vector<uint64_t> free_;
+};
+
 }  // namespace
 
 void bind_radix_tree(py::module_& m) {
@@ -163,18 +196,28 @@ SGLang RadixAttention prefix tree over a BlockPool (see prefixcache/radix_tree.p
 for the reference model and the full contract).
 
 The tree owns one pool reference per block it holds. Sizes are in tokens.
-`eviction` is a native order (lru, lfu, fifo, mru, filo, priority, slru, tlru, gslru) or None,
-in which case evict() needs `priority=` (a callable ranking EvictionCandidate).
+`eviction` is a native order (lru, lfu, fifo, mru, filo, priority, slru, tlru, gslru), a callable
+ranking EvictionCandidate (a Python policy's priority: asked once when a leaf becomes a candidate
+or changes, its keys kept in the tree's leaf order), or None, in which case evict() needs
+`priority=` (asked once per candidate per call).
 `protect_tokens` / `size_weight` parameterize gslru; `ghost_capacity` (pages) keeps
 the use counts of evicted content (0: none). Not thread-safe.
 )doc")
-      .def(py::init([](BlockPool& pool, int64_t page_size, std::optional<std::string> eviction,
+      .def(py::init([](BlockPool& pool, int64_t page_size, py::object eviction,
                        int64_t protect_tokens, int64_t size_weight, int64_t ghost_capacity, int64_t protected_threshold,
                        int64_t tlru_threshold, int64_t next_prompt_estimate) {
              std::optional<EvictionOrder> order;
-             if (eviction) order = parse_eviction_order(*eviction);
+             std::unique_ptr<LeafRanker> ranker;
+             if (py::isinstance<py::str>(eviction)) {
+               order = parse_eviction_order(eviction.cast<std::string>());
+             } else if (PyCallable_Check(eviction.ptr())) {
+               ranker = std::make_unique<PyRanker>(eviction);
+             } else if (!eviction.is_none()) {
+               throw py::type_error(std::string("eviction must be a native order's name, a callable or None, got ") +
+                                    Py_TYPE(eviction.ptr())->tp_name);
+             }
              OrderParams params{protect_tokens, size_weight, protected_threshold, tlru_threshold, next_prompt_estimate};
-             return std::make_unique<RadixTree>(pool, page_size, order, params, ghost_capacity);
+             return std::make_unique<RadixTree>(pool, page_size, order, params, ghost_capacity, std::move(ranker));
            }),
            py::arg("pool"), py::arg("page_size"), py::arg("eviction") = "lru", py::arg("protect_tokens") = 0,
            py::arg("size_weight") = 0, py::arg("ghost_capacity") = 0, py::arg("protected_threshold") = 2,

@@ -44,8 +44,15 @@ struct RadixTree::Walk {
 };
 
 RadixTree::RadixTree(BlockPool& pool, int64_t page_size, std::optional<EvictionOrder> order, OrderParams params,
-                     int64_t ghost_capacity)
-    : pool_(pool), page_(static_cast<size_t>(page_size)), order_(order), params_(params), ghost_(ghost_capacity) {
+                     int64_t ghost_capacity, std::unique_ptr<LeafRanker> ranker)
+    : pool_(pool),
+      page_(static_cast<size_t>(page_size)),
+      order_(order),
+      params_(params),
+      ghost_(ghost_capacity),
+      ranker_(std::move(ranker)),
+      ranked_set_(RankedLess{ranker_.get()}) {
+  if (order_ && ranker_) throw std::invalid_argument("a tree orders its leaves natively or by a ranker, not both");
   if (ghost_capacity < 0) throw std::invalid_argument("ghost_capacity must be >= 0, got " + std::to_string(ghost_capacity));
   if (page_size < 1) throw std::invalid_argument("page_size must be >= 1, got " + std::to_string(page_size));
   in_tree_.assign(pool.num_blocks(), 0);
@@ -480,45 +487,93 @@ void RadixTree::relock(int64_t from_id, int64_t to_id) {
 
 int64_t RadixTree::evict(int64_t num_tokens) {
   last_evicted_.clear();
-  if (!order_) throw std::invalid_argument("evict: this tree has no native eviction order; rank candidates with a priority function");
+  if (!order_ && !ranker_) {
+    throw std::invalid_argument("evict: this tree has no native eviction order (nor a ranker); rank candidates with a priority function");
+  }
   if (num_tokens < 0) throw std::invalid_argument("evict: num_tokens must be >= 0, got " + std::to_string(num_tokens));
   refresh_order();
   int64_t evicted = 0;
-  while (evicted < num_tokens && !order_set_.empty()) {
-    RadixNode* leaf = nodes_.at(order_set_.begin()->id).get();
+  while (evicted < num_tokens) {
+    if (order_ ? order_set_.empty() : ranked_set_.empty()) break;
+    RadixNode* leaf = nodes_.at(order_ ? order_set_.begin()->id : ranked_set_.begin()->id).get();
     RadixNode* parent = leaf->parent;
     evicted += static_cast<int64_t>(leaf->tokens.size());
     delete_leaf(leaf);  // takes it out of the order; its parent may come in, dirty
-    if (parent->dirty) {  // it just became a leaf: rank it now, it may be next
-      parent->dirty = false;
-      auto [it, fresh] = order_set_.insert(OrderEntry{native_key(*order_, params_, candidate(*parent)), parent->id});
-      order_of_[parent->id] = it;
-    }
+    // It just became a leaf: rank it now, it may be next (a ranker that throws leaves
+    // it dirty, for the next eviction).
+    if (parent->dirty) rekey(parent);
   }
   return evicted;
 }
 
 void RadixTree::touched(RadixNode* n) {
-  if (n->leaf_slot < 0 || n->dirty || !order_) return;  // only evictable leaves are ordered
+  if (n->leaf_slot < 0 || n->dirty || (!order_ && !ranker_)) return;  // only evictable leaves are ordered
   n->dirty = true;
   dirty_.push_back(n->id);
 }
 
 void RadixTree::refresh_order() {
-  for (int64_t id : dirty_) {
-    auto found = nodes_.find(id);
-    if (found == nodes_.end()) continue;  // evicted since
-    RadixNode* n = found->second.get();
-    if (!n->dirty) continue;
-    n->dirty = false;
-    auto at = order_of_.find(id);
-    if (at != order_of_.end()) {
-      order_set_.erase(at->second);
-      order_of_.erase(at);
+  size_t done = 0;
+  try {
+    for (; done < dirty_.size(); ++done) {
+      auto found = nodes_.find(dirty_[done]);
+      if (found == nodes_.end()) continue;  // evicted since
+      RadixNode* n = found->second.get();
+      if (!n->dirty) continue;
+      if (n->leaf_slot >= 0) {
+        rekey(n);
+      } else {
+        n->dirty = false;
+      }
     }
-    if (n->leaf_slot >= 0) order_of_[id] = order_set_.insert(OrderEntry{native_key(*order_, params_, candidate(*n)), id}).first;
+  } catch (...) {  // a ranker threw: what was re-keyed is done, the rest stays dirty
+    dirty_.erase(dirty_.begin(), dirty_.begin() + static_cast<ptrdiff_t>(done));
+    throw;
   }
   dirty_.clear();
+}
+
+void RadixTree::rekey(RadixNode* n) {
+  if (order_) {
+    unorder(n);
+    order_of_[n->id] = order_set_.insert(OrderEntry{native_key(*order_, params_, candidate(*n)), n->id}).first;
+    n->dirty = false;
+    return;
+  }
+  // The new key goes in before the old one comes out, so a throw leaves n as it was.
+  const uint64_t key = ranker_->rank(candidate(*n));
+  std::pair<RankedSet::iterator, bool> placed;
+  try {
+    placed = ranked_set_.insert(RankedEntry{key, n->id});
+  } catch (...) {
+    ranker_->release(key);
+    throw;
+  }
+  if (!placed.second) {
+    ranker_->release(key);  // its old entry has an equal key: it stays
+  } else {
+    auto at = ranked_of_.find(n->id);
+    if (at != ranked_of_.end()) {
+      ranker_->release(at->second->key);
+      ranked_set_.erase(at->second);
+      at->second = placed.first;
+    } else {
+      ranked_of_.emplace(n->id, placed.first);
+    }
+  }
+  n->dirty = false;
+}
+
+void RadixTree::unorder(RadixNode* n) {
+  if (auto at = order_of_.find(n->id); at != order_of_.end()) {
+    order_set_.erase(at->second);
+    order_of_.erase(at);
+  }
+  if (auto at = ranked_of_.find(n->id); at != ranked_of_.end()) {
+    ranker_->release(at->second->key);
+    ranked_set_.erase(at->second);
+    ranked_of_.erase(at);
+  }
 }
 
 // Raises the branch's high-water depth up to (not including) `stop`, whose path
@@ -542,11 +597,7 @@ void RadixTree::set_evictable_leaf(RadixNode* n, bool evictable) {
     evictable_leaves_.push_back(n);
     touched(n);
   } else if (!evictable && n->leaf_slot >= 0) {
-    auto at = order_of_.find(n->id);
-    if (at != order_of_.end()) {
-      order_set_.erase(at->second);
-      order_of_.erase(at);
-    }
+    unorder(n);
     n->dirty = false;
     RadixNode* moved = evictable_leaves_.back();
     evictable_leaves_[n->leaf_slot] = moved;
@@ -596,6 +647,9 @@ void RadixTree::reset() {
   evictable_leaves_.clear();
   order_set_.clear();
   order_of_.clear();
+  for (const RankedEntry& e : ranked_set_) ranker_->release(e.key);
+  ranked_set_.clear();
+  ranked_of_.clear();
   dirty_.clear();
   pending_.clear();  // nothing is locked, so nothing is owed
   std::fill(in_tree_.begin(), in_tree_.end(), 0);
@@ -769,6 +823,18 @@ void RadixTree::check_invariants(const std::optional<std::vector<int64_t>>& lock
     for (const RadixNode* leaf : evictable_leaves_) {
       if (!leaf->dirty && order_of_.find(leaf->id) == order_of_.end()) fail("evictable leaf node " + std::to_string(leaf->id) + " is missing from the leaf order");
     }
+  }
+  if (ranker_) {  // a ranker's keys are the caller's: membership is checked, not the keys
+    if (ranked_set_.size() != ranked_of_.size()) fail("ranked leaf order and its id map disagree");
+    for (const RankedEntry& e : ranked_set_) {
+      auto it = nodes_.find(e.id);
+      if (it == nodes_.end() || it->second->leaf_slot < 0) fail("ranked leaf order holds node " + std::to_string(e.id) + ", not an evictable leaf");
+    }
+    for (const RadixNode* leaf : evictable_leaves_) {
+      if (!leaf->dirty && ranked_of_.find(leaf->id) == ranked_of_.end()) fail("evictable leaf node " + std::to_string(leaf->id) + " is missing from the ranked leaf order");
+    }
+  } else if (!ranked_set_.empty()) {
+    fail("a tree without a ranker holds ranked keys");
   }
   if (evictable != evictable_size_) fail("evictable_size is " + std::to_string(evictable_size_) + ", nodes hold " + std::to_string(evictable));
   if (protect != protected_size_) fail("protected_size is " + std::to_string(protected_size_) + ", nodes hold " + std::to_string(protect));

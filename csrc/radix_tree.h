@@ -35,9 +35,11 @@
 // (policy key, node id): O(log n) per evicted leaf, however many leaves there are
 // (SGLang rebuilds a heap over every evictable leaf on each eviction; same victims,
 // same order). A leaf whose policy inputs change (a walk touches it) is marked
-// dirty and re-keyed when the next eviction starts, so a touch costs O(1). The set
-// is kept for the native order; a caller's ranking (evict_by) is asked once per
-// candidate per call, as its contract says, and ranks over a heap built per call.
+// dirty and re-keyed when the next eviction starts, so a touch costs O(1). The key
+// is the native order's (native_key), or a LeafRanker's (a Python policy: asked once
+// when a leaf becomes a candidate or changes, never per eviction call). evict_by,
+// a ranking passed per call, is asked once per candidate per call over a heap built
+// per call: it may differ from call to call, so nothing can be kept.
 //
 // hit_count (SGLang 0.5.23): counted at insert, not at match_prefix. An insert walk
 // counts a hit on each node ending past `inserted` (the tokens this caller inserted
@@ -163,6 +165,19 @@ struct RadixNode {
   bool is_root() const { return parent == nullptr; }
 };
 
+// A caller's ranking of eviction candidates (a Python policy), for a tree without a
+// native order. The tree keeps each leaf's key, made by rank() when the leaf becomes a
+// candidate or its inputs change, orders keys by less(), and releases a key it drops;
+// it never looks inside one. rank() and less() may throw: the tree stays consistent,
+// and a leaf whose key could not be made or placed is ranked again at the next eviction.
+class LeafRanker {
+ public:
+  virtual ~LeafRanker() = default;
+  virtual uint64_t rank(const EvictionCandidate& candidate) = 0;  // a handle to the key made
+  virtual bool less(uint64_t a, uint64_t b) const = 0;
+  virtual void release(uint64_t key) noexcept = 0;
+};
+
 struct MatchResult {
   int64_t num_tokens = 0;          // matched tokens, whole pages
   std::vector<int32_t> blocks;     // the blocks holding them
@@ -199,10 +214,11 @@ struct NodeInfo {
 class RadixTree {
  public:
   // `pool` must outlive the tree. page_size is in tokens (1 = token level).
-  // Without an order, only evict_by() can evict (a policy the caller ranks).
+  // The leaf order is the native `order` or the `ranker`'s (not both); with
+  // neither, only evict_by() can evict (a policy the caller ranks per call).
   // `params` go to the order (gslru); ghost_capacity is in pages (0: no history).
   RadixTree(BlockPool& pool, int64_t page_size, std::optional<EvictionOrder> order, OrderParams params = {},
-            int64_t ghost_capacity = 0);
+            int64_t ghost_capacity = 0, std::unique_ptr<LeafRanker> ranker = nullptr);
   RadixTree(const RadixTree&) = delete;
   RadixTree& operator=(const RadixTree&) = delete;
 
@@ -256,7 +272,8 @@ class RadixTree {
   // are freed or nothing is evictable; a parent whose last child goes (and
   // that is unlocked) becomes a candidate. Frees the blocks to the pool and
   // returns the tokens evicted (may exceed num_tokens: leaves go whole).
-  // Uses the native order; throws if the tree was built without one.
+  // Uses the tree's leaf order (native or ranker); throws if it has neither. If
+  // the ranker throws, what was evicted stays evicted and last_evicted() lists it.
   int64_t evict(int64_t num_tokens);
 
   // evict() ordered by a caller's priority. `rank` is called once per
@@ -317,6 +334,8 @@ class RadixTree {
   void set_evictable_leaf(RadixNode* node, bool evictable);
   void touched(RadixNode* node);  // its policy inputs changed: re-key it before the next eviction
   void refresh_order();
+  void rekey(RadixNode* leaf);    // (re)place an evictable leaf in the leaf order; clears dirty
+  void unorder(RadixNode* node);  // take it out of the leaf order
   void raise_history(RadixNode* node, const RadixNode* stop = nullptr);
   void delete_leaf(RadixNode* leaf);
   void stamp_use(RadixNode* n, bool counts, int64_t request_tokens, int64_t now);
@@ -342,6 +361,23 @@ class RadixTree {
   };
   std::set<OrderEntry> order_set_;
   std::unordered_map<int64_t, std::set<OrderEntry>::iterator> order_of_;
+  // The ranker's leaf order: (key handle, id), keys compared by the ranker.
+  struct RankedEntry {
+    uint64_t key;
+    int64_t id;
+  };
+  struct RankedLess {
+    const LeafRanker* ranker;
+    bool operator()(const RankedEntry& a, const RankedEntry& b) const {
+      if (ranker->less(a.key, b.key)) return true;
+      if (ranker->less(b.key, a.key)) return false;
+      return a.id < b.id;
+    }
+  };
+  using RankedSet = std::set<RankedEntry, RankedLess>;
+  std::unique_ptr<LeafRanker> ranker_;
+  RankedSet ranked_set_{RankedLess{nullptr}};
+  std::unordered_map<int64_t, RankedSet::iterator> ranked_of_;
   std::vector<int64_t> dirty_;
   std::unordered_set<RadixNode*> pending_;  // nodes holding a PathStamp (all locked)
   std::vector<uint8_t> in_tree_;  // per pool block: 1 if a node holds it

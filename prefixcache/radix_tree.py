@@ -217,7 +217,7 @@ class PyRadixTree:
         self,
         pool: Any,
         page_size: int,
-        eviction: str | None = "lru",
+        eviction: str | Callable[[Any], Any] | None = "lru",
         protect_tokens: int = 0,
         size_weight: int = 0,
         ghost_capacity: int = 0,
@@ -227,17 +227,21 @@ class PyRadixTree:
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
-        if eviction is not None and eviction not in NATIVE_ORDERS:
+        if isinstance(eviction, str) and eviction not in NATIVE_ORDERS:
             raise ValueError(
-                f"eviction order {eviction!r} is not native; allowed values: {', '.join(NATIVE_ORDERS)}"
+                f"eviction order '{eviction}' is not native; allowed values: {', '.join(NATIVE_ORDERS)}"
             )
+        if not (eviction is None or isinstance(eviction, str) or callable(eviction)):
+            raise TypeError(f"eviction must be a native order's name, a callable or None, got {type(eviction).__name__}")
         if ghost_capacity < 0:
             raise ValueError(f"ghost_capacity must be >= 0, got {ghost_capacity}")
         self.pool = pool
         self.page_size = page_size
         # The reference ranks with the registered policy classes themselves.
         self._order: Callable[[Any], Any] | None = None
-        if eviction is not None:
+        if callable(eviction):  # a Python policy: kept in the same persistent order
+            self._order = eviction
+        elif eviction is not None:
             from prefixcache.registry import resolve_eviction_policy
 
             policy = resolve_eviction_policy(eviction)()
@@ -645,11 +649,13 @@ class PyRadixTree:
         heapq.heappush(self._order_heap, (self._order(n.candidate()), n.id, n.order_stamp))  # type: ignore[misc]
 
     def _evict_in_order(self, num_tokens: int) -> int:
-        """evict() by the tree's own policy, from the persistent leaf order."""
-        for n in self._dirty.values():
+        """evict() by the tree's own policy, from the persistent leaf order. A policy that
+        raises leaves the node it was ranking (and those after it) dirty."""
+        while self._dirty:
+            id, n = next(iter(self._dirty.items()))
             if self._nodes.get(n.id) is n and n.evictable_leaf:
                 self._enter_order(n)
-        self._dirty.clear()
+            del self._dirty[id]
         heap, evicted = self._order_heap, 0
         while evicted < num_tokens and heap:
             _, id, stamp = heapq.heappop(heap)
@@ -661,8 +667,9 @@ class PyRadixTree:
             evicted += len(leaf.tokens)
             self._delete_leaf(leaf)
             if parent.evictable_leaf:
-                self._dirty.pop(parent.id, None)
+                self._touched(parent)  # dirty until ranked, so a raising policy ranks it next time
                 self._enter_order(parent)
+                self._dirty.pop(parent.id, None)
         return evicted
 
     def _delete_leaf(self, leaf: _Node) -> None:

@@ -451,3 +451,47 @@ def test_relock_moves_a_lock_down_or_the_long_way(kind):
     with pytest.raises(ValueError, match="not locked"):
         tr.t.relock(b.node, c.node)
     tr.check([c.node])
+
+
+def test_a_python_policy_given_to_the_tree_ranks_each_leaf_once_until_it_changes(kind):
+    """A policy without a native order (a plugin's priority) given to the tree: each leaf
+    is ranked when it becomes a candidate or changes, and its key is kept in the leaf
+    order, so evictions do not ask about unchanged leaves again (SGLang asks about every
+    leaf on every eviction)."""
+    calls = []
+
+    def biggest_first(c):
+        calls.append(c.node)
+        return (-c.num_tokens, c.last_access_time)
+
+    tr = Tree(kind, page=1, eviction=biggest_first)
+    for run in ([1], [2, 2], [3, 3, 3], [4, 4, 4, 4]):
+        tr.insert(run)
+    assert tr.t.evict(1) == 4 and len(calls) == 4  # every leaf once
+    assert tr.t.evict(1) == 3 and len(calls) == 4  # nothing changed: no call
+    tr.t.match_prefix([1])  # touches [1]: ranked again before the next eviction
+    tr.insert([5, 5])
+    assert tr.t.evict(1) == 2 and len(calls) == 4 + 2  # [1] and [5, 5]; [2, 2] kept its key
+    assert tr.t.match([2, 2]).num_tokens == 0 and tr.t.match([5, 5]).num_tokens == 2  # ties: older first
+    tr.check()
+
+
+def test_a_python_policy_given_to_the_tree_that_raises_keeps_it_consistent(kind):
+    fail = {"on": False}
+
+    def flaky(c):
+        if fail["on"]:
+            raise RuntimeError("policy failed")
+        return c.last_access_time
+
+    tr = Tree(kind, page=1, eviction=flaky)
+    tr.insert([1])
+    tr.insert([2])
+    fail["on"] = True
+    with pytest.raises(RuntimeError, match="policy failed"):
+        tr.t.evict(1)  # ranking the new leaves fails: nothing evicted, still ranked later
+    assert tr.t.last_evicted() == [] and tr.t.total_size == 2
+    tr.check()
+    fail["on"] = False
+    assert tr.t.evict(1) == 1 and tr.t.match([1]).num_tokens == 0
+    tr.check()

@@ -24,7 +24,9 @@ from prefixcache.radix_tree import NATIVE_ORDERS, PyRadixTree, RadixTree
 
 NUM_BLOCKS = 24
 NAMESPACES = [None, "a", "b"]
-EVICTIONS = [*NATIVE_ORDERS, None]  # None: the custom Python policy below
+# None: the custom Python policy below, passed per evict() call; "kept": the same policy
+# given to the tree, which keeps its keys in the leaf order.
+EVICTIONS = [*NATIVE_ORDERS, None, "kept"]
 NODE_FIELDS = (
     "id", "parent", "namespace", "tokens", "block_ids", "lock_ref",
     "last_access_time", "creation_time", "hit_count", "priority", "children",
@@ -65,8 +67,10 @@ class TwoTrees:
         self.rank = None if eviction is not None else odd_sizes_first
         self.pools = (BlockPool(NUM_BLOCKS), PyBlockPool(NUM_BLOCKS))
         kwargs = dict(GSLRU_ARGS) if eviction == "gslru" else {}
-        if eviction in ("gslru", None):
+        if eviction in ("gslru", None, "kept"):
             kwargs["ghost_capacity"] = GHOST_PAGES
+        if eviction == "kept":
+            eviction = odd_sizes_first
         self.trees = (
             RadixTree(self.pools[0], page, eviction, **kwargs),
             PyRadixTree(self.pools[1], page, eviction, **kwargs),
