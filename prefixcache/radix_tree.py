@@ -36,18 +36,30 @@ The contract both trees keep:
   keep the tree's blocks: their entries in `blocks` are re-pointed in place, and the
   caller's ids that differed come back as `displaced` (still the caller's to free).
   The new pages' blocks now belong to the tree.
+- `extend(node, tokens, blocks, priority)` is `insert` continued from `node`: the
+  tokens of root -> node followed by `tokens`, with start = inserted = the node's
+  depth (a request's commit after its first insert; `blocks`: one per page of
+  `tokens`). The native tree walks only `tokens` when `node` is locked: what the
+  re-walk would write on the path above (tick, traffic, request length, priority,
+  tlru's depth) is owed to the path and folded in when the node's lock drops; only
+  unlocked leaves are ranked and every fold is a max, so nothing reads the
+  difference, and `node()` reports the folded values. This model re-inserts.
+  `relock(from, to)` is `lock(to)` then `unlock(from)`, in O(nodes between them)
+  natively when `to` is below `from`.
 - A split keeps `lock_ref` (and priority and hit count) on both halves, so neither
   size moves; the new upper node is stamped as a new node, as SGLang's `_split_node`.
 - `lock` / `unlock` walk root -> node; a root is a no-op. `lock_ref(parent) >=
   lock_ref(child)`, so every unlocked node is reachable by evicting leaves.
 - `evict(num_tokens)` pops unlocked leaves, lowest priority first (ties: older node
   first), freeing whole leaves (it may free more than asked); a parent whose last
-  child goes, and that is unlocked, becomes a candidate. With the tree's own order the
+  child goes, and that is unlocked, becomes a candidate. With the tree's own order (a
+  native one, or a callable given as `eviction`: a Python policy's priority) the
   leaves sit in a persistent order (the native tree: an ordered set; this model: a
   heap with stale entries skipped), re-keyed only when a walk touches them: O(log n)
-  per evicted leaf. A caller's `priority` function is called once per candidate per
-  call, never per comparison. `last_evicted()` lists the blocks the latest call freed,
-  even if a policy raised halfway.
+  per evicted leaf, and a callable is asked once per leaf and change. A `priority`
+  function passed to `evict` is called once per candidate per call (it may differ
+  from call to call), never per comparison. `last_evicted()` lists the blocks the
+  latest call freed, even if a policy raised halfway.
 - Clock: a counter, not wall time, so replays are reproducible. Each match or insert
   takes one tick for the nodes it walks; each node it creates takes a tick of its own
   (SGLang stamps new nodes with `time.monotonic()` after the walk; same order).

@@ -89,64 +89,54 @@ class TwoTrees:
         assert results[0][0] == results[1][0], (op, args, results)
         return results
 
-    def insert(self, toks, ns, priority, start_pages=0):
-        """Insert with fresh blocks for the pages from `start` on (a start past what the
-        tree holds must be refused by both)."""
-        key = toks[: len(toks) // self.page * self.page]
-        start = min(start_pages * self.page, len(key))
-        ids = [pool.allocate(len(key) // self.page - start // self.page) for pool in self.pools]
+    def with_fresh_blocks(self, num_pages, call):
+        """`call(tree, blocks)` on both trees with the same fresh blocks: (kind, result),
+        or (None, None) if the pools are full. Results and re-pointed blocks must agree;
+        displaced blocks (and all of them on an error) go back to the pools."""
+        ids = [pool.allocate(num_pages) for pool in self.pools]
         assert ids[0] == ids[1]
         if ids[0] is None:
-            return
+            return None, None
         copies = (list(ids[0]), list(ids[1]))
         results = []
         for tree, blocks in zip(self.trees, copies):
             try:
-                results.append(("ok", tree.insert(key, blocks, ns, priority, start)))
+                results.append(("ok", call(tree, blocks)))
             except ValueError as err:
                 results.append((type(err), None))
         (k0, r0), (k1, r1) = results
         assert k0 == k1, results
         if k0 != "ok":
-            assert start > self.trees[0].match(key, ns).num_tokens
             for pool, blocks in zip(self.pools, ids):
                 pool.free(blocks)
-            return
+            return k0, None
         assert fields(r0, "prefix_len", "node", "displaced") == fields(r1, "prefix_len", "node", "displaced")
         assert copies[0] == copies[1]  # both re-pointed the same way
-        assert r0.prefix_len % self.page == 0
         for pool in self.pools:
             pool.free(r0.displaced)
         self.known_nodes.append(r0.node)
+        return k0, r0
+
+    def insert(self, toks, ns, priority, start_pages=0):
+        """Insert with fresh blocks for the pages from `start` on (a start past what the
+        tree holds must be refused by both)."""
+        key = toks[: len(toks) // self.page * self.page]
+        start = min(start_pages * self.page, len(key))
+        pages = len(key) // self.page - start // self.page
+        kind, r = self.with_fresh_blocks(pages, lambda tree, blocks: tree.insert(key, blocks, ns, priority, start))
+        if kind is not None and kind != "ok":
+            assert start > self.trees[0].match(key, ns).num_tokens
+        elif r is not None:
+            assert r.prefix_len % self.page == 0
 
     def extend(self, node, toks, priority):
         """Pages after `node` with fresh blocks. From a node the test holds a lock on,
         the native tree stamps the path above lazily; the model re-inserts the whole
-        path (its definition), and every node must still read the same."""
+        path (its definition), and every node must still read the same. An error: the
+        node is gone."""
         key = toks[: len(toks) // self.page * self.page]
-        ids = [pool.allocate(len(key) // self.page) for pool in self.pools]
-        assert ids[0] == ids[1]
-        if ids[0] is None:
-            return
-        copies = (list(ids[0]), list(ids[1]))
-        results = []
-        for tree, blocks in zip(self.trees, copies):
-            try:
-                results.append(("ok", tree.extend(node, key, blocks, priority)))
-            except ValueError as err:
-                results.append((type(err), None))
-        (k0, r0), (k1, r1) = results
-        assert k0 == k1, results
-        if k0 != "ok":  # the node is gone
-            for pool, blocks in zip(self.pools, ids):
-                pool.free(blocks)
-            return
-        assert fields(r0, "prefix_len", "node", "displaced") == fields(r1, "prefix_len", "node", "displaced")
-        assert copies[0] == copies[1]
-        for pool in self.pools:
-            pool.free(r0.displaced)
-        self.known_nodes.append(r0.node)
-        return r0.node
+        _, r = self.with_fresh_blocks(len(key) // self.page, lambda tree, blocks: tree.extend(node, key, blocks, priority))
+        return None if r is None else r.node
 
     def relock(self, held, to):
         """Move a lock the test holds from `held` to `to` (a commit's new end, or anywhere)."""
