@@ -92,7 +92,7 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from prefixcache._C import BlockContents, BlockEvictor, BlockPool, CallbackBlockEvictor, InvariantError, token_array
+from prefixcache._C import BlockContents, BlockEvictor, BlockPool, CallbackBlockEvictor, InvariantError, extend_tokens
 from prefixcache.config import CacheConfig
 from prefixcache.events import (
     FULL_ATTENTION,
@@ -265,23 +265,25 @@ class HashCache(PrefixCache):
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         # Called once per decoded token: kept to the bare arithmetic.
         request = self._requests.get(request_id)
-        # Checked here, in C++, so a bad id never reaches commit; ids beyond int64 as ints.
-        new = token_array(tokens)
-        if new is None:
+        held = request.tokens
+        before = len(held)
+        # Checked here, in C++, so a bad id never reaches commit; appended in the same call.
+        if not isinstance(held, array) or extend_tokens(held, tokens) is None:
+            # Ids beyond int64 (CBOR bignums): the request keeps its ids as ints from now on.
             new = token_buffer(tokens)
-            if isinstance(request.tokens, array):
-                request.tokens = request.tokens.tolist()
-        tokens = new
+            if isinstance(held, array):
+                held = request.tokens = held.tolist()
+            held.extend(new)
         bs = self.block_size
-        num_new = (len(request.tokens) + len(tokens) + bs - 1) // bs - len(request.block_table)
+        num_new = (len(held) + bs - 1) // bs - len(request.block_table)
         new_blocks: list[int] = []
         if num_new > 0:
             if num_new > self.pool.num_free:
+                del held[before:]
                 self._stats.rejected += 1
                 return None
             new_blocks = self._allocate(num_new)
             request.block_table.extend(new_blocks)
-        request.tokens.extend(tokens)
         return new_blocks
 
     def commit(self, request_id: Hashable, num_computed_tokens: int) -> None:

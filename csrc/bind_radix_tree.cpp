@@ -80,26 +80,69 @@ py::tuple to_tuple(const std::vector<int32_t>& ids) {
   return out;
 }
 
-// insert() re-points `blocks` in place: a writable int32 buffer is edited directly;
-// a list is converted, and the entries that changed are written back.
-InsertResult insert(RadixTree& tree, py::handle tokens, py::handle blocks, py::handle ns, int64_t priority,
-                    int64_t start, int64_t inserted) {
-  const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
-  Namespace name = to_namespace(ns);
+// insert() and extend() re-point `blocks` in place: a writable int32 buffer is
+// edited directly; a list is converted, and the entries that changed are written back.
+template <class Insert>
+InsertResult with_blocks(py::handle blocks, Insert&& insert) {
   WritableInt32s buffer(blocks);
-  if (auto view = buffer.span()) return tree.insert(toks, *view, name, priority, start, inserted);
+  if (auto view = buffer.span()) return insert(*view);
   if (!PyList_Check(blocks.ptr())) {
     throw py::type_error(std::string("blocks must be a list or a writable int32 buffer (array('i')), got ") +
                          Py_TYPE(blocks.ptr())->tp_name);
   }
   std::vector<int32_t> ids = int32_ids(blocks, "blocks");
   const std::vector<int32_t> before = ids;
-  InsertResult out = tree.insert(toks, ids, name, priority, start, inserted);
+  InsertResult out = insert(std::span<int32_t>(ids));
   for (size_t i = 0; i < ids.size(); ++i) {
     if (before[i] != ids[i]) PyList_SetItem(blocks.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromLong(ids[i]));
   }
   return out;
 }
+
+InsertResult insert(RadixTree& tree, py::handle tokens, py::handle blocks, py::handle ns, int64_t priority,
+                    int64_t start, int64_t inserted) {
+  const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
+  Namespace name = to_namespace(ns);
+  return with_blocks(blocks, [&](std::span<int32_t> ids) { return tree.insert(toks, ids, name, priority, start, inserted); });
+}
+
+InsertResult extend(RadixTree& tree, int64_t node, py::handle tokens, py::handle blocks, int64_t priority) {
+  const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
+  return with_blocks(blocks, [&](std::span<int32_t> ids) { return tree.extend(node, toks, ids, priority); });
+}
+
+// A Python policy's priority() as the tree's LeafRanker: keys are the Python objects
+// it returns, compared with Python's `<`, held in slots the tree names by handle.
+class PyRanker final : public LeafRanker {
+ public:
+  explicit PyRanker(py::object rank) : rank_(std::move(rank)) {}
+
+  uint64_t rank(const EvictionCandidate& candidate) override {
+    py::object key = rank_(candidate);
+    if (free_.empty()) {
+      keys_.push_back(std::move(key));
+      return keys_.size() - 1;
+    }
+    const uint64_t slot = free_.back();
+    free_.pop_back();
+    keys_[slot] = std::move(key);
+    return slot;
+  }
+  bool less(uint64_t a, uint64_t b) const override {
+    const int r = PyObject_RichCompareBool(keys_[a].ptr(), keys_[b].ptr(), Py_LT);
+    if (r < 0) throw py::error_already_set();
+    return r == 1;
+  }
+  void release(uint64_t key) noexcept override {
+    keys_[key] = py::object();
+    free_.push_back(key);
+  }
+
+ private:
+  py::object rank_;
+  std::vector<py::object> keys_;
+  std::vector<uint64_t> free_;
+};
 
 }  // namespace
 
@@ -153,18 +196,28 @@ SGLang RadixAttention prefix tree over a BlockPool (see prefixcache/radix_tree.p
 for the reference model and the full contract).
 
 The tree owns one pool reference per block it holds. Sizes are in tokens.
-`eviction` is a native order (lru, lfu, fifo, mru, filo, priority, slru, tlru, gslru) or None,
-in which case evict() needs `priority=` (a callable ranking EvictionCandidate).
+`eviction` is a native order (lru, lfu, fifo, mru, filo, priority, slru, tlru, gslru), a callable
+ranking EvictionCandidate (a Python policy's priority: asked once when a leaf becomes a candidate
+or changes, its keys kept in the tree's leaf order), or None, in which case evict() needs
+`priority=` (asked once per candidate per call).
 `protect_tokens` / `size_weight` parameterize gslru; `ghost_capacity` (pages) keeps
 the use counts of evicted content (0: none). Not thread-safe.
 )doc")
-      .def(py::init([](BlockPool& pool, int64_t page_size, std::optional<std::string> eviction,
+      .def(py::init([](BlockPool& pool, int64_t page_size, py::object eviction,
                        int64_t protect_tokens, int64_t size_weight, int64_t ghost_capacity, int64_t protected_threshold,
                        int64_t tlru_threshold, int64_t next_prompt_estimate) {
              std::optional<EvictionOrder> order;
-             if (eviction) order = parse_eviction_order(*eviction);
+             std::unique_ptr<LeafRanker> ranker;
+             if (py::isinstance<py::str>(eviction)) {
+               order = parse_eviction_order(eviction.cast<std::string>());
+             } else if (PyCallable_Check(eviction.ptr())) {
+               ranker = std::make_unique<PyRanker>(eviction);
+             } else if (!eviction.is_none()) {
+               throw py::type_error(std::string("eviction must be a native order's name, a callable or None, got ") +
+                                    Py_TYPE(eviction.ptr())->tp_name);
+             }
              OrderParams params{protect_tokens, size_weight, protected_threshold, tlru_threshold, next_prompt_estimate};
-             return std::make_unique<RadixTree>(pool, page_size, order, params, ghost_capacity);
+             return std::make_unique<RadixTree>(pool, page_size, order, params, ghost_capacity, std::move(ranker));
            }),
            py::arg("pool"), py::arg("page_size"), py::arg("eviction") = "lru", py::arg("protect_tokens") = 0,
            py::arg("size_weight") = 0, py::arg("ghost_capacity") = 0, py::arg("protected_threshold") = 2,
@@ -198,6 +251,12 @@ the use counts of evicted content (0: none). Not thread-safe.
            py::arg("priority") = 0, py::arg("start") = 0, py::arg("inserted") = -1,
            "Insert whole pages; blocks hold the pages from token `start` on, and the entries of pages\n"
            "already in the tree are re-pointed to the tree's blocks in place.")
+      .def("extend", &extend, py::arg("node"), py::arg("tokens"), py::arg("blocks"), py::arg("priority") = 0,
+           "insert() of node's path + tokens with start = inserted = the node's depth: a caller holding the\n"
+           "path to `node` adds the pages after it (blocks: one per page of `tokens`, re-pointed in place).\n"
+           "O(tokens) when `node` is locked; prefix_len counts from the root.")
+      .def("relock", &RadixTree::relock, py::arg("from_node"), py::arg("to_node"),
+           "lock(to_node) then unlock(from_node), in O(nodes between) when to_node is at or below from_node.")
       .def("lock", &RadixTree::lock, py::arg("node"), "Lock root -> node.")
       .def("unlock", &RadixTree::unlock, py::arg("node"), "Unlock root -> node.")
       .def(

@@ -17,10 +17,12 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace prefixcache {
@@ -128,20 +130,33 @@ class ByteBuffer {
   Py_buffer view_{};
 };
 
+// A fresh array('i') / array('q') of n items (zeros) and a pointer to fill them through:
+// sized in one allocation by repeating a one-item array, so a caller writes its ids
+// straight into the array, with no intermediate buffer. The pointer is valid until the
+// array is resized.
+template <class T>
+std::pair<pybind11::object, T*> new_int_array(size_t n) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8);
+  static PyObject* one = [] {  // array('i'/'q', [0]), kept for the process
+    pybind11::object type = pybind11::module_::import("array").attr("array");
+    return type(sizeof(T) == 4 ? "i" : "q", pybind11::make_tuple(0)).release().ptr();
+  }();
+  auto out = pybind11::reinterpret_steal<pybind11::object>(PySequence_Repeat(one, static_cast<Py_ssize_t>(n)));
+  if (!out) throw pybind11::error_already_set();
+  Py_buffer view;
+  if (PyObject_GetBuffer(out.ptr(), &view, PyBUF_WRITABLE) != 0) throw pybind11::error_already_set();
+  T* data = static_cast<T*>(view.buf);
+  PyBuffer_Release(&view);  // the array is ours and is not resized while the caller fills it
+  return {std::move(out), data};
+}
+
 // array('i') / array('q') holding data[:n]: one copy, no Python int per id (the role a
 // torch index tensor plays in SGLang).
 template <class T>
 pybind11::object int_array(const T* data, size_t n) {
-  static_assert(sizeof(T) == 4 || sizeof(T) == 8);
-  static PyObject* array_type = pybind11::object(pybind11::module_::import("array").attr("array")).release().ptr();  // kept for the process
-  auto out = pybind11::reinterpret_borrow<pybind11::object>(array_type)(sizeof(T) == 4 ? "i" : "q");
-  if (n > 0) {
-    auto view = pybind11::reinterpret_steal<pybind11::object>(PyMemoryView_FromMemory(
-        reinterpret_cast<char*>(const_cast<T*>(data)), static_cast<Py_ssize_t>(n * sizeof(T)), PyBUF_READ));
-    if (!view) throw pybind11::error_already_set();
-    out.attr("frombytes")(view);
-  }
-  return out;
+  auto [out, dst] = new_int_array<T>(n);
+  if (n > 0) std::memcpy(dst, data, n * sizeof(T));
+  return std::move(out);
 }
 
 // A view of a bytes object's buffer, valid while the caller holds the object.

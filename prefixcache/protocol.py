@@ -182,6 +182,10 @@ class PrefixCache(ABC):
     name: ClassVar[str] = ""
     #: True if hits may end inside a block, with `Admission.copies` (module docstring).
     partial_hits: ClassVar[bool] = False
+    #: Bytes per token id the cache keeps (8: int64, 4: int32). A caller that builds token
+    #: buffers anyway (the A/B runner expanding a workload) builds them this wide, so the
+    #: cache's own copy is one memcpy; any width is accepted.
+    token_itemsize: ClassVar[int] = 8
     #: The `options:` this class accepts, with their defaults (subclasses add theirs;
     #: a value must have its default's type, ints accepted for floats).
     option_defaults: ClassVar[Mapping[str, Any]] = {}

@@ -36,18 +36,30 @@ The contract both trees keep:
   keep the tree's blocks: their entries in `blocks` are re-pointed in place, and the
   caller's ids that differed come back as `displaced` (still the caller's to free).
   The new pages' blocks now belong to the tree.
+- `extend(node, tokens, blocks, priority)` is `insert` continued from `node`: the
+  tokens of root -> node followed by `tokens`, with start = inserted = the node's
+  depth (a request's commit after its first insert; `blocks`: one per page of
+  `tokens`). The native tree walks only `tokens` when `node` is locked: what the
+  re-walk would write on the path above (tick, traffic, request length, priority,
+  tlru's depth) is owed to the path and folded in when the node's lock drops; only
+  unlocked leaves are ranked and every fold is a max, so nothing reads the
+  difference, and `node()` reports the folded values. This model re-inserts.
+  `relock(from, to)` is `lock(to)` then `unlock(from)`, in O(nodes between them)
+  natively when `to` is below `from`.
 - A split keeps `lock_ref` (and priority and hit count) on both halves, so neither
   size moves; the new upper node is stamped as a new node, as SGLang's `_split_node`.
 - `lock` / `unlock` walk root -> node; a root is a no-op. `lock_ref(parent) >=
   lock_ref(child)`, so every unlocked node is reachable by evicting leaves.
 - `evict(num_tokens)` pops unlocked leaves, lowest priority first (ties: older node
   first), freeing whole leaves (it may free more than asked); a parent whose last
-  child goes, and that is unlocked, becomes a candidate. With the tree's own order the
+  child goes, and that is unlocked, becomes a candidate. With the tree's own order (a
+  native one, or a callable given as `eviction`: a Python policy's priority) the
   leaves sit in a persistent order (the native tree: an ordered set; this model: a
   heap with stale entries skipped), re-keyed only when a walk touches them: O(log n)
-  per evicted leaf. A caller's `priority` function is called once per candidate per
-  call, never per comparison. `last_evicted()` lists the blocks the latest call freed,
-  even if a policy raised halfway.
+  per evicted leaf, and a callable is asked once per leaf and change. A `priority`
+  function passed to `evict` is called once per candidate per call (it may differ
+  from call to call), never per comparison. `last_evicted()` lists the blocks the
+  latest call freed, even if a policy raised halfway.
 - Clock: a counter, not wall time, so replays are reproducible. Each match or insert
   takes one tick for the nodes it walks; each node it creates takes a tick of its own
   (SGLang stamps new nodes with `time.monotonic()` after the walk; same order).
@@ -217,7 +229,7 @@ class PyRadixTree:
         self,
         pool: Any,
         page_size: int,
-        eviction: str | None = "lru",
+        eviction: str | Callable[[Any], Any] | None = "lru",
         protect_tokens: int = 0,
         size_weight: int = 0,
         ghost_capacity: int = 0,
@@ -227,17 +239,21 @@ class PyRadixTree:
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
-        if eviction is not None and eviction not in NATIVE_ORDERS:
+        if isinstance(eviction, str) and eviction not in NATIVE_ORDERS:
             raise ValueError(
-                f"eviction order {eviction!r} is not native; allowed values: {', '.join(NATIVE_ORDERS)}"
+                f"eviction order '{eviction}' is not native; allowed values: {', '.join(NATIVE_ORDERS)}"
             )
+        if not (eviction is None or isinstance(eviction, str) or callable(eviction)):
+            raise TypeError(f"eviction must be a native order's name, a callable or None, got {type(eviction).__name__}")
         if ghost_capacity < 0:
             raise ValueError(f"ghost_capacity must be >= 0, got {ghost_capacity}")
         self.pool = pool
         self.page_size = page_size
         # The reference ranks with the registered policy classes themselves.
         self._order: Callable[[Any], Any] | None = None
-        if eviction is not None:
+        if callable(eviction):  # a Python policy: kept in the same persistent order
+            self._order = eviction
+        elif eviction is not None:
             from prefixcache.registry import resolve_eviction_policy
 
             policy = resolve_eviction_policy(eviction)()
@@ -493,6 +509,28 @@ class PyRadixTree:
             node = leaf
         return RadixInsert(w.matched, node.id, displaced)
 
+    def extend(self, node: int, tokens: Sequence[int], blocks: MutableSequence[int], priority: int = 0) -> RadixInsert:
+        """`insert` continued from `node`: the tokens of root -> node followed by `tokens`,
+        with start = inserted = the node's depth (a caller that holds and inserted the
+        path adds the pages after it; `blocks`: one per page of `tokens`). prefix_len
+        counts from the root. The native tree walks only `tokens` when `node` is locked."""
+        n = self._node(node, "extend")
+        key = _int32s(tokens, "tokens")
+        if len(key) % self.page_size:
+            raise ValueError(f"extend: tokens has {len(key)} tokens, not a multiple of page_size {self.page_size}")
+        if len(blocks) != len(key) // self.page_size:
+            raise ValueError(
+                f"extend: blocks has {len(blocks)} ids but {len(key)} tokens need {len(key) // self.page_size} (one per page)"
+            )
+        path: list[list[int]] = []
+        top = n
+        while top.parent is not None:
+            path.append(top.tokens)
+            top = top.parent
+        namespace = next(ns for ns, r in self._roots.items() if r is top)
+        prefix = [t for run in reversed(path) for t in run]
+        return self.insert(prefix + key, blocks, namespace, priority, len(prefix), len(prefix))
+
     def _touched(self, n: _Node) -> None:
         """`n`'s policy inputs or leaf status changed: re-key it before the next eviction."""
         if self._order is not None and not n.is_root:
@@ -562,6 +600,15 @@ class PyRadixTree:
             n.lock_ref += 1
             n = n.parent
 
+    def relock(self, from_node: int, to_node: int) -> None:
+        """lock(to_node) then unlock(from_node); nothing changes if an argument is bad."""
+        start = self._node(from_node, "relock")
+        self._node(to_node, "relock")
+        if not start.is_root and start.lock_ref == 0:
+            raise ValueError(f"relock: node {from_node} is not locked")
+        self.lock(to_node)
+        self.unlock(from_node)
+
     def unlock(self, node: int) -> None:
         """Unlock root -> node."""
         n: _Node | None = self._node(node, "unlock")
@@ -614,11 +661,13 @@ class PyRadixTree:
         heapq.heappush(self._order_heap, (self._order(n.candidate()), n.id, n.order_stamp))  # type: ignore[misc]
 
     def _evict_in_order(self, num_tokens: int) -> int:
-        """evict() by the tree's own policy, from the persistent leaf order."""
-        for n in self._dirty.values():
+        """evict() by the tree's own policy, from the persistent leaf order. A policy that
+        raises leaves the node it was ranking (and those after it) dirty."""
+        while self._dirty:
+            id, n = next(iter(self._dirty.items()))
             if self._nodes.get(n.id) is n and n.evictable_leaf:
                 self._enter_order(n)
-        self._dirty.clear()
+            del self._dirty[id]
         heap, evicted = self._order_heap, 0
         while evicted < num_tokens and heap:
             _, id, stamp = heapq.heappop(heap)
@@ -630,8 +679,9 @@ class PyRadixTree:
             evicted += len(leaf.tokens)
             self._delete_leaf(leaf)
             if parent.evictable_leaf:
-                self._dirty.pop(parent.id, None)
+                self._touched(parent)  # dirty until ranked, so a raising policy ranks it next time
                 self._enter_order(parent)
+                self._dirty.pop(parent.id, None)
         return evicted
 
     def _delete_leaf(self, leaf: _Node) -> None:
