@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -66,6 +67,8 @@ py::object chain(py::handle tokens, int64_t block_size, py::handle parent, py::h
 }  // namespace
 
 void bind_hashing(py::module_& m) {
+  // block_size crosses into C++ as int64 (chain hashing here, the radix tree's page size).
+  m.attr("MAX_BLOCK_SIZE") = std::numeric_limits<int64_t>::max();
   m.def("sha256_cbor_chain", &chain, py::arg("tokens"), py::arg("block_size"), py::arg("parent"),
         py::arg("first_extra_cbor") = py::none(), py::arg("later_extra_cbor") = py::none(),
         py::arg("packed") = false, R"doc(
