@@ -756,6 +756,14 @@ def _expect(kind: type[Exception], rule: str, call: Callable[[], Any], what: str
         _violate(rule, what, f"expected {wanted}, nothing was raised")
 
 
+def _expect_returns(call: Callable[[], Any], what: str) -> Any:
+    """`call()` must not raise: a valid argument of an accepted type."""
+    try:
+        return call()
+    except Exception as err:  # noqa: BLE001 -- any exception is the finding
+        _violate("bad input", what, f"a valid argument was refused: {type(err).__name__}: {err}")
+
+
 def rule_lifecycle_errors(make: CacheFactory, bs: int) -> None:
     """Rule 5 and the argument checks: bad ids and counts raise, and change nothing."""
     cache = make(bs, 16)
@@ -912,7 +920,7 @@ def rule_bad_tokens_are_refused(make: CacheFactory, bs: int) -> None:
 
 def _numpy_tokens_are_ints(make: CacheFactory, bs: int) -> None:
     """numpy int arrays (int32, int64) and lists of numpy integers give exactly what the
-    same list gives. Skipped without numpy."""
+    same list gives, and `commit` takes a numpy integer count. Skipped without numpy."""
     try:
         import numpy as np
     except ImportError:
@@ -924,7 +932,8 @@ def _numpy_tokens_are_ints(make: CacheFactory, bs: int) -> None:
         cache = make(bs, 16)
         first = cache.admit("a", form)
         assert first is not None
-        cache.commit("a", len(prompt))
+        count = type(form[0])(len(prompt))  # a numpy integer where the tokens are numpy
+        _expect_returns(lambda: cache.commit("a", count), f"commit of {type(count).__name__} {count}")
         assert cache.append("a", form[:2]) is not None
         cache.commit("a", len(prompt) + 2)
         cache.release("a")
