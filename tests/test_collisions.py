@@ -121,6 +121,7 @@ def test_random_workloads_under_a_weak_hash_never_serve_a_wrong_block(
     assert (report.copies > 0) == (backend == PARTIAL_BLOCK), report  # proved partial hits happen
 
 
+@pytest.mark.filterwarnings("ignore::prefixcache.config.SecurityWarning")  # trusting it on purpose
 def test_without_verification_the_shadow_catches_the_wrong_hits(collide):
     """Control: the hash backend trusting its weak hash (verify_hits: never, what the
     sha256 path does) hands out another prompt's blocks, and the shadow says so; under
@@ -272,6 +273,7 @@ def test_the_built_in_partial_path_proves_what_a_hook_offers(collide, via):
     cache.check_invariants()
 
 
+@pytest.mark.filterwarnings("ignore::prefixcache.config.SecurityWarning")  # trusting it on purpose
 def test_without_verification_a_trusted_partial_source_is_wrong_kv(collide):
     """Control: trusting the weak hash, the hook's copy source is another prompt's block,
     and the stress shadow says so."""

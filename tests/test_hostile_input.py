@@ -50,8 +50,15 @@ def test_an_alias_bomb_fails_at_once_in_one_line(tmp_path, capsys, where):
     """Was ~50 s, then MemoryError, the message printing the whole expanded value."""
     start = time.perf_counter()
     err = validate(write(tmp_path, BOMB + where), capsys)
-    assert "YAML aliases expand to more than 100,000 nodes" in err and len(err) < 200
+    assert "YAML aliases expand to more than 10,000 nodes" in err and len(err) < 200
     assert time.perf_counter() - start < 2
+
+
+def test_a_document_of_too_many_nodes_stops_at_the_limit(tmp_path, capsys):
+    start = time.perf_counter()
+    err = validate(write(tmp_path, "cache: {}\nlist:\n" + "- x\n" * 20000), capsys)
+    assert "line 9998: YAML holds more than 10,000 nodes" in err  # where the 10,001st node starts
+    assert time.perf_counter() - start < 5  # about 0.2 s on an idle machine
 
 
 def test_a_few_aliases_are_still_fine(tmp_path):
@@ -97,7 +104,7 @@ def test_values_the_yaml_constructor_refuses_are_one_line(tmp_path, capsys, valu
 
 def test_a_bad_value_is_shown_short(tmp_path, capsys):
     """Messages printed the whole bad value."""
-    items = ", ".join(str(i) for i in range(20000))
+    items = ", ".join(str(i) for i in range(5000))
     err = validate(write(tmp_path, f"cache:\n  num_blocks: [{items}]\n"), capsys)
     assert err.startswith(f"error: {tmp_path / 'c.yaml'}: cache.num_blocks: must be int, got [0, 1, 2, 3, ...]") or (
         "cache.num_blocks" in err and len(err) < 200
@@ -236,6 +243,15 @@ def test_every_trace_problem_is_one_line_naming_file_and_line(tmp_path, capsys, 
     assert str(info.value).startswith(f"{path}:3: ") and message in str(info.value)
     err = validate(ab_file(tmp_path, f"mooncake: {{path: {path}}}"), capsys)
     assert f"workload.mooncake.path: {path}:3: " in err and message in err
+
+
+def test_a_trace_past_the_prompt_token_limit(tmp_path, monkeypatch):
+    import prefixcache.workloads.mooncake as mooncake
+
+    monkeypatch.setattr(mooncake, "MAX_PROMPT_TOKENS", 1000)
+    path = trace(tmp_path, [GOOD, GOOD])
+    with pytest.raises(ValueError, match=f"^{path}:2: the prompts so far hold more than 1e\\+03 tokens"):
+        read_records(path)
 
 
 def test_a_trace_line_past_the_line_limit(tmp_path, monkeypatch):

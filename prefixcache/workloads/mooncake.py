@@ -18,7 +18,7 @@ replays do.
 Reading is bounded and every problem is one `ValueError` naming the file and the
 1-based line: a line that is not UTF-8, not JSON, longer than `MAX_LINE_BYTES`, or a
 field of the wrong type or value; a timestamp before the previous record's; a trace of
-more than `checks.MAX_REQUESTS` records;
+more than `checks.MAX_REQUESTS` records or `checks.MAX_PROMPT_TOKENS` prompt tokens;
 and, when the reader is told the largest token id the replay's caches store
 (`max_token_id`), a block id whose tokens would pass it.
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prefixcache.config import short_repr
-from prefixcache.workloads.checks import MAX_REQUESTS, check_int, parse_json_object
+from prefixcache.workloads.checks import MAX_PROMPT_TOKENS, MAX_REQUESTS, check_int, parse_json_object
 from prefixcache.workloads.tokens import TokenRuns
 from prefixcache.workloads.workload import Request, Workload
 
@@ -107,6 +107,7 @@ def read_records(
     if limit is not None:
         check_int("limit", limit, 0)
     records: list[MooncakeRecord] = []
+    prompt_tokens = 0
     with open(path, "rb") as f:
         for lineno in itertools.count(1):
             raw = f.readline(MAX_LINE_BYTES + 1)
@@ -129,6 +130,10 @@ def read_records(
             if records and record.timestamp_ms < records[-1].timestamp_ms:
                 raise ValueError(f"{where}: field 'timestamp' {short_repr(record.timestamp_ms)} is before the previous "
                                  f"record's {short_repr(records[-1].timestamp_ms)}; records must be in time order")
+            prompt_tokens += record.input_length
+            if prompt_tokens > MAX_PROMPT_TOKENS:
+                raise ValueError(f"{where}: the prompts so far hold more than {MAX_PROMPT_TOKENS:.0e} tokens; "
+                                 "replay part of the trace (limit)")
             records.append(record)
     return records
 
