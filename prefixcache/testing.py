@@ -423,6 +423,19 @@ def check_admission(
         _violate("partial hits", what, f"copy source {src} is in the request's own table")
 
 
+class _What:
+    """A call's description for a failure message, formatted only if one is raised
+    (a namespace's repr costs more than the check)."""
+
+    __slots__ = ("args", "text")
+
+    def __init__(self, text: str, *args: Any) -> None:
+        self.text, self.args = text, args
+
+    def __str__(self) -> str:
+        return self.text.format(*self.args)
+
+
 class CheckedCache:
     """A cache driven as an engine drives it, every answer checked against the causal
     `KVShadow` (and, with `check_events`, the `EventView`): the one operation model of
@@ -451,9 +464,9 @@ class CheckedCache:
     def admit(self, request_id: Hashable, tokens: Sequence[int], *, namespace: Any = None, **kwargs: Any) -> Admission | None:
         cache, bs = self.cache, self.block_size
         ns = check_namespace(namespace)
-        what = f"admit of request {request_id!r} (namespace {ns!r})"
+        what = _What("admit of request {!r} (namespace {!r})", request_id, ns)
         expected = self._call(what, cache.match, tokens[:-1], namespace=namespace).num_tokens
-        before = self.state()
+        before = self.state(recorded=True)
         adm = self._call(what, cache.admit, request_id, tokens, namespace=namespace, **kwargs)
         if adm is None:
             self.refused += 1
@@ -482,8 +495,8 @@ class CheckedCache:
 
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         req = self.live[request_id]
-        what = f"append to request {request_id!r}"
-        before = self.state()
+        what = _What("append to request {!r}", request_id)
+        before = self.state(recorded=True)
         added = self._call(what, self.cache.append, request_id, tokens)
         if added is None:
             self.refused += 1
@@ -502,7 +515,7 @@ class CheckedCache:
     def commit(self, request_id: Hashable, num_computed_tokens: int) -> None:
         req, bs = self.live[request_id], self.block_size
         n = num_computed_tokens
-        what = f"commit of request {request_id!r} to {n} tokens"
+        what = _What("commit of request {!r} to {} tokens", request_id, n)
         table = list(self.cache.block_table(request_id))
         if req.copy is not None:  # the engine's first forward pass starts with the copy
             src, dst, _ = req.copy
@@ -551,8 +564,8 @@ class CheckedCache:
     def match(self, tokens: Sequence[int], *, namespace: Any = None) -> Match:
         cache, bs = self.cache, self.block_size
         ns = check_namespace(namespace)
-        what = f"match in namespace {ns!r}"
-        before, stats = self.state(), cache.stats()
+        what = _What("match in namespace {!r}", ns)
+        before, stats = self.state(recorded=True), cache.stats()
         m = self._call(what, cache.match, tokens, namespace=namespace)
         if self.state() != before or cache.stats() != stats:
             _violate("match is pure", what, "match() changed the pool, a block table or the stats")
@@ -567,9 +580,14 @@ class CheckedCache:
         return m
 
     # -- whole-cache checks ----------------------------------------------------------------
-    def state(self) -> tuple:
-        """`pool_state` of the cache and its live requests."""
-        return pool_state(self.cache, self.live)
+    def state(self, *, recorded: bool = False) -> tuple:
+        """`pool_state` of the cache and its live requests; with `recorded`, their tables
+        as last reported (what a call is checked to leave as it was)."""
+        if not recorded:
+            return pool_state(self.cache, self.live)
+        pool = self.pool
+        return (pool.free_queue(), list(map(pool.ref_count, range(pool.num_blocks))), pool.num_cached,
+                [tuple(req.table) for req in self.live.values()])
 
     def check(self) -> None:
         """`check_invariants()`, then every live request: its table covers its tokens,
@@ -580,7 +598,7 @@ class CheckedCache:
             _violate("invariants", "check_invariants()", f"{type(err).__name__}: {err}")
         bs = self.block_size
         for rid, req in self.live.items():
-            what = f"live request {rid!r}"
+            what = _What("live request {!r}", rid)
             table = req.table = list(self.cache.block_table(rid))
             if len(table) != math.ceil(len(req.tokens) / bs):
                 _violate("tables", what, f"{len(table)} blocks for {len(req.tokens)} tokens")
@@ -629,17 +647,14 @@ class CheckedCache:
         request's table and are no pending copy's source."""
         if not blocks:
             return
-        others = {}
+        mine = set(blocks)
         for rid, req in self.live.items():
-            if rid != request_id:
-                others.update(dict.fromkeys(req.table, rid))
-                if req.copy is not None:
-                    others[req.copy[0]] = rid
-        for block in blocks:
-            if block in others:
-                _violate(
-                    "rule 3", what, f"the request {verb} {block}, which live request {others[block]!r} holds"
-                )
+            if rid == request_id:
+                continue
+            held = [*req.table, req.copy[0]] if req.copy is not None else req.table
+            if not mine.isdisjoint(held):
+                block = next(b for b in blocks if b in held)
+                _violate("rule 3", what, f"the request {verb} {block}, which live request {rid!r} holds")
 
     def _check_announced(self, tokens: Sequence[int], num_blocks: int, what: str) -> None:
         if self.events is None or not num_blocks:
