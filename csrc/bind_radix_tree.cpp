@@ -4,6 +4,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <limits>
+#include <type_traits>
+
 #include "bind_py_key.h"
 #include "py_args.h"
 #include "token_ids.h"
@@ -147,6 +150,12 @@ class PyRanker final : public LeafRanker {
 }  // namespace
 
 void bind_radix_tree(py::module_& m) {
+  // The ranges the tree stores: token ids (TokenSpan's element type) and priorities.
+  using Token = std::remove_cv_t<TokenSpan::element_type>;
+  m.attr("RADIX_TOKEN_MIN") = std::numeric_limits<Token>::min();
+  m.attr("RADIX_TOKEN_MAX") = std::numeric_limits<Token>::max();
+  m.attr("PRIORITY_MIN") = std::numeric_limits<decltype(RadixNode::priority)>::min();
+  m.attr("PRIORITY_MAX") = std::numeric_limits<decltype(RadixNode::priority)>::max();
   m.def(
       "int32_array",
       [](py::handle ids, const std::string& what) {

@@ -67,10 +67,12 @@ class Request:
         return max(0, -(-(len(self.tokens) + num_new_tokens) // block_size) - len(self.block_table))
 
     def check_commit(self, num_computed_tokens: int) -> int:
-        """Validate a commit: an int in [num_computed, len(tokens)]."""
+        """Validate a commit: an int in [num_computed, len(tokens)] (numpy integers
+        accepted, as token ids and counts are everywhere), returned as an int."""
         n = num_computed_tokens
-        if isinstance(n, bool) or not isinstance(n, int):
+        if isinstance(n, bool) or not hasattr(type(n), "__index__"):
             raise TypeError(f"num_computed_tokens must be an int, got {type(n).__name__}")
+        n = operator.index(n)
         if not self.num_computed <= n <= len(self.tokens):
             raise ValueError(
                 f"num_computed_tokens={n} for request {self.request_id!r} must be in "
