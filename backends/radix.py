@@ -68,9 +68,9 @@ from prefixcache.config import CacheConfig
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, KVEvent, event_extra_keys
 from prefixcache.hashing import block_hashes, namespace_extra_keys
 from prefixcache.isolation import Isolation, exact_key
-from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache
+from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded
 from prefixcache.registry import register_backend, resolve_eviction_policy
-from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_tokens
+from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_priority, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
 
 __all__ = ["RadixCache"]
@@ -121,6 +121,7 @@ class RadixCache(PrefixCache):
         self._page_hash: dict[int, bytes] = {}  # tree block -> its chained hash (events only)
 
     # -- look-up -----------------------------------------------------------------------
+    @guarded
     def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
         namespace = check_namespace(namespace)
         m = self.tree.match(tokens, exact_key(namespace))
@@ -130,6 +131,7 @@ class RadixCache(PrefixCache):
         return Match(m.num_tokens, tuple(m.block_ids))
 
     # -- request lifecycle ---------------------------------------------------------------
+    @guarded
     def admit(
         self,
         request_id: Hashable,
@@ -138,12 +140,13 @@ class RadixCache(PrefixCache):
         namespace: Namespace = None,
         priority: int = 0,
     ) -> Admission | None:
-        self._requests.check_new(request_id)
+        # Every argument is checked before anything changes, the id last: converting the
+        # tokens runs their code (tolist, __index__), which must see the table as it is.
         toks = _int32_array(tokens)
         namespace = check_namespace(namespace)
         tree_key = exact_key(namespace)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+        priority = check_priority(priority)
+        self._requests.check_new(request_id)
         bs = self.block_size
         key = memoryview(toks)[:-1]  # the last prompt token is always computed
         probe = self.tree.match(key, tree_key)
@@ -158,7 +161,11 @@ class RadixCache(PrefixCache):
             return None
         hit = self.tree.match_prefix(key, tree_key)
         self.tree.lock(hit.node)  # before evicting, so the hit cannot be evicted
-        table = hit.block_ids + self._allocate(needed)
+        try:
+            table = hit.block_ids + self._allocate(needed)
+        except BaseException:  # a Python policy raised: what it evicted stays evicted, nothing is pinned
+            self.tree.unlock(hit.node)
+            raise
         self._requests.add(
             _RadixRequest(
                 request_id,
@@ -175,6 +182,7 @@ class RadixCache(PrefixCache):
         self._stats.record_query(len(toks), hit.num_tokens)
         return Admission(BlockIds(table), hit.num_tokens)
 
+    @guarded
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         req = self._requests.get(request_id)
         new = _int32_array(tokens, allow_empty=True)
@@ -189,30 +197,36 @@ class RadixCache(PrefixCache):
         req.block_table.extend(blocks)
         return blocks
 
+    @guarded
     def commit(self, request_id: Hashable, num_computed_tokens: int) -> None:
         req = self._requests.get(request_id)
         req.num_computed = req.check_commit(num_computed_tokens)
         self._insert(req, req.num_computed)
 
+    @guarded
     def release(self, request_id: Hashable) -> None:
-        req = self._requests.pop(request_id)
+        req = self._requests.get(request_id)
         # The cached prefix is computed even if nothing was committed since admission.
         self._insert(req, max(req.num_computed, req.protected))
         tail = req.block_table[req.protected // self.block_size :]
         if tail:
             self.pool.free(tail)  # the unaligned tail and blocks never computed
         self.tree.unlock(req.node)
+        self._requests.pop(request_id)  # last: until here the request still holds what it held
 
+    @guarded
     def block_table(self, request_id: Hashable) -> Sequence[int]:
         return BlockIds(self._requests.get(request_id).block_table)
 
     # -- maintenance ---------------------------------------------------------------------
+    @guarded
     def evict(self, num_blocks: int) -> int:
         num_blocks = check_count(num_blocks, "num_blocks")
         # The tree never holds more than the pool: a larger request means "all", and
         # must not overflow the tree's int64 token count on the way.
         return self._evict_tokens(min(num_blocks, self.pool.num_blocks) * self.block_size)
 
+    @guarded
     def reset(self) -> bool:
         if len(self._requests):
             return False
@@ -222,9 +236,11 @@ class RadixCache(PrefixCache):
         self._events.record(AllBlocksCleared())
         return True
 
+    @guarded
     def stats(self) -> CacheStats:
         return self._stats.snapshot()
 
+    @guarded
     def drain_events(self) -> list[KVEvent]:
         return self._events.drain()
 
@@ -329,6 +345,7 @@ class RadixCache(PrefixCache):
             stack += info.children.values()
         return out
 
+    @guarded
     def check_invariants(self) -> None:
         def fail(msg: str) -> None:
             raise InvariantError(f"radix: {msg}")

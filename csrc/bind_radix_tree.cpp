@@ -82,8 +82,11 @@ py::tuple to_tuple(const std::vector<int32_t>& ids) {
 
 // insert() re-points `blocks` in place: a writable int32 buffer is edited directly;
 // a list is converted, and the entries that changed are written back.
-InsertResult insert(RadixTree& tree, py::handle tokens, py::handle blocks, py::handle ns, int64_t priority,
-                    int64_t start, int64_t inserted) {
+InsertResult insert(RadixTree& tree, py::handle tokens, py::handle blocks, py::handle ns, py::handle priority_arg,
+                    py::handle start_arg, py::handle inserted_arg) {
+  const int64_t priority = checked_int64(priority_arg, "priority");
+  const int64_t start = saturated_int64(start_arg, "start");  // beyond int64: out of range either way
+  const int64_t inserted = saturated_int64(inserted_arg, "inserted");
   const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
   Namespace name = to_namespace(ns);
   WritableInt32s buffer(blocks);
@@ -198,14 +201,19 @@ the use counts of evicted content (0: none). Not thread-safe.
            py::arg("priority") = 0, py::arg("start") = 0, py::arg("inserted") = -1,
            "Insert whole pages; blocks hold the pages from token `start` on, and the entries of pages\n"
            "already in the tree are re-pointed to the tree's blocks in place.")
-      .def("lock", &RadixTree::lock, py::arg("node"), "Lock root -> node.")
-      .def("unlock", &RadixTree::unlock, py::arg("node"), "Unlock root -> node.")
+      .def(
+          "lock", [](RadixTree& t, py::handle node) { with_saturated_int64(node, "node", [&](int64_t id) { t.lock(id); }); },
+          py::arg("node"), "Lock root -> node.")
+      .def(
+          "unlock",
+          [](RadixTree& t, py::handle node) { with_saturated_int64(node, "node", [&](int64_t id) { t.unlock(id); }); },
+          py::arg("node"), "Unlock root -> node.")
       .def(
           "evict",
           [](RadixTree& t, py::handle num_tokens_arg, py::object priority) {
             const int64_t num_tokens = saturated_int64(num_tokens_arg, "num_tokens");  // beyond int64: all
             if (priority.is_none()) return t.evict(num_tokens);
-            return t.evict_by<PyKey>(num_tokens, [&](const RadixNode& n) { return PyKey{priority(t.candidate(n))}; });
+            return t.evict_by<PyKey>(num_tokens, [&](const RadixNode& n) { return policy_key(priority(t.candidate(n))); });
           },
           py::arg("num_tokens"), py::arg("priority") = py::none(),
           "Evict unlocked leaves until num_tokens are freed; returns tokens evicted.")
@@ -224,7 +232,9 @@ the use counts of evicted content (0: none). Not thread-safe.
             return out;
           },
           "Namespaces with a root (None first, then sorted).")
-      .def("node", &RadixTree::node, py::arg("id"), "A copy of node `id`.")
+      .def(
+          "node", [](const RadixTree& t, py::handle id) { return with_saturated_int64(id, "id", [&](int64_t v) { return t.node(v); }); },
+          py::arg("id"), "A copy of node `id`.")
       .def("check_invariants", &RadixTree::check_invariants, py::arg("locked_nodes") = py::none(),
            "Raise InvariantError naming the first broken invariant.");
 }

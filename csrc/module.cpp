@@ -12,6 +12,7 @@ void bind_block_evictor(py::module_& m);
 void bind_attention(py::module_& m);
 void bind_block_contents(py::module_& m);
 void bind_tokens(py::module_& m);
+void bind_call_guard(py::module_& m);
 }  // namespace prefixcache
 
 PYBIND11_MODULE(_C, m) {
@@ -23,4 +24,5 @@ PYBIND11_MODULE(_C, m) {
   prefixcache::bind_attention(m);
   prefixcache::bind_block_contents(m);
   prefixcache::bind_tokens(m);
+  prefixcache::bind_call_guard(m);
 }

@@ -113,6 +113,7 @@ MatchResult RadixTree::match(TokenSpan tokens, const Namespace& ns) const {
 }
 
 MatchResult RadixTree::match_prefix(TokenSpan tokens, const Namespace& ns) {
+  calls_.check("RadixTree.match_prefix");
   RadixNode* root = root_or_create(ns);
   TokenSpan key = whole_pages(tokens);
   Walk w = walk(key, root);
@@ -140,6 +141,7 @@ MatchResult RadixTree::match_prefix(TokenSpan tokens, const Namespace& ns) {
 
 InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, const Namespace& ns, int64_t priority,
                               int64_t start, int64_t inserted) {
+  calls_.check("RadixTree.insert");
   if (inserted < 0) inserted = start;
   if (tokens.size() % page_ != 0) {
     throw std::invalid_argument("insert: tokens has " + std::to_string(tokens.size()) +
@@ -318,6 +320,7 @@ RadixNode* RadixTree::split(RadixNode* child, size_t split_len, int64_t stamp) {
 // ---------------------------------------------------------------- locks
 
 void RadixTree::lock(int64_t id) {
+  calls_.check("RadixTree.lock");
   for (RadixNode* n = node_ptr(id, "lock"); !n->is_root(); n = n->parent) {
     if (n->lock_ref++ == 0) {
       auto len = static_cast<int64_t>(n->tokens.size());
@@ -329,6 +332,7 @@ void RadixTree::lock(int64_t id) {
 }
 
 void RadixTree::unlock(int64_t id) {
+  calls_.check("RadixTree.unlock");
   RadixNode* start = node_ptr(id, "unlock");
   if (!start->is_root() && start->lock_ref == 0) {
     throw std::invalid_argument("unlock: " + node_str(*start) + " is not locked");
@@ -346,6 +350,7 @@ void RadixTree::unlock(int64_t id) {
 // ---------------------------------------------------------------- eviction
 
 int64_t RadixTree::evict(int64_t num_tokens) {
+  calls_.check("RadixTree.evict");
   last_evicted_.clear();
   if (!order_) throw std::invalid_argument("evict: this tree has no native eviction order; rank candidates with a priority function");
   if (num_tokens < 0) throw std::invalid_argument("evict: num_tokens must be >= 0, got " + std::to_string(num_tokens));
@@ -443,6 +448,7 @@ void RadixTree::delete_leaf(RadixNode* leaf) {
 }
 
 void RadixTree::reset() {
+  calls_.check("RadixTree.reset");
   if (protected_size_ > 0) {
     throw std::invalid_argument("reset: " + std::to_string(protected_size_) + " tokens are locked");
   }

@@ -65,6 +65,7 @@
 #include <vector>
 
 #include "block_pool.h"
+#include "call_flag.h"
 #include "eviction_order.h"
 #include "ghost_table.h"
 
@@ -212,8 +213,10 @@ class RadixTree {
 
   // evict() ordered by a caller's priority. `rank` is called once per
   // candidate (each initial leaf, then each parent as it becomes one), never
-  // per comparison. If rank or a comparison throws, what was evicted stays
-  // evicted and consistent, and last_evicted() lists it.
+  // per comparison. If rank or a comparison fails (KeyCompare), what was evicted
+  // stays evicted and consistent, and last_evicted() lists it; a failure while
+  // the first candidates are ranked and ordered evicts nothing. While it runs,
+  // a call that would change the tree (from rank, say) throws ReentryError.
   template <class Key, class Rank>
   int64_t evict_by(int64_t num_tokens, Rank&& rank);
 
@@ -292,6 +295,7 @@ class RadixTree {
   int64_t traffic_ = 0;  // TOKENS (whole pages) match_prefix was asked for
   int64_t next_id_ = 1;
   std::vector<int32_t> last_evicted_;
+  CallFlag calls_;  // set while evict_by runs the caller's ranking (call_flag.h)
 };
 
 // ---------------------------------------------------------------------------
@@ -299,6 +303,7 @@ class RadixTree {
 
 template <class Key, class Rank>
 int64_t RadixTree::evict_by(int64_t num_tokens, Rank&& rank) {
+  CallFlag::Scope running(calls_, "RadixTree.evict");
   last_evicted_.clear();  // first: a call that throws has evicted nothing
   if (num_tokens < 0) throw std::invalid_argument("evict: num_tokens must be >= 0, got " + std::to_string(num_tokens));
   struct Entry {
@@ -316,10 +321,12 @@ int64_t RadixTree::evict_by(int64_t num_tokens, Rank&& rank) {
   heap.reserve(evictable_leaves_.size());
   for (RadixNode* leaf : evictable_leaves_) heap.push_back(Entry{rank(*leaf), leaf->id, leaf});
   std::make_heap(heap.begin(), heap.end(), later);
+  KeyCompare<Key>::check();
 
   int64_t evicted = 0;
   while (evicted < num_tokens && !heap.empty()) {
     std::pop_heap(heap.begin(), heap.end(), later);
+    KeyCompare<Key>::check();
     Entry top = std::move(heap.back());
     heap.pop_back();
     RadixNode* leaf = top.node;
@@ -335,6 +342,7 @@ int64_t RadixTree::evict_by(int64_t num_tokens, Rank&& rank) {
     if (parent_key) {
       heap.push_back(Entry{std::move(*parent_key), parent->id, parent});
       std::push_heap(heap.begin(), heap.end(), later);
+      KeyCompare<Key>::check();
     }
   }
   return evicted;
