@@ -89,7 +89,7 @@ class _RadixRequest(Request):
 
     tokens: array
     tree_key: str | None = None  # exact_key(namespace): the tree's name for the namespace
-    node: int = 0  # the tree node this request locks (a root: nothing locked)
+    node: int = 0  # the tree node this request locks (0: none; a root only keeps its namespace's root)
     protected: int = 0  # SGLang's cache_protected_len, in TOKENS
     inserted: int = 0  # SGLang's cache_inserted_len, in TOKENS
     priority: int = 0

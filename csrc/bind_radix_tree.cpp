@@ -203,11 +203,11 @@ the use counts of evicted content (0: none). Not thread-safe.
            "already in the tree are re-pointed to the tree's blocks in place.")
       .def(
           "lock", [](RadixTree& t, py::handle node) { with_saturated_int64(node, "node", [&](int64_t id) { t.lock(id); }); },
-          py::arg("node"), "Lock root -> node.")
+          py::arg("node"), "Lock root -> node (0: no node, a no-op).")
       .def(
           "unlock",
           [](RadixTree& t, py::handle node) { with_saturated_int64(node, "node", [&](int64_t id) { t.unlock(id); }); },
-          py::arg("node"), "Unlock root -> node.")
+          py::arg("node"), "Unlock root -> node (0: no node, a no-op); a root left without children or locks goes.")
       .def(
           "evict",
           [](RadixTree& t, py::handle num_tokens_arg, py::object priority) {
@@ -234,7 +234,7 @@ the use counts of evicted content (0: none). Not thread-safe.
           "Namespaces with a root (None first, then sorted).")
       .def(
           "node", [](const RadixTree& t, py::handle id) { return with_saturated_int64(id, "id", [&](int64_t v) { return t.node(v); }); },
-          py::arg("id"), "A copy of node `id`.")
+          py::arg("id"), "A copy of node `id` (O(1)).")
       .def("check_invariants", &RadixTree::check_invariants, py::arg("locked_nodes") = py::none(),
            "Raise InvariantError naming the first broken invariant.");
 }

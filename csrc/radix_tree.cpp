@@ -114,13 +114,13 @@ MatchResult RadixTree::match(TokenSpan tokens, const Namespace& ns) const {
 
 MatchResult RadixTree::match_prefix(TokenSpan tokens, const Namespace& ns) {
   calls_.check("RadixTree.match_prefix");
-  RadixNode* root = root_or_create(ns);
+  RadixNode* root = root_of(ns);
   TokenSpan key = whole_pages(tokens);
   Walk w = walk(key, root);
   MatchResult out = collect(w);
   int64_t now = ++clock_;
   traffic_ += static_cast<int64_t>(key.size());
-  root->last_access_time = now;
+  if (root != nullptr) root->last_access_time = now;
   for (RadixNode* n : w.path) {
     n->last_access_time = now;
     ++n->use_count;
@@ -197,10 +197,11 @@ InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, cons
 
   InsertResult out;
   out.prefix_len = static_cast<int64_t>(w.matched);
-  RadixNode* root = w.root != nullptr ? w.root : root_or_create(ns);
+  RadixNode* root = w.root;
+  if (root == nullptr && w.matched < tokens.size()) root = root_or_create(ns);  // only to hold a leaf
   int64_t now = ++clock_;
   const auto request_tokens = static_cast<int64_t>(tokens.size());
-  root->last_access_time = now;
+  if (root != nullptr) root->last_access_time = now;
   size_t offset = 0;  // tokens before the node: the caller's own prefix counted its use already
   for (RadixNode* n : w.path) {
     n->last_access_time = now;
@@ -253,7 +254,7 @@ InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, cons
     update_leaf_status(leaf);
     node = leaf;
   }
-  out.node = node->id;
+  out.node = node != nullptr ? node->id : 0;
   return out;
 }
 
@@ -279,6 +280,7 @@ RadixNode* RadixTree::new_node(RadixNode* parent, int64_t stamp) {
   RadixNode* n = owned.get();
   n->id = next_id_++;
   n->parent = parent;
+  n->root = parent != nullptr ? parent->root : n;
   n->creation_time = n->last_access_time = stamp;
   nodes_.emplace(n->id, std::move(owned));
   return n;
@@ -321,7 +323,9 @@ RadixNode* RadixTree::split(RadixNode* child, size_t split_len, int64_t stamp) {
 
 void RadixTree::lock(int64_t id) {
   calls_.check("RadixTree.lock");
-  for (RadixNode* n = node_ptr(id, "lock"); !n->is_root(); n = n->parent) {
+  if (id == 0) return;  // no node
+  RadixNode* n = node_ptr(id, "lock");
+  for (; !n->is_root(); n = n->parent) {
     if (n->lock_ref++ == 0) {
       auto len = static_cast<int64_t>(n->tokens.size());
       evictable_size_ -= len;
@@ -329,15 +333,15 @@ void RadixTree::lock(int64_t id) {
       update_leaf_status(n);
     }
   }
+  ++n->lock_ref;  // the root: it stays while a lock is held in its namespace
 }
 
 void RadixTree::unlock(int64_t id) {
   calls_.check("RadixTree.unlock");
-  RadixNode* start = node_ptr(id, "unlock");
-  if (!start->is_root() && start->lock_ref == 0) {
-    throw std::invalid_argument("unlock: " + node_str(*start) + " is not locked");
-  }
-  for (RadixNode* n = start; !n->is_root(); n = n->parent) {
+  if (id == 0) return;  // no node
+  RadixNode* n = node_ptr(id, "unlock");
+  if (n->lock_ref == 0) throw std::invalid_argument("unlock: " + node_str(*n) + " is not locked");
+  for (; !n->is_root(); n = n->parent) {
     if (--n->lock_ref == 0) {
       auto len = static_cast<int64_t>(n->tokens.size());
       evictable_size_ += len;
@@ -345,6 +349,8 @@ void RadixTree::unlock(int64_t id) {
       update_leaf_status(n);
     }
   }
+  --n->lock_ref;
+  drop_root_if_empty(n);
 }
 
 // ---------------------------------------------------------------- eviction
@@ -359,9 +365,10 @@ int64_t RadixTree::evict(int64_t num_tokens) {
   while (evicted < num_tokens && !order_set_.empty()) {
     RadixNode* leaf = nodes_.at(order_set_.begin()->id).get();
     RadixNode* parent = leaf->parent;
+    const bool parent_is_root = parent->is_root();  // a root left empty is dropped with the leaf
     evicted += static_cast<int64_t>(leaf->tokens.size());
     delete_leaf(leaf);  // takes it out of the order; its parent may come in, dirty
-    if (parent->dirty) {  // it just became a leaf: rank it now, it may be next
+    if (!parent_is_root && parent->dirty) {  // it just became a leaf: rank it now, it may be next
       parent->dirty = false;
       auto [it, fresh] = order_set_.insert(OrderEntry{native_key(*order_, params_, candidate(*parent)), parent->id});
       order_of_[parent->id] = it;
@@ -444,13 +451,33 @@ void RadixTree::delete_leaf(RadixNode* leaf) {
   set_evictable_leaf(leaf, false);
   parent->children.erase(PageKey{leaf->tokens.data(), page_});
   nodes_.erase(leaf->id);
-  update_leaf_status(parent);
+  if (parent->is_root()) {
+    drop_root_if_empty(parent);
+  } else {
+    update_leaf_status(parent);
+  }
+}
+
+void RadixTree::drop_root_if_empty(RadixNode* root) {
+  if (!root->children.empty() || root->lock_ref != 0) return;
+  if (root->ns_name != nullptr) {
+    named_roots_.erase(named_roots_.find(*root->ns_name));  // by iterator: ns_name views the key erased
+  } else {
+    none_root_ = nullptr;
+  }
+  nodes_.erase(root->id);
 }
 
 void RadixTree::reset() {
   calls_.check("RadixTree.reset");
   if (protected_size_ > 0) {
     throw std::invalid_argument("reset: " + std::to_string(protected_size_) + " tokens are locked");
+  }
+  for (RadixNode* root : roots()) {
+    if (root->lock_ref > 0) {
+      throw std::invalid_argument("reset: namespace root " + node_str(*root) + " is locked " +
+                                  std::to_string(root->lock_ref) + " times");
+    }
   }
   // Oldest node first, each in token order: the pool's free queue (and so
   // every later allocation) does not depend on hash-map order.
@@ -487,11 +514,19 @@ RadixNode* RadixTree::root_or_create(const Namespace& ns) {
   root = new_node(nullptr, clock_);
   if (ghost_.enabled()) root->tail_key = namespace_key(ns);
   if (ns) {
-    named_roots_.emplace(*ns, root);
+    root->ns_name = &named_roots_.emplace(*ns, root).first->first;  // node-based map: the key stays put
   } else {
     none_root_ = root;
   }
   return root;
+}
+
+std::vector<RadixNode*> RadixTree::roots() const {
+  std::vector<RadixNode*> out;
+  out.reserve(named_roots_.size() + 1);
+  if (none_root_ != nullptr) out.push_back(none_root_);
+  for (const auto& [name, r] : named_roots_) out.push_back(r);
+  return out;
 }
 
 std::optional<int64_t> RadixTree::root(const Namespace& ns) const {
@@ -526,17 +561,11 @@ EvictionCandidate RadixTree::candidate(const RadixNode& n) const {
 
 NodeInfo RadixTree::node(int64_t id) const {
   const RadixNode* n = node_ptr(id, "node");
-  const RadixNode* root = n;
-  while (!root->is_root()) root = root->parent;
   NodeInfo info{n->id,       std::nullopt, std::nullopt, n->tokens, n->blocks, n->lock_ref,
                 n->last_access_time, n->creation_time, n->hit_count, n->priority, n->use_count, n->last_use,
                 n->request_tokens, {}, n->cached_prefix_len, n->history_len};
   if (!n->is_root()) info.parent = n->parent->id;
-  if (root != none_root_) {
-    for (const auto& [name, r] : named_roots_) {
-      if (r == root) info.ns = name;
-    }
-  }
+  if (n->root->ns_name != nullptr) info.ns = *n->root->ns_name;
   for (const auto& [key, child] : n->children) {
     info.children.emplace_back(std::vector<int32_t>(key.data, key.data + key.len), child->id);
   }
@@ -547,25 +576,28 @@ NodeInfo RadixTree::node(int64_t id) const {
 
 void RadixTree::check_invariants(const std::optional<std::vector<int64_t>>& locked_nodes) const {
   auto fail = [](const std::string& msg) { throw InvariantError("RadixTree: " + msg); };
-  std::vector<RadixNode*> roots;
-  if (none_root_ != nullptr) roots.push_back(none_root_);
-  for (const auto& [name, r] : named_roots_) roots.push_back(r);
-
   std::unordered_map<const RadixNode*, int64_t> expected_locks;
   if (locked_nodes) {
     for (int64_t id : *locked_nodes) {
+      if (id == 0) continue;  // no node: nothing locked
       auto it = nodes_.find(id);
       if (it == nodes_.end()) fail("a live lock names node " + std::to_string(id) + ", which does not exist");
-      for (const RadixNode* n = it->second.get(); !n->is_root(); n = n->parent) ++expected_locks[n];
+      for (const RadixNode* n = it->second.get(); n != nullptr; n = n->parent) ++expected_locks[n];
     }
   }
 
   std::vector<uint8_t> seen_block(in_tree_.size(), 0);
   int64_t num_nodes = 0, evictable = 0, protect = 0, num_blocks = 0, num_leaves = 0;
   std::vector<const RadixNode*> stack;
-  for (const RadixNode* root : roots) {
-    if (!root->tokens.empty() || !root->blocks.empty() || root->lock_ref != 0) {
-      fail("namespace root " + node_str(*root) + " holds tokens, blocks or a lock");
+  for (const RadixNode* root : roots()) {
+    if (!root->tokens.empty() || !root->blocks.empty()) fail("namespace root " + node_str(*root) + " holds tokens or blocks");
+    if (root->children.empty() && root->lock_ref == 0) fail("namespace root " + node_str(*root) + " is kept with no child and no lock");
+    if (root->root != root) fail("namespace root " + node_str(*root) + " does not name itself as its root");
+    if (root->ns_name != nullptr && named_roots_.find(*root->ns_name) == named_roots_.end()) fail("namespace root " + node_str(*root) + " names a namespace without a root");
+    if (locked_nodes) {
+      auto it = expected_locks.find(root);
+      int64_t want = it == expected_locks.end() ? 0 : it->second;
+      if (root->lock_ref != want) fail("namespace root " + node_str(*root) + " has lock_ref " + std::to_string(root->lock_ref) + " but live requests hold " + std::to_string(want));
     }
     stack.push_back(root);
     while (!stack.empty()) {
@@ -577,6 +609,7 @@ void RadixTree::check_invariants(const std::optional<std::vector<int64_t>>& lock
       if (n->last_access_time > clock_ || n->creation_time > clock_) fail(node_str(*n) + " is stamped after the clock");
       for (const auto& [key, child] : n->children) {
         if (child->parent != n) fail(node_str(*child) + " parent link does not point to " + node_str(*n));
+        if (child->root != root) fail(node_str(*child) + " does not name its namespace's root");
         if (key.data != child->tokens.data() || key.len != page_) fail(node_str(*child) + " is keyed by a stale page view");
         stack.push_back(child);
       }
@@ -586,7 +619,7 @@ void RadixTree::check_invariants(const std::optional<std::vector<int64_t>>& lock
       if (n->tokens.size() % page_ != 0) fail(node_str(*n) + " holds " + std::to_string(len) + " tokens, not whole pages");
       if (n->blocks.size() != n->tokens.size() / page_) fail(node_str(*n) + " holds " + std::to_string(n->blocks.size()) + " blocks for " + std::to_string(len) + " tokens");
       if (n->lock_ref < 0) fail(node_str(*n) + " has negative lock_ref");
-      if (!n->parent->is_root() && n->parent->lock_ref < n->lock_ref) fail(node_str(*n) + " is locked more than its parent");
+      if (n->parent->lock_ref < n->lock_ref) fail(node_str(*n) + " is locked more than its parent");
       if (locked_nodes) {
         auto it = expected_locks.find(n);
         int64_t want = it == expected_locks.end() ? 0 : it->second;

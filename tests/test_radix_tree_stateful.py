@@ -134,7 +134,7 @@ class TwoTrees:
 
     def lock(self, node):
         (kind, _), _ = self.both("lock", node)
-        if kind == "ok" and self.trees[0].node(node).parent is not None:  # a root: no-op
+        if kind == "ok" and node != 0:  # node 0 (an empty match with no root) locks nothing; a root counts
             self.locks.append(node)
 
     def unlock(self, node):
