@@ -133,7 +133,11 @@ class IntBuffer {
   explicit IntBuffer(PyObject* obj) {
     if (!PyObject_CheckBuffer(obj) || PyBytes_Check(obj) || PyByteArray_Check(obj)) return;
     if (PyObject_GetBuffer(obj, &view_, PyBUF_FORMAT | PyBUF_STRIDES) != 0) {
-      PyErr_Clear();  // e.g. a numpy object array: read it as a sequence
+      PyErr_Clear();  // not exportable: read it as a sequence
+      return;
+    }
+    if (view_.format != nullptr && std::string_view(view_.format).find('O') != std::string_view::npos) {
+      PyBuffer_Release(&view_);  // Python objects (a numpy object array): read them as a sequence
       return;
     }
     held_ = true;

@@ -141,3 +141,17 @@ def test_numpy_ints_in_a_list_read_alike():
     np = pytest.importorskip("numpy")
     tokens = [1, np.int64(2), np.int32(3), operator.index(4)]
     assert list(token_array(tokens, "tokens", 8)) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("backend", ["hash", "radix"])
+def test_numpy_object_array_is_read_through_tolist(backend):
+    """fuzz_tokens: numpy 2 exports an object array as a buffer of format 'O', which
+    the buffer reader refused ("expected a sequence of int token ids"); its items are
+    Python objects, read through tolist() like any sequence."""
+    np = pytest.importorskip("numpy")
+    ids = np.array([1, 2, 3, np.int64(4)], dtype=object)
+    assert list(token_array(ids, "tokens", 4)) == [1, 2, 3, 4]
+    cache = prefixcache.build_cache(CacheConfig(backend=backend, block_size=2, num_blocks=8))
+    assert cache.admit("r", ids) is not None
+    with pytest.raises(TypeError, match=r"tokens\[1\]"):
+        token_array(np.array([1, 2.5], dtype=object), "tokens", 8)
