@@ -44,25 +44,24 @@ from prefixcache.block_pool import BlockPool
 from prefixcache.config import CacheConfig
 from prefixcache.eviction import LRU
 from prefixcache.protocol import PrefixCache, guarded
-from prefixcache.registry import register_eviction_policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model  # noqa: E402
 
 
 
-@register_eviction_policy("bench_threads_python_lru")
 class PythonLRU(LRU):
     """LRU ranked in Python (no native order): the backends call it back mid-call."""
 
     native = None
 
 
+PYTHON_LRU = f"{__name__}:PythonLRU"  # by path, as a user names a plugin: nothing is registered
 ARMS = {  # (backend, eviction): a native order and a Python-ranked one per backend
     "hash/lru": ("hash", "lru"),
-    "hash/python lru": ("hash", "bench_threads_python_lru"),
+    "hash/python lru": ("hash", PYTHON_LRU),
     "radix/lru": ("radix", "lru"),
-    "radix/python lru": ("radix", "bench_threads_python_lru"),
+    "radix/python lru": ("radix", PYTHON_LRU),
 }
 
 

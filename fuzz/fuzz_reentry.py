@@ -31,7 +31,6 @@ from prefixcache.backends.radix import RadixCache
 from prefixcache.block_pool import BlockPool
 from prefixcache.config import CacheConfig, HashConfig
 from prefixcache.eviction import EvictionPolicy
-from prefixcache.registry import register_eviction_policy
 
 KINDS = ("policy", "key", "usable_hit", "partial_hit", "blocks_cached", "tolist", "index", "request id")
 REFUSED = "never re-entered"
@@ -121,7 +120,6 @@ def inner_call(cache, r: Reader) -> None:
         cache.check_invariants()
 
 
-@register_eviction_policy("fuzz_reentry_policy")
 class CallingPolicy(EvictionPolicy):
     def priority(self, candidate):
         CALLBACK()
@@ -137,7 +135,6 @@ class CallingKey:
         return self.value < other.value
 
 
-@register_eviction_policy("fuzz_reentry_keys")
 class CallingKeys(EvictionPolicy):
     def priority(self, candidate):
         return CallingKey((candidate.last_access_time, candidate.node))
@@ -217,7 +214,8 @@ def make(r: Reader):
     kind = r.choice(KINDS)
     if backend == "radix" and kind in ("partial_hit", "blocks_cached"):
         kind = "usable_hit"
-    eviction = {"policy": "fuzz_reentry_policy", "key": "fuzz_reentry_keys"}.get(kind, "lru")
+    # By "module:Class" path, as a user names a plugin: nothing is registered.
+    eviction = {"policy": f"{__name__}:CallingPolicy", "key": f"{__name__}:CallingKeys"}.get(kind, "lru")
     config = CacheConfig(
         backend="radix" if backend == "radix" else "hash", block_size=r.int(1, 3), num_blocks=r.int(6, 14),
         eviction=eviction, hash=HashConfig("xxhash" if backend == "hash-xxhash" else "sha256_cbor"),

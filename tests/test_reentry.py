@@ -22,7 +22,6 @@ from prefixcache.block_pool import BlockPool
 from prefixcache.config import CacheConfig, HashConfig
 from prefixcache.eviction import EvictionPolicy
 from prefixcache.radix_tree import RadixTree
-from prefixcache.registry import register_eviction_policy
 from prefixcache._C import CallbackBlockEvictor
 
 REFUSED = "never re-entered"
@@ -59,7 +58,6 @@ class Callback:
 CALLBACK = Callback()
 
 
-@register_eviction_policy("test_reentering")
 class Reentering(EvictionPolicy):
     """A Python policy (no native order) whose priority() runs CALLBACK first."""
 
@@ -79,10 +77,32 @@ class ReenteringKey:
         return self.value < other.value
 
 
-@register_eviction_policy("test_reentering_key")
 class ReenteringKeys(EvictionPolicy):
     def priority(self, candidate):
         return ReenteringKey(candidate.last_access_time)
+
+
+class MixedKeys(EvictionPolicy):
+    """None (or a str) for some candidates and ints for others, while `broken`."""
+
+    broken = True
+    odd: object = None
+
+    def priority(self, candidate):
+        return type(self).odd if type(self).broken and candidate.creation_time % 2 else candidate.creation_time
+
+
+class MixedNone(MixedKeys):
+    odd = None
+
+
+class MixedStr(MixedKeys):
+    odd = "odd"
+
+
+def policy(cls) -> str:
+    """A policy by "module:Class" path, as a user names one: nothing is registered."""
+    return f"{__name__}:{cls.__name__}"
 
 
 class HookedRadix(RadixCache):
@@ -211,7 +231,7 @@ def expect_refused_and_unchanged(cache, live, outer, inner):
 def test_radix_python_policy_that_reenters_the_cache(inner):
     """Issue 16 2(a): priority() called cache.evict(...) and the tree's eviction loop
     then held freed nodes: SIGSEGV. Every call from the policy is refused now."""
-    cache = build("radix", eviction="test_reentering")
+    cache = build("radix", eviction=policy(Reentering))
     live = warm(cache)
     expect_refused_and_unchanged(cache, live, lambda: cache.evict(3), inner)
     # An admission that must evict: refused too, and it pins nothing and registers nothing.
@@ -222,7 +242,7 @@ def test_radix_python_policy_that_reenters_the_cache(inner):
 
 
 def test_radix_python_policy_that_catches_the_refusal():
-    cache = build("radix", eviction="test_reentering")
+    cache = build("radix", eviction=policy(Reentering))
     live = warm(cache)
     CALLBACK.arm(cache, INNER["evict"], swallow=True)
     assert cache.evict(3) >= 3
@@ -234,7 +254,7 @@ def test_radix_python_policy_that_catches_the_refusal():
 @pytest.mark.parametrize("inner", [INNER["evict"], INNER["admit"], INNER["stats"]], ids=["evict", "admit", "stats"])
 def test_hash_python_policy_that_reenters_the_cache(inner):
     """hash ranks a block with a Python policy when its last reference goes (release)."""
-    cache = build("hash", eviction="test_reentering")
+    cache = build("hash", eviction=policy(Reentering))
     live = warm(cache)
     expect_refused_and_unchanged(cache, live, lambda: cache.release("live"), inner)
     assert cache.block_table("live")  # still live: the release did nothing
@@ -246,7 +266,7 @@ def test_policy_keys_whose_comparison_reenters(backend):
     """The keys a policy returns are compared in the native heaps: their __lt__ is a
     callback too. A refused comparison used to leave a moved-from (null) key in the
     hash evictor's heap."""
-    cache = build(backend, eviction="test_reentering_key")
+    cache = build(backend, eviction=policy(ReenteringKeys))
     live = warm(cache)
     outer = (lambda: cache.evict(3)) if backend == "radix" else (lambda: cache.release("live"))
     expect_refused_and_unchanged(cache, live, outer, INNER["evict"])
@@ -263,16 +283,9 @@ def test_policy_keys_that_do_not_compare(backend, kind):
     SystemError from a null key left in the hash evictor's heap, pins leaked, and lock
     refs left behind by radix admissions). None is refused as soon as it is returned
     (it does not even compare with itself); a str only when it meets an int."""
-    odd = None if kind == "None" else "odd"
-
-    @register_eviction_policy(f"test_mixed_keys_{backend}_{kind}")
-    class Mixed(EvictionPolicy):
-        broken = True
-
-        def priority(self, candidate):
-            return odd if Mixed.broken and candidate.creation_time % 2 else candidate.creation_time
-
-    cache = build(backend, eviction=f"test_mixed_keys_{backend}_{kind}", block_size=1, num_blocks=24)
+    Mixed = MixedNone if kind == "None" else MixedStr
+    Mixed.broken = True
+    cache = build(backend, eviction=policy(Mixed), block_size=1, num_blocks=24)
     failures, live = 0, []
     for i in range(60):
         prompt = [i % 7, 100 + i, 200 + i]

@@ -20,9 +20,21 @@ import pytest
 
 import prefixcache
 from prefixcache.config import CacheConfig
-from prefixcache.registry import register_eviction_policy
+from prefixcache.eviction import LRU
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_threads.py"
+INSIDE = threading.Event()
+
+
+class Slow(LRU):
+    """A Python LRU that says it has started, then sleeps (releasing the GIL)."""
+
+    native = None
+
+    def priority(self, candidate):
+        INSIDE.set()
+        time.sleep(0.05)
+        return super().priority(candidate)
 
 
 @pytest.fixture(scope="module")
@@ -49,16 +61,9 @@ def test_eight_threads_share_one_cache(bench, arm):
 def test_another_thread_waits_for_a_call_in_a_callback(bench):
     """A thread calling while another is inside a slow callback (which releases the GIL)
     waits for that call to end: it is not refused, and it sees the finished call."""
-    inside, order = threading.Event(), []
-
-    class Slow(bench.PythonLRU):
-        def priority(self, candidate):
-            inside.set()
-            time.sleep(0.05)
-            return super().priority(candidate)
-
-    register_eviction_policy("test_threads_slow")(Slow)
-    cache = prefixcache.build_cache(CacheConfig(backend="radix", block_size=1, num_blocks=8, eviction="test_threads_slow"))
+    inside, order = INSIDE, []
+    inside.clear()
+    cache = prefixcache.build_cache(CacheConfig(backend="radix", block_size=1, num_blocks=8, eviction=f"{__name__}:Slow"))
     for i in range(3):
         cache.admit(i, [10 * i, 10 * i + 1])
         cache.commit(i, 2)
