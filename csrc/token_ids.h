@@ -259,6 +259,7 @@ void read_buffer(const Py_buffer& view, PyObject* obj, const char* what, const c
   }
   out.ids.resize(n);
   out.representable = n;
+  if (n == 0) return;  // (an empty buffer's memory may be null, which memcpy must not be given)
   if (!f.swapped && f.size == sizeof(T) && f.kind == 'i' && stride == static_cast<Py_ssize_t>(sizeof(T))) {
     std::memcpy(out.ids.data(), base, n * sizeof(T));  // the common case: one copy
     return;
