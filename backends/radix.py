@@ -90,9 +90,9 @@ from prefixcache.events import (
 )
 from prefixcache.hashing import block_hashes, namespace_extra_keys
 from prefixcache.isolation import exact_key
-from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache
+from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded
 from prefixcache.registry import register_backend, resolve_eviction_policy
-from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_tokens
+from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_priority, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
 
 __all__ = ["RadixCache"]
@@ -114,7 +114,7 @@ class _RadixRequest(Request):
 
     tokens: array
     tree_key: str | None = None  # exact_key(namespace): the tree's name for the namespace
-    node: int = 0  # the tree node this request locks (a root: nothing locked)
+    node: int = 0  # the tree node this request locks (0: none; a root only keeps its namespace's root)
     protected: int = 0  # SGLang's cache_protected_len, in TOKENS
     inserted: int = 0  # SGLang's cache_inserted_len, in TOKENS
     priority: int = 0
@@ -150,6 +150,7 @@ class RadixCache(PrefixCache):
         self._page_hash: dict[int, bytes] = {}  # tree block -> its chained hash (events only)
 
     # -- look-up -----------------------------------------------------------------------
+    @guarded
     def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
         namespace = check_namespace(namespace)
         m = self.tree.match(tokens, exact_key(namespace))
@@ -159,6 +160,7 @@ class RadixCache(PrefixCache):
         return Match(m.num_tokens, tuple(m.block_ids))
 
     # -- request lifecycle ---------------------------------------------------------------
+    @guarded
     def admit(
         self,
         request_id: Hashable,
@@ -167,12 +169,13 @@ class RadixCache(PrefixCache):
         namespace: Namespace = None,
         priority: int = 0,
     ) -> Admission | None:
-        self._requests.check_new(request_id)
+        # Every argument is checked before anything changes, the id last: converting the
+        # tokens runs their code (tolist, __index__), which must see the table as it is.
         toks = _int32_array(tokens)
         namespace = check_namespace(namespace)
         tree_key = exact_key(namespace)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+        priority = check_priority(priority)
+        self._requests.check_new(request_id)
         bs = self.block_size
         key = memoryview(toks)[:-1]  # the last prompt token is always computed
         probe = self.tree.match(key, tree_key)
@@ -187,7 +190,11 @@ class RadixCache(PrefixCache):
             return None
         hit = self.tree.match_prefix(key, tree_key)
         self.tree.lock(hit.node)  # before evicting, so the hit cannot be evicted
-        table = hit.block_ids + self._allocate(needed, self._extend_demand(len(toks) - hit.num_tokens))
+        try:
+            table = hit.block_ids + self._allocate(needed, self._extend_demand(len(toks) - hit.num_tokens))
+        except BaseException:  # a Python policy raised: what it evicted stays evicted, nothing is pinned
+            self.tree.unlock(hit.node)
+            raise
         self._requests.add(
             _RadixRequest(
                 request_id,
@@ -205,10 +212,20 @@ class RadixCache(PrefixCache):
         self._stats.record_query(len(toks), hit.num_tokens)
         return Admission(BlockIds(table), hit.num_tokens)
 
+    @guarded
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         req = self._requests.get(request_id)
         before = len(req.tokens)
         n = extend_tokens(req.tokens, tokens)  # the one converter (check_tokens' rule), empty allowed
+        try:
+            return self._grow(req, before, n)
+        except BaseException:  # a Python policy raised: the request keeps the tokens it had
+            del req.tokens[before:]
+            raise
+
+    def _grow(self, req: _RadixRequest, before: int, n: int) -> list[int] | None:
+        """Blocks for a request's `n` new TOKENS (already in req.tokens after `before`),
+        with the room SGLang's scheduler asks for; None (tokens removed) if they do not fit."""
         bs = self.block_size
         needed = -(-(before + n) // bs) - len(req.block_table)
         if n == 1:
@@ -238,30 +255,36 @@ class RadixCache(PrefixCache):
         req.block_table.extend(blocks)
         return blocks
 
+    @guarded
     def commit(self, request_id: Hashable, num_computed_tokens: int) -> None:
         req = self._requests.get(request_id)
         req.num_computed = req.check_commit(num_computed_tokens)
         self._insert(req, req.num_computed)
 
+    @guarded
     def release(self, request_id: Hashable) -> None:
-        req = self._requests.pop(request_id)
+        req = self._requests.get(request_id)
         # The cached prefix is computed even if nothing was committed since admission.
         self._insert(req, max(req.num_computed, req.protected))
         tail = req.block_table[req.protected // self.block_size :]
         if tail:
             self.pool.free(tail)  # the unaligned tail and blocks never computed
         self.tree.unlock(req.node)
+        self._requests.pop(request_id)  # last: until here the request still holds what it held
 
+    @guarded
     def block_table(self, request_id: Hashable) -> Sequence[int]:
         return BlockIds(self._requests.get(request_id).block_table)
 
     # -- maintenance ---------------------------------------------------------------------
+    @guarded
     def evict(self, num_blocks: int) -> int:
         num_blocks = check_count(num_blocks, "num_blocks")
         # The tree never holds more than the pool: a larger request means "all", and
         # must not overflow the tree's int64 token count on the way.
         return self._evict_tokens(min(num_blocks, self.pool.num_blocks) * self.block_size)
 
+    @guarded
     def reset(self) -> bool:
         if len(self._requests):
             return False
@@ -271,10 +294,12 @@ class RadixCache(PrefixCache):
         self._events.record(AllBlocksCleared())
         return True
 
+    @guarded
     def stats(self) -> CacheStats:
         self._stats.events_dropped = self._events.dropped
         return self._stats.snapshot()
 
+    @guarded
     def drain_events(self) -> list[KVEvent]:
         return self._events.drain()
 
@@ -336,9 +361,11 @@ class RadixCache(PrefixCache):
         first, last = req.protected // bs, aligned // bs
         own = req.block_table[first:last]
         tokens = memoryview(req.tokens)
-        if req.inserted < req.protected:
+        if req.inserted < req.protected or req.node == 0:
             # The first insert after a hit walks from the root: SGLang counts a hit on
-            # every node past what this request inserted (nothing yet).
+            # every node past what this request inserted (nothing yet). Node 0: the
+            # request holds no node (its namespace had no root), so there is none to
+            # extend from.
             result = self.tree.insert(tokens[:aligned], own, req.tree_key, req.priority, req.protected, req.inserted)
         else:
             result = self.tree.extend(req.node, tokens[req.protected : aligned], own, req.priority)
@@ -401,6 +428,7 @@ class RadixCache(PrefixCache):
             stack += info.children.values()
         return out
 
+    @guarded
     def check_invariants(self) -> None:
         def fail(msg: str) -> None:
             raise InvariantError(f"radix: {msg}")

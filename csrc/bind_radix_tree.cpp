@@ -102,16 +102,22 @@ InsertResult with_blocks(py::handle blocks, Insert&& insert) {
   return out;
 }
 
-InsertResult insert(RadixTree& tree, py::handle tokens, py::handle blocks, py::handle ns, int64_t priority,
-                    int64_t start, int64_t inserted) {
+InsertResult insert(RadixTree& tree, py::handle tokens, py::handle blocks, py::handle ns, py::handle priority_arg,
+                    py::handle start_arg, py::handle inserted_arg) {
+  const int64_t priority = checked_int64(priority_arg, "priority");
+  const int64_t start = saturated_int64(start_arg, "start");  // beyond int64: out of range either way
+  const int64_t inserted = saturated_int64(inserted_arg, "inserted");
   const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
   Namespace name = to_namespace(ns);
   return with_blocks(blocks, [&](std::span<int32_t> ids) { return tree.insert(toks, ids, name, priority, start, inserted); });
 }
 
-InsertResult extend(RadixTree& tree, int64_t node, py::handle tokens, py::handle blocks, int64_t priority) {
+InsertResult extend(RadixTree& tree, py::handle node_arg, py::handle tokens, py::handle blocks, py::handle priority_arg) {
+  const int64_t priority = checked_int64(priority_arg, "priority");
   const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
-  return with_blocks(blocks, [&](std::span<int32_t> ids) { return tree.extend(node, toks, ids, priority); });
+  return with_saturated_int64(node_arg, "node", [&](int64_t node) {
+    return with_blocks(blocks, [&](std::span<int32_t> ids) { return tree.extend(node, toks, ids, priority); });
+  });
 }
 
 // A Python policy's priority() as the tree's LeafRanker: keys are the Python objects
@@ -264,16 +270,29 @@ the use counts of evicted content (0: none). Not thread-safe.
            "insert() of node's path + tokens with start = inserted = the node's depth: a caller holding the\n"
            "path to `node` adds the pages after it (blocks: one per page of `tokens`, re-pointed in place).\n"
            "O(tokens) when `node` is locked; prefix_len counts from the root.")
-      .def("relock", &RadixTree::relock, py::arg("from_node"), py::arg("to_node"),
-           "lock(to_node) then unlock(from_node), in O(nodes between) when to_node is at or below from_node.")
-      .def("lock", &RadixTree::lock, py::arg("node"), "Lock root -> node.")
-      .def("unlock", &RadixTree::unlock, py::arg("node"), "Unlock root -> node.")
+      .def(
+          "relock",
+          [](RadixTree& t, py::handle from, py::handle to) {
+            with_saturated_int64(from, "from_node", [&](int64_t f) {
+              with_saturated_int64(to, "to_node", [&](int64_t n) { t.relock(f, n); });
+            });
+          },
+          py::arg("from_node"), py::arg("to_node"),
+          "lock(to_node) then unlock(from_node) (0: no node), in O(nodes between) when to_node is at or\n"
+          "below from_node.")
+      .def(
+          "lock", [](RadixTree& t, py::handle node) { with_saturated_int64(node, "node", [&](int64_t id) { t.lock(id); }); },
+          py::arg("node"), "Lock root -> node (0: no node, a no-op).")
+      .def(
+          "unlock",
+          [](RadixTree& t, py::handle node) { with_saturated_int64(node, "node", [&](int64_t id) { t.unlock(id); }); },
+          py::arg("node"), "Unlock root -> node (0: no node, a no-op); a root left without children or locks goes.")
       .def(
           "evict",
           [](RadixTree& t, py::handle num_tokens_arg, py::object priority) {
             const int64_t num_tokens = saturated_int64(num_tokens_arg, "num_tokens");  // beyond int64: all
             if (priority.is_none()) return t.evict(num_tokens);
-            return t.evict_by<PyKey>(num_tokens, [&](const RadixNode& n) { return PyKey{priority(t.candidate(n))}; });
+            return t.evict_by<PyKey>(num_tokens, [&](const RadixNode& n) { return policy_key(priority(t.candidate(n))); });
           },
           py::arg("num_tokens"), py::arg("priority") = py::none(),
           "Evict unlocked leaves until num_tokens are freed; returns tokens evicted.")
@@ -292,7 +311,9 @@ the use counts of evicted content (0: none). Not thread-safe.
             return out;
           },
           "Namespaces with a root (None first, then sorted).")
-      .def("node", &RadixTree::node, py::arg("id"), "A copy of node `id`.")
+      .def(
+          "node", [](const RadixTree& t, py::handle id) { return with_saturated_int64(id, "id", [&](int64_t v) { return t.node(v); }); },
+          py::arg("id"), "A copy of node `id` (O(1)).")
       .def("check_invariants", &RadixTree::check_invariants, py::arg("locked_nodes") = py::none(),
            "Raise InvariantError naming the first broken invariant.");
 }

@@ -14,26 +14,23 @@ namespace {
 // The ids of `obj` as a list of exact ints: `obj` itself when it already is one and
 // `copy` is false (a decode step's list costs one type check per id), else a list of
 // our own. Kept for ids beyond int64, which only Python ints hold (CBOR bignums).
+// Items that need __index__ are read from a snapshot (token_ids.h), into a new list.
 py::object token_list(py::handle obj, const char* what, bool copy) {
   constexpr const char* allowed = token_id_rule<int64_t>();
   py::object seq = token_sequence(obj, what);
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
   PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
-  // A list tolist() or the sequence protocol made is ours to edit; the caller's is not.
-  const bool ours = PyList_Check(seq.ptr()) && seq.ptr() != obj.ptr();
-  if (ours || (!copy && PyList_Check(seq.ptr()))) {
-    Py_ssize_t i = 0;
-    while (i < n && PyLong_CheckExact(items[i])) ++i;
-    if (i == n) return seq;
-    if (ours) {
-      for (; i < n; ++i) {
-        if (!PyLong_CheckExact(items[i])) PyList_SetItem(seq.ptr(), i, token_index(items[i], what, i, allowed));
-      }
-      return seq;
-    }
+  Py_ssize_t i = 0;
+  while (i < n && PyLong_CheckExact(items[i])) ++i;
+  if (i == n && PyList_Check(seq.ptr())) {
+    // A list tolist() or the sequence protocol made, that nobody else holds, is ours.
+    const bool ours = seq.ptr() != obj.ptr() && Py_REFCNT(seq.ptr()) == 1;
+    if (ours || !copy) return seq;
   }
+  py::object snapshot = item_snapshot(seq.ptr());
+  items = PySequence_Fast_ITEMS(snapshot.ptr());
   py::list out(n);  // its slots start empty; a throw part-way frees what was set
-  for (Py_ssize_t i = 0; i < n; ++i) PyList_SET_ITEM(out.ptr(), i, token_index(items[i], what, i, allowed));
+  for (Py_ssize_t j = 0; j < n; ++j) PyList_SET_ITEM(out.ptr(), j, token_index(items[j], what, j, allowed));
   return std::move(out);
 }
 

@@ -120,13 +120,14 @@ MatchResult RadixTree::match(TokenSpan tokens, const Namespace& ns) const {
 }
 
 MatchResult RadixTree::match_prefix(TokenSpan tokens, const Namespace& ns) {
-  RadixNode* root = root_or_create(ns);
+  calls_.check("RadixTree.match_prefix");
+  RadixNode* root = root_of(ns);
   TokenSpan key = whole_pages(tokens);
   Walk w = walk(key, root);
   MatchResult out = collect(w);
   int64_t now = ++clock_;
   traffic_ += static_cast<int64_t>(key.size());
-  root->last_access_time = now;
+  if (root != nullptr) root->last_access_time = now;
   for (RadixNode* n : w.path) {
     n->last_access_time = now;
     ++n->use_count;
@@ -147,6 +148,7 @@ MatchResult RadixTree::match_prefix(TokenSpan tokens, const Namespace& ns) {
 
 InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, const Namespace& ns, int64_t priority,
                               int64_t start, int64_t inserted) {
+  calls_.check("RadixTree.insert");
   if (inserted < 0) inserted = start;
   if (tokens.size() % page_ != 0) {
     throw std::invalid_argument("insert: tokens has " + std::to_string(tokens.size()) +
@@ -170,8 +172,14 @@ InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, cons
   MatchResult present = collect(w);
   check_insert(w, present, blocks, first, "insert");
 
-  RadixNode* root = w.root != nullptr ? w.root : root_or_create(ns);
-  w.root = root;
+  RadixNode* root = w.root;
+  if (root == nullptr) {
+    if (tokens.empty()) {  // no root, nothing to hold: node 0
+      ++clock_;
+      return InsertResult{};
+    }
+    root = w.root = root_or_create(ns);  // only to hold a leaf
+  }
   int64_t now = ++clock_;
   root->last_access_time = now;
   const auto request_tokens = static_cast<int64_t>(tokens.size());
@@ -183,6 +191,7 @@ InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, cons
 }
 
 InsertResult RadixTree::extend(int64_t node, TokenSpan tokens, std::span<int32_t> blocks, int64_t priority) {
+  calls_.check("RadixTree.extend");
   RadixNode* from = node_ptr(node, "extend");
   if (tokens.size() % page_ != 0) {
     throw std::invalid_argument("extend: tokens has " + std::to_string(tokens.size()) +
@@ -313,7 +322,7 @@ InsertResult RadixTree::apply_insert(RadixNode* from, const Walk& w, const Match
     update_leaf_status(leaf);
     node = leaf;
   }
-  out.node = node->id;
+  out.node = node != nullptr ? node->id : 0;
   return out;
 }
 
@@ -379,6 +388,7 @@ RadixNode* RadixTree::new_node(RadixNode* parent, int64_t stamp) {
   RadixNode* n = owned.get();
   n->id = next_id_++;
   n->parent = parent;
+  n->root = parent != nullptr ? parent->root : n;
   n->creation_time = n->last_access_time = stamp;
   nodes_.emplace(n->id, std::move(owned));
   return n;
@@ -421,7 +431,10 @@ RadixNode* RadixTree::split(RadixNode* child, size_t split_len, int64_t stamp) {
 // ---------------------------------------------------------------- locks
 
 void RadixTree::lock(int64_t id) {
-  for (RadixNode* n = node_ptr(id, "lock"); !n->is_root(); n = n->parent) {
+  calls_.check("RadixTree.lock");
+  if (id == 0) return;  // no node
+  RadixNode* n = node_ptr(id, "lock");
+  for (; !n->is_root(); n = n->parent) {
     if (n->lock_ref++ == 0) {
       auto len = static_cast<int64_t>(n->tokens.size());
       evictable_size_ -= len;
@@ -429,13 +442,14 @@ void RadixTree::lock(int64_t id) {
       update_leaf_status(n);
     }
   }
+  ++n->lock_ref;  // the root: it stays while a lock is held in its namespace
 }
 
 void RadixTree::unlock(int64_t id) {
+  calls_.check("RadixTree.unlock");
+  if (id == 0) return;  // no node
   RadixNode* start = node_ptr(id, "unlock");
-  if (!start->is_root() && start->lock_ref == 0) {
-    throw std::invalid_argument("unlock: " + node_str(*start) + " is not locked");
-  }
+  if (start->lock_ref == 0) throw std::invalid_argument("unlock: " + node_str(*start) + " is not locked");
   // Fold the path stamps owed on the way up: the walk reaches the root, so every
   // node above a stamp's holder gets it (see "Extending a locked path").
   PathStamp owed;
@@ -455,14 +469,19 @@ void RadixTree::unlock(int64_t id) {
     }
   }
   if (owed.time != 0) apply_stamp(n, owed);
+  --n->lock_ref;
+  drop_root_if_empty(n);
 }
 
 void RadixTree::relock(int64_t from_id, int64_t to_id) {
-  RadixNode* from = node_ptr(from_id, "relock");
+  calls_.check("RadixTree.relock");
   RadixNode* to = node_ptr(to_id, "relock");
-  if (!from->is_root() && from->lock_ref == 0) {
-    throw std::invalid_argument("relock: " + node_str(*from) + " is not locked");
+  if (from_id == 0) {  // nothing was locked (no root then): a plain lock
+    lock(to_id);
+    return;
   }
+  RadixNode* from = node_ptr(from_id, "relock");
+  if (from->lock_ref == 0) throw std::invalid_argument("relock: " + node_str(*from) + " is not locked");
   // The nodes strictly between: lock(to) + unlock(from) changes only them.
   std::vector<RadixNode*> below;
   RadixNode* up = to;
@@ -486,6 +505,7 @@ void RadixTree::relock(int64_t from_id, int64_t to_id) {
 // ---------------------------------------------------------------- eviction
 
 int64_t RadixTree::evict(int64_t num_tokens) {
+  calls_.check("RadixTree.evict");
   last_evicted_.clear();
   if (!order_ && !ranker_) {
     throw std::invalid_argument("evict: this tree has no native eviction order (nor a ranker); rank candidates with a priority function");
@@ -497,11 +517,12 @@ int64_t RadixTree::evict(int64_t num_tokens) {
     if (order_ ? order_set_.empty() : ranked_set_.empty()) break;
     RadixNode* leaf = nodes_.at(order_ ? order_set_.begin()->id : ranked_set_.begin()->id).get();
     RadixNode* parent = leaf->parent;
+    const bool parent_is_root = parent->is_root();  // a root left empty is dropped with the leaf
     evicted += static_cast<int64_t>(leaf->tokens.size());
     delete_leaf(leaf);  // takes it out of the order; its parent may come in, dirty
     // It just became a leaf: rank it now, it may be next (a ranker that throws leaves
-    // it dirty, for the next eviction).
-    if (parent->dirty) rekey(parent);
+    // it dirty, for the next eviction). A root left empty went with the leaf.
+    if (!parent_is_root && parent->dirty) rekey(parent);
   }
   return evicted;
 }
@@ -626,12 +647,33 @@ void RadixTree::delete_leaf(RadixNode* leaf) {
   set_evictable_leaf(leaf, false);
   parent->children.erase(PageKey{leaf->tokens.data(), page_});
   nodes_.erase(leaf->id);
-  update_leaf_status(parent);
+  if (parent->is_root()) {
+    drop_root_if_empty(parent);
+  } else {
+    update_leaf_status(parent);
+  }
+}
+
+void RadixTree::drop_root_if_empty(RadixNode* root) {
+  if (!root->children.empty() || root->lock_ref != 0) return;
+  if (root->ns_name != nullptr) {
+    named_roots_.erase(named_roots_.find(*root->ns_name));  // by iterator: ns_name views the key erased
+  } else {
+    none_root_ = nullptr;
+  }
+  nodes_.erase(root->id);
 }
 
 void RadixTree::reset() {
+  calls_.check("RadixTree.reset");
   if (protected_size_ > 0) {
     throw std::invalid_argument("reset: " + std::to_string(protected_size_) + " tokens are locked");
+  }
+  for (RadixNode* root : roots()) {
+    if (root->lock_ref > 0) {
+      throw std::invalid_argument("reset: namespace root " + node_str(*root) + " is locked " +
+                                  std::to_string(root->lock_ref) + " times");
+    }
   }
   // Oldest node first, each in token order: the pool's free queue (and so
   // every later allocation) does not depend on hash-map order.
@@ -672,11 +714,19 @@ RadixNode* RadixTree::root_or_create(const Namespace& ns) {
   root = new_node(nullptr, clock_);
   if (ghost_.enabled()) root->tail_key = namespace_key(ns);
   if (ns) {
-    named_roots_.emplace(*ns, root);
+    root->ns_name = &named_roots_.emplace(*ns, root).first->first;  // node-based map: the key stays put
   } else {
     none_root_ = root;
   }
   return root;
+}
+
+std::vector<RadixNode*> RadixTree::roots() const {
+  std::vector<RadixNode*> out;
+  out.reserve(named_roots_.size() + 1);
+  if (none_root_ != nullptr) out.push_back(none_root_);
+  for (const auto& [name, r] : named_roots_) out.push_back(r);
+  return out;
 }
 
 std::optional<int64_t> RadixTree::root(const Namespace& ns) const {
@@ -720,17 +770,11 @@ NodeInfo RadixTree::node(int64_t id) const {
   copy.request_tokens = n->request_tokens;
   copy.history_len = n->history_len;
   if (!pending_.empty()) apply_stamp(&copy, owed(n));
-  const RadixNode* root = n;
-  while (!root->is_root()) root = root->parent;
   NodeInfo info{n->id,       std::nullopt, std::nullopt, n->tokens, n->blocks, n->lock_ref,
                 copy.last_access_time, n->creation_time, n->hit_count, copy.priority, n->use_count, copy.last_use,
                 copy.request_tokens, {}, n->cached_prefix_len, copy.history_len};
   if (!n->is_root()) info.parent = n->parent->id;
-  if (root != none_root_) {
-    for (const auto& [name, r] : named_roots_) {
-      if (r == root) info.ns = name;
-    }
-  }
+  if (n->root->ns_name != nullptr) info.ns = *n->root->ns_name;
   for (const auto& [key, child] : n->children) {
     info.children.emplace_back(std::vector<int32_t>(key.data, key.data + key.len), child->id);
   }
@@ -741,25 +785,28 @@ NodeInfo RadixTree::node(int64_t id) const {
 
 void RadixTree::check_invariants(const std::optional<std::vector<int64_t>>& locked_nodes) const {
   auto fail = [](const std::string& msg) { throw InvariantError("RadixTree: " + msg); };
-  std::vector<RadixNode*> roots;
-  if (none_root_ != nullptr) roots.push_back(none_root_);
-  for (const auto& [name, r] : named_roots_) roots.push_back(r);
-
   std::unordered_map<const RadixNode*, int64_t> expected_locks;
   if (locked_nodes) {
     for (int64_t id : *locked_nodes) {
+      if (id == 0) continue;  // no node: nothing locked
       auto it = nodes_.find(id);
       if (it == nodes_.end()) fail("a live lock names node " + std::to_string(id) + ", which does not exist");
-      for (const RadixNode* n = it->second.get(); !n->is_root(); n = n->parent) ++expected_locks[n];
+      for (const RadixNode* n = it->second.get(); n != nullptr; n = n->parent) ++expected_locks[n];
     }
   }
 
   std::vector<uint8_t> seen_block(in_tree_.size(), 0);
   int64_t num_nodes = 0, evictable = 0, protect = 0, num_blocks = 0, num_leaves = 0, num_pending = 0;
   std::vector<const RadixNode*> stack;
-  for (const RadixNode* root : roots) {
-    if (!root->tokens.empty() || !root->blocks.empty() || root->lock_ref != 0) {
-      fail("namespace root " + node_str(*root) + " holds tokens, blocks or a lock");
+  for (const RadixNode* root : roots()) {
+    if (!root->tokens.empty() || !root->blocks.empty()) fail("namespace root " + node_str(*root) + " holds tokens or blocks");
+    if (root->children.empty() && root->lock_ref == 0) fail("namespace root " + node_str(*root) + " is kept with no child and no lock");
+    if (root->root != root) fail("namespace root " + node_str(*root) + " does not name itself as its root");
+    if (root->ns_name != nullptr && named_roots_.find(*root->ns_name) == named_roots_.end()) fail("namespace root " + node_str(*root) + " names a namespace without a root");
+    if (locked_nodes) {
+      auto it = expected_locks.find(root);
+      int64_t want = it == expected_locks.end() ? 0 : it->second;
+      if (root->lock_ref != want) fail("namespace root " + node_str(*root) + " has lock_ref " + std::to_string(root->lock_ref) + " but live requests hold " + std::to_string(want));
     }
     stack.push_back(root);
     while (!stack.empty()) {
@@ -778,6 +825,7 @@ void RadixTree::check_invariants(const std::optional<std::vector<int64_t>>& lock
       }
       for (const auto& [key, child] : n->children) {
         if (child->parent != n) fail(node_str(*child) + " parent link does not point to " + node_str(*n));
+        if (child->root != root) fail(node_str(*child) + " does not name its namespace's root");
         if (key.data != child->tokens.data() || key.len != page_) fail(node_str(*child) + " is keyed by a stale page view");
         stack.push_back(child);
       }
@@ -787,7 +835,7 @@ void RadixTree::check_invariants(const std::optional<std::vector<int64_t>>& lock
       if (n->tokens.size() % page_ != 0) fail(node_str(*n) + " holds " + std::to_string(len) + " tokens, not whole pages");
       if (n->blocks.size() != n->tokens.size() / page_) fail(node_str(*n) + " holds " + std::to_string(n->blocks.size()) + " blocks for " + std::to_string(len) + " tokens");
       if (n->lock_ref < 0) fail(node_str(*n) + " has negative lock_ref");
-      if (!n->parent->is_root() && n->parent->lock_ref < n->lock_ref) fail(node_str(*n) + " is locked more than its parent");
+      if (n->parent->lock_ref < n->lock_ref) fail(node_str(*n) + " is locked more than its parent");
       if (locked_nodes) {
         auto it = expected_locks.find(n);
         int64_t want = it == expected_locks.end() ? 0 : it->second;

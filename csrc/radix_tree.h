@@ -16,13 +16,21 @@
 //
 // Shape. Each namespace (SGLang's extra_key; nullopt is a namespace of its
 // own) has its own root, so equal tokens in two namespaces never share a node.
+// A root exists only while it has children or locks: insert() creates it, and it
+// is dropped when its last child is evicted and no lock is held through it
+// (match_prefix never creates one: an empty match names node 0, "no node", which
+// lock and unlock take as a no-op). So the tree's memory follows what it caches,
+// however many namespaces come and go. Every node knows its root, so node(id) is
+// O(1).
 // A non-root node holds a run of tokens whose length is a positive multiple
 // of the page size (SGLang's page_size, our block_size) and one block per
 // page. Children are keyed by their first page; pages compare whole, so a
 // difference anywhere in a page is a miss for that page.
 //
 // Invariants (checked by check_invariants):
-//   * lock_ref(parent) >= lock_ref(child): a request locks root -> node.
+//   * lock_ref(parent) >= lock_ref(child): a request locks root -> node (a
+//     root's lock_ref counts the locks held in its namespace; it holds no tokens).
+//   * Every root has a child or a lock.
 //   * evictable_size = tokens in nodes with lock_ref 0, protected_size = the
 //     rest; a node's split keeps its lock_ref on both halves, so a split moves
 //     neither size.
@@ -80,6 +88,7 @@
 #include <vector>
 
 #include "block_pool.h"
+#include "call_flag.h"
 #include "eviction_order.h"
 #include "ghost_table.h"
 
@@ -161,6 +170,8 @@ struct RadixNode {
   int64_t leaf_slot = -1;  // index in RadixTree::evictable_leaves_, or -1
   bool dirty = false;      // policy inputs changed since its key in the leaf order was computed
   PathStamp pending;       // stamps owed to root -> this node (see "Extending a locked path")
+  RadixNode* root = nullptr;             // its namespace's root (itself for a root)
+  const std::string* ns_name = nullptr;  // a named root: its namespace (the key in named_roots_)
 
   bool is_root() const { return parent == nullptr; }
 };
@@ -233,8 +244,7 @@ class RadixTree {
   // SGLang's match_prefix: the same look-up, but a match that ends inside a
   // node splits it so `node` ends exactly at num_tokens, every node walked
   // gets a fresh last_access_time, and each node of the matched path counts a
-  // hit (SGLang's plain RadixCache never counts hits; we do, so lfu differs
-  // from lru). Creates the namespace's root if it has none.
+  // use. A namespace without a root gets none: `node` is 0 (no node).
   MatchResult match_prefix(TokenSpan tokens, const Namespace& ns);
 
   // SGLang's insert: adds `tokens` (a whole number of pages) whose pages from
@@ -260,11 +270,13 @@ class RadixTree {
 
   // Moves one lock from `from` to `to`: lock(to) then unlock(from), in
   // O(nodes between them) when `to` is `from` or below it (a commit's new end).
-  // `from` must be locked (or a root); nothing changes if an argument is bad.
+  // `from` must be locked (0, no node: a plain lock(to)); nothing changes if an
+  // argument is bad.
   void relock(int64_t from, int64_t to);
 
-  // Lock / unlock the path root -> node. A root is a no-op. unlock of an
-  // unlocked node throws.
+  // Lock / unlock the path root -> node; the root counts the lock, so it stays
+  // while the lock is held. Node 0 (no node) is a no-op. unlock of an unlocked
+  // node throws; an unlock that leaves a root without children or locks drops it.
   void lock(int64_t node);
   void unlock(int64_t node);
 
@@ -278,8 +290,10 @@ class RadixTree {
 
   // evict() ordered by a caller's priority. `rank` is called once per
   // candidate (each initial leaf, then each parent as it becomes one), never
-  // per comparison. If rank or a comparison throws, what was evicted stays
-  // evicted and consistent, and last_evicted() lists it.
+  // per comparison. If rank or a comparison fails (KeyCompare), what was evicted
+  // stays evicted and consistent, and last_evicted() lists it; a failure while
+  // the first candidates are ranked and ordered evicts nothing. While it runs,
+  // a call that would change the tree (from rank, say) throws ReentryError.
   template <class Key, class Rank>
   int64_t evict_by(int64_t num_tokens, Rank&& rank);
 
@@ -287,7 +301,8 @@ class RadixTree {
   // each leaf's in token order).
   const std::vector<int32_t>& last_evicted() const { return last_evicted_; }
 
-  // Frees every block and drops every node; throws if anything is locked.
+  // Frees every block and drops every node; throws if anything is locked (a
+  // root included).
   // Ids and the clock keep counting.
   void reset();
 
@@ -300,7 +315,7 @@ class RadixTree {
   const GhostTable& ghost() const { return ghost_; }
   std::optional<int64_t> root(const Namespace& ns) const;
   std::vector<Namespace> namespaces() const;  // those with a root, sorted (None first)
-  NodeInfo node(int64_t id) const;
+  NodeInfo node(int64_t id) const;  // O(1)
   EvictionCandidate candidate(const RadixNode& node) const;
 
   // Throws InvariantError naming the first broken invariant (see the top of
@@ -326,6 +341,7 @@ class RadixTree {
   TokenSpan whole_pages(TokenSpan tokens) const;
   RadixNode* root_of(const Namespace& ns) const;
   RadixNode* root_or_create(const Namespace& ns);
+  std::vector<RadixNode*> roots() const;  // None's first, then the named ones in map order
   RadixNode* node_ptr(int64_t id, const char* what) const;
   RadixNode* new_node(RadixNode* parent, int64_t stamp);
   RadixNode* split(RadixNode* child, size_t split_len, int64_t stamp);
@@ -337,7 +353,8 @@ class RadixTree {
   void rekey(RadixNode* leaf);    // (re)place an evictable leaf in the leaf order; clears dirty
   void unorder(RadixNode* node);  // take it out of the leaf order
   void raise_history(RadixNode* node, const RadixNode* stop = nullptr);
-  void delete_leaf(RadixNode* leaf);
+  void delete_leaf(RadixNode* leaf);  // may drop its parent, if that is a root left empty
+  void drop_root_if_empty(RadixNode* root);
   void stamp_use(RadixNode* n, bool counts, int64_t request_tokens, int64_t now);
   uint64_t page_key_after(uint64_t parent_key, const RadixNode& n, size_t page) const;
   uint64_t namespace_key(const Namespace& ns) const;
@@ -388,6 +405,7 @@ class RadixTree {
   int64_t traffic_ = 0;  // TOKENS (whole pages) match_prefix was asked for
   int64_t next_id_ = 1;
   std::vector<int32_t> last_evicted_;
+  CallFlag calls_;  // set while evict_by runs the caller's ranking (call_flag.h)
 };
 
 // ---------------------------------------------------------------------------
@@ -395,6 +413,7 @@ class RadixTree {
 
 template <class Key, class Rank>
 int64_t RadixTree::evict_by(int64_t num_tokens, Rank&& rank) {
+  CallFlag::Scope running(calls_, "RadixTree.evict");
   last_evicted_.clear();  // first: a call that throws has evicted nothing
   if (num_tokens < 0) throw std::invalid_argument("evict: num_tokens must be >= 0, got " + std::to_string(num_tokens));
   struct Entry {
@@ -412,10 +431,12 @@ int64_t RadixTree::evict_by(int64_t num_tokens, Rank&& rank) {
   heap.reserve(evictable_leaves_.size());
   for (RadixNode* leaf : evictable_leaves_) heap.push_back(Entry{rank(*leaf), leaf->id, leaf});
   std::make_heap(heap.begin(), heap.end(), later);
+  KeyCompare<Key>::check();
 
   int64_t evicted = 0;
   while (evicted < num_tokens && !heap.empty()) {
     std::pop_heap(heap.begin(), heap.end(), later);
+    KeyCompare<Key>::check();
     Entry top = std::move(heap.back());
     heap.pop_back();
     RadixNode* leaf = top.node;
@@ -431,6 +452,7 @@ int64_t RadixTree::evict_by(int64_t num_tokens, Rank&& rank) {
     if (parent_key) {
       heap.push_back(Entry{std::move(*parent_key), parent->id, parent});
       std::push_heap(heap.begin(), heap.end(), later);
+      KeyCompare<Key>::check();
     }
   }
   return evicted;

@@ -143,8 +143,7 @@ class TwoTrees:
         (kind, _), _ = self.both("relock", held, to)
         if kind == "ok":
             self.locks.remove(held)
-            if self.trees[0].node(to).parent is not None:  # a root: lock is a no-op
-                self.locks.append(to)
+            self.locks.append(to)  # a root counts its locks too
 
     def commit(self, toks, priority):
         """A request's commit: extend from a node the test holds, then move the lock there."""
@@ -172,7 +171,7 @@ class TwoTrees:
 
     def lock(self, node):
         (kind, _), _ = self.both("lock", node)
-        if kind == "ok" and self.trees[0].node(node).parent is not None:  # a root: no-op
+        if kind == "ok" and node != 0:  # node 0 (an empty match with no root) locks nothing; a root counts
             self.locks.append(node)
 
     def unlock(self, node):
