@@ -1,6 +1,6 @@
 """Run every fuzz harness for a bounded time, or replay saved inputs.
 
-    python fuzz/run.py                        # each harness 30 s (CI runs --seconds 15)
+    python fuzz/run.py                        # each harness 30 s (CI: --seconds 15 --jobs 2)
     python fuzz/run.py --seconds 3600         # the long run: an hour each
     python fuzz/run.py --only fuzz_backends --seconds 600
     python fuzz/run.py --replay fuzz/artifacts/crash-...   # without atheris, with a traceback
@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -80,16 +81,21 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", choices=HARNESSES, help="run just these harnesses")
     parser.add_argument("--artifacts", type=Path, default=HERE / "artifacts", help="where failing inputs go")
     parser.add_argument("--replay", nargs="+", metavar="FILE", help="replay inputs instead of fuzzing")
+    parser.add_argument("--jobs", type=int, default=1, help="harnesses run at once (each is one process)")
     args = parser.parse_args()
     if args.replay:
         return replay(args.replay)
     args.artifacts.mkdir(parents=True, exist_ok=True)
-    print(f"# fuzz: {len(args.only or HARNESSES)} harnesses, {args.seconds} s each; command: {' '.join(sys.argv)}")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    names = args.only or HARNESSES
+    print(f"# fuzz: {len(names)} harnesses, {args.seconds} s each, {args.jobs} at once; command: {' '.join(sys.argv)}")
     failed = 0
-    for name in args.only or HARNESSES:
-        ok, line = run(name, args.seconds, args.artifacts.resolve())
-        print(line, flush=True)
-        failed += not ok
+    # Threads only wait on the harness processes; lines print in harness order.
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for ok, line in pool.map(lambda name: run(name, args.seconds, args.artifacts.resolve()), names):
+            print(line, flush=True)
+            failed += not ok
     print(f"# {failed} harness(es) failed" if failed else "# every harness passed")
     return 1 if failed else 0
 
