@@ -568,6 +568,10 @@ void RadixTree::rekey(RadixNode* n) {
     placed = ranked_set_.insert(RankedEntry{key, n->id});
   } catch (...) {
     ranker_->release(key);
+    // Keys that do not compare with this one are already in the order (a policy that
+    // returned a str, then an int): none of them can be trusted to place the next, so
+    // every leaf is ranked again before the next eviction.
+    unrank_all();
     throw;
   }
   if (!placed.second) {
@@ -583,6 +587,19 @@ void RadixTree::rekey(RadixNode* n) {
     }
   }
   n->dirty = false;
+}
+
+void RadixTree::unrank_all() {
+  for (const auto& [id, at] : ranked_of_) {
+    ranker_->release(at->key);
+    RadixNode* leaf = nodes_.at(id).get();
+    if (!leaf->dirty) {
+      leaf->dirty = true;
+      dirty_.push_back(id);
+    }
+  }
+  ranked_set_.clear();
+  ranked_of_.clear();
 }
 
 void RadixTree::unorder(RadixNode* n) {

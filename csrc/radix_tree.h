@@ -352,6 +352,7 @@ class RadixTree {
   void refresh_order();
   void rekey(RadixNode* leaf);    // (re)place an evictable leaf in the leaf order; clears dirty
   void unorder(RadixNode* node);  // take it out of the leaf order
+  void unrank_all();              // empty a ranker's order: every ranked leaf is ranked again
   void raise_history(RadixNode* node, const RadixNode* stop = nullptr);
   void delete_leaf(RadixNode* leaf);  // may drop its parent, if that is a root left empty
   void drop_root_if_empty(RadixNode* root);
