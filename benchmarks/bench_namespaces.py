@@ -1,4 +1,4 @@
-"""Memory and invariant-check cost of a `radix` cache under many namespaces (issue 16, item 5).
+"""Memory and invariant-check cost of a `radix` cache under many namespaces.
 
 Owns two measurements:
 

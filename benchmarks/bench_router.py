@@ -20,7 +20,7 @@ case for memory per pair). Then, on one core:
   `hash` commit), of 16 int hashes each (vLLM's wire form), and BlockRemoved of one
   each; best of 3.
 
-Targets (issue 14): <= 10 us per decision at 64 replicas; >= 1M block events/s a core.
+Targets: <= 10 us per decision at 64 replicas; >= 1M block events/s a core.
 
     python benchmarks/bench_router.py [--replicas 8 64] [--blocks-per-replica 1000000]
 """

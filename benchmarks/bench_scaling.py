@@ -1,7 +1,7 @@
 """Costs that must not grow with the cache: radix misses under eviction pressure, decode
 steps at long context, and each hash algorithm per request.
 
-Owns three measurements, each printed with the ratio issue 15 judges it by:
+Owns three measurements, each printed with the ratio its target is judged by:
 
   radix miss     A `radix` cache (block 16) holding N unlocked cached entries (N distinct
                  2-page prompts of one release each, pool exactly full), then M admissions

@@ -1,4 +1,4 @@
-"""Threads and the per-cache lock (issue 16, item 6): its uncontended cost, and a soak.
+"""Threads and the per-cache lock: its uncontended cost, and a soak.
 
 Owns two measurements and the threaded driver tests/test_threads.py runs small:
 

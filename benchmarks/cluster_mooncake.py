@@ -4,7 +4,7 @@ blocks), next to one shared cache of N x 3M tokens (the hit ceiling) and round r
 Runs `prefixcache.cluster.run_cluster` with configs/cluster_mooncake.yaml (service model
 and routers there; `--kv-weights` replaces its kv_events arms by one per
 overlap_score_weight) on `--trace`, prints the table, checks the targets at
-`--target-replicas` (issue 14: kv_events within 5% of the shared cache's hit ratio,
+`--target-replicas` (kv_events within 5% of the shared cache's hit ratio,
 relative, and its TTFT p99 no worse than power_of_two's) for every kv_events arm, and
 writes `<out>/cluster_<trace>.csv`, `.json` and `.png` (hit ratio and TTFT vs N).
 
@@ -83,7 +83,7 @@ def main() -> int:
     result = run_cluster(config, workload, progress=progress)
     Console(width=200).print(cluster_table(result))
     if args.target_replicas in config.replicas:
-        print("\ntargets (issue 14):")
+        print("\ntargets:")
         for line in check_targets(result, args.target_replicas):
             print("  " + line)
     out = Path(args.out)

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Published figures, whole trace, prompts only, LRU, 512-token blocks: the Mooncake paper's
 # Fig. 9 (hit ratio at 3M and 10M tokens of cache) and Table 2 / Fig. 9 plateau (the
-# infinite-cache ratio), as quoted in issue 5; and, from ../shared/traces/README.md, LRU at
+# infinite-cache ratio); and, from ../shared/traces/README.md, LRU at
 # 3M tokens as a fraction of the theoretical maximum. Keyed by the trace file's stem.
 PUBLISHED: dict[str, dict[str, object]] = {
     "mooncake_synthetic_trace": {"lru": {3_000_000: 0.315, 10_000_000: 0.577}, "plateau": 0.651,

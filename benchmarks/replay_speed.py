@@ -7,7 +7,7 @@ trace given as an int64 array (its fastest input form; the arrays are expanded b
 clock starts, one request at a time); (2) `prefixcache.ab.replay_arm` of the trace through
 hash/512 and radix/512 at 3M tokens of pool (configs/mooncake.yaml: prompts only, events
 off), wall time of the whole replay, token expansion included. Prints each one's tokens/s
-and the ratios the targets are judged by (issue 15: hash <= 2x the floor, radix <= 1x),
+and the ratios the targets are judged by (hash <= 2x the floor, radix <= 1x),
 the hit ratios (which must not move), and the command. Rounds alternate the three and the
 best of `--repeat` is kept for each.
 

@@ -45,7 +45,7 @@ class WritableInt32s {
   bool ok_ = false;
 };
 
-// What the tree stores: int32 ids (README: radix token ids must fit int32).
+// What the tree stores: int32 ids (docs/configuration.md: radix token ids must fit int32).
 constexpr const char* kIds = "an int32 id in [-2**31, 2**31)";
 
 // Token ids (what="tokens") or block ids as int32, by the one token converter.

@@ -1,4 +1,5 @@
-// The call guard of a cache: DESIGN.md rule 8, once, for every backend that uses it.
+// The call guard of a cache: the protocol's rule 8 (prefixcache/protocol.py), once, for
+// every backend that uses it.
 //
 // Owns the two rules the built-in caches share:
 //   * a cache is never re-entered from its own callbacks: a call made while the same
@@ -294,7 +295,7 @@ void bind_call_guard(py::module_& m) {
   CallGuardType.tp_flags = Py_TPFLAGS_DEFAULT;
   CallGuardType.tp_doc = R"doc(CallGuard(name)
 
-One cache's call guard (DESIGN.md rule 8): a lock held for the whole of each call, and
+One cache's call guard (rule 8 of prefixcache.protocol): a lock held for the whole of each call, and
 the thread inside. Entering it from the thread already inside raises RuntimeError
 naming both calls; entering it from another thread waits, with the GIL released.
 `with guard:` enters it; `prefixcache.protocol.guarded` methods enter their cache's.

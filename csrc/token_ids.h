@@ -1,6 +1,6 @@
 // Token ids from Python: THE converter every binding that takes tokens uses.
 //
-// Owns the protocol's rule for a token argument (DESIGN.md "The protocol") and its
+// Owns the protocol's rule for a token argument (prefixcache/protocol.py; docs/configuration.md "Token ids") and its
 // messages, in one place:
 //   * a buffer of integers (numpy int arrays of any width, array('b'..'Q'), a
 //     memoryview with an integer format, strided or byte-swapped) is read straight

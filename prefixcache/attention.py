@@ -13,7 +13,7 @@ Implementations (`impl=`):
 - ``"reference"``: gather each request's blocks, then `scaled_dot_product_attention`.
 - ``"auto"``: cpu for CPU tensors; cuda if compiled in, else cupy, for CUDA tensors.
 
-Batch semantics (DESIGN.md, "Paged KV and attention"): request ``i`` owns queries
+Batch semantics (docs/attention.md): request ``i`` owns queries
 ``q[q_indptr[i]:q_indptr[i+1]]``, which are its LAST tokens, and attends causally, bottom-right
 aligned, to ``kv_lens[i]`` tokens held in blocks ``kv_indices[kv_indptr[i]:kv_indptr[i+1]]``
 (token ``t`` lives in slot ``t % block_size`` of the ``t // block_size``-th block). Query

@@ -233,7 +233,7 @@ class GSLRU(EvictionPolicy):
     used it, so a large one-off prompt goes before a small one (small conversations
     come back more often, and cost less to keep). Within a segment, LRU.
 
-    The defaults were chosen on the Mooncake traces (README "Extending": what was
+    The defaults were chosen on the Mooncake traces (docs/extending.md: what was
     tried, and the sensitivity); subclass to change them.
     """
 

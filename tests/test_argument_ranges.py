@@ -1,4 +1,4 @@
-"""Every argument range is checked before anything changes (issue 16, item 3).
+"""Every argument range is checked before anything changes.
 
 `radix` took `admit(..., priority=2**70)`; `commit` and `release` then failed with
 pybind11's "incompatible function arguments" after `release` had dropped the request,

@@ -1,6 +1,6 @@
 """Every script in benchmarks/ loads: its imports resolve against the current code.
 
-A benchmark is run by hand (README commands), not by the suite, so a rename in the
+A benchmark is run by hand (commands in docs/), not by the suite, so a rename in the
 library could break one silently; loading each module (its `main` is not called)
 catches that in a second.
 """

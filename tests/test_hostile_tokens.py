@@ -1,4 +1,4 @@
-"""The token converter copies what it reads before any Python code runs (issue 16, 2b).
+"""The token converter copies what it reads before any Python code runs.
 
 It read a list's item array while calling an item's `__index__`; an `__index__` that
 emptied or grew the list freed what it was reading: a crash in both backends. Now a

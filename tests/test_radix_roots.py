@@ -1,4 +1,4 @@
-"""Namespace roots go when their subtree empties (issue 16, item 5).
+"""Namespace roots go when their subtree empties.
 
 Every namespace a radix cache had ever seen kept a root, so a million one-request
 tenants kept a million roots (+447 MB) after all their content was evicted, and

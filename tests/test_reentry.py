@@ -1,4 +1,4 @@
-"""Rule 8: a cache is never re-entered from its own callbacks (issue 16, items 2 and 4).
+"""Rule 8: a cache is never re-entered from its own callbacks.
 
 Every kind of callback a built-in cache makes (an eviction policy's `priority()`, the
 comparison of the keys it returns, the `usable_hit` / `partial_hit` / `blocks_cached`

@@ -1,4 +1,4 @@
-"""Several threads may call one cache (issue 16, item 6; docs/concurrency.md).
+"""Several threads may call one cache (docs/concurrency.md).
 
 Each built-in cache holds one lock for the whole of each public call (`CallGuard`):
 calls from other threads wait (with the GIL released), calls from inside a running one

@@ -1,4 +1,4 @@
-"""Tokens cross into native code once, as a buffer (issue 15), and every hash algorithm is
+"""Tokens cross into native code once, as a buffer, and every hash algorithm is
 native with the reference's digests.
 
 Scenarios: each buffer form a caller may hold gives exactly what the same list gives

@@ -7,7 +7,7 @@ of (replica id, events) that an event subscriber, a simulation draining
 `PrefixCache.drain_events()`, or a test calls alike; and it answers, for a request's
 block hashes, how long a prefix each replica holds (`longest_prefix`), in one call.
 
-Semantics (as vLLM publishes events, DESIGN "On the wire"):
+Semantics (as vLLM publishes events, docs/serving.md "KV events on the wire"):
 - a block hash is an int (vLLM's default wire form: the low 64 bits of the digest) or a
   digest (bytes; its low 64 bits, big-endian, are taken), so our events and vLLM's index
   the same way;

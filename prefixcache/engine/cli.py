@@ -1,9 +1,17 @@
 """`prefixcache generate`: a JSONL file of prompts through the engine, printed.
 
 Owns reading the prompts file (one JSON object a line: {"prompt": str} or
-{"messages": [{"role", "content"}, ...]}, optional "namespace" and "max_tokens") into
-`GenerationRequest`s, and printing completions, the per-request metrics table and the
-run's totals. Errors in the file name the line and the field (`ConfigError`, exit 2).
+{"messages": [{"role", "content"}, ...]}, optional "namespace", "max_tokens" and
+"arrival_s", the SECONDS after the start at which the request arrives) into
+`GenerationRequest`s and their arrival offsets, and printing completions, the per-request
+metrics table and the run's totals (or, with `as_json`, one JSON object per request with
+its TTFT and cached tokens). Errors in the file name the line and the field
+(`ConfigError`, exit 2).
+
+Importing it sets OMP_WAIT_POLICY=PASSIVE unless the environment already sets one: the
+engine's torch uses OpenMP, which reads that variable once, when torch loads (the engine
+modules are imported below, after it is set). Spinning OpenMP threads (the default) make
+generation 5-15x slower on a machine whose cores are busy with other work.
 
 Must never: hold engine logic; `prefixcache.cli` only dispatches here.
 """
@@ -11,27 +19,48 @@ Must never: hold engine logic; `prefixcache.cli` only dispatches here.
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
+from typing import NamedTuple
 
-from prefixcache.config import ConfigError
-from prefixcache.engine.config import load_serving_config
-from prefixcache.engine.engine import Engine, GenerationRequest
-from prefixcache.engine.loader import load_model
-from prefixcache.engine.metrics import request_table, run_summary
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see the module docstring
 
-__all__ = ["read_prompts", "generate"]
+from prefixcache.config import ConfigError  # noqa: E402 (after the OpenMP setting)
+from prefixcache.engine.config import load_serving_config  # noqa: E402
+from prefixcache.engine.engine import Engine, GenerationRequest, RequestOutput  # noqa: E402
+from prefixcache.engine.loader import load_model  # noqa: E402
+from prefixcache.engine.metrics import request_table, run_summary  # noqa: E402
 
-_KEYS = ("prompt", "messages", "namespace", "max_tokens")
+__all__ = ["Prompts", "read_prompts", "read_prompts_file", "request_json", "generate"]
+
+_KEYS = ("prompt", "messages", "namespace", "max_tokens", "arrival_s")
+
+
+class Prompts(NamedTuple):
+    """A prompts file: its requests, and when each arrives (SECONDS after the start;
+    None when no line gives an `arrival_s`: all arrive at once)."""
+
+    requests: list[GenerationRequest]
+    arrival_offsets_s: list[float] | None
 
 
 def read_prompts(path: str | Path) -> list[GenerationRequest]:
     """The requests of a prompts file; ConfigError naming `file:line` and the field."""
+    return read_prompts_file(path).requests
+
+
+def read_prompts_file(path: str | Path) -> Prompts:
+    """The requests of a prompts file and their arrival offsets (a line without
+    `arrival_s` arrives at 0 s); ConfigError naming `file:line` and the field."""
     path = Path(path)
     try:
         lines = path.read_text().splitlines()
     except OSError as err:
         raise ConfigError("", f"cannot read prompts file: {err.strerror}", str(path)) from None
     out = []
+    arrivals: list[float] = []
+    timed = False
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -57,6 +86,11 @@ def read_prompts(path: str | Path) -> list[GenerationRequest]:
         mt = obj.get("max_tokens")
         if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
             raise ConfigError("max_tokens", f"must be an integer >= 1, got {mt!r}", where)
+        at = obj.get("arrival_s", 0.0)
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or not (math.isfinite(at) and at >= 0):
+            raise ConfigError("arrival_s", f"must be a number of SECONDS >= 0, got {at!r}", where)
+        timed = timed or "arrival_s" in obj
+        arrivals.append(float(at))
         out.append(
             GenerationRequest(
                 prompt=obj.get("prompt"), messages=obj.get("messages"), namespace=ns, max_tokens=mt, request_id=f"line-{n}"
@@ -64,13 +98,33 @@ def read_prompts(path: str | Path) -> list[GenerationRequest]:
         )
     if not out:
         raise ConfigError("", "no prompts in the file", str(path))
-    return out
+    return Prompts(out, arrivals if timed else None)
+
+
+def request_json(output: RequestOutput) -> dict:
+    """One finished request as `generate --json` prints it: the completion, its token
+    counts (TOKENS) and its times (SECONDS; TTFT from its arrival, queueing included)."""
+    m = output.metrics
+    return {
+        "request_id": output.request_id,
+        "text": output.text,
+        "token_ids": output.token_ids,
+        "finish_reason": output.finish_reason,
+        "prompt_tokens": m.prompt_tokens,
+        "cached_tokens": m.cached_tokens,
+        "computed_prompt_tokens": m.computed_prompt_tokens,
+        "output_tokens": m.output_tokens,
+        "ttft_s": m.ttft_s,
+        "tpot_s": m.tpot_s,
+        "latency_s": m.latency_s,
+        "preemptions": m.preemptions,
+    }
 
 
 def generate(config_path: str | Path, prompts_path: str | Path, *, as_json: bool = False) -> int:
     """Run the prompts; print completions, then the metrics tables. Returns the exit code."""
     config = load_serving_config(config_path)
-    requests = read_prompts(prompts_path)
+    prompts = read_prompts_file(prompts_path)
     ec = config.engine
     try:  # the config names a model that exists; this is whether it loads
         model = load_model(ec.model, seed=ec.seed, chat_template=ec.chat_template)
@@ -78,13 +132,13 @@ def generate(config_path: str | Path, prompts_path: str | Path, *, as_json: bool
         raise ConfigError("engine.model", f"cannot load {ec.model!r}: {err}", str(config_path)) from None
     engine = Engine(config, model=model)
     try:
-        outputs = engine.generate(requests)
+        outputs = engine.generate(prompts.requests, arrival_offsets_s=prompts.arrival_offsets_s)
     except ValueError as err:  # a request that can never run (too long for the pool or context)
         raise ConfigError("", str(err), str(prompts_path)) from None
     mode = f"{config.cache.backend}" if config.engine.prefix_caching else "no cache"
     for o in outputs:
         if as_json:
-            print(json.dumps({"request_id": o.request_id, "text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason}))
+            print(json.dumps(request_json(o)))
         else:
             print(f"### {o.request_id} ({o.finish_reason}, {len(o.token_ids)} tokens)\n{o.text}\n")
     if not as_json:

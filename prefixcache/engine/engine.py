@@ -23,9 +23,10 @@ backend drops in), or keep a block table across a commit.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -301,14 +302,51 @@ class Engine:
             first_logits=seq.first_logits,
         )
 
-    def generate(self, requests: Iterable[GenerationRequest | str | Sequence[int]]) -> list[RequestOutput]:
-        """Add every request (all arrive now), run until all finish; outputs in input order."""
-        ids = [self.add_request(r) for r in requests]
+    def generate(
+        self,
+        requests: Iterable[GenerationRequest | str | Sequence[int]],
+        *,
+        arrival_offsets_s: Sequence[float] | None = None,
+    ) -> list[RequestOutput]:
+        """Run the requests until all finish; outputs in input order.
+
+        `arrival_offsets_s`: per request, when it arrives, in SECONDS after this call
+        (finite, >= 0, any order). A request is added at the first step boundary at or
+        after its arrival, and an idle engine sleeps until the next one, so a request
+        arriving after an earlier one's prefill hits the prefix that prefill committed
+        (the way requests reach a server). Its TTFT counts from its arrival time, queueing
+        included; the offset replaces the request's own `arrival_s`. None: every request
+        arrives now (those admitted in the same step as the first request with a prefix
+        all miss it: it is cached when that step commits it)."""
+        reqs = [r if isinstance(r, GenerationRequest) else GenerationRequest(prompt=r) for r in requests]
+        ids: list[str | None]
+        pending: list[tuple[float, int]] = []  # (arrival time, index), by arrival
+        if arrival_offsets_s is None:
+            ids = [self.add_request(r) for r in reqs]
+        else:
+            offsets = [float(x) for x in arrival_offsets_s]
+            if len(offsets) != len(reqs):
+                raise ValueError(f"arrival_offsets_s: {len(offsets)} offsets for {len(reqs)} requests")
+            for i, x in enumerate(offsets):
+                if not (math.isfinite(x) and x >= 0):
+                    raise ValueError(f"arrival_offsets_s[{i}]: must be a finite number of SECONDS >= 0, got {x!r}")
+            start = time.perf_counter()
+            pending = sorted((start + x, i) for i, x in enumerate(offsets))
+            ids = [None] * len(reqs)
         by_id: dict[str, RequestOutput] = {}
-        while self.has_unfinished():
-            for out in self.step():
-                by_id[out.request_id] = out
-        return [by_id[i] for i in ids]
+        k = 0
+        while k < len(pending) or self.has_unfinished():
+            now = time.perf_counter()
+            while k < len(pending) and pending[k][0] <= now:
+                at, i = pending[k]
+                ids[i] = self.add_request(replace(reqs[i], arrival_s=at))
+                k += 1
+            if self.has_unfinished():
+                for out in self.step():
+                    by_id[out.request_id] = out
+            elif k < len(pending):
+                time.sleep(max(0.0, pending[k][0] - time.perf_counter()))
+        return [by_id[i] for i in ids if i is not None]
 
     # -- measurements -------------------------------------------------------------------
     def reset_stats(self) -> None:

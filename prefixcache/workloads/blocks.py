@@ -4,8 +4,8 @@ Owns `BlockPlan`: for each request, the chain key of every full block of its pro
 output, how many leading blocks it may hit, and how many blocks it holds while it runs.
 Must never: decide what stays cached (the bounds do) or call a real cache.
 
-The replay model, which is what the A/B runner does with a real `PrefixCache` (DESIGN.md
-rules 1 and 5), one request at a time in arrival order:
+The replay model, which is what the A/B runner does with a real `PrefixCache` (the
+protocol's rules 1 and 5, prefixcache/protocol.py), one request at a time in arrival order:
   admit    the hit is the longest run of leading cached blocks, at most
            `hittable = floor((P - 1) / B)` blocks (whole blocks, and the last prompt token
            is always computed); the request then holds `footprint = ceil((P + O) / B)`
