@@ -1,0 +1,135 @@
+"""One shape for every command: `prefixcache CMD [CONFIG] [--out DIR] [overrides]`,
+`--version`, defaults in `--help`, and `--set` / `--seed` / `--backend` / `--block-size`
+overrides validated exactly as the file is."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import prefixcache
+from prefixcache.cli import build_parser, main
+from prefixcache.overrides import apply_overrides, parse_override
+
+CONFIGS = Path(__file__).parent.parent / "configs"
+
+TINY = """
+workload:
+  generator: shared_prefix
+  params: {num_groups: 3, prompts_per_group: 4, system_prompt_len: 100, question_len: 20, output_len: 8, seed: 2}
+capacity_tokens: 512
+arms:
+  hash/16: {backend: hash, block_size: 16}
+  radix/1: {backend: radix, block_size: 1}
+"""
+
+
+def tiny(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(textwrap.dedent(TINY))
+    return path
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out == f"prefixcache {prefixcache.__version__}\n"
+
+
+@pytest.mark.parametrize("command, shown", [
+    ("ab", ["(default: out/ab)", "(default: table)", "default: the shipped ab.yaml"]),
+    ("sweep", ["(default: out/sweep)", "default: the shipped ab.yaml"]),
+    ("cluster", ["(default: out/cluster)", "default: the shipped cluster.yaml"]),
+    ("generate", ["default: the shipped engine.yaml", "deprecated"]),
+    ("serve", ["(default: 127.0.0.1)", "(default: 8000)"]),
+])
+def test_help_shows_the_defaults(capsys, command, shown):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for s in shown:
+        assert s in text
+    assert "(default: None)" not in text and "(default: False)" not in text
+
+
+def test_every_experiment_command_takes_the_config_as_an_optional_positional():
+    parser = build_parser()
+    for command in ("ab", "sweep", "cluster", "generate", "serve"):
+        assert parser.parse_args([command] + (["--prompts", "p"] if command == "generate" else [])).config is None
+        assert parser.parse_args([command, "f.yaml"] + (["--prompts", "p"] if command == "generate" else [])
+                                 ).config == "f.yaml"
+
+
+def test_sweep_runs_the_shipped_default_shrunk_with_set(tmp_path, capsys):
+    out = tmp_path / "s"
+    assert main(["sweep", "--set", "workload.params.num_conversations=3", "--capacities", "4096",
+                 "--out", str(out)]) == 0
+    data = json.loads((out / "sweep.json").read_text())
+    assert data["workload"]["requests"] == 3 * 8 and data["capacities"] == [4096]
+
+
+def test_set_changes_the_loaded_data_and_shortcuts_set_every_arm(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(["ab", str(tiny(tmp_path)), "--out", str(out), "--set", "capacity_tokens=1024",
+                 "--set", "arms.radix/1.eviction=lfu", "--seed", "7"]) == 0
+    data = json.loads((out / "ab.json").read_text())
+    assert data["capacity_tokens"] == 1024 and [a["config"]["num_blocks"] for a in data["arms"]] == [64, 1024]
+    assert data["arms"][1]["config"]["eviction"] == "lfu" and data["workload"]["params"]["seed"] == 7
+    assert main(["ab", str(tiny(tmp_path)), "--out", str(out), "--block-size", "32", "--backend", "radix"]) == 0
+    arms = json.loads((out / "ab.json").read_text())["arms"]
+    assert [(a["config"]["backend"], a["config"]["block_size"], a["config"]["num_blocks"]) for a in arms] == [
+        ("radix", 32, 16), ("radix", 32, 16)]
+
+
+def test_shortcuts_on_a_cache_file(capsys):
+    assert main(["validate", str(CONFIGS / "hash.yaml"), "--block-size", "32", "--backend", "radix"]) == 0
+    out = capsys.readouterr().out
+    assert "block_size: 32" in out and "backend: radix" in out and "with command-line overrides" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "capacity_tokens=-5"], "(with command-line overrides): capacity_tokens: must be an integer >= 1, got -5"),
+    (["--set", "arms.hash/16.evicton=lfu"], "arms.hash/16.evicton: unknown key; allowed keys:"),
+    (["--set", "arms.radix/1.eviction=rand"], "arms.radix/1.eviction: unknown eviction policy 'rand'"),
+    (["--block-size", "0"], "arms.hash/16.block_size: must be"),
+    (["--set", "capacity_tokens"], "--set: expected key.path=value, got 'capacity_tokens'"),
+    (["--set", "capacity_tokens.x=1"], "--set: capacity_tokens.x: 'capacity_tokens' is int 512, not a section"),
+])
+def test_a_bad_override_is_one_line_exit_2_before_any_work(tmp_path, capsys, args, message):
+    out = tmp_path / "o"
+    assert main(["ab", str(tiny(tmp_path)), "--out", str(out), *args]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.err.count("\n") == 1 and captured.out == ""
+    assert not out.exists()
+
+
+def test_a_shortcut_the_file_has_no_key_for_is_refused(capsys):
+    assert main(["validate", str(CONFIGS / "mooncake.yaml"), "--seed", "3"]) == 2
+    assert "error: --seed: this file has none of workload.params.seed, engine.seed, seed" in capsys.readouterr().err
+
+
+def test_override_paths_match_keys_holding_dots():
+    data = {"arms": {"a.b": {"block_size": 16}}}
+    assert apply_overrides(data, [parse_override("arms.a.b.block_size=32")]) == {"arms": {"a.b": {"block_size": 32}}}
+    assert data == {"arms": {"a.b": {"block_size": 16}}}  # the input is not changed
+    assert parse_override("x.y=[1, 2]") == (("x", "y"), [1, 2]) and parse_override("x=null") == (("x",), None)
+
+
+def test_generate_takes_the_config_positionally_and_the_old_flag_still_works(tmp_path, capsys):
+    (tmp_path / "junk.gguf").write_text("not a gguf file")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"cache: {{}}\nengine: {{model: {tmp_path / 'junk.gguf'}}}\n")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    expected = f"error: {config}: engine.model: cannot load"
+    assert main(["generate", str(config), "--prompts", str(prompts)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "deprecated" not in err
+    assert main(["generate", "--config", str(config), "--prompts", str(prompts)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "note: --config is deprecated" in err
+    assert main(["generate", str(config), "--config", str(config), "--prompts", str(prompts)]) == 2
+    assert "--config: give the config once" in capsys.readouterr().err
