@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -14,24 +13,12 @@ import pytest
 import prefixcache.ab
 from prefixcache.cli import main
 
-CONFIGS = Path(__file__).parent.parent / "configs"
+from cli_cases import CONFIGS, write_config
 
-TINY = """
-workload:
-  generator: shared_prefix
-  params: {num_groups: 3, prompts_per_group: 4, system_prompt_len: 100, question_len: 20, output_len: 8, seed: 2}
-capacity_tokens: 512
-sweep_capacities: [256, 1024]
-arms:
-  hash/16: {backend: hash, block_size: 16}
-  radix/1: {backend: radix, block_size: 1}
-"""
 
 
 def tiny(tmp_path: Path) -> Path:
-    path = tmp_path / "tiny.yaml"
-    path.write_text(textwrap.dedent(TINY))
-    return path
+    return write_config(tmp_path)
 
 
 def no_replay(*args, **kwargs):

@@ -5,7 +5,6 @@ overrides validated exactly as the file is."""
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -14,23 +13,12 @@ import prefixcache
 from prefixcache.cli import build_parser, main
 from prefixcache.overrides import apply_overrides, parse_override
 
-CONFIGS = Path(__file__).parent.parent / "configs"
+from cli_cases import CONFIGS, junk_engine, write_config
 
-TINY = """
-workload:
-  generator: shared_prefix
-  params: {num_groups: 3, prompts_per_group: 4, system_prompt_len: 100, question_len: 20, output_len: 8, seed: 2}
-capacity_tokens: 512
-arms:
-  hash/16: {backend: hash, block_size: 16}
-  radix/1: {backend: radix, block_size: 1}
-"""
 
 
 def tiny(tmp_path: Path) -> Path:
-    path = tmp_path / "tiny.yaml"
-    path.write_text(textwrap.dedent(TINY))
-    return path
+    return write_config(tmp_path)
 
 
 def test_version(capsys):
@@ -119,11 +107,7 @@ def test_override_paths_match_keys_holding_dots():
 
 
 def test_generate_takes_the_config_positionally_and_the_old_flag_still_works(tmp_path, capsys):
-    (tmp_path / "junk.gguf").write_text("not a gguf file")
-    config = tmp_path / "c.yaml"
-    config.write_text(f"cache: {{}}\nengine: {{model: {tmp_path / 'junk.gguf'}}}\n")
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"prompt": "hi"}\n')
+    config, prompts = junk_engine(tmp_path)
     expected = f"error: {config}: engine.model: cannot load"
     assert main(["generate", str(config), "--prompts", str(prompts)]) == 2
     err = capsys.readouterr().err

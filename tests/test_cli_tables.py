@@ -6,13 +6,14 @@ from __future__ import annotations
 import csv
 import io
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from prefixcache.cli import main
 from prefixcache.tables import Column, Table, fit, render
+
+from cli_cases import write_config
 
 THREE_ARMS = """
 workload:
@@ -27,9 +28,7 @@ arms:
 
 
 def three_arms(tmp_path: Path) -> Path:
-    path = tmp_path / "ab.yaml"
-    path.write_text(textwrap.dedent(THREE_ARMS))
-    return path
+    return write_config(tmp_path, THREE_ARMS, "ab.yaml")
 
 
 def table_lines(text: str) -> list[str]:
