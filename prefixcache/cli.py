@@ -163,14 +163,14 @@ class _Reporter:
         self.notes.print(text, highlight=False, soft_wrap=True)
 
     def show(self, table: Any) -> None:
-        from prefixcache.tables import render
+        from prefixcache.tables import render, width_of
 
         out = render(table, self.fmt, self.console.width)
         if isinstance(out, str):
             sys.stdout.write(out)
             sys.stdout.flush()
-        else:
-            self.console.print(out)
+        else:  # wider than the terminal only if its never-dropped columns are: printed whole
+            self.console.print(out, width=max(self.console.width, width_of(out)), crop=False)
 
     @contextmanager
     def progress(self) -> Iterator[Callable[[str, int, int], None]]:
@@ -271,8 +271,12 @@ class _Outputs:
     def write(self, name: str, write: Callable[[Path], None]) -> Path:
         path = self.folder / name
         tmp = path.with_name(f".{name}.tmp")
-        write(tmp)
-        os.replace(tmp, path)
+        try:
+            write(tmp)
+            os.replace(tmp, path)
+        except BaseException:  # Ctrl-C mid-write included: the last whole file stays
+            tmp.unlink(missing_ok=True)
+            raise
         return path
 
 
@@ -449,7 +453,7 @@ def _format_option() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(add_help=False)
     options.add_argument("--format", choices=FORMATS, default="table",
                          help="how the table is printed: 'table' fits the terminal (dropping low-priority "
-                              "columns, never cutting a number; default), markdown, json or csv")
+                              "columns, never cutting a number), markdown, json or csv")
     return options
 
 
@@ -533,7 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         outputs = getattr(args, "outputs", None)
-        kept = outputs.kept if outputs is not None and outputs.kept else "nothing had finished; nothing written"
+        kept = outputs.kept if outputs is not None and outputs.kept else "nothing written"
         print(f"interrupted: {kept}", file=sys.stderr)
         return 130
 

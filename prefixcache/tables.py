@@ -6,7 +6,8 @@ Owns `Column`, `Table` and `render`. The reports (`prefixcache.ab_report`,
 Must never: compute a number, or cut one. A cell is never truncated: when the table is
 wider than the terminal, whole columns are dropped, lowest `keep` first (the rightmost
 of equals first), and the caption names what was dropped. Columns with `keep=None` are
-never dropped; a table that is still too wide then lets the terminal wrap its lines.
+never dropped; a table that is still too wide is printed whole at its own width (the
+terminal wraps its lines).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import rich.table
 
-__all__ = ["Column", "Table", "FORMATS", "render", "fit"]
+__all__ = ["Column", "Table", "FORMATS", "render", "fit", "width_of"]
 
 FORMATS = ("table", "markdown", "json", "csv")
 """What `--format` accepts: `table` (fits the terminal), `markdown` (every column), and the
@@ -67,17 +68,23 @@ def _width(column: Column, cells: Sequence[str]) -> int:
     return max([len(w) for w in column.header.split()] + [len(s) for s in cells] + [1])
 
 
+def _needs(table: Table) -> dict[str, int]:
+    cells = table.cells()
+    return {c.key: _width(c, [row[i] for row in cells]) for i, c in enumerate(table.columns)}
+
+
+def _total(needs: Mapping[str, int], columns: Sequence[Column]) -> int:
+    """Characters a rich table of `columns` takes: each cell has a space either side and a
+    rule after it, plus the first rule."""
+    return 1 + sum(needs[c.key] + 3 for c in columns)
+
+
 def fit(table: Table, width: int) -> tuple[tuple[Column, ...], tuple[Column, ...]]:
     """(the columns shown, the columns dropped) for a terminal `width` characters wide."""
     shown = list(table.columns)
-    cells = table.cells()
-    need = {c.key: _width(c, [row[i] for row in cells]) for i, c in enumerate(table.columns)}
-
-    def total(cols: Sequence[Column]) -> int:  # rich's box: a rule and a space each side of every cell
-        return 1 + sum(need[c.key] + 3 for c in cols)
-
+    needs = _needs(table)
     dropped: list[Column] = []
-    while total(shown) > width:
+    while _total(needs, shown) > width:
         droppable = [c for c in shown if c.keep is not None]
         if not droppable:
             break
@@ -96,13 +103,18 @@ def _rich(table: Table, width: int) -> rich.table.Table:
                 + ", ".join(c.header for c in dropped) + " (widen the terminal, or --format markdown|csv|json)")
         caption = f"{caption}; {note}" if caption else note
     out = rich.table.Table(title=table.title, caption=caption)
-    cells = table.cells(shown)
-    for i, c in enumerate(shown):
-        out.add_column(c.header, justify="left" if c.left else "right", no_wrap=False,
-                       min_width=_width(c, [row[i] for row in cells]))
-    for k, row in enumerate(cells):
+    needs = _needs(table)
+    for c in shown:  # a fixed width: rich never shrinks it, so no cell is cut; a header wraps at spaces
+        out.add_column(c.header, justify="left" if c.left else "right", width=needs[c.key])
+    for k, row in enumerate(table.cells(shown)):
         out.add_row(*row, style="dim" if k in table.dim else None, end_section=k in table.section_after)
     return out
+
+
+def width_of(table: rich.table.Table) -> int:
+    """Characters a table from `render(..., "table", w)` takes (more than `w` only when its
+    never-dropped columns alone are wider)."""
+    return 1 + sum((c.width or 0) + 3 for c in table.columns)
 
 
 def _markdown(table: Table) -> str:

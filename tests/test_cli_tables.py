@@ -58,19 +58,24 @@ def test_fit_drops_the_lowest_keep_first_and_never_a_kept_column():
             Column("c", "c", keep=1))
     table = Table("t", cols, ({"name": "x" * 10, "a": 1234567, "b": 7654321, "c": 1111111},))
     assert [c.key for c in fit(table, 100)[0]] == ["name", "a", "b", "c"]
-    assert [c.key for c in fit(table, 35)[0]] == ["name", "a"]
+    assert [c.key for c in fit(table, 35)[0]] == ["name", "a", "c"]
+    assert [c.key for c in fit(table, 30)[0]] == ["name", "a"]
     assert [c.key for c in fit(table, 10)[0]] == ["name"]  # too narrow even so: the name is kept whole
     assert [c.key for c in fit(table, 10)[1]] == ["b", "c", "a"]
 
 
 def test_the_sweep_table_drops_last_half_columns_before_whole_run_ones(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
-    assert main(["sweep", str(three_arms(tmp_path)), "--capacities", "256", "1024", "4096",
-                 "--out", str(tmp_path / "s")]) == 0
+    capacities = [str(256 << k) for k in range(8)]
+    assert main(["sweep", str(three_arms(tmp_path)), "--capacities", *capacities, "--out", str(tmp_path / "s")]) == 0
     text = capsys.readouterr().out
     body = "\n".join(table_lines(text))
     assert "…" not in text and all(len(line) <= 80 for line in table_lines(text))
-    assert "4,096 tok" in body and "radix/16" in body and "last 50%" not in body
+    hidden = " ".join(text.split()).split("hidden to fit 80 columns: ")[1].split(" (widen")[0].split(", ")
+    # every last-50% column went (rightmost first) before the first whole-run one
+    assert hidden[:8] == [f"{int(c):,} last 50%" for c in reversed(capacities)]
+    assert all(h.endswith(" tok") for h in hidden[8:])
+    assert "radix/16" in body and all(f"{int(c):,}" in body for c in capacities if f"{int(c):,} tok" not in hidden)
 
 
 def test_formats(tmp_path, capsys):
