@@ -141,8 +141,8 @@ def _bar_labels(values: Sequence[float], first: float) -> list[str]:
 
 def ab_figure(result: ABResult) -> Any:
     """The A/B figure (see `plot_ab`), not yet saved."""
+    plt = _pyplot()  # first: without matplotlib, say so whatever the result
     _check_not_empty(result.workload["requests"])
-    plt = _pyplot()
     rows = result.summary_rows()
     fig, (bars, cumulative, cost) = plt.subplots(1, 3, figsize=(18, 5.6))
 
@@ -222,8 +222,8 @@ def eviction_onset(points: Sequence[Any]) -> Any | None:
 
 def sweep_figure(result: SweepResult, marks: Sequence[tuple[str, float, float]] = (), title: str = "") -> Any:
     """The sweep figure (see `plot_sweep`), not yet saved."""
+    plt = _pyplot()  # first: without matplotlib, say so whatever the result
     _check_not_empty(result.workload["requests"])
-    plt = _pyplot()
     fig, panels = plt.subplots(1, 2, figsize=(13, 5.4), sharey=True)
     block_sizes = sorted({p.block_size for p in result.points})
     for panel, metric, heading in ((panels[0], "hit_ratio", "whole run"),

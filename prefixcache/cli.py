@@ -354,13 +354,14 @@ def _capacity(text: str) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from prefixcache.engine.cli import generate  # late: the engine needs torch
 
-    if args.config_flag is not None:
-        if args.config is not None:
-            raise ConfigError("--config", "give the config once: as CONFIG (the --config flag is deprecated)")
+    if args.config_flag is not None and args.config is not None:
+        raise ConfigError("--config", "give the config once: as CONFIG (the --config flag is deprecated)")
+    path = args.config or args.config_flag or str(_shipped(DEFAULT_ENGINE_CONFIG, "prefixcache generate CONFIG"))
+    code = generate(path, args.prompts, as_json=args.json)
+    if args.config_flag is not None:  # after the run: an error stays the one line it is
         print("note: --config is deprecated; pass the config as the first argument: "
               "prefixcache generate CONFIG --prompts FILE", file=sys.stderr)
-    path = args.config or args.config_flag or str(_shipped(DEFAULT_ENGINE_CONFIG, "prefixcache generate CONFIG"))
-    return generate(path, args.prompts, as_json=args.json)
+    return code
 
 
 DEFAULT_ENGINE_CONFIG = "engine.yaml"

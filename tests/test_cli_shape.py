@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import prefixcache
-from prefixcache.cli import build_parser, main
+from prefixcache.cli import _shipped, build_parser, main
 from prefixcache.overrides import apply_overrides, parse_override
 
 from cli_cases import CONFIGS, junk_engine, write_config
@@ -106,14 +106,20 @@ def test_override_paths_match_keys_holding_dots():
     assert parse_override("x.y=[1, 2]") == (("x", "y"), [1, 2]) and parse_override("x=null") == (("x",), None)
 
 
-def test_generate_takes_the_config_positionally_and_the_old_flag_still_works(tmp_path, capsys):
+def test_generate_takes_the_config_positionally_and_the_old_flag_still_works(tmp_path, capsys, monkeypatch):
     config, prompts = junk_engine(tmp_path)
     expected = f"error: {config}: engine.model: cannot load"
-    assert main(["generate", str(config), "--prompts", str(prompts)]) == 2
-    err = capsys.readouterr().err
-    assert expected in err and "deprecated" not in err
-    assert main(["generate", "--config", str(config), "--prompts", str(prompts)]) == 2
-    err = capsys.readouterr().err
-    assert expected in err and "note: --config is deprecated" in err
+    for args in ([str(config)], ["--config", str(config)]):
+        assert main(["generate", *args, "--prompts", str(prompts)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(expected) and err.count("\n") == 1  # an error is one line, whichever form
     assert main(["generate", str(config), "--config", str(config), "--prompts", str(prompts)]) == 2
     assert "--config: give the config once" in capsys.readouterr().err
+    import prefixcache.engine.cli
+
+    seen = []
+    monkeypatch.setattr(prefixcache.engine.cli, "generate", lambda path, prompts, as_json: seen.append(path) or 0)
+    assert main(["generate", "--config", str(config), "--prompts", str(prompts)]) == 0
+    assert "note: --config is deprecated; pass the config as the first argument" in capsys.readouterr().err
+    assert main(["generate", "--prompts", str(prompts)]) == 0
+    assert seen == [str(config), str(_shipped("engine.yaml", ""))]  # no CONFIG: the shipped engine.yaml
