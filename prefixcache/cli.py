@@ -537,9 +537,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        outputs = getattr(args, "outputs", None)
-        kept = outputs.kept if outputs is not None and outputs.kept else "nothing written"
-        print(f"interrupted: {kept}", file=sys.stderr)
+        outputs = getattr(args, "outputs", None)  # set by the commands that write --out
+        kept = "" if outputs is None else f": {outputs.kept or 'nothing written'}"
+        print(f"interrupted{kept}", file=sys.stderr)
         return 130
 
 

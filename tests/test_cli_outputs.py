@@ -115,3 +115,16 @@ def test_progress_is_one_plain_line_per_finished_unit_when_not_a_terminal(tmp_pa
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("done ")]
     assert [line.split(":")[0] for line in lines] == ["done hash/16", "done radix/1", "done bounds"]
     assert lines[0].startswith("done hash/16: 12 of 12 in ") and lines[0].endswith(" s")
+
+
+def test_ctrl_c_in_a_command_without_outputs_is_one_word(tmp_path, capsys, monkeypatch):
+    import prefixcache.engine.cli
+    from cli_cases import junk_engine
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prefixcache.engine.cli, "generate", interrupted)
+    config, prompts = junk_engine(tmp_path)
+    assert main(["generate", str(config), "--prompts", str(prompts)]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
