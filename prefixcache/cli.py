@@ -176,13 +176,15 @@ class _Reporter:
     def progress(self) -> Iterator[Callable[[str, int, int], None]]:
         """A `prefixcache.ab.Progress` callback."""
         if not self.console.is_terminal:
-            started: dict[str, float] = {}
+            done: set[str] = set()
+            since = [time.perf_counter()]  # units run one after another: each takes from the last's end
 
             def line(label: str, completed: int, total: int) -> None:
-                t = started.setdefault(label, time.perf_counter())
-                if completed >= total:
-                    print(f"done {label}: {total:,} of {total:,} in {time.perf_counter() - t:.1f} s",
-                          file=sys.stderr, flush=True)
+                if completed >= total and label not in done:
+                    done.add(label)
+                    now = time.perf_counter()
+                    print(f"done {label}: {total:,} of {total:,} in {now - since[0]:.1f} s", file=sys.stderr, flush=True)
+                    since[0] = now
 
             yield line
             return
