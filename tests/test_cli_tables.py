@@ -48,7 +48,7 @@ def test_the_ab_table_fits_the_terminal_and_cuts_no_number_or_name(tmp_path, cap
     for arm in rows:
         assert f"│ {arm['name']} " in body and f"{arm['hit_ratio']:.4f}" in body
     hidden = "column(s) hidden to fit" in " ".join(text.split())
-    assert hidden == (columns < 150)
+    assert hidden == (columns < 200)
     if columns == 80:  # the lowest priorities went first; the hit ratios and savings stayed
         assert "µs p99" not in body and "events" not in body and "prefill" in body
 
@@ -62,6 +62,18 @@ def test_fit_drops_the_lowest_keep_first_and_never_a_kept_column():
     assert [c.key for c in fit(table, 30)[0]] == ["name", "a"]
     assert [c.key for c in fit(table, 10)[0]] == ["name"]  # too narrow even so: the name is kept whole
     assert [c.key for c in fit(table, 10)[1]] == ["b", "c", "a"]
+
+
+def test_fit_counts_the_width_rich_draws():
+    from rich.console import Console
+
+    cols = (Column("name", "a name", keep=None, left=True), Column("n", "some count", lambda v: f"{v:,}"))
+    table = Table("t", cols, ({"name": "ceiling B=16", "n": 1234567}, {"name": "x", "n": 5}))
+    console = Console(width=200, file=io.StringIO())
+    console.print(render(table, "table", 200))
+    drawn = max(len(line) for line in console.file.getvalue().splitlines())
+    assert drawn == 1 + (12 + 3) + (9 + 3)  # each column: its widest cell, a space each side, a rule
+    assert [c.key for c in fit(table, drawn)[0]] == ["name", "n"] and fit(table, drawn - 1)[1] == (cols[1],)
 
 
 def test_the_sweep_table_drops_last_half_columns_before_whole_run_ones(tmp_path, capsys, monkeypatch):
