@@ -29,8 +29,8 @@ Overrides (`--set`, and `--seed`/`--backend`/`--block-size` as its shortcuts:
 `prefixcache.overrides`) apply to validate, ab, sweep and cluster; `--format` to the
 commands that print a results table (ab, sweep, cluster). `--out` is checked, created
 and cleared of an old PNG before the work starts; results are rewritten whole as each
-arm (ab) or capacity (sweep) finishes, so Ctrl-C keeps those and exits 130 with one
-line. A workload with no requests is refused before any replay. See docs/cli.md.
+arm (ab), capacity (sweep) or run (cluster: a router or the shared cache at one size)
+finishes, so Ctrl-C keeps those and exits 130 with one line. A workload with no requests is refused before any replay. See docs/cli.md.
 
 Every command takes `--no-import` (the same as PREFIXCACHE_NO_IMPORT=1, which it sets for
 this process and its children): a config's "module:Class" paths are refused and only
@@ -400,10 +400,14 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         config = config.with_replicas(tuple(args.replicas))
     workload = _workload(config, path)
     outputs = args.outputs = _Outputs(args.out, ("cluster.json", "cluster.csv"), "cluster.png")
+
+    def save(result: Any) -> None:
+        outputs.write("cluster.json", result.write_json)
+        outputs.write("cluster.csv", result.write_csv)
+        outputs.kept = f"kept {len(result.runs)} finished run(s) in {outputs.folder / 'cluster.json'}"
+
     with reporter.progress() as progress:
-        result = run_cluster(config, workload, progress=progress)
-    outputs.write("cluster.json", result.write_json)
-    outputs.write("cluster.csv", result.write_csv)
+        result = run_cluster(config, workload, progress=progress, on_run=save)
     reporter.show(cluster_table(result))
     reporter.note(f"wrote {outputs.folder / 'cluster.json'}, {outputs.folder / 'cluster.csv'}")
     _plot(reporter, lambda: plot_cluster(result, outputs.png), outputs.png)

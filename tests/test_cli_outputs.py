@@ -129,3 +129,24 @@ def test_ctrl_c_in_a_command_without_outputs_is_one_word(tmp_path, capsys, monke
     config, prompts = junk_engine(tmp_path)
     assert main(["generate", str(config), "--prompts", str(prompts)]) == 130
     assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_ctrl_c_in_cluster_keeps_the_finished_runs(tmp_path, capsys, monkeypatch):
+    import prefixcache.cluster.simulate as simulate
+
+    real, calls = simulate.simulate, []
+
+    def router_run(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(simulate, "simulate", router_run)
+    out = tmp_path / "c"
+    assert main(["cluster", str(CONFIGS / "cluster.yaml"), "--replicas", "2",
+                 "--set", "workload.params.num_conversations=4", "--out", str(out)]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == f"interrupted: kept 2 finished run(s) in {out / 'cluster.json'}"
+    runs = json.loads((out / "cluster.json").read_text())["runs"]
+    assert [r["series"] for r in runs] == ["round_robin", "power_of_two"]
+    assert (out / "cluster.csv").read_text().count("\n") == 1 + 2
