@@ -124,9 +124,11 @@ def arm_color(i: int) -> str:
 
 
 def arm_line(i: int) -> dict[str, Any]:
-    """Colour, line style and marker of arm i: each arm distinct even where lines overlap."""
+    """Colour, line style and marker of arm i: each arm distinct even where lines overlap
+    (an earlier arm, drawn first, has the larger marker, so it shows as a rim around a
+    later one on the same point)."""
     return {"color": arm_color(i), "linestyle": ARM_STYLES[i % len(ARM_STYLES)],
-            "marker": ARM_MARKERS[i % len(ARM_MARKERS)], "linewidth": 1.6}
+            "marker": ARM_MARKERS[i % len(ARM_MARKERS)], "markersize": 9 - 2 * (i % 3), "linewidth": 1.6}
 
 
 def _check_not_empty(requests: int) -> None:
@@ -170,7 +172,7 @@ def ab_figure(result: ABResult) -> Any:
     for i, a in enumerate(result.arms):
         curve = [h / p if p else 0.0 for h, p in zip(accumulate(a.hits.hit_tokens), prompt_total, strict=True)]
         cumulative.plot(requests, curve, label=a.name, markevery=(i * every // max(len(result.arms), 1), every),
-                        markersize=4, **arm_line(i))
+                        **arm_line(i))
         if a.first_eviction is not None:
             at = a.first_eviction + 1
             cumulative.axvline(at, color=arm_color(i), linestyle=":", linewidth=1, alpha=0.8, gid=EVICTION_ONSET,
