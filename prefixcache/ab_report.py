@@ -110,9 +110,10 @@ def _bound_style(name: str, block_sizes: list[int]) -> dict[str, Any]:
     return {"linestyle": ":" if name.startswith("ceiling") else "--", "color": str(round(shade, 2)), "linewidth": 1.3}
 
 
-ARM_STYLES = ("-", "-.", (0, (5, 1.5)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (8, 2, 2, 2)))
-"""Line styles of arms, in arm order (cycled): none is the bounds' dotted ':' or dashed
-'--', so a reference line never looks like an arm."""
+ARM_STYLES = ("-", "-.", (0, (3, 1, 1, 1, 1, 1)), (0, (8, 2, 2, 2)), (0, (6, 1, 1, 1, 1, 1, 1, 1)), (0, (10, 2, 1, 2)))
+"""Line styles of arms, in arm order (cycled): solid, then dash-dot patterns only; none is
+plain dotted or dashed, the reference lines' styles (the bounds', round robin's, the
+shared cache's), so a reference line never looks like an arm."""
 ARM_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 EVICTION_ONSET = "eviction-onset"
 """The `gid` of each artist that marks where an arm first evicts (tests find them by it)."""
