@@ -5,6 +5,7 @@ overrides validated exactly as the file is."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,12 @@ from prefixcache.overrides import apply_overrides, parse_override
 from cli_cases import CONFIGS, junk_engine, write_config
 
 
+
+
+@pytest.fixture(autouse=True)
+def no_plots(monkeypatch):
+    """These tests read tables and JSON: no PNG is drawn (seconds each on a busy machine)."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
 
 def tiny(tmp_path: Path) -> Path:
     return write_config(tmp_path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,12 @@ arms:
   radix/1:  {backend: radix, block_size: 1}
 """
 
+
+
+@pytest.fixture(autouse=True)
+def no_plots(monkeypatch):
+    """These tests read tables and JSON: no PNG is drawn (seconds each on a busy machine)."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
 
 def three_arms(tmp_path: Path) -> Path:
     return write_config(tmp_path, THREE_ARMS, "ab.yaml")
