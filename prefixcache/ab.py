@@ -74,6 +74,7 @@ __all__ = [
     "replay_arm",
     "run_ab",
     "sweep",
+    "check_capacities",
     "percentile",
     "bound_name",
     "describe_workload",
@@ -558,6 +559,18 @@ def _points(result: ABResult) -> list[SweepPoint]:
     ]
 
 
+def check_capacities(config: ABConfig, capacities: Sequence[int]) -> None:
+    """ValueError unless `capacities` is a non-empty list of ints of TOKENS, each at least
+    the largest block size of `config`'s arms (what `sweep` accepts)."""
+    if not capacities:
+        raise ValueError("sweep needs at least one capacity (TOKENS)")
+    for c in capacities:
+        if isinstance(c, bool) or not isinstance(c, int) or c < max(config.block_sizes):
+            raise ValueError(
+                f"capacity {c!r} must be an int of TOKENS >= the largest block size {max(config.block_sizes)}"
+            )
+
+
 def sweep(
     config: ABConfig,
     capacities: Sequence[int],
@@ -570,13 +583,7 @@ def sweep(
     """`run_ab` at each capacity (TOKENS), the workload and block plans built once.
     `on_result` sees each capacity's full `ABResult` as it completes; `on_capacity` the
     sweep so far (the capacities finished)."""
-    if not capacities:
-        raise ValueError("sweep needs at least one capacity (TOKENS)")
-    for c in capacities:
-        if isinstance(c, bool) or not isinstance(c, int) or c < max(config.block_sizes):
-            raise ValueError(
-                f"capacity {c!r} must be an int of TOKENS >= the largest block size {max(config.block_sizes)}"
-            )
+    check_capacities(config, capacities)
     if workload is None:
         workload = config.workload.build()
     refs = ReferenceBounds(workload, config.block_sizes)

@@ -320,12 +320,16 @@ def cmd_ab(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from prefixcache.ab import sweep
+    from prefixcache.ab import check_capacities, sweep
     from prefixcache.ab_report import plot_sweep, sweep_table
 
     reporter = _Reporter(args.format)
     config, path = _load(args)
     capacities = tuple(args.capacities) if args.capacities else config.sweep_capacities_or_default()
+    try:
+        check_capacities(config, capacities)
+    except ValueError as err:
+        raise ConfigError("--capacities", str(err)) from None
     workload = _workload(config, path)
     outputs = args.outputs = _Outputs(args.out, ("sweep.json", "sweep.csv"), "sweep.png")
 
@@ -336,10 +340,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                         f" in {outputs.folder / 'sweep.json'}")
 
     with reporter.progress() as progress:
-        try:
-            result = sweep(config, capacities, workload, progress=progress, on_capacity=save)
-        except ValueError as err:
-            raise ConfigError("--capacities", str(err)) from None
+        result = sweep(config, capacities, workload, progress=progress, on_capacity=save)
     reporter.show(sweep_table(result))
     reporter.note(f"wrote {outputs.folder / 'sweep.json'}, {outputs.folder / 'sweep.csv'}")
     _plot(reporter, lambda: plot_sweep(result, outputs.png), outputs.png)

@@ -150,3 +150,12 @@ def test_ctrl_c_in_cluster_keeps_the_finished_runs(tmp_path, capsys, monkeypatch
     runs = json.loads((out / "cluster.json").read_text())["runs"]
     assert [r["series"] for r in runs] == ["round_robin", "power_of_two"]
     assert (out / "cluster.csv").read_text().count("\n") == 1 + 2
+
+
+def test_a_bad_capacity_is_refused_before_the_old_results_are_touched(tmp_path, capsys):
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / "sweep.png").write_bytes(b"the last good plot")
+    assert main(["sweep", str(tiny(tmp_path)), "--capacities", "8", "--out", str(out)]) == 2
+    assert "--capacities: capacity 8 must be an int of TOKENS >= the largest block size 16" in capsys.readouterr().err
+    assert (out / "sweep.png").read_bytes() == b"the last good plot"
