@@ -26,7 +26,7 @@ library functions and shows their results; none holds logic of its own. One shap
                                               time: table, JSON, CSV, PNG
 
 Overrides (`--set`, and `--seed`/`--backend`/`--block-size` as its shortcuts:
-`prefixcache.overrides`) apply to validate, ab, sweep and cluster; `--format` to the
+`prefixcache.overrides`) apply to validate, ab, sweep, cluster and serve; `--format` to the
 commands that print a results table (ab, sweep, cluster). `--out` is checked, created
 and cleared of an old PNG before the work starts; results are rewritten whole as each
 arm (ab), capacity (sweep) or run (cluster: a router or the shared cache at one size)
@@ -373,10 +373,13 @@ DEFAULT_CLUSTER_CONFIG = "cluster.yaml"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from prefixcache.serve.server import serve  # late: the engine needs torch, the server fastapi
+    from prefixcache.serve.config import parse_serve_config  # the schema: no torch, no sockets
 
     path = args.config if args.config is not None else str(_shipped(DEFAULT_SERVE_CONFIG, "prefixcache serve CONFIG"))
-    return serve(path, host=args.host, port=args.port, served_model_name=args.served_model_name)
+    config = parse_serve_config(_data(path, args), _source(path, args))  # overrides applied, checked first
+    from prefixcache.serve.server import serve  # late: the engine needs torch, the server fastapi
+
+    return serve(path, host=args.host, port=args.port, served_model_name=args.served_model_name, config=config)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -508,7 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="one JSON object per completion instead of text")
     gen.set_defaults(func=cmd_generate)
 
-    srv = command("serve", "serve the engine over an OpenAI-compatible HTTP API (KV events, metrics)")
+    srv = command("serve", "serve the engine over an OpenAI-compatible HTTP API (KV events, metrics)", experiment)
     srv.add_argument("config", nargs="?", help=f"YAML with cache:, engine: and kv_events: (default: the shipped "
                                                f"{DEFAULT_SERVE_CONFIG})")
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")

@@ -130,3 +130,15 @@ def test_generate_takes_the_config_positionally_and_the_old_flag_still_works(tmp
     assert "note: --config is deprecated; pass the config as the first argument" in capsys.readouterr().err
     assert main(["generate", "--prompts", str(prompts)]) == 0
     assert seen == [str(config), str(_shipped("engine.yaml", ""))]  # no CONFIG: the shipped engine.yaml
+
+
+def test_serve_takes_overrides_checked_before_the_model_loads(capsys, monkeypatch):
+    import prefixcache.serve.server
+
+    started = []
+    monkeypatch.setattr(prefixcache.serve.server, "serve", lambda path, **kw: started.append(kw["config"]) or 0)
+    assert main(["serve", "--set", "kv_events.endpoint=udp://x"]) == 2
+    assert "(with command-line overrides): kv_events.endpoint: must be a ZeroMQ endpoint" in capsys.readouterr().err
+    assert not started
+    assert main(["serve", "--block-size", "32"]) == 0
+    assert started[0].serving.cache.block_size == 32
