@@ -30,6 +30,7 @@ from rich.console import Console  # noqa: E402
 
 from prefixcache.cluster.config import RouterSpec, load_cluster_config  # noqa: E402
 from prefixcache.cluster.report import cluster_table, plot_cluster  # noqa: E402
+from prefixcache.tables import render  # noqa: E402
 from prefixcache.cluster.simulate import SHARED, ClusterResult, run_cluster  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +82,7 @@ def main() -> int:
             print(f"  {label}: done at {time.perf_counter() - t0:.0f} s", flush=True)
 
     result = run_cluster(config, workload, progress=progress)
-    Console(width=200).print(cluster_table(result))
+    Console(width=200).print(render(cluster_table(result), "table", 200))
     if args.target_replicas in config.replicas:
         print("\ntargets:")
         for line in check_targets(result, args.target_replicas):

@@ -74,6 +74,7 @@ __all__ = [
     "replay_arm",
     "run_ab",
     "sweep",
+    "check_capacities",
     "percentile",
     "bound_name",
     "describe_workload",
@@ -122,6 +123,7 @@ class ArmResult(HitRatios):
     rejected:         indices of requests larger than the pool (0 hits, never admitted)
     waits:            admissions/appends retried after releasing the oldest live request
     wall_s:           wall time of the whole replay, SECONDS (token conversion included)
+    first_eviction:   index of the first request during which the cache evicted (None: never)
     """
 
     name: str
@@ -134,6 +136,7 @@ class ArmResult(HitRatios):
     rejected: tuple[int, ...] = ()
     waits: int = 0
     wall_s: float = 0.0
+    first_eviction: int | None = None
 
     @property
     def block_size(self) -> int:
@@ -182,6 +185,7 @@ class ArmResult(HitRatios):
             "rejected": list(self.rejected),
             "waits": self.waits,
             "wall_s": self.wall_s,
+            "first_eviction": self.first_eviction,
             "hit_tokens": list(self.hits.hit_tokens),
             "bookkeeping_us": list(self.bookkeeping_us),
         }
@@ -192,7 +196,7 @@ class ArmResult(HitRatios):
             data["name"], from_mapping(CacheConfig, data["config"], "config"),
             HitCounts(data["hit_tokens"], prompt_tokens), tuple(data["bookkeeping_us"]),
             data["evicted_blocks"], data["peak_pinned_blocks"], data["events"], tuple(data["rejected"]),
-            data["waits"], data["wall_s"],
+            data["waits"], data["wall_s"], data.get("first_eviction"),
         )
 
 
@@ -224,6 +228,7 @@ class _Replay:
         self.pinned: Counter[int] = Counter()  # block -> live tables holding it
         self.peak_pinned = 0
         self.waits = 0
+        self.first_eviction: int | None = None
         self.itemsize = type(cache).token_itemsize
 
     def release(self, j: int) -> None:
@@ -295,6 +300,8 @@ class _Replay:
         self.peak_pinned = max(self.peak_pinned, len(self.pinned))
         if cache.config.enable_events:
             self.events.update(type(e).__name__ for e in cache.drain_events())
+        if self.first_eviction is None and cache.stats().evictions:  # untimed; stops once found
+            self.first_eviction = i
 
     def drain(self) -> None:
         while self.live:
@@ -344,7 +351,7 @@ def replay_arm(
     return ArmResult(
         name, config, HitCounts(state.hits, prompts), tuple(t / 1000.0 for t in state.ns),
         cache.stats().evictions, state.peak_pinned, dict(state.events), tuple(rejected), state.waits,
-        time.perf_counter() - t0,
+        time.perf_counter() - t0, state.first_eviction,
     )
 
 
@@ -476,15 +483,21 @@ def run_ab(
     progress: Progress | None = None,
     bounds: bool = True,
     bounds_cache: ReferenceBounds | None = None,
+    on_arm: Callable[[ABResult], None] | None = None,
 ) -> ABResult:
     """Replay the workload (built from `config.workload` unless given) through every arm,
-    and compute the bounds at `config.capacity_tokens` for each block size present."""
+    and compute the bounds at `config.capacity_tokens` for each block size present.
+    `on_arm` sees the result so far (the arms finished, no bounds yet) after each arm."""
     if workload is None:
         workload = config.workload.build()
-    arms = tuple(
-        replay_arm(workload, name, cache, max_concurrent=config.max_concurrent, progress=progress)
-        for name, cache in config.arms.items()
-    )
+    described = describe_workload(workload, config.block_sizes)
+    prompts = tuple(len(r.prompt) for r in workload.requests)
+    done: list[ArmResult] = []
+    for name, cache in config.arms.items():
+        done.append(replay_arm(workload, name, cache, max_concurrent=config.max_concurrent, progress=progress))
+        if on_arm is not None:
+            on_arm(ABResult(described, config.capacity_tokens, config.max_concurrent, prompts, tuple(done)))
+    arms = tuple(done)
     refs: list[BoundResult] = []
     if bounds:
         if progress is not None:
@@ -492,8 +505,7 @@ def run_ab(
         refs = (bounds_cache or ReferenceBounds(workload, config.block_sizes)).at(config.capacity_tokens)
         if progress is not None:
             progress("bounds", 1, 1)
-    return ABResult(describe_workload(workload, config.block_sizes), config.capacity_tokens, config.max_concurrent,
-                    tuple(len(r.prompt) for r in workload.requests), arms, tuple(refs))
+    return ABResult(described, config.capacity_tokens, config.max_concurrent, prompts, arms, tuple(refs))
 
 
 @dataclass(frozen=True)
@@ -547,16 +559,9 @@ def _points(result: ABResult) -> list[SweepPoint]:
     ]
 
 
-def sweep(
-    config: ABConfig,
-    capacities: Sequence[int],
-    workload: Workload | None = None,
-    *,
-    progress: Progress | None = None,
-    on_result: Callable[[ABResult], None] | None = None,
-) -> SweepResult:
-    """`run_ab` at each capacity (TOKENS), the workload and block plans built once.
-    `on_result` sees each capacity's full `ABResult` as it completes."""
+def check_capacities(config: ABConfig, capacities: Sequence[int]) -> None:
+    """ValueError unless `capacities` is a non-empty list of ints of TOKENS, each at least
+    the largest block size of `config`'s arms (what `sweep` accepts)."""
     if not capacities:
         raise ValueError("sweep needs at least one capacity (TOKENS)")
     for c in capacities:
@@ -564,11 +569,27 @@ def sweep(
             raise ValueError(
                 f"capacity {c!r} must be an int of TOKENS >= the largest block size {max(config.block_sizes)}"
             )
+
+
+def sweep(
+    config: ABConfig,
+    capacities: Sequence[int],
+    workload: Workload | None = None,
+    *,
+    progress: Progress | None = None,
+    on_result: Callable[[ABResult], None] | None = None,
+    on_capacity: Callable[[SweepResult], None] | None = None,
+) -> SweepResult:
+    """`run_ab` at each capacity (TOKENS), the workload and block plans built once.
+    `on_result` sees each capacity's full `ABResult` as it completes; `on_capacity` the
+    sweep so far (the capacities finished)."""
+    check_capacities(config, capacities)
     if workload is None:
         workload = config.workload.build()
     refs = ReferenceBounds(workload, config.block_sizes)
+    described = describe_workload(workload, config.block_sizes)
     points: list[SweepPoint] = []
-    for capacity in capacities:
+    for k, capacity in enumerate(capacities):
         labelled = None
         if progress is not None:
             def labelled(label: str, done: int, total: int, _c: int = capacity) -> None:
@@ -577,4 +598,6 @@ def sweep(
         if on_result is not None:
             on_result(result)
         points += _points(result)
-    return SweepResult(describe_workload(workload, config.block_sizes), tuple(capacities), tuple(points))
+        if on_capacity is not None:
+            on_capacity(SweepResult(described, tuple(capacities[: k + 1]), tuple(points)))
+    return SweepResult(described, tuple(capacities), tuple(points))

@@ -13,11 +13,11 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-
 from prefixcache.ab import ABResult, SweepResult, bound_name
+from prefixcache.tables import Column, Table
 
-__all__ = ["PlotUnavailable", "ab_table", "sweep_table", "plot_ab", "plot_sweep", "INSTALL_PLOT"]
+__all__ = ["PlotUnavailable", "ab_table", "sweep_table", "ab_figure", "sweep_figure", "plot_ab", "plot_sweep",
+           "eviction_onset", "arm_color", "arm_line", "INSTALL_PLOT"]
 
 INSTALL_PLOT = "pip install 'prefixcache[plot]'  (or: pip install matplotlib)"
 
@@ -37,53 +37,71 @@ def _pyplot() -> Any:
     return plt
 
 
-def _num(value: float | int | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
+def _fixed(digits: int) -> Any:
+    return lambda v: "-" if v is None else f"{v:.{digits}f}"
+
+
+def _count(v: int | None) -> str:
+    return "-" if v is None else f"{v:,}"
+
+
+# The A/B table's columns, in order, each with its `keep` (higher stays longer when the
+# terminal is narrow: prefixcache.tables). Never dropped: the series name and its hit ratio.
+_AB_COLUMNS = (
+    Column("series", "series", keep=None, left=True),
+    Column("backend", "backend", keep=2, left=True),
+    Column("block_size", "B", keep=4),
+    Column("capacity_blocks", "pool blocks", _count, keep=3),
+    Column("hit_ratio", "hit ratio", _fixed(4), keep=None),
+    Column("last_half_hit_ratio", "last 50%", _fixed(4), keep=8),
+    Column("prefill_tokens_saved", "prefill saved", _count, keep=9),
+    Column("evicted_blocks", "evicted blocks", _count, keep=7),
+    Column("peak_pinned_blocks", "peak pinned", _count, keep=1),
+    Column("bookkeeping_us_p50", "µs p50", _fixed(1), keep=5),
+    Column("bookkeeping_us_p99", "µs p99", _fixed(1), keep=0),
+    Column("events", "events", _count, keep=0),
+    Column("rejected", "rejected", _count, keep=6),
+    Column("waits", "waits", _count, keep=6),
+)
 
 
 def ab_table(result: ABResult) -> Table:
-    """One row per arm, then the bounds, with the workload in the title."""
+    """One row per arm, then the bounds (dimmed), with the workload in the title.
+    `rejected` and `waits` appear only when some series has any."""
     w = result.workload
     analytic = ", ".join(f"B={b}: {r:.4f}" for b, r in w["analytic_hit_ratio"].items() if r is not None)
-    table = Table(
+    rows = result.summary_rows()
+    hidden = {key for key in ("rejected", "waits") if not any(r[key] for r in rows)}
+    return Table(
         title=f"A/B on {w['name']}: {w['requests']:,} requests, {w['prompt_tokens']:,} prompt tokens, "
         f"pool {result.capacity_tokens:,} tokens, max_concurrent {result.max_concurrent}",
+        columns=tuple(c for c in _AB_COLUMNS if c.key not in hidden),
+        rows=tuple(rows),
         caption=f"analytic ceiling {analytic}" if analytic else None,
+        dim=frozenset(k for k, r in enumerate(rows) if r["kind"] == "bound"),
+        section_after=frozenset({len(result.arms) - 1}),
     )
-    rows = result.summary_rows()
-    show_rejected = any(r["rejected"] for r in rows)
-    show_waits = any(r["waits"] for r in rows)
-    columns = ["series", "backend", "B", "pool blocks", "hit ratio", "last 50%", "prefill saved",
-               "evicted blocks", "peak pinned", "µs p50", "µs p99", "events"]
-    columns += ["rejected"] * show_rejected + ["waits"] * show_waits
-    for name in columns:
-        table.add_column(name, justify="left" if name in ("series", "backend") else "right")
-    for r in rows:
-        cells = [r["series"], r["backend"], str(r["block_size"]), _num(r["capacity_blocks"], ","),
-                 f"{r['hit_ratio']:.4f}", f"{r['last_half_hit_ratio']:.4f}", f"{r['prefill_tokens_saved']:,}",
-                 f"{r['evicted_blocks']:,}", _num(r["peak_pinned_blocks"], ","), _num(r["bookkeeping_us_p50"], ".1f"),
-                 _num(r["bookkeeping_us_p99"], ".1f"), _num(r["events"], ",")]
-        cells += [f"{r['rejected']:,}"] * show_rejected + [_num(r["waits"], ",")] * show_waits
-        table.add_row(*cells, style="dim" if r["kind"] == "bound" else None,
-                      end_section=r is rows[len(result.arms) - 1])
-    return table
 
 
 def sweep_table(result: SweepResult) -> Table:
-    """Hit ratio (whole run / last 50%) per series, one column per capacity."""
+    """A row per series; per capacity, the whole-run hit ratio (kept) and the last-50% one
+    (the first to go when the terminal is narrow)."""
     w = result.workload
-    table = Table(title=f"Sweep on {w['name']}: token hit ratio, whole run / last 50% of requests")
-    table.add_column("series")
+    columns = [Column("series", "series", keep=None, left=True)]
     for c in result.capacities:
-        table.add_column(f"{c:,} tok", justify="right")
+        columns += [Column(f"hit_ratio@{c}", f"{c:,} tok", _fixed(3), keep=1),
+                    Column(f"last_half_hit_ratio@{c}", f"{c:,} last 50%", _fixed(3), keep=0)]
+    rows, dim = [], set()
     for name, points in result.series().items():
-        by_capacity = {p.capacity_tokens: p for p in points}
-        cells = []
-        for c in result.capacities:
-            p = by_capacity.get(c)
-            cells.append("-" if p is None else f"{p.hit_ratio:.3f} / {p.last_half_hit_ratio:.3f}")
-        table.add_row(name, *cells, style="dim" if points[0].kind == "bound" else None)
-    return table
+        row: dict[str, Any] = {"series": name}
+        for p in points:
+            row[f"hit_ratio@{p.capacity_tokens}"] = p.hit_ratio
+            row[f"last_half_hit_ratio@{p.capacity_tokens}"] = p.last_half_hit_ratio
+        if points[0].kind == "bound":
+            dim.add(len(rows))
+        rows.append(row)
+    return Table(title=f"Sweep on {w['name']}: token hit ratio per pool capacity (TOKENS), "
+                 "whole run and last 50% of requests", columns=tuple(columns), rows=tuple(rows), dim=frozenset(dim))
 
 
 def _bound_style(name: str, block_sizes: list[int]) -> dict[str, Any]:
@@ -92,76 +110,144 @@ def _bound_style(name: str, block_sizes: list[int]) -> dict[str, Any]:
     return {"linestyle": ":" if name.startswith("ceiling") else "--", "color": str(round(shade, 2)), "linewidth": 1.3}
 
 
-def plot_ab(result: ABResult, path: str | Path) -> None:
-    """Three panels: hit ratios per series, cumulative hit ratio over the run, and
-    bookkeeping µs per request per arm."""
-    plt = _pyplot()
+ARM_STYLES = ("-", "-.", (0, (3, 1, 1, 1, 1, 1)), (0, (8, 2, 2, 2)), (0, (6, 1, 1, 1, 1, 1, 1, 1)), (0, (10, 2, 1, 2)))
+"""Line styles of arms, in arm order (cycled): solid, then dash-dot patterns only; none is
+plain dotted or dashed, the reference lines' styles (the bounds', round robin's, the
+shared cache's), so a reference line never looks like an arm."""
+ARM_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+EVICTION_ONSET = "eviction-onset"
+"""The `gid` of each artist that marks where an arm first evicts (tests find them by it)."""
+
+
+def arm_color(i: int) -> str:
+    """Arm i's colour in every panel (matplotlib's default cycle); bounds are greys."""
+    return f"C{i % 10}"
+
+
+def arm_line(i: int) -> dict[str, Any]:
+    """Colour, line style and marker of arm i: each arm distinct even where lines overlap
+    (an earlier arm, drawn first, has the larger marker, so it shows as a rim around a
+    later one on the same point)."""
+    return {"color": arm_color(i), "linestyle": ARM_STYLES[i % len(ARM_STYLES)],
+            "marker": ARM_MARKERS[i % len(ARM_MARKERS)], "markersize": 9 - 2 * (i % 3), "linewidth": 1.6}
+
+
+def _check_not_empty(requests: int) -> None:
+    if requests < 1:
+        raise ValueError("nothing to plot: the workload has no requests")
+
+
+def _bar_labels(values: Sequence[float], first: float) -> list[str]:
+    """Each bar's value, and after the first its difference from the first arm's."""
+    return [f"{v:.3f}" if k == 0 else f"{v:.3f} ({v - first:+.3f})" for k, v in enumerate(values)]
+
+
+def ab_figure(result: ABResult) -> Any:
+    """The A/B figure (see `plot_ab`), not yet saved."""
+    plt = _pyplot()  # first: without matplotlib, say so whatever the result
+    _check_not_empty(result.workload["requests"])
     rows = result.summary_rows()
-    fig, (bars, cumulative, cost) = plt.subplots(1, 3, figsize=(17, 5.2))
+    fig, (bars, cumulative, cost) = plt.subplots(1, 3, figsize=(18, 5.6))
 
     names = [r["series"] for r in rows]
     x = range(len(rows))
-    colors = [f"C{i}" if r["kind"] == "arm" else "0.8" if r["backend"] == "infinite" else "0.55"
+    colors = [arm_color(i) if r["kind"] == "arm" else "0.8" if r["backend"] == "infinite" else "0.55"
               for i, r in enumerate(rows)]
-    bars.bar([i - 0.2 for i in x], [r["hit_ratio"] for r in rows], 0.4, color=colors, label="whole run")
-    bars.bar([i + 0.2 for i in x], [r["last_half_hit_ratio"] for r in rows], 0.4, color=colors, alpha=0.55,
-             hatch="//", label="last 50% of requests")
+    first = result.arms[0].name
+    for offset, key, extra in ((-0.2, "hit_ratio", {"label": "whole run"}),
+                               (0.2, "last_half_hit_ratio", {"alpha": 0.55, "hatch": "//",
+                                                             "label": "last 50% of requests"})):
+        values = [r[key] for r in rows]
+        drawn = bars.bar([i + offset for i in x], values, 0.4, color=colors, **extra)
+        bars.bar_label(drawn, _bar_labels(values, values[0]), rotation=90, padding=2, fontsize=7)
     bars.set_xticks(list(x), names, rotation=30, ha="right")
     bars.set_ylabel("token hit ratio")
-    bars.set_ylim(0, 1.15)
-    bars.set_title(f"hit ratio at {result.capacity_tokens:,} tokens of pool")
-    bars.legend(loc="upper center", ncol=2, fontsize=8)
+    bars.set_ylim(0, 1.45)
+    bars.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    bars.set_title(f"hit ratio; (±) = difference from {first}")
+    bars.legend(loc="upper right", ncol=1, fontsize=8)
 
     prompt_total = list(accumulate(result.prompt_tokens))
     requests = range(1, len(prompt_total) + 1)
+    every = max(len(prompt_total) // 12, 1)
     for i, a in enumerate(result.arms):
-        cumulative.plot(requests, [h / p for h, p in zip(accumulate(a.hits.hit_tokens), prompt_total, strict=True)],
-                        color=f"C{i}", label=a.name)
+        curve = [h / p if p else 0.0 for h, p in zip(accumulate(a.hits.hit_tokens), prompt_total, strict=True)]
+        cumulative.plot(requests, curve, label=a.name, markevery=(i * every // max(len(result.arms), 1), every),
+                        **arm_line(i))
+        if a.first_eviction is not None:
+            at = a.first_eviction + 1
+            cumulative.axvline(at, color=arm_color(i), linestyle=":", linewidth=1, alpha=0.8, gid=EVICTION_ONSET,
+                               label=f"{a.name}: first eviction, request {at:,}")
     block_sizes = sorted({b.block_size for b in result.bounds})
     for b in result.bounds:
         name = bound_name(b.bound, b.block_size)
-        cumulative.plot(requests, [h / p for h, p in zip(accumulate(b.hits.hit_tokens), prompt_total, strict=True)],
-                        label=name, **_bound_style(name, block_sizes))
+        curve = [h / p if p else 0.0 for h, p in zip(accumulate(b.hits.hit_tokens), prompt_total, strict=True)]
+        cumulative.plot(requests, curve, label=name, **_bound_style(name, block_sizes))
     cumulative.set_xlabel("requests replayed")
     cumulative.set_ylabel("cumulative token hit ratio")
     cumulative.set_ylim(0, 1)
-    cumulative.set_title("hit ratio as the run goes")
-    cumulative.legend(fontsize=8)
+    cumulative.set_title("hit ratio as the run goes (dotted verticals: first eviction)")
+    cumulative.legend(fontsize=7)
 
-    cost.boxplot([a.bookkeeping_us for a in result.arms], whis=(1, 99), showfliers=False)
+    boxes = cost.boxplot([a.bookkeeping_us for a in result.arms], whis=(1, 99), showfliers=False,
+                         patch_artist=True, medianprops={"color": "black"})
+    for i, box in enumerate(boxes["boxes"]):
+        box.set_facecolor(arm_color(i))
+        box.set_alpha(0.7)
     cost.set_xticks(range(1, len(result.arms) + 1), [a.name for a in result.arms], rotation=30, ha="right")
     cost.set_yscale("log")
     cost.set_ylabel("bookkeeping µs per request (1st-99th pct whiskers)")
-    cost.set_title("cache bookkeeping cost")
+    cost.set_title("cache bookkeeping cost (median: black)")
 
-    fig.suptitle(f"{result.workload['name']}: {result.workload['requests']:,} requests")
+    w = result.workload
+    fig.suptitle(f"A/B on {w['name']}: {w['requests']:,} requests, {w['prompt_tokens']:,} prompt tokens; "
+                 f"pool {result.capacity_tokens:,} tokens per arm, max_concurrent {result.max_concurrent}")
     fig.tight_layout()
+    return fig
+
+
+def plot_ab(result: ABResult, path: str | Path) -> None:
+    """Three panels, one colour per arm in each: hit ratios per series (values on the bars,
+    differences from the first arm), cumulative hit ratio over the run (each arm's first
+    eviction marked), and bookkeeping µs per request per arm. ValueError for a result
+    with no requests."""
+    fig = ab_figure(result)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)
 
 
-def plot_sweep(
-    result: SweepResult, path: str | Path, marks: Sequence[tuple[str, float, float]] = (), title: str = ""
-) -> None:
-    """Hit ratio against capacity (log x), whole run and last 50%, every series; `marks`
-    are reference points (label, capacity TOKENS, whole-run ratio), e.g. published figures."""
-    plt = _pyplot()
-    fig, panels = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+def eviction_onset(points: Sequence[Any]) -> Any | None:
+    """Of one series' sweep points (capacity order), the largest capacity that still
+    evicts: below it the pool is too small to keep the workload (None: never evicts)."""
+    evicting = [p for p in points if p.evicted_blocks > 0]
+    return evicting[-1] if evicting else None
+
+
+def sweep_figure(result: SweepResult, marks: Sequence[tuple[str, float, float]] = (), title: str = "") -> Any:
+    """The sweep figure (see `plot_sweep`), not yet saved."""
+    plt = _pyplot()  # first: without matplotlib, say so whatever the result
+    _check_not_empty(result.workload["requests"])
+    fig, panels = plt.subplots(1, 2, figsize=(13, 5.4), sharey=True)
     block_sizes = sorted({p.block_size for p in result.points})
     for panel, metric, heading in ((panels[0], "hit_ratio", "whole run"),
-                                 (panels[1], "last_half_hit_ratio", "last 50% of requests")):
+                                   (panels[1], "last_half_hit_ratio", "last 50% of requests")):
         arm_index = 0
         for name, points in result.series().items():
             xs = [p.capacity_tokens for p in points]
             ys = [getattr(p, metric) for p in points]
             if points[0].kind == "bound":
                 panel.plot(xs, ys, label=name, **_bound_style(name, block_sizes))
-            else:
-                panel.plot(xs, ys, marker="o", color=f"C{arm_index}", label=name)
-                arm_index += 1
+                continue
+            panel.plot(xs, ys, label=name, **arm_line(arm_index))
+            onset = eviction_onset(points)
+            if onset is not None:
+                panel.plot([onset.capacity_tokens], [getattr(onset, metric)], marker="o", markersize=13,
+                           markerfacecolor="none", markeredgecolor=arm_color(arm_index), linestyle="none",
+                           gid=EVICTION_ONSET, label=f"{name} evicts at <= {onset.capacity_tokens:,} tok")
+            arm_index += 1
         panel.set_xscale("log")
         panel.set_xlabel("pool capacity (tokens)")
-        panel.set_title(heading)
+        panel.set_title(f"{heading} (ring: largest capacity that still evicts)")
         panel.grid(True, alpha=0.3)
     seen: dict[float, int] = {}  # labels at one capacity are stacked, not overprinted
     for label, capacity, ratio in marks:
@@ -171,8 +257,20 @@ def plot_sweep(
                            fontsize=8, color="crimson")
     panels[0].set_ylabel("token hit ratio")
     panels[0].set_ylim(0, 1)
-    panels[1].legend(fontsize=8)
-    fig.suptitle(title or f"{result.workload['name']}: hit ratio vs capacity")
+    panels[1].legend(fontsize=7)
+    w, caps = result.workload, result.capacities
+    fig.suptitle(title or f"Sweep on {w['name']}: {w['requests']:,} requests, {w['prompt_tokens']:,} prompt tokens; "
+                 f"pool {min(caps):,} to {max(caps):,} tokens per arm")
     fig.tight_layout()
+    return fig
+
+
+def plot_sweep(
+    result: SweepResult, path: str | Path, marks: Sequence[tuple[str, float, float]] = (), title: str = ""
+) -> None:
+    """Hit ratio against capacity (log x), whole run and last 50%, every series, one line
+    style per arm, each arm's eviction onset ringed; `marks` are reference points (label,
+    capacity TOKENS, whole-run ratio), e.g. published figures. ValueError for no requests."""
+    fig = sweep_figure(result, marks, title)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)

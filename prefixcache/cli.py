@@ -1,31 +1,42 @@
 """The `prefixcache` command line: thin glue from arguments to the library.
 
 Owns argument parsing, printing and where output files go. Every subcommand calls
-library functions and shows their results; none holds logic of its own.
+library functions and shows their results; none holds logic of its own. One shape:
 
-    prefixcache validate FILE                 check a cache, engine or A/B YAML with the loader
-                                              the other commands use; print the resolved values
-    prefixcache ab [CONFIG] [--out DIR] [--trace PATH]
-                                              A/B the arms of CONFIG (default: configs/ab.yaml,
-                                              shipped as package data): table, JSON, CSV, PNG
-    prefixcache sweep CONFIG [--capacities N ...] [--out DIR] [--trace PATH]
+    prefixcache CMD [CONFIG] [--out DIR] [--set KEY.PATH=VALUE ...] [--seed N]
+                    [--backend NAME] [--block-size B] [--format table|markdown|json|csv]
+
+    prefixcache validate FILE                 check a cache, engine, A/B or cluster YAML with the
+                                              loader the other commands use; print the resolved values
+    prefixcache ab [CONFIG] [--trace PATH]    A/B the arms of CONFIG (default: the shipped
+                                              configs/ab.yaml): table, JSON, CSV, PNG
+    prefixcache sweep [CONFIG] [--capacities N ...] [--trace PATH]
                                               hit ratio vs capacity: table, CSV, JSON, PNG
-    prefixcache generate --config FILE --prompts FILE.jsonl
-                                              run prompts through the engine: completions
-                                              and a metrics table
+    prefixcache generate [CONFIG] --prompts FILE.jsonl
+                                              run prompts through the engine (default: the
+                                              shipped engine.yaml; `--config FILE` is a
+                                              deprecated alias of CONFIG)
     prefixcache serve [CONFIG] [--host 127.0.0.1] [--port 8000]
                                               an OpenAI-compatible server over the engine,
                                               KV events on ZeroMQ, Prometheus /metrics
     prefixcache bench --base-url URL ...      timed load against any OpenAI-compatible
                                               server: TTFT/TPOT/ITL/latency, hit ratio
-    prefixcache cluster CONFIG [--out DIR] [--trace PATH] [--replicas N ...]
+    prefixcache cluster [CONFIG] [--trace PATH] [--replicas N ...]
                                               routers over N simulated replicas by arrival
                                               time: table, JSON, CSV, PNG
+
+Overrides (`--set`, and `--seed`/`--backend`/`--block-size` as its shortcuts:
+`prefixcache.overrides`) apply to validate, ab, sweep, cluster and serve; `--format` to the
+commands that print a results table (ab, sweep, cluster). `--out` is checked, created
+and cleared of an old PNG before the work starts; results are rewritten whole as each
+arm (ab), capacity (sweep) or run (cluster: a router or the shared cache at one size)
+finishes, so Ctrl-C keeps those and exits 130 with one line. A workload with no requests is refused before any replay. See docs/cli.md.
 
 Every command takes `--no-import` (the same as PREFIXCACHE_NO_IMPORT=1, which it sets for
 this process and its children): a config's "module:Class" paths are refused and only
 registered backend and policy names resolve, for configs from elsewhere
-(docs/security.md). Any error in a file is one line on stderr and exit status 2.
+(docs/security.md). Any error in a file or an option is one line on stderr and exit
+status 2.
 
 Must never: implement caching, workloads or experiments here.
 """
@@ -38,7 +49,8 @@ import importlib.resources
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -47,8 +59,8 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from prefixcache.ab_config import ABConfig, is_ab_mapping, load_ab_config, parse_ab_config, parse_tokens
-from prefixcache.config import ConfigError, load_config, load_yaml, to_plain
+from prefixcache.ab_config import ABConfig, is_ab_mapping, parse_ab_config, parse_tokens
+from prefixcache.config import ConfigError, load_yaml, parse_cache_config, require_section, to_plain
 from prefixcache.registry import NO_IMPORT_ENV
 from prefixcache.workloads import Workload
 
@@ -89,8 +101,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     one with `engine:` (or a near miss of it, such as `engin:`) as `generate` does; else
     its `cache:` section (other sections may share such a file). Prints nothing but the
     error when anything is wrong."""
-    source = str(args.file)
-    data = load_yaml(source)
+    path = str(args.file)
+    data, source = _data(path, args), _source(path, args)
     from prefixcache.cluster.config import is_cluster_mapping, parse_cluster_config
 
     if is_cluster_mapping(data):
@@ -129,43 +141,148 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"# {source}: valid (cache and engine, as prefixcache generate reads them)")
         print(yaml.safe_dump(to_plain(serving), sort_keys=False), end="")
         return 0
-    config = load_config(source)
+    config = parse_cache_config(require_section(data, "cache", source), "cache", source)
     print(f"# {source}: valid")
     print(yaml.safe_dump({"cache": to_plain(config)}, sort_keys=False), end="")
     return 0
 
 
-@contextmanager
-def _progress(console: Console) -> Iterator[Callable[[str, int, int], None]]:
-    """A `prefixcache.ab.Progress` callback drawing one rich bar per label."""
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as bar:
-        tasks: dict[str, int] = {}
+class _Reporter:
+    """Where a command's output goes. The result (a table in --format) goes to stdout;
+    notes ("wrote ...") go to stdout with the terminal table, else to stderr, so that
+    `--format json|csv` output stays parseable. Progress: a rich bar when stdout is a
+    terminal, else one plain line on stderr per finished unit (an arm, a bound, a
+    capacity's arm, a router at a cluster size)."""
 
-        def update(label: str, completed: int, total: int) -> None:
-            if label not in tasks:
-                tasks[label] = bar.add_task(label, total=total)
-            bar.update(tasks[label], completed=completed)
+    def __init__(self, fmt: str = "table") -> None:
+        self.fmt = fmt
+        self.console = _console()
+        self.notes = self.console if fmt == "table" else Console(stderr=True, width=self.console.width)
 
-        yield update
+    def note(self, text: str) -> None:
+        self.notes.print(text, highlight=False, soft_wrap=True)
+
+    def show(self, table: Any) -> None:
+        from prefixcache.tables import render, width_of
+
+        out = render(table, self.fmt, self.console.width)
+        if isinstance(out, str):
+            sys.stdout.write(out)
+            sys.stdout.flush()
+        else:  # wider than the terminal only if its never-dropped columns are: printed whole
+            self.console.print(out, width=max(self.console.width, width_of(out)), crop=False)
+
+    @contextmanager
+    def progress(self) -> Iterator[Callable[[str, int, int], None]]:
+        """A `prefixcache.ab.Progress` callback."""
+        if not self.console.is_terminal:
+            done: set[str] = set()
+            since = [time.perf_counter()]  # units run one after another: each takes from the last's end
+
+            def line(label: str, completed: int, total: int) -> None:
+                if completed >= total and label not in done:
+                    done.add(label)
+                    now = time.perf_counter()
+                    print(f"done {label}: {total:,} of {total:,} in {now - since[0]:.1f} s", file=sys.stderr, flush=True)
+                    since[0] = now
+
+            yield line
+            return
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=self.console, transient=True) as bar:
+            tasks: dict[str, Any] = {}
+
+            def update(label: str, completed: int, total: int) -> None:
+                if label not in tasks:
+                    tasks[label] = bar.add_task(label, total=total)
+                bar.update(tasks[label], completed=completed)
+
+            yield update
 
 
-def _workload(config: ABConfig, path: str) -> Workload:
-    """The config's workload, checked to fit every arm; its errors name the config file too."""
+def _workload(config: Any, path: str) -> Workload:
+    """The config's workload (an ABConfig's, checked to fit every arm, or a cluster's); its
+    errors name the config file too; one with no requests is refused here, before any
+    replay or plot."""
     try:
-        return config.build_workload()
+        workload = config.build_workload() if isinstance(config, ABConfig) else config.workload.build()
     except ConfigError as err:
         raise err.within("", path) from None
+    if len(workload) == 0:
+        trace = config.workload.mooncake.path if config.workload.mooncake is not None else None
+        what = f"the trace {trace!r}" if trace else f"generator {config.workload.generator!r}"
+        raise ConfigError("workload", f"{what} gives no requests: nothing to replay", path)
+    return workload
 
 
-def _load(config_path: str | None, trace: str | None) -> tuple[ABConfig, str]:
-    path = config_path if config_path is not None else str(default_ab_config())
+def _data(path: str, args: argparse.Namespace) -> Mapping[str, Any]:
+    """The YAML file's data with the command line's --set and shortcut overrides applied
+    (`prefixcache.overrides`), for the same loader as the file."""
+    from prefixcache.overrides import apply_overrides, parse_override, shortcut_overrides
+
+    data = load_yaml(path)
+    overrides = []
+    for name in ("seed", "backend", "block_size"):
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides += shortcut_overrides(data, name, value)
+    overrides += [parse_override(text) for text in getattr(args, "overrides", None) or ()]
+    return apply_overrides(data, overrides)
+
+
+def _source(path: str, args: argparse.Namespace) -> str:
+    """How errors name the config: the file, and that the command line changed it."""
+    changed = getattr(args, "overrides", None) or any(
+        getattr(args, n, None) is not None for n in ("seed", "backend", "block_size"))
+    return f"{path} (with command-line overrides)" if changed else path
+
+
+def _load(args: argparse.Namespace) -> tuple[ABConfig, str]:
+    """The A/B file (default: the shipped one) with overrides, and --trace, validated."""
+    path = args.config if args.config is not None else str(default_ab_config())
+    trace = args.trace
     if trace is not None and not Path(trace).is_file():
         raise ConfigError("--trace", f"no such file {trace!r}")
-    return load_ab_config(path, trace=trace), path
+    config = parse_ab_config(_data(path, args), _source(path, args), check_trace=trace is None)
+    if trace is not None:
+        config = config.with_trace(trace)
+    return config, path
 
 
-def _plot(console: Console, draw: Callable[[], None], path: Path) -> None:
+class _Outputs:
+    """The files of one result in `--out`, checked before the work starts, written
+    whole (a temporary file, then a rename) each time a unit of work finishes."""
+
+    def __init__(self, out: str, files: Sequence[str], png: str) -> None:
+        self.folder = Path(out)
+        self.png = self.folder / png
+        if self.folder.exists() and not self.folder.is_dir():
+            raise ConfigError("--out", f"{out!r} is a file, not a folder: nothing was run")
+        for name in (*files, png):
+            if (self.folder / name).is_dir():
+                raise ConfigError("--out", f"{str(self.folder / name)!r} is a folder; the result needs that name")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError("--out", f"cannot create folder {out!r}: {err.strerror}") from None
+        if not os.access(self.folder, os.W_OK):
+            raise ConfigError("--out", f"folder {out!r} is not writable")
+        self.png.unlink(missing_ok=True)  # a PNG left beside new results would be of other ones
+        self.kept = ""
+
+    def write(self, name: str, write: Callable[[Path], None]) -> Path:
+        path = self.folder / name
+        tmp = path.with_name(f".{name}.tmp")
+        try:
+            write(tmp)
+            os.replace(tmp, path)
+        except BaseException:  # Ctrl-C mid-write included: the last whole file stays
+            tmp.unlink(missing_ok=True)
+            raise
+        return path
+
+
+def _plot(reporter: _Reporter, draw: Callable[[], None], path: Path) -> None:
     from prefixcache.ab_report import PlotUnavailable
 
     try:
@@ -173,54 +290,61 @@ def _plot(console: Console, draw: Callable[[], None], path: Path) -> None:
     except PlotUnavailable as err:
         print(f"note: {err}; no {path.name} written", file=sys.stderr)
         return
-    console.print(f"wrote {path}")
+    reporter.note(f"wrote {path}")
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
-    from prefixcache.ab import run_ab
+    from prefixcache.ab import run_ab, write_csv
     from prefixcache.ab_report import ab_table, plot_ab
 
-    console = _console()
-    config, path = _load(args.config, args.trace)
-    console.print(f"# config: {path}" + (" (the shipped default)" if args.config is None else ""))
+    reporter = _Reporter(args.format)
+    config, path = _load(args)
     workload = _workload(config, path)
-    with _progress(console) as progress:
-        result = run_ab(config, workload, progress=progress)
-    console.print(ab_table(result))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result.write_json(out / "ab.json")
-    result.write_csv(out / "ab_summary.csv", out / "ab_requests.csv")
-    console.print(f"wrote {out / 'ab.json'}, {out / 'ab_summary.csv'}, {out / 'ab_requests.csv'}")
-    _plot(console, lambda: plot_ab(result, out / "ab.png"), out / "ab.png")
+    outputs = args.outputs = _Outputs(args.out, ("ab.json", "ab_summary.csv", "ab_requests.csv"), "ab.png")
+    reporter.note(f"# config: {path}" + (" (the shipped default)" if args.config is None else ""))
+
+    def save(result: Any) -> None:
+        outputs.write("ab.json", result.write_json)
+        outputs.kept = f"kept {len(result.arms)} finished arm(s) in {outputs.folder / 'ab.json'}"
+
+    with reporter.progress() as progress:
+        result = run_ab(config, workload, progress=progress, on_arm=save)
+    save(result)
+    reporter.show(ab_table(result))
+    outputs.write("ab_summary.csv", lambda p: write_csv(p, result.summary_rows()))
+    outputs.write("ab_requests.csv", lambda p: write_csv(p, result.request_rows()))
+    reporter.note(f"wrote {outputs.folder / 'ab.json'}, {outputs.folder / 'ab_summary.csv'}, "
+                  f"{outputs.folder / 'ab_requests.csv'}")
+    _plot(reporter, lambda: plot_ab(result, outputs.png), outputs.png)
     return 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from prefixcache.ab import sweep
+    from prefixcache.ab import check_capacities, sweep
     from prefixcache.ab_report import plot_sweep, sweep_table
 
-    console = _console()
-    config, path = _load(args.config, args.trace)
+    reporter = _Reporter(args.format)
+    config, path = _load(args)
     capacities = tuple(args.capacities) if args.capacities else config.sweep_capacities_or_default()
+    try:
+        check_capacities(config, capacities)
+    except ValueError as err:
+        raise ConfigError("--capacities", str(err)) from None
     workload = _workload(config, path)
-    with _progress(console) as progress:
-        try:
-            result = sweep(config, capacities, workload, progress=progress)
-        except ValueError as err:
-            raise ConfigError("--capacities", str(err)) from None
-    console.print(sweep_table(result))
-    _save(console, result, Path(args.out), "sweep", plot_sweep)
+    outputs = args.outputs = _Outputs(args.out, ("sweep.json", "sweep.csv"), "sweep.png")
+
+    def save(result: Any) -> None:
+        outputs.write("sweep.json", result.write_json)
+        outputs.write("sweep.csv", result.write_csv)
+        outputs.kept = (f"kept {len(result.capacities)} finished capacit{'y' if len(result.capacities) == 1 else 'ies'}"
+                        f" in {outputs.folder / 'sweep.json'}")
+
+    with reporter.progress() as progress:
+        result = sweep(config, capacities, workload, progress=progress, on_capacity=save)
+    reporter.show(sweep_table(result))
+    reporter.note(f"wrote {outputs.folder / 'sweep.json'}, {outputs.folder / 'sweep.csv'}")
+    _plot(reporter, lambda: plot_sweep(result, outputs.png), outputs.png)
     return 0
-
-
-def _save(console: Console, result: Any, out: Path, name: str, plot: Callable[[Any, Path], None]) -> None:
-    """`result` as out/NAME.json, out/NAME.csv and (matplotlib permitting) out/NAME.png."""
-    out.mkdir(parents=True, exist_ok=True)
-    result.write_json(out / f"{name}.json")
-    result.write_csv(out / f"{name}.csv")
-    console.print(f"wrote {out / f'{name}.json'}, {out / f'{name}.csv'}")
-    _plot(console, lambda: plot(result, out / f"{name}.png"), out / f"{name}.png")
 
 
 def _capacity(text: str) -> int:
@@ -233,17 +357,29 @@ def _capacity(text: str) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from prefixcache.engine.cli import generate  # late: the engine needs torch
 
-    return generate(args.config, args.prompts, as_json=args.json)
+    if args.config_flag is not None and args.config is not None:
+        raise ConfigError("--config", "give the config once: as CONFIG (the --config flag is deprecated)")
+    path = args.config or args.config_flag or str(_shipped(DEFAULT_ENGINE_CONFIG, "prefixcache generate CONFIG"))
+    code = generate(path, args.prompts, as_json=args.json)
+    if args.config_flag is not None:  # after the run: an error stays the one line it is
+        print("note: --config is deprecated; pass the config as the first argument: "
+              "prefixcache generate CONFIG --prompts FILE", file=sys.stderr)
+    return code
 
 
+DEFAULT_ENGINE_CONFIG = "engine.yaml"
 DEFAULT_SERVE_CONFIG = "serve.yaml"
+DEFAULT_CLUSTER_CONFIG = "cluster.yaml"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from prefixcache.serve.server import serve  # late: the engine needs torch, the server fastapi
+    from prefixcache.serve.config import parse_serve_config  # the schema: no torch, no sockets
 
     path = args.config if args.config is not None else str(_shipped(DEFAULT_SERVE_CONFIG, "prefixcache serve CONFIG"))
-    return serve(path, host=args.host, port=args.port, served_model_name=args.served_model_name)
+    config = parse_serve_config(_data(path, args), _source(path, args))  # overrides applied, checked first
+    from prefixcache.serve.server import serve  # late: the engine needs torch, the server fastapi
+
+    return serve(path, host=args.host, port=args.port, served_model_name=args.served_model_name, config=config)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -253,24 +389,32 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    from prefixcache.cluster.config import load_cluster_config
+    from prefixcache.cluster.config import parse_cluster_config
     from prefixcache.cluster.report import cluster_table, plot_cluster
     from prefixcache.cluster.simulate import run_cluster
 
-    console = _console()
+    reporter = _Reporter(args.format)
+    path = args.config if args.config is not None else str(_shipped(DEFAULT_CLUSTER_CONFIG, "prefixcache cluster CONFIG"))
     if args.trace is not None and not Path(args.trace).is_file():
         raise ConfigError("--trace", f"no such file {args.trace!r}")
-    config = load_cluster_config(args.config, trace=args.trace)
+    config = parse_cluster_config(_data(path, args), _source(path, args), check_trace=args.trace is None)
+    if args.trace is not None:
+        config = config.with_trace(args.trace)
     if args.replicas:
         config = config.with_replicas(tuple(args.replicas))
-    try:
-        workload = config.workload.build()
-    except ConfigError as err:
-        raise err.within("", args.config) from None
-    with _progress(console) as progress:
-        result = run_cluster(config, workload, progress=progress)
-    console.print(cluster_table(result))
-    _save(console, result, Path(args.out), "cluster", plot_cluster)
+    workload = _workload(config, path)
+    outputs = args.outputs = _Outputs(args.out, ("cluster.json", "cluster.csv"), "cluster.png")
+
+    def save(result: Any) -> None:
+        outputs.write("cluster.json", result.write_json)
+        outputs.write("cluster.csv", result.write_csv)
+        outputs.kept = f"kept {len(result.runs)} finished run(s) in {outputs.folder / 'cluster.json'}"
+
+    with reporter.progress() as progress:
+        result = run_cluster(config, workload, progress=progress, on_run=save)
+    reporter.show(cluster_table(result))
+    reporter.note(f"wrote {outputs.folder / 'cluster.json'}, {outputs.folder / 'cluster.csv'}")
+    _plot(reporter, lambda: plot_cluster(result, outputs.png), outputs.png)
     return 0
 
 
@@ -288,54 +432,101 @@ _NO_IMPORT_HELP = (f"refuse 'module:Class' paths in configs: only registered bac
                    f"(the same as {NO_IMPORT_ENV}=1)")
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default when it has one (not for None, False or a flag's
+    suppressed default), and leaves help that states its own default alone."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def _experiment_options() -> argparse.ArgumentParser:
+    """--set and its shortcuts, for every command that reads an experiment or cache YAML."""
+    options = argparse.ArgumentParser(add_help=False)
+    group = options.add_argument_group("overrides (applied to the file's data, then validated as the file is)")
+    group.add_argument("--set", dest="overrides", action="append", metavar="KEY.PATH=VALUE",
+                       help="set a key of the YAML file, e.g. capacity_tokens=8192 or arms.hash/16.eviction=lfu "
+                            "(repeatable; the value is YAML)")
+    group.add_argument("--seed", type=int, help="the workload generator's seed (workload.params.seed; engine.seed "
+                                                "in an engine file)")
+    group.add_argument("--backend", help="cache.backend, or every arm's backend in an A/B file")
+    group.add_argument("--block-size", dest="block_size", type=int,
+                       help="cache.block_size, or every arm's block_size in an A/B file (TOKENS)")
+    return options
+
+
+def _format_option() -> argparse.ArgumentParser:
+    from prefixcache.tables import FORMATS
+
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--format", choices=FORMATS, default="table",
+                         help="how the table is printed: 'table' fits the terminal (dropping low-priority "
+                              "columns, never cutting a number), markdown, json or csv")
+    return options
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="prefixcache", description="Prefix caching for LLM inference.")
+    from prefixcache import __version__
+
+    parser = argparse.ArgumentParser(prog="prefixcache", description="Prefix caching for LLM inference.",
+                                     formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"prefixcache {__version__}")
     parser.add_argument("--no-import", action="store_true", help=_NO_IMPORT_HELP)
     # The flag after the command too (`prefixcache validate --no-import f.yaml`).
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--no-import", action="store_true", default=argparse.SUPPRESS, help=_NO_IMPORT_HELP)
+    experiment, table = _experiment_options(), _format_option()
     sub = parser.add_subparsers(dest="command", required=True)
-    validate = sub.add_parser("validate", parents=[common],
-                              help="check a cache, engine or A/B YAML file and print the resolved values")
-    validate.add_argument("file")
+
+    def command(name: str, help: str, *parents: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common, *parents], help=help, description=help,
+                              formatter_class=_HelpFormatter)
+
+    validate = command("validate", "check a cache, engine or A/B YAML file and print the resolved values", experiment)
+    validate.add_argument("file", help="the YAML file")
     validate.set_defaults(func=cmd_validate)
 
-    ab = sub.add_parser("ab", parents=[common], help="replay one workload through every arm of an A/B config, with the bounds")
+    ab = command("ab", "replay one workload through every arm of an A/B config, with the bounds", experiment, table)
     ab.add_argument("config", nargs="?", help=f"A/B YAML (default: the shipped {DEFAULT_AB_CONFIG})")
     ab.add_argument("--out", default="out/ab", help="folder for ab.json, ab_summary.csv, ab_requests.csv, ab.png")
     ab.add_argument("--trace", help="replay this Mooncake JSONL trace instead of the config's workload")
     ab.set_defaults(func=cmd_ab)
 
-    sw = sub.add_parser("sweep", parents=[common], help="hit ratio vs pool capacity for every arm and both bounds")
-    sw.add_argument("config", help="A/B YAML")
+    sw = command("sweep", "hit ratio vs pool capacity for every arm and both bounds", experiment, table)
+    sw.add_argument("config", nargs="?", help=f"A/B YAML (default: the shipped {DEFAULT_AB_CONFIG})")
     sw.add_argument("--capacities", type=_capacity, nargs="+",
                     help="pool sizes in TOKENS, e.g. 4096 1e5 (default: the config's sweep_capacities)")
     sw.add_argument("--out", default="out/sweep", help="folder for sweep.json, sweep.csv, sweep.png")
     sw.add_argument("--trace", help="replay this Mooncake JSONL trace instead of the config's workload")
     sw.set_defaults(func=cmd_sweep)
 
-    gen = sub.add_parser("generate", parents=[common], help="run prompts (JSONL) through the engine; completions and metrics")
-    gen.add_argument("--config", required=True, help="YAML with cache: and engine: sections")
+    gen = command("generate", "run prompts (JSONL) through the engine; completions and metrics")
+    gen.add_argument("config", nargs="?", help=f"YAML with cache: and engine: sections "
+                                               f"(default: the shipped {DEFAULT_ENGINE_CONFIG})")
+    gen.add_argument("--config", dest="config_flag", metavar="CONFIG", help="deprecated: the same as CONFIG")
     gen.add_argument("--prompts", required=True, help='JSONL: {"prompt": str} or {"messages": [...]}, optional "namespace", "max_tokens"')
     gen.add_argument("--json", action="store_true", help="one JSON object per completion instead of text")
     gen.set_defaults(func=cmd_generate)
 
-    srv = sub.add_parser("serve", parents=[common], help="serve the engine over an OpenAI-compatible HTTP API (KV events, metrics)")
+    srv = command("serve", "serve the engine over an OpenAI-compatible HTTP API (KV events, metrics)", experiment)
     srv.add_argument("config", nargs="?", help=f"YAML with cache:, engine: and kv_events: (default: the shipped "
                                                f"{DEFAULT_SERVE_CONFIG})")
-    srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
+    srv.add_argument("--port", type=int, default=8000, help="TCP port")
     srv.add_argument("--served-model-name", help="the name clients send as `model` (default: engine.model)")
     srv.set_defaults(func=cmd_serve)
 
     from prefixcache.loadgen.options import add_bench_arguments  # argparse only: no httpx
 
-    bench = sub.add_parser("bench", parents=[common], help="timed load against an OpenAI-compatible server (ours, vLLM, SGLang)")
+    bench = command("bench", "timed load against an OpenAI-compatible server (ours, vLLM, SGLang)")
     add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)
 
-    cl = sub.add_parser("cluster", parents=[common], help="routers over N simulated replicas (each a real cache), by arrival time")
-    cl.add_argument("config", help="cluster YAML (see configs/cluster.yaml)")
+    cl = command("cluster", "routers over N simulated replicas (each a real cache), by arrival time", experiment, table)
+    cl.add_argument("config", nargs="?", help=f"cluster YAML (default: the shipped {DEFAULT_CLUSTER_CONFIG})")
     cl.add_argument("--out", default="out/cluster", help="folder for cluster.json, cluster.csv, cluster.png")
     cl.add_argument("--trace", help="replay this Mooncake JSONL trace instead of the config's workload")
     cl.add_argument("--replicas", type=_replica_count, nargs="+", help="cluster sizes N (default: the config's)")
@@ -355,6 +546,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        outputs = getattr(args, "outputs", None)  # set by the commands that write --out
+        kept = "" if outputs is None else f": {outputs.kept or 'nothing written'}"
+        print(f"interrupted{kept}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ import pytest
 
 from prefixcache.cli import main
 
+from cli_cases import junk_engine
+
 CONFIGS = Path(__file__).parent.parent / "configs"
 
 
@@ -81,11 +83,7 @@ def test_validate_an_engine_file_prints_both_sections(tmp_path, capsys):
 
 
 def test_generate_reports_a_model_file_that_does_not_load(tmp_path, capsys):
-    (tmp_path / "junk.gguf").write_text("not a gguf file")
-    config = tmp_path / "c.yaml"
-    config.write_text(f"cache: {{}}\nengine: {{model: {tmp_path / 'junk.gguf'}}}\n")
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"prompt": "hi"}\n')
+    config, prompts = junk_engine(tmp_path)
     assert main(["validate", str(config)]) == 0  # the file exists: what the schema can know
     capsys.readouterr()
     assert main(["generate", "--config", str(config), "--prompts", str(prompts)]) == 2

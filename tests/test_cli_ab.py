@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -16,24 +15,12 @@ from prefixcache.ab_report import PlotUnavailable
 from prefixcache.cli import default_ab_config, main
 from prefixcache.workloads import synthetic_records, write_records
 
-CONFIGS = Path(__file__).parent.parent / "configs"
+from cli_cases import CONFIGS, TINY, write_config
 
-TINY = """
-workload:
-  generator: shared_prefix
-  params: {num_groups: 3, prompts_per_group: 4, system_prompt_len: 100, question_len: 20, output_len: 8, seed: 2}
-capacity_tokens: 512
-sweep_capacities: [256, 1024]
-arms:
-  hash/16: {backend: hash, block_size: 16}
-  radix/1: {backend: radix, block_size: 1}
-"""
 
 
 def tiny(tmp_path: Path, text: str = TINY) -> Path:
-    path = tmp_path / "tiny.yaml"
-    path.write_text(textwrap.dedent(text))
-    return path
+    return write_config(tmp_path, text)
 
 
 def is_png(path: Path) -> bool:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.table import Table
+from typing import Any
 
-from prefixcache.ab_report import _pyplot
+from prefixcache.ab_report import _pyplot, arm_line
 from prefixcache.cluster.simulate import SHARED, ClusterResult
+from prefixcache.tables import Column, Table
 
 __all__ = ["cluster_table", "plot_cluster"]
 
@@ -23,37 +24,55 @@ def _per_replica(counts: list[int]) -> str:
     return f"{min(counts)}..{max(counts)} (min..max of {len(counts)})"
 
 
+def _fixed(digits: int) -> Any:
+    return lambda v: "-" if v is None else f"{v:.{digits}f}"
+
+
+# In order, with `keep` (higher stays longer in a narrow terminal; prefixcache.tables).
+_COLUMNS = (
+    Column("replicas", "N", keep=None),
+    Column("series", "router", keep=None, left=True),
+    Column("hit_ratio", "hit ratio", _fixed(4), keep=None),
+    Column("last_half_hit_ratio", "last 50%", _fixed(4), keep=5),
+    Column("vs_shared", "vs shared", _fixed(3), keep=6),
+    Column("ttft_p50_s", "TTFT p50 s", _fixed(3), keep=7),
+    Column("ttft_p99_s", "TTFT p99 s", _fixed(3), keep=4),
+    Column("imbalance", "imbalance", _fixed(2), keep=3),
+    Column("requests_per_replica", "requests per replica", lambda v: _per_replica(list(v)), keep=1, left=True),
+    Column("route_us_mean", "route µs", _fixed(1), keep=2),
+    Column("events", "events", lambda v: f"{v:,}", keep=0),
+    Column("rejected", "rejected", lambda v: f"{v:,}", keep=4),
+)
+
+
 def cluster_table(result: ClusterResult) -> Table:
     """A row per run, grouped by cluster size; the reference lines are dimmed."""
     w, c = result.workload, result.config
-    table = Table(
+    rows, dim, sections = [], set(), []
+    source = result.rows()
+    for k, row in enumerate(source):
+        shared = result.run(SHARED, row["replicas"]).hit_ratio if any(
+            r.kind == SHARED and r.num_replicas == row["replicas"] for r in result.runs) else None
+        rows.append({**row, "vs_shared": row["hit_ratio"] / shared if shared else None,
+                     "route_us_mean": None if row["kind"] == SHARED else row["route_us_mean"]})
+        if row["kind"] == SHARED or row["series"] == result.reference:
+            dim.add(k)
+        if k + 1 == len(source) or source[k + 1]["replicas"] != row["replicas"]:
+            sections.append(k)
+    return Table(
         title=f"Cluster A/B on {w['name']}: {w['requests']:,} requests, {w['prompt_tokens']:,} prompt tokens; "
         f"each replica {c['cache']['backend']}/{c['cache']['block_size']}, {c['capacity_tokens']:,} tokens, "
         f"{c['service']['max_concurrent']} slots",
+        columns=_COLUMNS, rows=tuple(rows),
         caption=f"reference lines: {result.reference} and '{SHARED}' (one cache of N x capacity: the hit ceiling)",
+        dim=frozenset(dim), section_after=frozenset(sections),
     )
-    for name in ("N", "router", "hit ratio", "last 50%", "vs shared", "TTFT p50 s", "TTFT p99 s", "imbalance",
-                 "requests per replica", "route µs", "events", "rejected"):
-        table.add_column(name, justify="left" if name in ("router", "requests per replica") else "right")
-    rows = result.rows()
-    for k, row in enumerate(rows):
-        shared = result.run(SHARED, row["replicas"]).hit_ratio if any(
-            r.kind == SHARED and r.num_replicas == row["replicas"] for r in result.runs) else None
-        vs = "-" if not shared else f"{row['hit_ratio'] / shared:.3f}"
-        last = k + 1 == len(rows) or rows[k + 1]["replicas"] != row["replicas"]
-        reference = row["kind"] == SHARED or row["series"] == result.reference
-        table.add_row(
-            str(row["replicas"]), row["series"], f"{row['hit_ratio']:.4f}", f"{row['last_half_hit_ratio']:.4f}", vs,
-            f"{row['ttft_p50_s']:.3f}", f"{row['ttft_p99_s']:.3f}", f"{row['imbalance']:.2f}",
-            _per_replica(row["requests_per_replica"]), "-" if row["kind"] == SHARED else f"{row['route_us_mean']:.1f}",
-            f"{row['events']:,}", f"{row['rejected']:,}", style="dim" if reference else None, end_section=last,
-        )
-    return table
 
 
 def plot_cluster(result: ClusterResult, path: str | Path) -> None:
     """Three panels against N: cluster token hit ratio, TTFT p50 and TTFT p99, a line
-    per router; the shared cache dotted, round robin dashed."""
+    per router (its own colour, line style and marker: `prefixcache.ab_report.arm_line`);
+    the shared cache dotted, round robin dashed."""
     plt = _pyplot()
     fig, (hits, p50, p99) = plt.subplots(1, 3, figsize=(17, 5))
     sizes = result.replica_counts
@@ -62,7 +81,7 @@ def plot_cluster(result: ClusterResult, path: str | Path) -> None:
         runs = [result.run(label, n) for n in sizes]
         style = {"linestyle": ":", "color": "0.4", "marker": "s"} if label == SHARED else \
             {"linestyle": "--", "color": "0.6", "marker": "o"} if label == result.reference else \
-            {"marker": "o", "color": f"C{k}"}
+            arm_line(k)
         hits.plot(sizes, [r.hit_ratio for r in runs], label=label, **style)
         p50.plot(sizes, [r.ttft_p50_s for r in runs], label=label, **style)
         p99.plot(sizes, [r.ttft_p99_s for r in runs], label=label, **style)
@@ -79,7 +98,9 @@ def plot_cluster(result: ClusterResult, path: str | Path) -> None:
     hits.set_ylim(0, min(1.0, 1.15 * top) if top > 0 else 1.0)
     hits.legend(fontsize=8)
     w = result.workload
-    fig.suptitle(f"{w['name']}: {w['requests']:,} requests, {result.config['capacity_tokens']:,} tokens per replica")
+    c = result.config
+    fig.suptitle(f"Cluster A/B on {w['name']}: {w['requests']:,} requests; each replica {c['cache']['backend']}/"
+                 f"{c['cache']['block_size']}, {c['capacity_tokens']:,} tokens")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

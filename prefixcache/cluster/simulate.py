@@ -52,7 +52,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -456,14 +456,22 @@ def simulate_shared(
 
 
 def run_cluster(config: ClusterConfig, workload: Workload | None = None, *,
-                progress: Progress | None = None) -> ClusterResult:
-    """Every router at every cluster size, and the shared cache at every size."""
+                progress: Progress | None = None,
+                on_run: Callable[[ClusterResult], None] | None = None) -> ClusterResult:
+    """Every router at every cluster size, and the shared cache at every size. `on_run`
+    sees the result so far (the runs finished) after each run."""
     if workload is None:
         workload = config.workload.build()
+    described, plain = describe_workload(workload, [config.block_size]), config.plain()
     runs: list[RunResult] = []
+
+    def finished(run: RunResult) -> None:
+        runs.append(run)
+        if on_run is not None:
+            on_run(ClusterResult(described, plain, config.reference_label, tuple(runs)))
+
     for n in config.replicas:
         for label, spec in config.routers.items():
-            runs.append(simulate(workload, config, label, spec, n, progress=progress))
-        runs.append(simulate_shared(workload, config, n, progress=progress))
-    return ClusterResult(describe_workload(workload, [config.block_size]), config.plain(), config.reference_label,
-                         tuple(runs))
+            finished(simulate(workload, config, label, spec, n, progress=progress))
+        finished(simulate_shared(workload, config, n, progress=progress))
+    return ClusterResult(described, plain, config.reference_label, tuple(runs))

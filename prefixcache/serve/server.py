@@ -146,9 +146,11 @@ class Replica:
 
 
 def serve(config_path: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
-          served_model_name: str | None = None) -> int:
-    """`prefixcache serve`: load the config and the model, serve until interrupted."""
-    config = load_serve_config(config_path)
+          served_model_name: str | None = None, config: ServeConfig | None = None) -> int:
+    """`prefixcache serve`: load the config (or take `config`, already loaded from
+    `config_path`, e.g. with command-line overrides) and the model, serve until interrupted."""
+    if config is None:
+        config = load_serve_config(config_path)
     ec = config.serving.engine
     try:  # the config names a model that exists; this is whether it loads
         model = load_model(ec.model, seed=ec.seed, chat_template=ec.chat_template)
