@@ -16,7 +16,7 @@ from prefixcache.engine.config import BUILTIN_MODELS
 from prefixcache.engine.tokenizer import ByteTokenizer, GGUFTokenizer, Tokenizer
 from prefixcache.engine.weights import TINY_CONFIG, Weights, open_gguf, random_weights, read_gguf_weights, smollm2_gguf_path
 
-__all__ = ["LoadedModel", "load_model"]
+__all__ = ["LoadedModel", "load_model", "load_tokenizer"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,10 +33,22 @@ def load_model(name: str, *, seed: int = 0, chat_template: str | None = None) ->
     install command when smollm2's package is missing."""
     if name == "tiny":
         return LoadedModel(name, random_weights(TINY_CONFIG, seed), ByteTokenizer(TINY_CONFIG.vocab_size, chat_template))
+    reader = open_gguf(_gguf_path(name))
+    return LoadedModel(name, read_gguf_weights(reader), GGUFTokenizer(reader, chat_template))
+
+
+def load_tokenizer(name: str, *, chat_template: str | None = None) -> Tokenizer:
+    """The tokenizer of `load_model(name)` without its weights (what a process that only
+    tokenizes, such as a cluster's ingress, needs)."""
+    if name == "tiny":
+        return ByteTokenizer(TINY_CONFIG.vocab_size, chat_template)
+    return GGUFTokenizer(open_gguf(_gguf_path(name)), chat_template)
+
+
+def _gguf_path(name: str) -> Path:
     path = smollm2_gguf_path() if name == "smollm2" else Path(name)
     if name != "smollm2" and path.suffix != ".gguf":
         raise ValueError(
             f"engine.model must be {', '.join(BUILTIN_MODELS)} or a path to a .gguf file, got {name!r}"
         )
-    reader = open_gguf(path)
-    return LoadedModel(name, read_gguf_weights(reader), GGUFTokenizer(reader, chat_template))
+    return path
