@@ -21,6 +21,10 @@ library functions and shows their results; none holds logic of its own.
     prefixcache cluster CONFIG [--out DIR] [--trace PATH] [--replicas N ...]
                                               routers over N simulated replicas by arrival
                                               time: table, JSON, CSV, PNG
+    prefixcache cluster serve CONFIG [--host 127.0.0.1] [--port 8000]
+                                              N engine replicas on Ray Serve (a local Ray
+                                              cluster) behind one OpenAI-compatible ingress,
+                                              routed by a prefixcache router or Ray's own
 
 Must never: implement caching, workloads or experiments here.
 """
@@ -85,7 +89,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     source = str(args.file)
     data = load_yaml(source)
     from prefixcache.cluster.config import is_cluster_mapping, parse_cluster_config
+    from prefixcache.serve.cluster_config import is_cluster_serve_mapping, parse_cluster_serve_config
 
+    if is_cluster_serve_mapping(data):  # no Ray, no torch: the schema only
+        served = parse_cluster_serve_config(data, source)
+        print(f"# {source}: valid (as prefixcache cluster serve reads it; the hash seed resolved, "
+              "event sockets per replica)")
+        print(yaml.safe_dump(served.plain(), sort_keys=False), end="")
+        return 0
     if is_cluster_mapping(data):
         cluster = parse_cluster_config(data, source)
         print(f"# {source}: valid cluster experiment; each replica's num_blocks = capacity_tokens // block_size")
@@ -265,6 +276,26 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster_serve(args: argparse.Namespace) -> int:
+    from prefixcache.serve.ray_app import serve_cluster  # late: Ray, torch
+
+    return serve_cluster(args.config, host=args.host, port=args.port)
+
+
+def build_cluster_serve_parser() -> argparse.ArgumentParser:
+    """`prefixcache cluster serve`: its own parser (`prefixcache cluster CONFIG` keeps the
+    simulation, so a cluster file named `serve` needs a path such as ./serve)."""
+    parser = argparse.ArgumentParser(
+        prog="prefixcache cluster serve",
+        description="N prefixcache engine replicas on Ray Serve (a local Ray cluster) behind one OpenAI-compatible "
+                    "ingress; the replicas' request router is a prefixcache router over their KV events, or Ray's own")
+    parser.add_argument("config", help="YAML with cache:, engine:, cluster: (see configs/cluster_serve.yaml)")
+    parser.add_argument("--host", help="where Ray Serve's HTTP proxy listens (default: cluster.host, 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="its port (default: cluster.port, 8000)")
+    parser.set_defaults(func=cmd_cluster_serve)
+    return parser
+
+
 def _replica_count(text: str) -> int:
     try:
         value = int(text)
@@ -316,7 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)
 
-    cl = sub.add_parser("cluster", help="routers over N simulated replicas (each a real cache), by arrival time")
+    cl = sub.add_parser("cluster", help="routers over N simulated replicas (each a real cache), by arrival time; "
+                                        "`cluster serve CONFIG`: real replicas on Ray Serve")
     cl.add_argument("config", help="cluster YAML (see configs/cluster.yaml)")
     cl.add_argument("--out", default="out/cluster", help="folder for cluster.json, cluster.csv, cluster.png")
     cl.add_argument("--trace", help="replay this Mooncake JSONL trace instead of the config's workload")
@@ -326,9 +358,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.argv = ["prefixcache", *(sys.argv[1:] if argv is None else argv)]  # for a result's metadata
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, rest = build_parser(), argv
+    if argv[:2] == ["cluster", "serve"]:
+        parser, rest = build_cluster_serve_parser(), argv[2:]
+    args = parser.parse_args(rest)
+    args.argv = ["prefixcache", *argv]  # for a result's metadata
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
