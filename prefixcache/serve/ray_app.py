@@ -63,6 +63,8 @@ ENGINE_DEPLOYMENT = "engine"
 INGRESS_DEPLOYMENT = "ingress"
 _INGRESS_CPUS = 0.5
 _INGRESS_MAX_ONGOING = 10_000  # it only awaits its replicas: Ray's default (5) would queue requests before routing
+# A replica being stopped finishes what it runs, checking every 0.5 s (Ray's 2 s makes every redeploy 2 s slower).
+_SHUTDOWN = {"graceful_shutdown_wait_loop_s": 0.5, "graceful_shutdown_timeout_s": 10.0}
 
 
 def ray_router_config(config: ClusterServeConfig) -> RequestRouterConfig | None:
@@ -97,10 +99,11 @@ def build_application(config: ClusterServeConfig) -> serve.Application:
         ray_actor_options={"num_cpus": cluster.replica_cpus},
         health_check_period_s=cluster.health_check_period_s,
         request_router_config=ray_router_config(config),
+        **_SHUTDOWN,
     )
     ingress = serve.deployment(serve.ingress()(ClusterIngress)).options(
         name=INGRESS_DEPLOYMENT, num_replicas=1, max_ongoing_requests=_INGRESS_MAX_ONGOING,
-        ray_actor_options={"num_cpus": _INGRESS_CPUS},
+        ray_actor_options={"num_cpus": _INGRESS_CPUS}, **_SHUTDOWN,
     )
     options = {"max_attempts": cluster.max_attempts, "stall_timeout_s": cluster.stall_timeout_s}
     served = cluster.served_model_name or engine.model
