@@ -30,19 +30,38 @@ class LoadedModel:
 
 def load_model(name: str, *, seed: int = 0, chat_template: str | None = None) -> LoadedModel:
     """"smollm2", "tiny" or a .gguf path -> LoadedModel. `FileNotFoundError` with the
-    install command when smollm2's package is missing."""
+    install command when smollm2's package is missing; a one-line `ValueError` naming the
+    file and the metadata key or tensor for a GGUF file that does not load."""
     if name == "tiny":
         return LoadedModel(name, random_weights(TINY_CONFIG, seed), ByteTokenizer(TINY_CONFIG.vocab_size, chat_template))
-    reader = open_gguf(_gguf_path(name))
-    return LoadedModel(name, read_gguf_weights(reader), GGUFTokenizer(reader, chat_template))
+    path = _gguf_path(name)
+    try:
+        reader = open_gguf(path)
+        weights = read_gguf_weights(reader)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    return LoadedModel(name, weights, _gguf_tokenizer(path, reader, chat_template))
 
 
 def load_tokenizer(name: str, *, chat_template: str | None = None) -> Tokenizer:
     """The tokenizer of `load_model(name)` without its weights (what a process that only
-    tokenizes, such as a cluster's ingress, needs)."""
+    tokenizes, such as a cluster's ingress, needs); the same one-line errors."""
     if name == "tiny":
         return ByteTokenizer(TINY_CONFIG.vocab_size, chat_template)
-    return GGUFTokenizer(open_gguf(_gguf_path(name)), chat_template)
+    path = _gguf_path(name)
+    try:
+        reader = open_gguf(path)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    return _gguf_tokenizer(path, reader, chat_template)
+
+
+def _gguf_tokenizer(path: Path, reader, chat_template: str | None) -> GGUFTokenizer:
+    try:
+        return GGUFTokenizer(reader, chat_template)
+    except Exception as err:  # noqa: BLE001 -- metadata the tokenizer library refuses, whatever it raises
+        raise ValueError(f"{path}: GGUF tokenizer metadata does not load ({type(err).__name__}: "
+                         f"{' '.join(str(err).split())[:160]})") from None
 
 
 def _gguf_path(name: str) -> Path:
