@@ -47,8 +47,10 @@ from prefixcache.serve.cluster_config import parse_cluster_serve_config  # noqa:
 from prefixcache.serve.ray_app import ClusterServer  # noqa: E402
 
 VOCAB = {"smollm2": 49152, "tiny": 320}
-ROUTERS = ["kv_events", "prefix_affinity", "approx_tree", "round_robin", "ray_power_of_two",
-           "ray_prefix_cache_affinity"]
+ROUTERS = ["kv_events", "prefix_affinity", "ray_power_of_two", "ray_prefix_cache_affinity"]
+"""The default arms: two of ours through the adapter (precise from KV events; the Ray Serve
+LLM rule on token ids), Ray Serve's default, Ray Serve LLM's router (any
+`prefixcache.cluster` router name works with --routers)."""
 
 
 def free_port() -> int:

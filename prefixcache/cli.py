@@ -286,9 +286,16 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster_serve(args: argparse.Namespace) -> int:
-    from prefixcache.serve.ray_app import serve_cluster  # late: Ray, torch
+    from prefixcache.serve.cluster_config import load_cluster_serve_config, with_proxy_address
 
-    return serve_cluster(args.config, host=args.host, port=args.port)
+    # The whole file is checked before Ray is imported: a mistake is one line, in a second.
+    config = with_proxy_address(load_cluster_serve_config(args.config), host=args.host, port=args.port)
+    try:
+        from prefixcache.serve.ray_app import serve_cluster  # late: Ray, torch
+    except ImportError as err:
+        raise ConfigError("", f"`prefixcache cluster serve` needs the cluster extra (pip install "
+                          f"'prefixcache[cluster]'): {err}") from None
+    return serve_cluster(config)
 
 
 def build_cluster_serve_parser() -> argparse.ArgumentParser:

@@ -11,7 +11,6 @@ hold exactly the block hashes the replica's pool holds, copy for copy.
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections import Counter
 
@@ -24,52 +23,13 @@ httpx = pytest.importorskip("httpx")
 from prefixcache.cluster import KVIndex, PromptHasher  # noqa: E402
 from prefixcache.cluster.event_feed import EventFeed  # noqa: E402
 from prefixcache.engine.loader import load_model  # noqa: E402
-from prefixcache.event_wire import decode_seq, external_block_hash  # noqa: E402
+from prefixcache.event_wire import external_block_hash  # noqa: E402
 from prefixcache.serve.config import parse_serve_config  # noqa: E402
 from prefixcache.serve.server import Replica  # noqa: E402
+from lossy_forwarder import LossyForwarder  # noqa: E402
 from serve_cases import DEADLINE_S, LOOPBACK_ZMQ, idle, in_engine, running, wait_until  # noqa: E402
 
 BLOCK = 4
-
-
-class LossyForwarder:
-    """SUB from the replica's PUB, PUB to the feed on a free loopback port, dropping the
-    messages whose sequence numbers are in `drop`."""
-
-    def __init__(self, upstream: str, drop: set[int]) -> None:
-        ctx = zmq.Context.instance()
-        self.drop = drop
-        self.dropped: list[int] = []
-        self.forwarded = 0
-        self.last_seq = -1
-        self._sub = ctx.socket(zmq.SUB)
-        self._sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self._sub.setsockopt(zmq.LINGER, 0)
-        self._sub.connect(upstream)
-        self._pub = ctx.socket(zmq.PUB)
-        self._pub.setsockopt(zmq.LINGER, 0)
-        self._pub.bind("tcp://127.0.0.1:*")
-        self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if self._sub.poll(20):
-                frames = self._sub.recv_multipart()
-                seq = self.last_seq = decode_seq(frames[1])
-                if seq in self.drop:
-                    self.dropped.append(seq)
-                else:
-                    self._pub.send_multipart(frames)
-                    self.forwarded += 1
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(DEADLINE_S)
-        self._sub.close(linger=0)
-        self._pub.close(linger=0)
 
 
 def pool_hashes(engine) -> Counter:

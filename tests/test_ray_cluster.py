@@ -4,6 +4,11 @@
 One cluster for the module (Ray and two replicas take most of this file's time). The
 tests read what the router sees through the ingress's `GET /cluster/state`: per replica
 its requests routed, its blocks in the KV index and its event stream's counters.
+
+Every replica is a `LossyEngineReplica`: its KV events reach the router through a
+forwarder in the replica's process that drops the messages numbered `DROPPED`, so the
+router's index is only right if its event feed heals those holes through the replica's
+replay socket; every routing and cache-hit assertion below depends on that.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import dataclasses
 import json
 import random
 import socket
+import sys
 import time
 
 import pytest
@@ -25,14 +31,36 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 psutil = pytest.importorskip("psutil")  # a dependency of ray
 
+import lossy_forwarder  # noqa: E402
+from lossy_forwarder import LossyForwarder  # noqa: E402
+from prefixcache.cluster.ray_router import METADATA_KEY  # noqa: E402
 from prefixcache.serve.cluster_config import parse_cluster_serve_config  # noqa: E402
 from prefixcache.serve.ray_app import APP_NAME, ENGINE_DEPLOYMENT, ClusterServer  # noqa: E402
+from prefixcache.serve.ray_replica import EngineReplica  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
 BLOCK = 4
 DEADLINE_S = 60.0
 VOCAB = 256  # byte ids of the tiny model's tokenizer: every prompt is also text
+DROPPED = frozenset({1, 2, 5})  # each replica's event messages its router never receives
+
+
+class LossyEngineReplica(EngineReplica):
+    """An engine replica that tells routers to subscribe to a `LossyForwarder` of its
+    events, which drops the messages numbered `DROPPED` (replay stays the replica's own)."""
+
+    def record_replica_metadata(self) -> dict:
+        metadata = super().record_replica_metadata()
+        if getattr(self, "_forwarder", None) is None:
+            self._forwarder = LossyForwarder(metadata[METADATA_KEY]["endpoint"], drop=set(DROPPED))
+        metadata[METADATA_KEY]["endpoint"] = self._forwarder.endpoint
+        return metadata
+
+
+# Ray workers cannot import this module or the forwarder's: the class goes to them by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+ray.cloudpickle.register_pickle_by_value(lossy_forwarder)
 
 
 def free_port() -> int:
@@ -52,7 +80,7 @@ def cluster_config(router: str = "kv_events", **options):
 
 @pytest.fixture(scope="module")
 def cluster():
-    server = ClusterServer(cluster_config(), log_to_driver=False)
+    server = ClusterServer(cluster_config(), log_to_driver=False, replica_class=LossyEngineReplica)
     server.start()
     try:
         yield server
@@ -157,6 +185,25 @@ def test_requests_that_share_a_prefix_go_to_the_replica_that_caches_it(cluster):
         assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == len(shared)  # 6 whole blocks
     streams = state(cluster)["replicas"][holder[0]]["stream"]
     assert streams["lost"] == 0 and streams["batches"] > 0
+
+
+def test_an_event_gap_is_healed_through_replay(cluster):
+    # Enough requests that each replica has published past every dropped message.
+    for seed in range(10, 16):
+        complete(cluster, head(seed) + [seed])
+    rows = wait_for(lambda: (s := state(cluster)["replicas"]) and all(
+        r["stream"]["next_seq"] > max(DROPPED) + 1 for r in s.values()) and s, "events past the dropped ones")
+    for name, row in rows.items():
+        stream = row["stream"]
+        # Every dropped message came back through replay; none was given up as lost.
+        assert stream["gaps"] >= 1 and stream["replayed"] >= len(DROPPED) and stream["lost"] == 0, (name, stream)
+    # The healed index still routes a shared head to its holder, where it hits.
+    shared = head(6)
+    holder = cache_on_one_replica(cluster, shared + [3])
+    before = state(cluster)
+    out = complete(cluster, shared + [4])
+    assert routed_to(before, state(cluster)) == [holder]
+    assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == len(shared)
 
 
 async def _stream(client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int) -> dict:

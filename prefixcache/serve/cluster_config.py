@@ -26,6 +26,7 @@ Must never: start Ray, build an engine or import torch.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,12 +41,20 @@ from prefixcache.serve.config import SECTIONS as SERVE_SECTIONS
 from prefixcache.serve.config import ServeConfig, parse_serve_config
 
 __all__ = ["RayClusterConfig", "ClusterServeConfig", "RAY_ROUTERS", "parse_cluster_serve_config",
-           "load_cluster_serve_config", "is_cluster_serve_mapping"]
+           "load_cluster_serve_config", "with_proxy_address", "is_cluster_serve_mapping"]
 
 SECTIONS = (*SERVE_SECTIONS, "cluster")
 RAY_ROUTERS = ("ray_power_of_two", "ray_prefix_cache_affinity")
 """Ray Serve's own routers, the baselines: its default `PowerOfTwoChoicesRequestRouter`,
 and Ray Serve LLM's `PrefixCacheAffinityRouter` (which matches prompts as text)."""
+RAY_ROUTER_OPTIONS = {
+    "ray_power_of_two": (),
+    "ray_prefix_cache_affinity": ("imbalanced_threshold", "match_rate_threshold", "do_eviction",
+                                  "eviction_threshold_chars", "eviction_target_chars", "eviction_interval_secs"),
+}
+"""The options each of Ray's routers takes (`PrefixCacheAffinityRouter.initialize_state`'s
+keywords in Ray 2.60, but its `tree_actor`), checked at load so a typo is a one-line error,
+not a failed deployment."""
 _SET_PER_REPLICA = ("enabled", "endpoint", "replay_endpoint")
 _ANY_LOOPBACK_PORT = "tcp://127.0.0.1:*"
 
@@ -94,9 +103,17 @@ class RayClusterConfig:
                 raise ConfigError(name, f"must be a number > 0, got {getattr(self, name)!r}")
         if self.num_cpus is not None and self.num_cpus < 1:
             raise ConfigError("num_cpus", f"must be an integer >= 1 or null, got {self.num_cpus!r}")
-        if not 0 <= self.port <= 65535:
-            raise ConfigError("port", f"must be in [0, 65535], got {self.port!r}")
-        if self.router not in RAY_ROUTERS:
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 1 <= self.port <= 65535:
+            raise ConfigError("port", f"must be an integer in [1, 65535], got {self.port!r}")
+        if not isinstance(self.options, Mapping):
+            raise ConfigError("options", f"must be a mapping, got {type(self.options).__name__}")
+        if self.router in RAY_ROUTERS:
+            allowed = RAY_ROUTER_OPTIONS[self.router]
+            for key in self.options:
+                if key not in allowed:
+                    hint = f"it takes {', '.join(allowed)}" if allowed else "it takes none"
+                    raise ConfigError(f"options.{key}", f"is not an option of {self.router} ({hint})")
+        else:
             try:
                 RouterSpec(self.router, self.options)
             except ConfigError as err:
@@ -156,3 +173,16 @@ def parse_cluster_serve_config(data: Any, source: str | None = None) -> ClusterS
 def load_cluster_serve_config(source: str | Path) -> ClusterServeConfig:
     """The `cluster serve` file at `source`, validated."""
     return parse_cluster_serve_config(load_yaml(source), str(source))
+
+
+def with_proxy_address(config: ClusterServeConfig, *, host: str | None = None,
+                       port: int | None = None) -> ClusterServeConfig:
+    """`config` with Ray Serve's proxy at `host` / `port` where given (the CLI's --host,
+    --port); a ConfigError names the flag."""
+    changes: dict[str, Any] = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    if not changes:
+        return config
+    try:
+        return dataclasses.replace(config, cluster=dataclasses.replace(config.cluster, **changes))
+    except ConfigError as err:
+        raise ConfigError(f"--{err.path}", err.message) from None

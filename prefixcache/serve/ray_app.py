@@ -33,9 +33,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 from pathlib import Path
-from typing import Any
 
 LOCAL_RAY_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Ray's switch for a single-machine cluster: its node address is then 127.0.0.1, and
@@ -88,11 +88,14 @@ def ray_router_config(config: ClusterServeConfig) -> RequestRouterConfig | None:
     return RequestRouterConfig(request_router_class=PrefixCacheRequestRouter, request_router_kwargs=kwargs)
 
 
-def build_application(config: ClusterServeConfig) -> serve.Application:
-    """The ingress over N engine replicas (module docstring)."""
+def build_application(config: ClusterServeConfig, *, replica_class: type = EngineReplica) -> serve.Application:
+    """The ingress over N engine replicas (module docstring). `replica_class`: an
+    `EngineReplica` subclass in its place (tests inject faults with one)."""
+    if not (isinstance(replica_class, type) and issubclass(replica_class, EngineReplica)):
+        raise TypeError(f"replica_class must be EngineReplica or a subclass, got {replica_class!r}")
     cluster = config.cluster
     engine = config.serve.serving.engine
-    replicas = serve.deployment(EngineReplica).options(
+    replicas = serve.deployment(replica_class).options(
         name=ENGINE_DEPLOYMENT,
         num_replicas=cluster.replicas,
         max_ongoing_requests=cluster.max_ongoing_requests,
@@ -114,8 +117,10 @@ class ClusterServer:
     """A local Ray cluster, Ray Serve's proxy and the application (module docstring).
     `start()` returns the base URL (`http://HOST:PORT`) once every replica is up."""
 
-    def __init__(self, config: ClusterServeConfig, *, log_to_driver: bool = True) -> None:
+    def __init__(self, config: ClusterServeConfig, *, log_to_driver: bool = True,
+                 replica_class: type = EngineReplica) -> None:
         self.config = config
+        self.replica_class = replica_class
         self._log_to_driver = log_to_driver
         self.base_url: str | None = None
         self._started_ray = False
@@ -133,7 +138,7 @@ class ClusterServer:
         self._started_ray = True
         try:
             serve.start(http_options=HTTPOptions(host=cluster.host, port=cluster.port))
-            self.deploy(self.config)
+            self.deploy(self.config, replica_class=self.replica_class)
         except BaseException:
             self.stop()
             raise
@@ -141,13 +146,16 @@ class ClusterServer:
         self.base_url = f"http://{host}:{cluster.port}"
         return self.base_url
 
-    def deploy(self, config: ClusterServeConfig) -> None:
+    def deploy(self, config: ClusterServeConfig, *, replica_class: type | None = None) -> None:
         """Run `config`'s application in place of the current one (same cluster and proxy:
-        the benchmark switches routers this way; the replicas start afresh)."""
+        the benchmark switches routers this way; the replicas start afresh), with
+        `replica_class` from now on where given."""
+        replica_class = replica_class or self.replica_class
+        application = build_application(config, replica_class=replica_class)
         if serve.status().applications.get(APP_NAME) is not None:
             serve.delete(APP_NAME)
-        serve.run(build_application(config), name=APP_NAME, route_prefix="/")
-        self.config = config
+        serve.run(application, name=APP_NAME, route_prefix="/")
+        self.config, self.replica_class = config, replica_class
 
     def stop(self) -> None:
         """Shut Ray Serve and the Ray cluster down."""
@@ -167,17 +175,22 @@ class ClusterServer:
         self.stop()
 
 
-def serve_cluster(config_path: str | Path, *, host: str | None = None, port: int | None = None) -> int:
-    """`prefixcache cluster serve`: load the file, serve until interrupted (Ctrl-C, SIGTERM)."""
-    config = load_cluster_serve_config(config_path)
-    changes: dict[str, Any] = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
-    if changes:
-        import dataclasses
-
+def _check_port_free(host: str, port: int) -> None:
+    """A ConfigError now, rather than Ray Serve's proxy failing to start later."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
         try:
-            config = dataclasses.replace(config, cluster=dataclasses.replace(config.cluster, **changes))
-        except ConfigError as err:
-            raise ConfigError(f"--{err.path}", err.message) from None
+            probe.bind((host, port))
+        except OSError as err:
+            raise ConfigError("cluster.port", f"{host}:{port} cannot be listened on ({err.strerror or err})") from None
+
+
+def serve_cluster(config: ClusterServeConfig | str | Path) -> int:
+    """`prefixcache cluster serve`: serve `config` (or the file at that path) until
+    interrupted (Ctrl-C, SIGTERM)."""
+    if not isinstance(config, ClusterServeConfig):
+        config = load_cluster_serve_config(config)
+    _check_port_free(config.cluster.host, config.cluster.port)
     server = ClusterServer(config)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
