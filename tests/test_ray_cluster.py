@@ -282,7 +282,7 @@ def test_a_killed_replica_leaves_the_index_its_requests_end_cleanly_and_routing_
           f"{n - completed} ended with a 503")
 
 
-def test_ray_serve_llms_router_is_configured_from_the_file_without_vllm():
+def test_ray_s_own_routers_are_configured_from_the_file_without_vllm():
     # Live, it runs in benchmarks/bench_ray_cluster.py (a deployment of its own costs this
     # file ~40 s on a 2-core machine).
     config = cluster_config("ray_prefix_cache_affinity", imbalanced_threshold=5, match_rate_threshold=0.2)
@@ -290,4 +290,6 @@ def test_ray_serve_llms_router_is_configured_from_the_file_without_vllm():
     assert "PrefixCacheAffinityRouter" in str(router_config.request_router_class)
     assert router_config.request_router_kwargs == {"imbalanced_threshold": 5, "match_rate_threshold": 0.2}
     assert ray_app.ray_router_config(cluster_config("ray_power_of_two")) is None  # Ray Serve's default
+    for router in ("ray_power_of_two", "ray_prefix_cache_affinity", "prefix_affinity"):
+        ray_app.build_application(cluster_config(router))  # Ray's own checks of the deployment options
     assert "vllm" not in sys.modules

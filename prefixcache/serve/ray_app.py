@@ -95,14 +95,17 @@ def build_application(config: ClusterServeConfig, *, replica_class: type = Engin
         raise TypeError(f"replica_class must be EngineReplica or a subclass, got {replica_class!r}")
     cluster = config.cluster
     engine = config.serve.serving.engine
+    router_config = ray_router_config(config)
+    # Ray's default router: no option at all (Ray 2.60 refuses request_router_config=None).
+    router_option = {} if router_config is None else {"request_router_config": router_config}
     replicas = serve.deployment(replica_class).options(
         name=ENGINE_DEPLOYMENT,
         num_replicas=cluster.replicas,
         max_ongoing_requests=cluster.max_ongoing_requests,
         ray_actor_options={"num_cpus": cluster.replica_cpus},
         health_check_period_s=cluster.health_check_period_s,
-        request_router_config=ray_router_config(config),
         **_SHUTDOWN,
+        **router_option,
     )
     ingress = serve.deployment(serve.ingress()(ClusterIngress)).options(
         name=INGRESS_DEPLOYMENT, num_replicas=1, max_ongoing_requests=_INGRESS_MAX_ONGOING,
