@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from prefixcache.cli import main
+from prefixcache.registry import NO_IMPORT_ENV
 from prefixcache.workloads import synthetic_records, write_records
 
 CONFIGS = Path(__file__).parent.parent / "configs"
@@ -70,7 +71,7 @@ engine: {model: tiny}
 """
 
 
-def test_cluster_serve_refuses_a_bad_file_in_one_line_before_starting_ray(tmp_path, capsys):
+def test_cluster_serve_refuses_a_bad_file_in_one_line_before_starting_ray(tmp_path, capsys, monkeypatch):
     cases = {
         "cluster: {replicas: 2, routr: kv_events}\n": "cluster.routr: unknown key",
         "cluster: {router: kv_event}\n": "cluster.router: ",
@@ -91,6 +92,7 @@ def test_cluster_serve_refuses_a_bad_file_in_one_line_before_starting_ray(tmp_pa
         assert err.startswith(f"error: {path}: ") and err.count("\n") == 1 and expected in err, (tail, err)
     good = tmp_path / "good.yaml"
     good.write_text(SERVE_FILE + "cluster: {}\n")
+    monkeypatch.setenv(NO_IMPORT_ENV, "")  # so that what main() sets for --no-import is undone after the test
     assert main(["--no-import", "cluster", "serve", str(good), "--port", "70000"]) == 2
     assert capsys.readouterr().err == "error: --port: must be an integer in [1, 65535], got 70000\n"
     assert main(["cluster", "serve", str(tmp_path / "missing.yaml")]) == 2
