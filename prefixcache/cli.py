@@ -286,10 +286,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster_serve(args: argparse.Namespace) -> int:
-    from prefixcache.serve.cluster_config import load_cluster_serve_config, with_proxy_address
+    from prefixcache.serve.cluster_config import check_proxy_address_free, load_cluster_serve_config, with_proxy_address
 
-    # The whole file is checked before Ray is imported: a mistake is one line, in a second.
+    # The whole file and the proxy's address are checked before Ray is imported: a mistake
+    # is one line, in a second.
     config = with_proxy_address(load_cluster_serve_config(args.config), host=args.host, port=args.port)
+    check_proxy_address_free(config)
     try:
         from prefixcache.serve.ray_app import serve_cluster  # late: Ray, torch
     except ImportError as err:

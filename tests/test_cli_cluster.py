@@ -4,6 +4,7 @@ config, a Mooncake trace given with --trace, and the errors a user sees."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 from prefixcache.cli import main
@@ -97,6 +98,13 @@ def test_cluster_serve_refuses_a_bad_file_in_one_line_before_starting_ray(tmp_pa
     assert capsys.readouterr().err == "error: --port: must be an integer in [1, 65535], got 70000\n"
     assert main(["cluster", "serve", str(tmp_path / "missing.yaml")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["cluster", "serve", str(good), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cluster.port: 127.0.0.1:{port} cannot be listened on") and err.count("\n") == 1
 
 
 def test_cluster_serve_bad_input_is_one_line_and_exit_2_in_a_fresh_process(tmp_path):

@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
 from pathlib import Path
 
@@ -48,8 +47,11 @@ from ray._private import ray_constants  # noqa: E402
 from ray.serve.config import HTTPOptions, RequestRouterConfig  # noqa: E402
 
 from prefixcache.cluster.ray_router import PrefixCacheRequestRouter  # noqa: E402
-from prefixcache.config import ConfigError  # noqa: E402
-from prefixcache.serve.cluster_config import ClusterServeConfig, load_cluster_serve_config  # noqa: E402
+from prefixcache.serve.cluster_config import (  # noqa: E402
+    ClusterServeConfig,
+    check_proxy_address_free,
+    load_cluster_serve_config,
+)
 from prefixcache.serve.ray_ingress import ClusterIngress  # noqa: E402
 from prefixcache.serve.ray_replica import EngineReplica  # noqa: E402
 
@@ -178,22 +180,12 @@ class ClusterServer:
         self.stop()
 
 
-def _check_port_free(host: str, port: int) -> None:
-    """A ConfigError now, rather than Ray Serve's proxy failing to start later."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as probe:
-        try:
-            probe.bind((host, port))
-        except OSError as err:
-            raise ConfigError("cluster.port", f"{host}:{port} cannot be listened on ({err.strerror or err})") from None
-
-
 def serve_cluster(config: ClusterServeConfig | str | Path) -> int:
     """`prefixcache cluster serve`: serve `config` (or the file at that path) until
     interrupted (Ctrl-C, SIGTERM)."""
     if not isinstance(config, ClusterServeConfig):
         config = load_cluster_serve_config(config)
-    _check_port_free(config.cluster.host, config.cluster.port)
+    check_proxy_address_free(config)
     server = ClusterServer(config)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
