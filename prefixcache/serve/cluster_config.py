@@ -1,0 +1,203 @@
+"""The file of `prefixcache cluster serve`: every replica's engine, and the Ray Serve
+cluster around them.
+
+Owns `ClusterServeConfig`: the serve file's sections (`cache:`, `engine:`, `kv_events:`,
+each replica's, as `prefixcache serve` reads them) plus `cluster:` (`RayClusterConfig`),
+validated once at load, so a mistake names the file, the key path and what is allowed.
+Example (configs/cluster_serve.yaml)::
+
+    cache:  {backend: hash, block_size: 16, num_blocks: 1024}
+    engine: {model: tiny, num_threads: 1}
+    cluster:
+      replicas: 2
+      router: kv_events        # a prefixcache router, or ray_power_of_two / ray_prefix_cache_affinity
+      options: {}
+      port: 8000
+
+Each replica publishes its KV events on free loopback ports of its own, so `kv_events:`
+takes no `enabled`, `endpoint` or `replay_endpoint` here (the other keys: topic,
+buffer_steps, hwm, ...). The hash seed (`cache.hash.seed`) is resolved when the file is
+loaded, as one replica would resolve it (`prefixcache.hashing.resolve_seed`), and the
+result given to every replica and to the router, so all of them hash alike, even with
+xxhash's per-process random seed.
+
+Must never: start Ray, build an engine or import torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefixcache.cluster.config import RouterSpec
+from prefixcache.config import ConfigError, from_mapping, load_yaml, to_plain
+from prefixcache.engine.config import check_sections
+from prefixcache.hashing import resolve_seed
+from prefixcache.serve.config import SECTIONS as SERVE_SECTIONS
+from prefixcache.serve.config import ServeConfig, parse_serve_config
+
+__all__ = ["RayClusterConfig", "ClusterServeConfig", "RAY_ROUTERS", "parse_cluster_serve_config",
+           "load_cluster_serve_config", "with_proxy_address", "check_proxy_address_free",
+           "is_cluster_serve_mapping"]
+
+SECTIONS = (*SERVE_SECTIONS, "cluster")
+RAY_ROUTERS = ("ray_power_of_two", "ray_prefix_cache_affinity")
+"""Ray Serve's own routers, the baselines: its default `PowerOfTwoChoicesRequestRouter`,
+and Ray Serve LLM's `PrefixCacheAffinityRouter` (which matches prompts as text)."""
+RAY_ROUTER_OPTIONS = {
+    "ray_power_of_two": (),
+    "ray_prefix_cache_affinity": ("imbalanced_threshold", "match_rate_threshold", "do_eviction",
+                                  "eviction_threshold_chars", "eviction_target_chars", "eviction_interval_secs"),
+}
+"""The options each of Ray's routers takes (`PrefixCacheAffinityRouter.initialize_state`'s
+keywords in Ray 2.60, but its `tree_actor`), checked at load so a typo is a one-line error,
+not a failed deployment."""
+_SET_PER_REPLICA = ("enabled", "endpoint", "replay_endpoint")
+_ANY_LOOPBACK_PORT = "tcp://127.0.0.1:*"
+
+
+@dataclass(frozen=True)
+class RayClusterConfig:
+    """The `cluster:` section. SECONDS unless a name says otherwise.
+
+    replicas:              engine replicas (the deployment's num_replicas)
+    router:                a prefixcache router (round_robin, power_of_two, approx_tree,
+                           prefix_affinity, kv_events, an entry point or "module:Class"),
+                           run as a Ray Serve request router; or one of Ray's own:
+                           ray_power_of_two, ray_prefix_cache_affinity
+    options:               the router's options (Ray's routers: their initialize_state
+                           keywords, e.g. imbalanced_threshold)
+    max_ongoing_requests:  requests a replica is sent at once (Ray Serve's limit)
+    replica_cpus:          Ray logical CPUs each replica reserves (the ingress: 0.5)
+    health_check_period_s: how often Ray Serve checks each replica (a dead one is replaced)
+    max_attempts:          calls a request may take when replicas die before it streams
+    stall_timeout_s:       a replica silent this long on a request counts as failed
+    num_cpus:              the local Ray cluster's logical CPUs (null: this machine's)
+    host, port:            where Ray Serve's HTTP proxy listens
+    served_model_name:     what requests name as `model` (null: engine.model)
+    """
+
+    replicas: int = 2
+    router: str = "kv_events"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    max_ongoing_requests: int = 64
+    replica_cpus: float = 1.0
+    health_check_period_s: float = 1.0
+    max_attempts: int = 3
+    stall_timeout_s: float = 300.0
+    num_cpus: int | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("replicas", "max_ongoing_requests", "max_attempts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(name, f"must be an integer >= 1, got {value!r}")
+        for name in ("replica_cpus", "health_check_period_s", "stall_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(name, f"must be a number > 0, got {getattr(self, name)!r}")
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ConfigError("num_cpus", f"must be an integer >= 1 or null, got {self.num_cpus!r}")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 1 <= self.port <= 65535:
+            raise ConfigError("port", f"must be an integer in [1, 65535], got {self.port!r}")
+        if not isinstance(self.options, Mapping):
+            raise ConfigError("options", f"must be a mapping, got {type(self.options).__name__}")
+        if self.router in RAY_ROUTERS:
+            allowed = RAY_ROUTER_OPTIONS[self.router]
+            for key in self.options:
+                if key not in allowed:
+                    hint = f"it takes {', '.join(allowed)}" if allowed else "it takes none"
+                    raise ConfigError(f"options.{key}", f"is not an option of {self.router} ({hint})")
+        else:
+            try:
+                RouterSpec(self.router, self.options)
+            except ConfigError as err:
+                raise ConfigError(err.path, f"{err.message} (or one of Ray's: {', '.join(RAY_ROUTERS)})") from None
+        object.__setattr__(self, "options", types.MappingProxyType(dict(self.options)))
+
+    @property
+    def is_ray_router(self) -> bool:
+        return self.router in RAY_ROUTERS
+
+
+@dataclass(frozen=True)
+class ClusterServeConfig:
+    """What `prefixcache cluster serve` runs: `serve` (one replica's engine and events, its
+    hash seed resolved, its event sockets on free loopback ports), `replica_data` (the
+    same as the mapping each replica parses), and `cluster`."""
+
+    serve: ServeConfig
+    replica_data: Mapping[str, Any]
+    cluster: RayClusterConfig
+
+    def plain(self) -> dict[str, Any]:
+        """The resolved file as plain data (for `prefixcache validate`)."""
+        serving = to_plain(self.serve.serving)
+        return {**serving, "kv_events": to_plain(self.serve.kv_events), "cluster": to_plain(self.cluster)}
+
+
+def is_cluster_serve_mapping(data: Mapping[str, Any]) -> bool:
+    """Whether a YAML file's top level is a `cluster serve` file (it has `cluster:`)."""
+    return "cluster" in data
+
+
+def parse_cluster_serve_config(data: Any, source: str | None = None) -> ClusterServeConfig:
+    """A top-level mapping with `cache:`, `engine:`, optional `kv_events:` and `cluster:`."""
+    check_sections(data, SECTIONS, source)
+    try:
+        cluster = from_mapping(RayClusterConfig, data.get("cluster"), "cluster")
+        events = data.get("kv_events") or {}
+        if not isinstance(events, Mapping):
+            raise ConfigError("kv_events", f"must be a mapping, got {type(events).__name__}")
+        for key in _SET_PER_REPLICA:
+            if key in events:
+                raise ConfigError(f"kv_events.{key}", "is set per replica by cluster serve (events on, free "
+                                  "loopback ports); leave it out")
+    except ConfigError as err:
+        raise err.within("", source) from None
+    replica = {k: v for k, v in data.items() if k != "cluster"}
+    per_replica = {**events, "enabled": True, "endpoint": _ANY_LOOPBACK_PORT, "replay_endpoint": _ANY_LOOPBACK_PORT}
+    cache = parse_serve_config({**replica, "kv_events": per_replica}, source).serving.cache
+    cache_data = dict(replica.get("cache") or {})
+    cache_data["hash"] = {**dict(cache_data.get("hash") or {}), "seed": resolve_seed(cache.hash.algorithm, cache.hash.seed)}
+    replica["cache"] = cache_data
+    replica["kv_events"] = per_replica
+    return ClusterServeConfig(parse_serve_config(replica, source), types.MappingProxyType(replica), cluster)
+
+
+def load_cluster_serve_config(source: str | Path) -> ClusterServeConfig:
+    """The `cluster serve` file at `source`, validated."""
+    return parse_cluster_serve_config(load_yaml(source), str(source))
+
+
+def with_proxy_address(config: ClusterServeConfig, *, host: str | None = None,
+                       port: int | None = None) -> ClusterServeConfig:
+    """`config` with Ray Serve's proxy at `host` / `port` where given (the CLI's --host,
+    --port); a ConfigError names the flag."""
+    changes: dict[str, Any] = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    if not changes:
+        return config
+    try:
+        return dataclasses.replace(config, cluster=dataclasses.replace(config.cluster, **changes))
+    except ConfigError as err:
+        raise ConfigError(f"--{err.path}", err.message) from None
+
+
+def check_proxy_address_free(config: ClusterServeConfig) -> None:
+    """A ConfigError now if nothing can listen on `cluster.host:port` (in use, or a host
+    not of this machine), rather than Ray Serve's proxy failing once Ray is up."""
+    host, port = config.cluster.host, config.cluster.port
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the proxy's server does
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise ConfigError("cluster.port", f"{host}:{port} cannot be listened on ({err.strerror or err})") from None

@@ -1,0 +1,213 @@
+"""The OpenAI-compatible front of `prefixcache cluster serve`: a Ray Serve ingress over the
+engine replicas.
+
+Owns `ClusterIngress`, the ingress deployment class: the serving layer's own request
+routes and error bodies (`app.add_openai_routes`, `errors.install_handlers`) over a
+`RoutedEngine`, plus `GET /cluster/state` (what the request router of the replicas'
+deployment sees: `PrefixCacheRequestRouter.state()`). And `RoutedEngine`: it submits like
+an `EngineLoop`, but each request is a streaming call to the `EngineReplica` deployment
+through a Ray Serve handle, so the deployment's request router picks its replica.
+
+Failover. When the replica holding a request dies or cannot be reached (a
+`RayActorError`, `ReplicaUnavailableError`), or sends nothing for `stall_timeout_s`
+SECONDS (the call is then cancelled):
+- if the request has not streamed a token yet, it is sent again through the router
+  (Ray drops a replica that failed a call from its candidates), up to `max_attempts`
+  calls in all;
+- else, or when the attempts are spent, its stream ends with a `Failed` holding an
+  `APIError` 503 ("Service Unavailable"): an OpenAI-style error chunk then `[DONE]` for a
+  stream, a 503 error body for a plain request. Tokens already sent cannot be taken back.
+Every submitted request therefore ends with exactly one `Finished` or `Failed`, unless
+its client aborts it; nothing waits without a bound.
+
+Must never: run a model (only the tokenizer), pick a replica (the router does), or
+answer a request with a 500 for a replica's failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import ReplicaUnavailableError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from prefixcache.cluster.live_routers import live_routers
+from prefixcache.engine.engine import GenerationRequest
+from prefixcache.engine.loader import load_tokenizer
+from prefixcache.engine.tokenizer import Tokenizer
+from prefixcache.serve.app import ReplicaInfo, add_openai_routes
+from prefixcache.serve.engine_loop import Failed, Finished, StreamItem, Tokens
+from prefixcache.serve.errors import APIError, install_handlers
+from prefixcache.serve.ray_replica import Admitted, EngineCall
+
+__all__ = ["ClusterIngress", "RoutedEngine", "RoutedStream", "REPLICA_FAILURES"]
+
+_log = logging.getLogger(__name__)
+
+REPLICA_FAILURES = (RayActorError, ReplicaUnavailableError, TimeoutError)
+"""What a call raises when its replica, not its request, failed (TimeoutError: a stall)."""
+
+
+class RoutedEngine:
+    """`EngineLoop`'s `submit` / `abort` over a handle to the replicas (module docstring).
+    `stall_timeout_s`: SECONDS a call may go without an item before it counts as failed."""
+
+    def __init__(self, replicas: DeploymentHandle, tokenizer: Tokenizer, *, max_attempts: int = 3,
+                 stall_timeout_s: float = 120.0) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts!r}")
+        self._handle = replicas.options(stream=True)
+        self.tokenizer = tokenizer
+        self.max_attempts = max_attempts
+        self.stall_timeout_s = stall_timeout_s
+        self._streams: dict[str, RoutedStream] = {}
+        self.resubmitted = 0  # requests sent again after their replica failed before streaming
+        self.failed = 0  # requests that ended in a 503 for their replica's failure
+
+    @property
+    def alive(self) -> bool:
+        return True
+
+    async def submit(self, request: GenerationRequest) -> RoutedStream:
+        """Send `request` (token ids, its `request_id` set) through the router; returns once
+        a replica has admitted it. `ValueError` if the engine refuses it (a 400), an
+        `APIError` 503 if no replica could take it in `max_attempts` calls."""
+        call = EngineCall(request, self.tokenizer.decode(list(request.prompt)))  # type: ignore[arg-type]
+        stream = RoutedStream(self, call)
+        await stream.start()
+        self._streams[stream.request_id] = stream
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.cancel()
+
+    def _done(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    def _call(self, call: EngineCall) -> DeploymentResponseGenerator:
+        return self._handle.generate.remote(call)
+
+
+class RoutedStream:
+    """One request's items from its replica, with failover (module docstring)."""
+
+    def __init__(self, engine: RoutedEngine, call: EngineCall) -> None:
+        self._engine = engine
+        self._call = call
+        self.request_id = call.generation.request_id or ""
+        self.prompt_tokens = len(call.prompt_token_ids)
+        self.attempts = 0
+        self._streamed = False  # a Tokens item went out: no failover any more
+        self._ended = False
+        self._gen: DeploymentResponseGenerator | None = None
+
+    async def start(self) -> None:
+        """Call replicas until one admits the request."""
+        while True:
+            self.attempts += 1
+            self._gen = self._engine._call(self._call)
+            try:
+                first = await self._next()
+            except REPLICA_FAILURES as err:
+                if self.attempts < self._engine.max_attempts:
+                    self._engine.resubmitted += 1
+                    _log.warning("request %s: its replica failed before admitting it (%s); sending it again",
+                                 self.request_id, _why(err))
+                    continue
+                self._engine.failed += 1
+                raise self._unavailable(err) from None
+            except ValueError as err:  # the engine's refusal, raised in the replica (RayTaskError(ValueError))
+                raise ValueError(str(getattr(err, "cause", err))) from None
+            if not isinstance(first, Admitted):
+                raise RuntimeError(f"a replica answered {type(first).__name__} before admitting the request")
+            return
+
+    async def _next(self) -> Any:
+        assert self._gen is not None
+        try:
+            return await asyncio.wait_for(self._gen.__anext__(), self._engine.stall_timeout_s)
+        except (asyncio.TimeoutError, TimeoutError):
+            self._gen.cancel()
+            raise TimeoutError(f"no answer from the replica in {self._engine.stall_timeout_s:g} s") from None
+
+    def __aiter__(self) -> RoutedStream:
+        return self
+
+    async def __anext__(self) -> StreamItem:
+        if self._ended:
+            raise StopAsyncIteration
+        while True:
+            try:
+                item = await self._next()
+            except REPLICA_FAILURES as err:
+                if not self._streamed and self.attempts < self._engine.max_attempts:
+                    self._engine.resubmitted += 1
+                    _log.warning("request %s: its replica failed before its first token (%s); sending it again",
+                                 self.request_id, _why(err))
+                    try:
+                        await self.start()
+                    except APIError as unavailable:
+                        return self._end(Failed(unavailable))
+                    continue
+                self._engine.failed += 1
+                return self._end(Failed(self._unavailable(err)))
+            except StopAsyncIteration:
+                return self._end(Failed(APIError("the replica's stream ended without a result", status=503)))
+            if isinstance(item, Tokens):
+                self._streamed = True
+            elif isinstance(item, (Finished, Failed)):
+                return self._end(item)
+            return item
+
+    def _end(self, item: StreamItem) -> StreamItem:
+        self._ended = True
+        self._engine._done(self.request_id)
+        return item
+
+    def _unavailable(self, err: BaseException) -> APIError:
+        where = "while it was streaming" if self._streamed else f"after {self.attempts} attempt(s)"
+        return APIError(f"the replica serving this request failed {where}: {_why(err)}", status=503)
+
+    def cancel(self) -> None:
+        """The client went away: cancel the call (the replica aborts the request)."""
+        self._ended = True
+        if self._gen is not None:
+            self._gen.cancel()
+
+
+def _why(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+class ClusterIngress:
+    """The ingress deployment class (module docstring); `serve.ingress()` wraps it at
+    application build time (`prefixcache.serve.ray_app`). `model`: the engine's model
+    name (the tokenizer is loaded from it); `options`: `max_attempts`, `stall_timeout_s`."""
+
+    async def __init__(self, replicas: DeploymentHandle, model: str, chat_template: str | None = None,
+                       options: Mapping[str, Any] | None = None) -> None:
+        self.tokenizer = load_tokenizer(model, chat_template=chat_template)
+        self.engine = RoutedEngine(replicas, self.tokenizer, **dict(options or {}))
+        self.info: ReplicaInfo = await replicas.info.remote()
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        app = FastAPI(title="prefixcache cluster", docs_url=None, redoc_url=None, openapi_url=None)
+        install_handlers(app)
+        add_openai_routes(app, self.engine, self.info, self.tokenizer)
+        engine = self.engine
+
+        @app.get("/cluster/state")
+        async def cluster_state() -> dict[str, Any]:
+            routers = [await r.state_from_any_loop() for r in live_routers()]
+            return {"routers": routers, "ingress": {"resubmitted": engine.resubmitted, "failed": engine.failed,
+                                                    "in_flight": len(engine._streams)}}
+
+        return app
