@@ -215,17 +215,34 @@ class RadixCache(PrefixCache):
     @guarded
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         req = self._requests.get(request_id)
-        before = len(req.tokens)
-        n = extend_tokens(req.tokens, tokens)  # the one converter (check_tokens' rule), empty allowed
+        held = req.tokens
+        before = len(held)
+        n = extend_tokens(held, tokens)  # the one converter (check_tokens' rule), empty allowed
+        tried = False
+        if n == 1:
+            # A decode step, once per generated token: _grow's two common outcomes inline
+            # (a block is free and no page starts; the new page allocated), the rest there.
+            table = req.block_table
+            needed = -(-(before + 1) // self.block_size) - len(table)
+            if needed <= 0:
+                if self.pool.num_free:
+                    return []
+            else:
+                blocks = self.pool.allocate(needed)
+                if blocks is not None:
+                    table.extend(blocks)
+                    return blocks
+                tried = True
         try:
-            return self._grow(req, before, n)
+            return self._grow(req, before, n, tried)
         except BaseException:  # a Python policy raised: the request keeps the tokens it had
-            del req.tokens[before:]
+            del held[before:]
             raise
 
-    def _grow(self, req: _RadixRequest, before: int, n: int) -> list[int] | None:
+    def _grow(self, req: _RadixRequest, before: int, n: int, tried: bool = False) -> list[int] | None:
         """Blocks for a request's `n` new TOKENS (already in req.tokens after `before`),
-        with the room SGLang's scheduler asks for; None (tokens removed) if they do not fit."""
+        with the room SGLang's scheduler asks for; None (tokens removed) if they do not fit.
+        `tried`: a decode step's allocation already failed (append's fast path)."""
         bs = self.block_size
         needed = -(-(before + n) // bs) - len(req.block_table)
         if n == 1:
@@ -236,7 +253,7 @@ class RadixCache(PrefixCache):
                 if self.pool.num_free == 0:
                     self._make_room(bs)
                 return []
-            blocks = self.pool.allocate(needed)
+            blocks = None if tried else self.pool.allocate(needed)
             if blocks is not None:
                 req.block_table.extend(blocks)
                 return blocks

@@ -471,3 +471,19 @@ def test_decode_step_makes_a_page_of_room_as_sglang_does():
     assert cache.append("b", [10]) == []  # no block needed, but no room: evict a page
     assert cache.stats().evictions == 1 and cache.match([1, 2]).num_tokens == 0
     cache.check_invariants()
+
+
+def test_decode_step_that_starts_a_page_evicts_when_no_block_is_free():
+    """append's fast path tries the allocation once; when it fails, _grow evicts a cached
+    page and allocates (no second failed try, no refusal). Page 1: every step starts one."""
+    cache = radix(block_size=1, num_blocks=4)
+    run(cache, "a", [1, 2])  # caches [1, 2]
+    cache.admit("b", [5, 6])
+    cache.commit("b", 2)
+    assert cache.pool.num_free == 0
+    new = cache.append("b", [7])
+    assert len(new) == 1 and cache.block_table("b")[-1] == new[0]
+    assert cache.stats().evictions >= 1 and cache.match([1, 2]).num_tokens < 2
+    cache.commit("b", 3)
+    cache.release("b")
+    cache.check_invariants()
