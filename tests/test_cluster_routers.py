@@ -117,9 +117,27 @@ def test_kv_events_cost_is_dynamos_formula():
     cached(index, 1, PROMPT[:64])  # 4 of the prompt's 10 blocks on replica 1
     router = KVEventsRouter(context(index), KVEventsOptions(overlap_score_weight=2.0))
     c = loads((0, 0, 32, 5), (0, 0, 0, 7), (0, 0, 160, 0))
-    # weight * (prefill_tokens + P - o*B) / B + active_blocks + (ceil(P/B) - o)
-    assert router.costs(c, request(PROMPT)) == [2 * (32 + 160) / 16 + 5 + 10, 2 * (0 + 96) / 16 + 7 + 6,
+    # weight * ((prefill_tokens + P) / B - o) + active_blocks + floor(P / B): the new blocks
+    # are counted against the active ones (none shared that the router knows of), not the cache
+    assert router.costs(c, request(PROMPT)) == [2 * (32 + 160) / 16 + 5 + 10, 2 * ((0 + 160) / 16 - 4) + 7 + 10,
                                                 2 * (160 + 160) / 16 + 0 + 10]
+    ragged = PROMPT + list(range(9000, 9010))  # 170 tokens: 10 full blocks and a partial one
+    assert router.costs(c, request(ragged)) == [2 * (32 + 170) / 16 + 5 + 10, 2 * ((0 + 170) / 16 - 4) + 7 + 10,
+                                                2 * (160 + 170) / 16 + 0 + 10]
+
+
+def test_kv_events_credits_a_cached_prefix_once_in_the_prefill_term():
+    index = KVIndex()
+    for r in range(2):
+        index.add_replica(r)
+    cached(index, 0, PROMPT)  # every block on replica 0: its prefill is 0 blocks, replica 1's 10
+    router = KVEventsRouter(context(index))
+    assert choose(router, loads((0, 1, 0, 9), (0, 0, 0, 0)), request(PROMPT)) == 0  # 0 + 9 + 10 < 10 + 0 + 10
+    # 0 + 11 + 10 > 10 + 0 + 10: the cache saved replica 0's prefill, and its 11 active
+    # blocks still count. Charging the new decode blocks against the cache (0 + 11 + 0)
+    # would credit the 10 cached blocks twice and pick replica 0.
+    assert router.costs(loads((0, 1, 0, 11), (0, 0, 0, 0)), request(PROMPT)) == [21.0, 20.0]
+    assert choose(router, loads((0, 1, 0, 11), (0, 0, 0, 0)), request(PROMPT)) == 1
 
 
 def test_the_native_cost_takes_int64_columns_or_int_sequences_and_refuses_the_rest():
@@ -152,14 +170,16 @@ def test_kv_events_follows_the_cache_when_loads_are_even_and_the_load_when_not()
     assert choose(blind, loads((0, 0, 0, 30), (0, 0, 0, 8), (0, 0, 0, 8), (0, 0, 0, 9)), request(OTHER)) in (1, 2)
 
 
-def test_kv_events_ties_go_to_the_replica_with_the_fewest_cached_blocks():
+def test_kv_events_breaks_ties_at_random_whatever_each_replica_holds():
     index = KVIndex()
     for r in range(3):
         index.add_replica(r)
     cached(index, 0, OTHER)
     cached(index, 2, OTHER[:48])
     c = loads(*[(0, 0, 0, 0)] * 3)
-    assert choose(KVEventsRouter(context(index)), c, request(PROMPT)) == 1  # no overlap anywhere; 1 holds least
+    # no overlap anywhere, equal loads: Dynamo picks among the tied uniformly, not by cache size
+    picks = Counter(choose(KVEventsRouter(context(index, seed=s)), c, request(PROMPT)) for s in range(60))
+    assert set(picks) == {0, 1, 2}
     index.clear(0)
     index.clear(2)
     picks = Counter(choose(KVEventsRouter(context(index, seed=s)), c, request(PROMPT)) for s in range(60))
