@@ -92,7 +92,7 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from prefixcache._C import BlockContents, BlockEvictor, BlockPool, CallbackBlockEvictor, InvariantError, token_array
+from prefixcache._C import BlockContents, BlockEvictor, BlockPool, CallbackBlockEvictor, InvariantError, extend_tokens
 from prefixcache.config import CacheConfig
 from prefixcache.events import (
     FULL_ATTENTION,
@@ -106,9 +106,9 @@ from prefixcache.events import (
 )
 from prefixcache.hashing import CRYPTOGRAPHIC, chain_digests, namespace_extra_keys, none_hash
 from prefixcache.isolation import exact_bytes
-from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, token_buffer
+from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded, token_buffer
 from prefixcache.registry import register_backend, resolve_eviction_policy
-from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_tokens
+from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_priority, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
 
 __all__ = ["HashCache", "HashRequest", "VERIFY_HITS"]
@@ -181,6 +181,7 @@ class HashCache(PrefixCache):
         self._last_refused: tuple[Hashable, Namespace, list[int], bytes] | None = None
 
     # -- look-up --------------------------------------------------------------------
+    @guarded
     def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
         tokens = check_tokens(tokens, allow_empty=True)
         namespace = check_namespace(namespace)
@@ -198,13 +199,13 @@ class HashCache(PrefixCache):
         return Match(len(hits) * self.block_size, tuple(hits))
 
     # -- request lifecycle ------------------------------------------------------------
+    @guarded
     def admit(
         self, request_id: Hashable, tokens: Sequence[int], *, namespace: Namespace = None, priority: int = 0
     ) -> Admission | None:
         """`priority` (int): kept by the blocks the request hits and caches, for
         `eviction: priority`."""
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+        priority = check_priority(priority)
         tokens = check_tokens(tokens)  # our own typed copy, read once in C++: append extends it
         namespace = check_namespace(namespace)
         self._requests.check_new(request_id)
@@ -236,6 +237,9 @@ class HashCache(PrefixCache):
         self._last_refused = None
         # Pin before allocating, so allocation cannot evict them.
         if self._evictor is not None:
+            # The policy's victims first, never a hit (a failing policy then changes nothing),
+            # then the pins; allocation below takes only keyless blocks.
+            self._record_removed(self._evictor.make_room(num_new, pinned))
             self._evictor.admit(pinned, len(tokens) // bs * bs, priority)
         elif pinned:
             self.pool.touch(pinned)
@@ -262,28 +266,32 @@ class HashCache(PrefixCache):
             self._stats.verify_failures += 1
         return Admission(BlockIds(table), num_hit_tokens, copies)
 
+    @guarded
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         # Called once per decoded token: kept to the bare arithmetic.
         request = self._requests.get(request_id)
-        # Checked here, in C++, so a bad id never reaches commit; ids beyond int64 as ints.
-        new = token_array(tokens)
-        if new is None:
+        held = request.tokens
+        before = len(held)
+        # Checked here, in C++, so a bad id never reaches commit; appended in the same call.
+        if not isinstance(held, array) or extend_tokens(held, tokens) is None:
+            # Ids beyond int64 (CBOR bignums): the request keeps its ids as ints from now on.
             new = token_buffer(tokens)
-            if isinstance(request.tokens, array):
-                request.tokens = request.tokens.tolist()
-        tokens = new
+            if isinstance(held, array):
+                held = request.tokens = held.tolist()
+            held.extend(new)
         bs = self.block_size
-        num_new = (len(request.tokens) + len(tokens) + bs - 1) // bs - len(request.block_table)
+        num_new = (len(held) + bs - 1) // bs - len(request.block_table)
         new_blocks: list[int] = []
         if num_new > 0:
             if num_new > self.pool.num_free:
+                del held[before:]
                 self._stats.rejected += 1
                 return None
             new_blocks = self._allocate(num_new)
             request.block_table.extend(new_blocks)
-        request.tokens.extend(tokens)
         return new_blocks
 
+    @guarded
     def commit(self, request_id: Hashable, num_computed_tokens: int) -> None:
         request = self._requests.get(request_id)
         n = num_computed_tokens
@@ -291,13 +299,18 @@ class HashCache(PrefixCache):
         if type(n) is not int or not request.num_computed <= n <= len(request.tokens):
             n = request.check_commit(n)
         num_full_blocks = n // self.block_size
-        if num_full_blocks > request.num_cached_blocks:  # most decode steps fill no block
+        cached_from = request.num_cached_blocks
+        if num_full_blocks > cached_from:  # most decode steps fill no block
             self._cache_full_blocks(request, num_full_blocks)  # may raise: nothing changed yet
         request.num_computed = n
         if request.copy_source is not None:  # the engine has done the copy by now
             self._unpin([request.copy_source], request)
             request.copy_source = None
+        if num_full_blocks > cached_from:
+            # Last, once the commit is whole: a hook that raises finds it done and consistent.
+            self.blocks_cached(request, cached_from, num_full_blocks)
 
+    @guarded
     def release(self, request_id: Hashable) -> None:
         # Every full computed block was cached by its commit; only freeing is left.
         request = self._requests.get(request_id)
@@ -307,10 +320,12 @@ class HashCache(PrefixCache):
         self._unpin(table, request)  # a Python policy may raise here: then the request stays live
         self._requests.pop(request_id)
 
+    @guarded
     def block_table(self, request_id: Hashable) -> Sequence[int]:
         return BlockIds(self._requests.get(request_id).block_table)
 
     # -- maintenance ------------------------------------------------------------------
+    @guarded
     def evict(self, num_blocks: int) -> int:
         """Drop the hashes of up to `num_blocks` free cached blocks, in the policy's
         order (LRU: least recently freed first). They were already free; now they can
@@ -323,6 +338,7 @@ class HashCache(PrefixCache):
         self._record_removed(removed)
         return len(removed)
 
+    @guarded
     def reset(self) -> bool:
         if self.pool.num_pinned:
             return False
@@ -334,14 +350,17 @@ class HashCache(PrefixCache):
         self._events.record(AllBlocksCleared())
         return True
 
+    @guarded
     def stats(self) -> CacheStats:
         self._stats.evictions = self.pool.num_evicted - self._evicted_at_reset
         self._stats.events_dropped = self._events.dropped
         return self._stats.snapshot()
 
+    @guarded
     def drain_events(self) -> list[KVEvent]:
         return self._events.drain()
 
+    @guarded
     def check_invariants(self) -> None:
         self.pool.check_invariants()
         if self._evictor is not None:
@@ -413,7 +432,8 @@ class HashCache(PrefixCache):
 
     def blocks_cached(self, request: HashRequest, start: int, stop: int) -> None:
         """Hook: blocks [start, stop) of `request.block_table` were just indexed under
-        `block_hash(request, i)`. Default: nothing."""
+        `block_hash(request, i)`, called at the end of the `commit` that did it (if it
+        raises, the commit is done and the error passed on). Default: nothing."""
 
     def block_hash(self, request: HashRequest, i: int) -> bytes:
         """The chained hash of the request's block i (its first full blocks only)."""
@@ -531,7 +551,6 @@ class HashCache(PrefixCache):
         if self._evictor is not None:
             self._evictor.cached(blocks, keys, ds, request.priority)
         request.num_cached_blocks = num_full_blocks
-        self.blocks_cached(request, start, num_full_blocks)
         if self._events.enabled:
             self._events.record(self._stored_event(request, start, num_full_blocks))
 

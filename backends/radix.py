@@ -13,25 +13,36 @@ live request uses, or leave anything changed by an `admit`/`append` that returns
 How SGLang's scheduler calls map onto the protocol (`mem_cache/radix_cache.py`,
 `mem_cache/common.py`, `managers/schedule_batch.py`):
 
-- `admit` = `match_prefix` on `tokens[:-1]` (`adjust_max_prefix_ids`: the last prompt
-  token is always computed) cut to whole pages, `inc_lock_ref` on the last matched
-  node, then `alloc_token_slots` for the rest of the prompt. Short of free blocks, the
-  tree evicts the SHORTFALL (the blocks the allocation needs beyond the free ones), as
-  SGLang 0.5.23's allocator does (`evict_to_free_tokens`; up to 0.5.6 it evicted the
-  whole demand), and the allocation is retried. Feasibility is checked first (needed blocks <= free
-  blocks + evictable blocks outside the matched path), so a refused admission changes
-  nothing: no split, no recency, no stats but `rejected`.
-- `commit(n)` = `cache_unfinished_req`: the full pages of `tokens[:n]` are inserted,
-  the request's copies of pages the tree already had are freed and its block table is
-  re-pointed to the tree's blocks (protocol rule 4: radix frees the request's copy),
-  and the lock moves to the new last node. `protected` is SGLang's
+- `admit` = `match_prefix` on `tokens[:-1]` (`_compute_max_prefix_len`: the last
+  prompt token is always computed) cut to whole pages, a lock on the last matched
+  node, then `alloc_for_extend` for the rest of the prompt. Short of room, the tree
+  evicts the SHORTFALL of the allocation's demand, as SGLang 0.5.23's allocator does
+  (`evict_to_free_tokens`; up to 0.5.6 it evicted the whole demand). The demand is
+  SGLang's scheduler's (`mem_cache/allocation.py`), in TOKENS: the extend's tokens,
+  plus one page when pages are larger than a token (`alloc_paged_token_slots_extend`
+  assumes each request needs a new page). Feasibility is checked first (needed blocks
+  <= free blocks + evictable blocks outside the matched path), so a refused admission
+  changes nothing: no split, no recency, no stats but `rejected`.
+- `append` allocates blocks as tokens grow, evicting like admit. One token is a decode
+  step (`alloc_paged_token_slots_decode` demands a whole page of room per request each
+  step, whether or not the step starts a page); more tokens are an extend (a prefill
+  chunk), demanding them plus one page.
+- `commit(n)` = `checkpoint(req, up_to=n)`: the full pages of `tokens[:n]` are
+  inserted, the request's copies of pages the tree already had are freed and its block
+  table is re-pointed to the tree's blocks (protocol rule 4: radix frees the request's
+  copy), and the lock moves to the new last node. `protected` is SGLang's
   `cache_protected_len`: the request's blocks before it belong to the tree;
   `inserted` is its `cache_inserted_len` (what the request inserted so far, 0 at
-  admission), which decides where the insert's hit counting starts.
-- `release` = `cache_finished_req` as fixed by SGLang PR #16521: every token whose KV
-  is computed, prompt and generated, is inserted; duplicates, the unaligned tail and
-  blocks never computed are freed; the lock is dropped.
-- `append` allocates blocks as tokens grow (`alloc_for_decode`), evicting like admit.
+  admission), which decides where the insert's hit counting starts. Once the request
+  has inserted, a commit extends from its locked node (`RadixTree.extend`): O(new
+  pages), where SGLang re-inserts the whole sequence (the same result: see the tree).
+  A checkpoint past the prompt also re-inserts the prompt with priority + 1
+  (`_insert_cache(split_prompt=True)`: the prompt's end becomes a node boundary, so
+  eviction can drop the output without the prompt); the prompt path stays locked by
+  the request, so doing it once per request leaves the same tree.
+- `release` = `release_kv_cache(checkpoint=True)`: a last checkpoint of every token
+  whose KV is computed, prompt and generated (SGLang PR #16521); duplicates, the
+  unaligned tail and blocks never computed are freed; the lock is dropped.
 
 The tree owns one pool reference per block it holds (request blocks are transferred
 on insert); a request's own blocks hold one reference each, so every pinned block of
@@ -46,7 +57,8 @@ uses, so one consumer serves both; `BlockRemoved` per evicted page;
 Extension: `usable_hit` (the protocol's hook) trims a hit in `match` and `admit` alike;
 `admit` then matches, splits and locks only the part it keeps. Eviction policies come
 from `prefixcache.eviction` or a plugin; native ones (and their `native_params`, and a
-`history` ghost table) are evaluated in C++, others called once per candidate.
+`history` ghost table) are evaluated in C++; another's `priority()` is called once per
+leaf when it becomes a candidate or changes (the tree keeps the keys in its order).
 
 Inspection: `cache.tree` is the tree, with the API documented in
 `prefixcache.radix_tree` (`total_size`, `evictable_size`, `protected_size`,
@@ -64,7 +76,7 @@ from array import array
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from prefixcache._C import BlockPool, InvariantError, RadixTree
+from prefixcache._C import BlockPool, InvariantError, RadixTree, extend_tokens
 from prefixcache.config import CacheConfig
 from prefixcache.events import (
     FULL_ATTENTION,
@@ -78,9 +90,9 @@ from prefixcache.events import (
 )
 from prefixcache.hashing import block_hashes, namespace_extra_keys
 from prefixcache.isolation import exact_key
-from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache
+from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded
 from prefixcache.registry import register_backend, resolve_eviction_policy
-from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_tokens
+from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_priority, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
 
 __all__ = ["RadixCache"]
@@ -102,11 +114,13 @@ class _RadixRequest(Request):
 
     tokens: array
     tree_key: str | None = None  # exact_key(namespace): the tree's name for the namespace
-    node: int = 0  # the tree node this request locks (a root: nothing locked)
+    node: int = 0  # the tree node this request locks (0: none; a root only keeps its namespace's root)
     protected: int = 0  # SGLang's cache_protected_len, in TOKENS
     inserted: int = 0  # SGLang's cache_inserted_len, in TOKENS
     priority: int = 0
     inserted_at: int = -1  # the tree's clock right after this request's latest insert
+    prompt_len: int = 0  # TOKENS at admission (SGLang's origin_input_ids)
+    prompt_split: bool = False  # the prompt was re-inserted with priority + 1 (once is enough)
 
 
 @register_backend("radix")
@@ -117,16 +131,18 @@ class RadixCache(PrefixCache):
     inserts keep the highest priority that touched them, for `eviction: priority`.
     """
 
+    token_itemsize = 4  # the tree stores int32 ids
+
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)
         self.policy = resolve_eviction_policy(config.eviction)()
-        # A policy with a native order is evaluated in C++ from the tree's persistent
-        # leaf order; otherwise the tree calls policy.priority() once per candidate when
-        # it evicts.
+        # The tree keeps its leaves in a persistent order: a native policy's keys are
+        # computed in C++; another policy's priority() is called once per leaf when it
+        # becomes a candidate or changes, and its keys are kept.
         params = self.policy.native_params() if self.policy.native else {}
         ghost = self.policy.history * pool.num_blocks  # pages remembered after eviction
-        self.tree = RadixTree(pool, self.block_size, self.policy.native, ghost_capacity=ghost, **params)
-        self._rank = None if self.policy.native else self.policy.priority
+        order = self.policy.native or self.policy.priority
+        self.tree = RadixTree(pool, self.block_size, order, ghost_capacity=ghost, **params)
         self._trims = type(self).usable_hit is not PrefixCache.usable_hit
         self._requests: RequestTable[_RadixRequest] = RequestTable()
         self._stats = StatsCounter()
@@ -134,6 +150,7 @@ class RadixCache(PrefixCache):
         self._page_hash: dict[int, bytes] = {}  # tree block -> its chained hash (events only)
 
     # -- look-up -----------------------------------------------------------------------
+    @guarded
     def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
         namespace = check_namespace(namespace)
         m = self.tree.match(tokens, exact_key(namespace))
@@ -143,6 +160,7 @@ class RadixCache(PrefixCache):
         return Match(m.num_tokens, tuple(m.block_ids))
 
     # -- request lifecycle ---------------------------------------------------------------
+    @guarded
     def admit(
         self,
         request_id: Hashable,
@@ -151,12 +169,13 @@ class RadixCache(PrefixCache):
         namespace: Namespace = None,
         priority: int = 0,
     ) -> Admission | None:
-        self._requests.check_new(request_id)
+        # Every argument is checked before anything changes, the id last: converting the
+        # tokens runs their code (tolist, __index__), which must see the table as it is.
         toks = _int32_array(tokens)
         namespace = check_namespace(namespace)
         tree_key = exact_key(namespace)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+        priority = check_priority(priority)
+        self._requests.check_new(request_id)
         bs = self.block_size
         key = memoryview(toks)[:-1]  # the last prompt token is always computed
         probe = self.tree.match(key, tree_key)
@@ -171,7 +190,11 @@ class RadixCache(PrefixCache):
             return None
         hit = self.tree.match_prefix(key, tree_key)
         self.tree.lock(hit.node)  # before evicting, so the hit cannot be evicted
-        table = hit.block_ids + self._allocate(needed)
+        try:
+            table = hit.block_ids + self._allocate(needed, self._extend_demand(len(toks) - hit.num_tokens))
+        except BaseException:  # a Python policy raised: what it evicted stays evicted, nothing is pinned
+            self.tree.unlock(hit.node)
+            raise
         self._requests.add(
             _RadixRequest(
                 request_id,
@@ -183,49 +206,85 @@ class RadixCache(PrefixCache):
                 node=hit.node,
                 protected=hit.num_tokens,
                 priority=priority,
+                prompt_len=len(toks),
             )
         )
         self._stats.record_query(len(toks), hit.num_tokens)
         return Admission(BlockIds(table), hit.num_tokens)
 
+    @guarded
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         req = self._requests.get(request_id)
-        new = _int32_array(tokens, allow_empty=True)
-        needed = req.blocks_short(len(new), self.block_size)
-        blocks: list[int] = []
-        if needed > 0:
-            if needed > self._room(protecting=0):
-                self._stats.rejected += 1
-                return None
-            blocks = self._allocate(needed)
-        req.tokens.extend(new)
+        before = len(req.tokens)
+        n = extend_tokens(req.tokens, tokens)  # the one converter (check_tokens' rule), empty allowed
+        try:
+            return self._grow(req, before, n)
+        except BaseException:  # a Python policy raised: the request keeps the tokens it had
+            del req.tokens[before:]
+            raise
+
+    def _grow(self, req: _RadixRequest, before: int, n: int) -> list[int] | None:
+        """Blocks for a request's `n` new TOKENS (already in req.tokens after `before`),
+        with the room SGLang's scheduler asks for; None (tokens removed) if they do not fit."""
+        bs = self.block_size
+        needed = -(-(before + n) // bs) - len(req.block_table)
+        if n == 1:
+            # A decode step: SGLang makes a page of room first, whether or not the step
+            # starts a page. It needs eviction only when no block is free, which an
+            # allocation of the (at most one) block needed finds out by failing.
+            if needed <= 0:
+                if self.pool.num_free == 0:
+                    self._make_room(bs)
+                return []
+            blocks = self.pool.allocate(needed)
+            if blocks is not None:
+                req.block_table.extend(blocks)
+                return blocks
+        if needed > 0 and needed > self._room(protecting=0):
+            del req.tokens[before:]
+            self._stats.rejected += 1
+            return None
+        if n == 0:
+            return []
+        # More tokens are an extend (a prefill chunk): its tokens plus a page of room.
+        demand = bs if n == 1 else self._extend_demand(n)
+        if needed <= 0:
+            self._make_room(demand)
+            return []
+        blocks = self._allocate(needed, demand)
         req.block_table.extend(blocks)
         return blocks
 
+    @guarded
     def commit(self, request_id: Hashable, num_computed_tokens: int) -> None:
         req = self._requests.get(request_id)
         req.num_computed = req.check_commit(num_computed_tokens)
         self._insert(req, req.num_computed)
 
+    @guarded
     def release(self, request_id: Hashable) -> None:
-        req = self._requests.pop(request_id)
+        req = self._requests.get(request_id)
         # The cached prefix is computed even if nothing was committed since admission.
         self._insert(req, max(req.num_computed, req.protected))
         tail = req.block_table[req.protected // self.block_size :]
         if tail:
             self.pool.free(tail)  # the unaligned tail and blocks never computed
         self.tree.unlock(req.node)
+        self._requests.pop(request_id)  # last: until here the request still holds what it held
 
+    @guarded
     def block_table(self, request_id: Hashable) -> Sequence[int]:
         return BlockIds(self._requests.get(request_id).block_table)
 
     # -- maintenance ---------------------------------------------------------------------
+    @guarded
     def evict(self, num_blocks: int) -> int:
         num_blocks = check_count(num_blocks, "num_blocks")
         # The tree never holds more than the pool: a larger request means "all", and
         # must not overflow the tree's int64 token count on the way.
         return self._evict_tokens(min(num_blocks, self.pool.num_blocks) * self.block_size)
 
+    @guarded
     def reset(self) -> bool:
         if len(self._requests):
             return False
@@ -235,10 +294,12 @@ class RadixCache(PrefixCache):
         self._events.record(AllBlocksCleared())
         return True
 
+    @guarded
     def stats(self) -> CacheStats:
         self._stats.events_dropped = self._events.dropped
         return self._stats.snapshot()
 
+    @guarded
     def drain_events(self) -> list[KVEvent]:
         return self._events.drain()
 
@@ -248,13 +309,23 @@ class RadixCache(PrefixCache):
         `protecting` more tokens are locked."""
         return self.pool.num_free + (self.tree.evictable_size - protecting) // self.block_size
 
-    def _allocate(self, num_blocks: int) -> list[int]:
-        """`num_blocks` fresh blocks; the caller has checked `_room`."""
-        blocks = self.pool.allocate(num_blocks)
-        if blocks is None:
-            # SGLang 0.5.23 (allocator.evict_to_free_tokens) evicts the shortfall.
-            self._evict_tokens((num_blocks - self.pool.num_free) * self.block_size)
-            blocks = self.pool.allocate(num_blocks)
+    def _extend_demand(self, num_tokens: int) -> int:
+        """TOKENS of room SGLang's scheduler asks for before an extend of `num_tokens`:
+        exact at token granularity, one page more with pages."""
+        return num_tokens + (self.block_size if self.block_size > 1 else 0)
+
+    def _make_room(self, demand: int) -> None:
+        """Make `demand` TOKENS of room if the tree can: SGLang 0.5.23's evict_to_free_tokens
+        evicts the shortfall."""
+        shortfall = demand - self.pool.num_free * self.block_size
+        if shortfall > 0:
+            self._evict_tokens(shortfall)
+
+    def _allocate(self, num_blocks: int, demand: int) -> list[int]:
+        """`num_blocks` fresh blocks after making `demand` TOKENS of room (demand >= the
+        blocks' tokens, so the allocation then fits). The caller has checked `_room`."""
+        self._make_room(demand)
+        blocks = self.pool.allocate(num_blocks) if num_blocks else []
         if blocks is None:
             raise InvariantError(f"radix: {num_blocks} blocks passed the room check but could not be allocated")
         return blocks
@@ -263,7 +334,7 @@ class RadixCache(PrefixCache):
         """Evict at least `num_tokens` tokens if there are; returns blocks freed."""
         freed = 0
         try:
-            freed = self.tree.evict(num_tokens, self._rank) // self.block_size
+            freed = self.tree.evict(num_tokens) // self.block_size
         except BaseException:
             freed = len(self.tree.last_evicted())  # a Python policy raised; what went, went
             raise
@@ -289,16 +360,26 @@ class RadixCache(PrefixCache):
         # Only the request's own pages cross into C++: the tree's are already there.
         first, last = req.protected // bs, aligned // bs
         own = req.block_table[first:last]
-        result = self.tree.insert(
-            memoryview(req.tokens)[:aligned], own, req.tree_key, req.priority, req.protected, req.inserted
-        )
+        tokens = memoryview(req.tokens)
+        if req.inserted < req.protected or req.node == 0:
+            # The first insert after a hit walks from the root: SGLang counts a hit on
+            # every node past what this request inserted (nothing yet). Node 0: the
+            # request holds no node (its namespace had no root), so there is none to
+            # extend from.
+            result = self.tree.insert(tokens[:aligned], own, req.tree_key, req.priority, req.protected, req.inserted)
+        else:
+            result = self.tree.extend(req.node, tokens[req.protected : aligned], own, req.priority)
         req.inserted = max(req.inserted, aligned)
+        prompt = req.prompt_len // bs * bs
+        if not req.prompt_split and 0 < prompt < aligned:
+            # SGLang's split_prompt: the prompt, fully present now, again with priority + 1.
+            self.tree.insert(tokens[:prompt], [], req.tree_key, min(req.priority + 1, 2**63 - 1), prompt, prompt)
+            req.prompt_split = True
         if result.displaced:
             self.pool.free(result.displaced)
             req.block_table[first:last] = own  # re-pointed to the tree's blocks
         self._record_stored(req, result.prefix_len, aligned)
-        self.tree.lock(result.node)
-        self.tree.unlock(req.node)
+        self.tree.relock(req.node, result.node)
         req.node = result.node
         req.protected = aligned
         req.inserted_at = self.tree.clock
@@ -347,6 +428,7 @@ class RadixCache(PrefixCache):
             stack += info.children.values()
         return out
 
+    @guarded
     def check_invariants(self) -> None:
         def fail(msg: str) -> None:
             raise InvariantError(f"radix: {msg}")

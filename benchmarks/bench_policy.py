@@ -4,8 +4,8 @@ Replays one workload under heavy eviction through both strategies, each with:
   lru            the native default (hash: the pool's free queue, no evictor at all)
   gslru          a native ordering (hash: the C++ BlockEvictor; radix: the C++ tree)
   gslru (python) the same GSLRU class with `native = None`: the backend calls its
-                 priority() once per candidate (a freed cached block for hash, a leaf
-                 for radix)
+                 priority() once per candidate (a freed cached block for hash; a leaf
+                 for radix, and again after a walk changes it) and keeps the key
   lru (python)   LRU with `native = None`: the same ranking work on hash, where native
                  LRU needs none
 and reports the hit ratio (a Python policy must decide exactly as its native twin),

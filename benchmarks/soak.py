@@ -4,9 +4,11 @@ Drives `prefixcache.stress.stress` (admit / append / commit / release / evict / 
 match, several namespaces and LoRA adapters sharing the same token runs, a pool small
 enough that admissions are refused and blocks evicted all the time) through the `hash`
 backend (under SHA-256 and under xxhash, whose hits are verified, the latter also
-with `gslru` eviction, so verification meets policy eviction) and the `radix` backend. Every hit, match and commit is checked against the exact causal KV shadow;
-`check_invariants()` runs every `--check-every` operations and on every live request's
-blocks. Prints operations per second and the invariant checks passed; exits non-zero
+with `gslru` eviction, so verification meets policy eviction) and the `radix` backend.
+Every hit, match, copy and commit is checked by the conformance kit's operation model
+(`prefixcache.testing.CheckedCache`, with its causal KV shadow), and a wrong one raises
+`RuleViolation` naming the rule; `check_invariants()` runs every `--check-every`
+operations and on every live request's blocks. Prints operations per second and the invariant checks passed; exits non-zero
 at the first wrong answer (with the traceback).
 
     python benchmarks/soak.py --ops 1000000 --backend all        # the full soak

@@ -71,6 +71,7 @@ py::list to_list(const std::vector<int32_t>& ids) {
 }  // namespace
 
 void bind_block_contents(py::module_& m) {
+  m.attr("MAX_VERIFIED_BLOCK_SIZE") = BlockContents::kMaxBlockSize;
   py::class_<BlockContents>(m, "BlockContents", R"doc(
 Exactly what each cached block of a BlockPool was computed from: a per-block
 immutable content node (its token ids, the node of the block before it, and at a

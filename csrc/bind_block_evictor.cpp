@@ -29,26 +29,41 @@ py::class_<BlockEvictor<Key>> bind_evictor(py::module_& m, const char* name, con
       .def_property_readonly("num_candidates", &E::num_candidates, "Free blocks that hold a key (evictable).")
       .def_property_readonly("ghost_size", [](const E& e) { return e.ghost().size(); }, "Evicted hashes remembered.")
       .def(
-          "admit", [](E& e, py::handle hits, int64_t tokens, int64_t priority) { e.admit(to_ids(hits), tokens, priority); },
+          "admit",
+          [](E& e, py::handle hits, py::handle tokens, py::handle priority) {
+            e.admit(to_ids(hits), saturated_int64(tokens, "tokens"), checked_int64(priority, "priority"));
+          },
           py::arg("hits"), py::arg("tokens"), py::arg("priority") = 0,
           "Advance the traffic clock by `tokens`, pin the hit blocks (pool.touch), count a hit and a use on each.")
       .def(
           "cached",
-          [](E& e, py::handle ids, py::handle keys, int64_t key_size, int64_t priority) {
-            e.cached(to_ids(ids), bytes_view(keys, "keys"), key_size, priority);
+          [](E& e, py::handle ids, py::handle keys, py::handle key_size, py::handle priority) {
+            e.cached(to_ids(ids), bytes_view(keys, "keys"), saturated_int64(key_size, "key_size"),
+                     checked_int64(priority, "priority"));
           },
           py::arg("ids"), py::arg("keys"), py::arg("key_size"), py::arg("priority") = 0,
           "These in-use blocks were just cached under the packed keys (after pool.cache_many_packed).")
       .def(
-          "free", [](E& e, py::handle ids, int64_t request_tokens) { e.free(to_ids(ids), request_tokens); },
+          "free",
+          [](E& e, py::handle ids, py::handle request_tokens) {
+            e.free(to_ids(ids), saturated_int64(request_tokens, "request_tokens"));
+          },
           py::arg("ids"), py::arg("request_tokens") = 0,
           "pool.free(ids); blocks that become free and cached are ranked once and become candidates.")
-      .def("make_room", [](E& e, int64_t n) { return to_bytes_list(e.make_room(n)); }, py::arg("n"),
-           "Evict by policy until n free blocks hold no key; return the dropped keys.")
-      .def("evict", [](E& e, int64_t n) { return to_bytes_list(e.evict(n)); }, py::arg("n"),
+      .def(
+          "make_room",
+          [](E& e, py::handle n, py::handle keep) {
+            return to_bytes_list(e.make_room(saturated_int64(n, "n"), to_ids(keep)));  // beyond int64: all
+          },
+          py::arg("n"), py::arg("keep") = py::tuple(),
+          "Evict by policy until n free blocks hold no key, never a block of `keep`; return the dropped keys.")
+      .def("evict", [](E& e, py::handle n) { return to_bytes_list(e.evict(saturated_int64(n, "n"))); }, py::arg("n"),
            "Evict up to n candidates by policy; return the dropped keys.")
       .def("reset", &E::reset, "Forget every candidate and the history (after pool.uncache_all()).")
-      .def("candidate", &E::candidate, py::arg("id"), "What a policy reads about block `id`.")
+      .def(
+          "candidate",
+          [](const E& e, py::handle id) { return with_saturated_int64(id, "id", [&](int64_t v) { return e.candidate(v); }); },
+          py::arg("id"), "What a policy reads about block `id`.")
       .def("order", &E::order, "Candidates in eviction order (first evicted first).")
       .def("check_invariants", &E::check_invariants, "Raise InvariantError naming the first broken invariant.");
   return cls;
@@ -98,7 +113,7 @@ it becomes a candidate.
            py::arg("tlru_threshold") = 0, py::arg("next_prompt_estimate") = 0, py::keep_alive<1, 2>());
   callback.def(py::init([](BlockPool& pool, int64_t block_size, py::function priority, int64_t ghost_capacity) {
              return std::make_unique<BlockEvictor<PyKey>>(
-                 pool, block_size, [priority](const EvictionCandidate& c) { return PyKey{priority(c)}; },
+                 pool, block_size, [priority](const EvictionCandidate& c) { return policy_key(priority(c)); },
                  ghost_capacity);
            }),
            py::arg("pool"), py::arg("block_size"), py::arg("priority"), py::arg("ghost_capacity") = 0,

@@ -35,6 +35,7 @@ std::vector<std::string_view> key_views(py::handle obj) {
 }  // namespace
 
 void bind_block_pool(py::module_& m) {
+  m.attr("MAX_NUM_BLOCKS") = kMaxBlocks;
   // register_exception (not just py::exception) so a thrown InvariantError is translated.
   py::register_exception<InvariantError>(m, "InvariantError", PyExc_AssertionError);
 

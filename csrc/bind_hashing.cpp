@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <vector>
+#include <limits>
 
 #include "hashing.h"
 #include "py_args.h"
@@ -55,6 +56,8 @@ py::object chain(HashAlgorithm algorithm, py::handle tokens, int64_t block_size,
 }  // namespace
 
 void bind_hashing(py::module_& m) {
+  // block_size crosses into C++ as int64 (chain hashing here, the radix tree's page size).
+  m.attr("MAX_BLOCK_SIZE") = std::numeric_limits<int64_t>::max();
   m.def(
       "chain_digests",
       [](py::handle tokens, int64_t block_size, const std::string& algorithm, py::handle parent, py::handle first_extra,

@@ -4,6 +4,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <limits>
+#include <type_traits>
+
 #include "bind_py_key.h"
 #include "py_args.h"
 #include "token_ids.h"
@@ -80,30 +83,85 @@ py::tuple to_tuple(const std::vector<int32_t>& ids) {
   return out;
 }
 
-// insert() re-points `blocks` in place: a writable int32 buffer is edited directly;
-// a list is converted, and the entries that changed are written back.
-InsertResult insert(RadixTree& tree, py::handle tokens, py::handle blocks, py::handle ns, int64_t priority,
-                    int64_t start, int64_t inserted) {
-  const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
-  Namespace name = to_namespace(ns);
+// insert() and extend() re-point `blocks` in place: a writable int32 buffer is
+// edited directly; a list is converted, and the entries that changed are written back.
+template <class Insert>
+InsertResult with_blocks(py::handle blocks, Insert&& insert) {
   WritableInt32s buffer(blocks);
-  if (auto view = buffer.span()) return tree.insert(toks, *view, name, priority, start, inserted);
+  if (auto view = buffer.span()) return insert(*view);
   if (!PyList_Check(blocks.ptr())) {
     throw py::type_error(std::string("blocks must be a list or a writable int32 buffer (array('i')), got ") +
                          Py_TYPE(blocks.ptr())->tp_name);
   }
   std::vector<int32_t> ids = int32_ids(blocks, "blocks");
   const std::vector<int32_t> before = ids;
-  InsertResult out = tree.insert(toks, ids, name, priority, start, inserted);
+  InsertResult out = insert(std::span<int32_t>(ids));
   for (size_t i = 0; i < ids.size(); ++i) {
     if (before[i] != ids[i]) PyList_SetItem(blocks.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromLong(ids[i]));
   }
   return out;
 }
 
+InsertResult insert(RadixTree& tree, py::handle tokens, py::handle blocks, py::handle ns, py::handle priority_arg,
+                    py::handle start_arg, py::handle inserted_arg) {
+  const int64_t priority = checked_int64(priority_arg, "priority");
+  const int64_t start = saturated_int64(start_arg, "start");  // beyond int64: out of range either way
+  const int64_t inserted = saturated_int64(inserted_arg, "inserted");
+  const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
+  Namespace name = to_namespace(ns);
+  return with_blocks(blocks, [&](std::span<int32_t> ids) { return tree.insert(toks, ids, name, priority, start, inserted); });
+}
+
+InsertResult extend(RadixTree& tree, py::handle node_arg, py::handle tokens, py::handle blocks, py::handle priority_arg) {
+  const int64_t priority = checked_int64(priority_arg, "priority");
+  const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
+  return with_saturated_int64(node_arg, "node", [&](int64_t node) {
+    return with_blocks(blocks, [&](std::span<int32_t> ids) { return tree.extend(node, toks, ids, priority); });
+  });
+}
+
+// A Python policy's priority() as the tree's LeafRanker: keys are the Python objects
+// it returns, compared with Python's `<`, held in slots the tree names by handle.
+class PyRanker final : public LeafRanker {
+ public:
+  explicit PyRanker(py::object rank) : rank_(std::move(rank)) {}
+
+  uint64_t rank(const EvictionCandidate& candidate) override {
+    py::object key = rank_(candidate);
+    if (free_.empty()) {
+      keys_.push_back(std::move(key));
+      return keys_.size() - 1;
+    }
+    const uint64_t slot = free_.back();
+    free_.pop_back();
+    keys_[slot] = std::move(key);
+    return slot;
+  }
+  bool less(uint64_t a, uint64_t b) const override {
+    const int r = PyObject_RichCompareBool(keys_[a].ptr(), keys_[b].ptr(), Py_LT);
+    if (r < 0) throw py::error_already_set();
+    return r == 1;
+  }
+  void release(uint64_t key) noexcept override {
+    keys_[key] = py::object();
+    free_.push_back(key);
+  }
+
+ private:
+  py::object rank_;
+  std::vector<py::object> keys_;
+  std::vector<uint64_t> free_;
+};
+
 }  // namespace
 
 void bind_radix_tree(py::module_& m) {
+  // The ranges the tree stores: token ids (TokenSpan's element type) and priorities.
+  using Token = std::remove_cv_t<TokenSpan::element_type>;
+  m.attr("RADIX_TOKEN_MIN") = std::numeric_limits<Token>::min();
+  m.attr("RADIX_TOKEN_MAX") = std::numeric_limits<Token>::max();
+  m.attr("PRIORITY_MIN") = std::numeric_limits<decltype(RadixNode::priority)>::min();
+  m.attr("PRIORITY_MAX") = std::numeric_limits<decltype(RadixNode::priority)>::max();
   m.def(
       "int32_array",
       [](py::handle ids, const std::string& what) {
@@ -153,18 +211,28 @@ SGLang RadixAttention prefix tree over a BlockPool (see prefixcache/radix_tree.p
 for the reference model and the full contract).
 
 The tree owns one pool reference per block it holds. Sizes are in tokens.
-`eviction` is a native order (lru, lfu, fifo, mru, filo, priority, slru, tlru, gslru) or None,
-in which case evict() needs `priority=` (a callable ranking EvictionCandidate).
+`eviction` is a native order (lru, lfu, fifo, mru, filo, priority, slru, tlru, gslru), a callable
+ranking EvictionCandidate (a Python policy's priority: asked once when a leaf becomes a candidate
+or changes, its keys kept in the tree's leaf order), or None, in which case evict() needs
+`priority=` (asked once per candidate per call).
 `protect_tokens` / `size_weight` parameterize gslru; `ghost_capacity` (pages) keeps
 the use counts of evicted content (0: none). Not thread-safe.
 )doc")
-      .def(py::init([](BlockPool& pool, int64_t page_size, std::optional<std::string> eviction,
+      .def(py::init([](BlockPool& pool, int64_t page_size, py::object eviction,
                        int64_t protect_tokens, int64_t size_weight, int64_t ghost_capacity, int64_t protected_threshold,
                        int64_t tlru_threshold, int64_t next_prompt_estimate) {
              std::optional<EvictionOrder> order;
-             if (eviction) order = parse_eviction_order(*eviction);
+             std::unique_ptr<LeafRanker> ranker;
+             if (py::isinstance<py::str>(eviction)) {
+               order = parse_eviction_order(eviction.cast<std::string>());
+             } else if (PyCallable_Check(eviction.ptr())) {
+               ranker = std::make_unique<PyRanker>(eviction);
+             } else if (!eviction.is_none()) {
+               throw py::type_error(std::string("eviction must be a native order's name, a callable or None, got ") +
+                                    Py_TYPE(eviction.ptr())->tp_name);
+             }
              OrderParams params{protect_tokens, size_weight, protected_threshold, tlru_threshold, next_prompt_estimate};
-             return std::make_unique<RadixTree>(pool, page_size, order, params, ghost_capacity);
+             return std::make_unique<RadixTree>(pool, page_size, order, params, ghost_capacity, std::move(ranker));
            }),
            py::arg("pool"), py::arg("page_size"), py::arg("eviction") = "lru", py::arg("protect_tokens") = 0,
            py::arg("size_weight") = 0, py::arg("ghost_capacity") = 0, py::arg("protected_threshold") = 2,
@@ -198,14 +266,33 @@ the use counts of evicted content (0: none). Not thread-safe.
            py::arg("priority") = 0, py::arg("start") = 0, py::arg("inserted") = -1,
            "Insert whole pages; blocks hold the pages from token `start` on, and the entries of pages\n"
            "already in the tree are re-pointed to the tree's blocks in place.")
-      .def("lock", &RadixTree::lock, py::arg("node"), "Lock root -> node.")
-      .def("unlock", &RadixTree::unlock, py::arg("node"), "Unlock root -> node.")
+      .def("extend", &extend, py::arg("node"), py::arg("tokens"), py::arg("blocks"), py::arg("priority") = 0,
+           "insert() of node's path + tokens with start = inserted = the node's depth: a caller holding the\n"
+           "path to `node` adds the pages after it (blocks: one per page of `tokens`, re-pointed in place).\n"
+           "O(tokens) when `node` is locked; prefix_len counts from the root.")
+      .def(
+          "relock",
+          [](RadixTree& t, py::handle from, py::handle to) {
+            with_saturated_int64(from, "from_node", [&](int64_t f) {
+              with_saturated_int64(to, "to_node", [&](int64_t n) { t.relock(f, n); });
+            });
+          },
+          py::arg("from_node"), py::arg("to_node"),
+          "lock(to_node) then unlock(from_node) (0: no node), in O(nodes between) when to_node is at or\n"
+          "below from_node.")
+      .def(
+          "lock", [](RadixTree& t, py::handle node) { with_saturated_int64(node, "node", [&](int64_t id) { t.lock(id); }); },
+          py::arg("node"), "Lock root -> node (0: no node, a no-op).")
+      .def(
+          "unlock",
+          [](RadixTree& t, py::handle node) { with_saturated_int64(node, "node", [&](int64_t id) { t.unlock(id); }); },
+          py::arg("node"), "Unlock root -> node (0: no node, a no-op); a root left without children or locks goes.")
       .def(
           "evict",
           [](RadixTree& t, py::handle num_tokens_arg, py::object priority) {
             const int64_t num_tokens = saturated_int64(num_tokens_arg, "num_tokens");  // beyond int64: all
             if (priority.is_none()) return t.evict(num_tokens);
-            return t.evict_by<PyKey>(num_tokens, [&](const RadixNode& n) { return PyKey{priority(t.candidate(n))}; });
+            return t.evict_by<PyKey>(num_tokens, [&](const RadixNode& n) { return policy_key(priority(t.candidate(n))); });
           },
           py::arg("num_tokens"), py::arg("priority") = py::none(),
           "Evict unlocked leaves until num_tokens are freed; returns tokens evicted.")
@@ -224,7 +311,9 @@ the use counts of evicted content (0: none). Not thread-safe.
             return out;
           },
           "Namespaces with a root (None first, then sorted).")
-      .def("node", &RadixTree::node, py::arg("id"), "A copy of node `id`.")
+      .def(
+          "node", [](const RadixTree& t, py::handle id) { return with_saturated_int64(id, "id", [&](int64_t v) { return t.node(v); }); },
+          py::arg("id"), "A copy of node `id` (O(1)).")
       .def("check_invariants", &RadixTree::check_invariants, py::arg("locked_nodes") = py::none(),
            "Raise InvariantError naming the first broken invariant.");
 }

@@ -14,26 +14,23 @@ namespace {
 // The ids of `obj` as a list of exact ints: `obj` itself when it already is one and
 // `copy` is false (a decode step's list costs one type check per id), else a list of
 // our own. Kept for ids beyond int64, which only Python ints hold (CBOR bignums).
+// Items that need __index__ are read from a snapshot (token_ids.h), into a new list.
 py::object token_list(py::handle obj, const char* what, bool copy) {
   constexpr const char* allowed = token_id_rule<int64_t>();
   py::object seq = token_sequence(obj, what);
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
   PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
-  // A list tolist() or the sequence protocol made is ours to edit; the caller's is not.
-  const bool ours = PyList_Check(seq.ptr()) && seq.ptr() != obj.ptr();
-  if (ours || (!copy && PyList_Check(seq.ptr()))) {
-    Py_ssize_t i = 0;
-    while (i < n && PyLong_CheckExact(items[i])) ++i;
-    if (i == n) return seq;
-    if (ours) {
-      for (; i < n; ++i) {
-        if (!PyLong_CheckExact(items[i])) PyList_SetItem(seq.ptr(), i, token_index(items[i], what, i, allowed));
-      }
-      return seq;
-    }
+  Py_ssize_t i = 0;
+  while (i < n && PyLong_CheckExact(items[i])) ++i;
+  if (i == n && PyList_Check(seq.ptr())) {
+    // A list tolist() or the sequence protocol made, that nobody else holds, is ours.
+    const bool ours = seq.ptr() != obj.ptr() && Py_REFCNT(seq.ptr()) == 1;
+    if (ours || !copy) return seq;
   }
+  py::object snapshot = item_snapshot(seq.ptr());
+  items = PySequence_Fast_ITEMS(snapshot.ptr());
   py::list out(n);  // its slots start empty; a throw part-way frees what was set
-  for (Py_ssize_t i = 0; i < n; ++i) PyList_SET_ITEM(out.ptr(), i, token_index(items[i], what, i, allowed));
+  for (Py_ssize_t j = 0; j < n; ++j) PyList_SET_ITEM(out.ptr(), j, token_index(items[j], what, j, allowed));
   return std::move(out);
 }
 
@@ -59,6 +56,24 @@ PyObject* token_list_fastcall(PyObject*, PyObject* const* args, Py_ssize_t nargs
   return nullptr;
 }
 
+// A copy of `obj` when it already is an array.array (not a subclass) of the width
+// asked for: every id such an array holds is valid, so the converter's read would be
+// a memcpy into a vector and another into the result; an array slice is one. nullptr
+// (no error set) otherwise.
+PyObject* same_array_copy(PyObject* obj, long itemsize) {
+  static PyObject* array_type = py::object(py::module_::import("array").attr("array")).release().ptr();
+  if (Py_TYPE(obj) != reinterpret_cast<PyTypeObject*>(array_type)) return nullptr;
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj, &view, PyBUF_FORMAT) != 0) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  const bool same = view.itemsize == itemsize && view.format != nullptr &&
+                    view.format[0] == (itemsize == 4 ? 'i' : 'q') && view.format[1] == '\0';
+  PyBuffer_Release(&view);
+  return same ? PySequence_GetSlice(obj, 0, PY_SSIZE_T_MAX) : nullptr;
+}
+
 // token_array(tokens, what="tokens", itemsize=8): the ids as array('q') (itemsize 8;
 // None if an id is beyond int64) or array('i') (itemsize 4; ValueError beyond int32).
 // METH_FASTCALL for the same reason as token_list: both backends call it per decode step.
@@ -71,6 +86,8 @@ PyObject* token_array_fastcall(PyObject*, PyObject* const* args, Py_ssize_t narg
     const char* what = nargs >= 2 ? PyUnicode_AsUTF8(args[1]) : "tokens";
     if (what == nullptr) throw py::error_already_set();
     const long itemsize = nargs == 3 ? PyLong_AsLong(args[2]) : 8;
+    if (PyObject* copy = same_array_copy(args[0], itemsize)) return copy;
+    if (PyErr_Occurred()) throw py::error_already_set();
     if (itemsize == 4) {
       TokenIds<int32_t> ids = read_token_ids<int32_t>(args[0], what);
       return int_array(ids.ids.data(), ids.ids.size()).release().ptr();
@@ -79,6 +96,58 @@ PyObject* token_array_fastcall(PyObject*, PyObject* const* args, Py_ssize_t narg
     TokenIds<int64_t> ids = read_token_ids<int64_t>(args[0], what);
     if (!ids.complete()) Py_RETURN_NONE;
     return int_array(ids.ids.data(), ids.ids.size()).release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const py::builtin_exception& e) {
+    e.set_error();
+  }
+  return nullptr;
+}
+
+// extend_tokens(buffer, tokens, what="tokens"): the ids of `tokens` appended to an
+// array('i') or array('q') the caller owns (a request's tokens), read by the one
+// converter and appended in one copy; returns how many. A decode step's one id costs
+// no intermediate array. Refused input leaves `buffer` unchanged; an id beyond int64
+// for an array('q') gives None (unchanged: the caller keeps such ids in a list).
+PyObject* extend_tokens_fastcall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 2 || nargs > 3 || (nargs == 3 && !PyUnicode_Check(args[2]))) {
+    PyErr_SetString(PyExc_TypeError, "extend_tokens takes (buffer, tokens, what: str = 'tokens'), positionally");
+    return nullptr;
+  }
+  try {
+    const char* what = nargs == 3 ? PyUnicode_AsUTF8(args[2]) : "tokens";
+    if (what == nullptr) throw py::error_already_set();
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_FORMAT) != 0) {
+      PyErr_Clear();
+      throw py::type_error(std::string("extend_tokens: buffer must be an array('i') or array('q'), got ") +
+                           Py_TYPE(args[0])->tp_name);
+    }
+    const Py_ssize_t itemsize = view.itemsize;
+    const bool ints = view.format != nullptr && (view.format[0] == 'i' || view.format[0] == 'q' || view.format[0] == 'l');
+    PyBuffer_Release(&view);  // frombytes resizes it: no export may be held
+    if (!ints || (itemsize != 4 && itemsize != 8)) {
+      throw py::type_error(std::string("extend_tokens: buffer must be an array('i') or array('q'), got ") +
+                           Py_TYPE(args[0])->tp_name);
+    }
+    auto append = [&](const void* data, size_t bytes) {
+      if (bytes == 0) return;
+      static PyObject* frombytes = PyUnicode_InternFromString("frombytes");
+      auto mv = py::reinterpret_steal<py::object>(
+          PyMemoryView_FromMemory(static_cast<char*>(const_cast<void*>(data)), static_cast<Py_ssize_t>(bytes), PyBUF_READ));
+      if (!mv) throw py::error_already_set();
+      auto done = py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(args[0], frombytes, mv.ptr()));
+      if (!done) throw py::error_already_set();
+    };
+    if (itemsize == 4) {
+      TokenIds<int32_t> ids = read_token_ids<int32_t>(args[1], what);
+      append(ids.ids.data(), ids.ids.size() * 4);
+      return PyLong_FromSize_t(ids.ids.size());
+    }
+    TokenIds<int64_t> ids = read_token_ids<int64_t>(args[1], what);
+    if (!ids.complete()) Py_RETURN_NONE;
+    append(ids.ids.data(), ids.ids.size() * 8);
+    return PyLong_FromSize_t(ids.ids.size());
   } catch (py::error_already_set& e) {
     e.restore();
   } catch (const py::builtin_exception& e) {
@@ -113,19 +182,15 @@ py::object expand_runs(py::handle runs, int itemsize) {
     spans[i] = {start, stop};
     total += static_cast<size_t>(stop - start);
   }
-  auto fill = [&](auto* out) {
+  auto fill = [&](auto made) {  // straight into the array: one pass over the ids
+    auto* out = made.second;
     for (auto [start, stop] : spans) {
       for (int64_t t = start; t < stop; ++t) *out++ = static_cast<std::remove_reference_t<decltype(*out)>>(t);
     }
+    return std::move(made.first);
   };
-  if (itemsize == 4) {
-    std::vector<int32_t> ids(total);
-    fill(ids.data());
-    return int_array(ids.data(), ids.size());
-  }
-  std::vector<int64_t> ids(total);
-  fill(ids.data());
-  return int_array(ids.data(), ids.size());
+  if (itemsize == 4) return fill(new_int_array<int32_t>(total));
+  return fill(new_int_array<int64_t>(total));
 }
 
 PyMethodDef token_list_def = {"token_list",
@@ -149,10 +214,20 @@ of integers (numpy int arrays, array.array, an integer memoryview) or sequence o
 included; bytes, bytearray and str are not token ids.
 )doc"};
 
+PyMethodDef extend_tokens_def = {"extend_tokens",
+                                 reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(extend_tokens_fastcall)),
+                                 METH_FASTCALL, R"doc(extend_tokens(buffer, tokens, what='tokens')
+
+Append the ids of `tokens` (read as token_array reads them) to `buffer`, an array('i')
+or array('q'); return how many. ValueError naming an id beyond int32 for array('i');
+None, with `buffer` unchanged, for an id beyond int64 with array('q'). Refused input
+leaves `buffer` unchanged.
+)doc"};
+
 }  // namespace
 
 void bind_tokens(py::module_& m) {
-  for (PyMethodDef* def : {&token_list_def, &token_array_def}) {
+  for (PyMethodDef* def : {&token_list_def, &token_array_def, &extend_tokens_def}) {
     auto fn = py::reinterpret_steal<py::object>(PyCFunction_NewEx(def, nullptr, m.attr("__name__").ptr()));
     if (!fn) throw py::error_already_set();
     m.add_object(def->ml_name, fn);

@@ -17,8 +17,9 @@ bool fits_int32(int64_t v) {
 
 BlockContents::BlockContents(const BlockPool& pool, int64_t block_size)
     : pool_(pool), block_size_(block_size), num_blocks_(pool.num_blocks()) {
-  if (block_size < 1 || block_size > (int64_t{1} << 24)) {
-    throw std::invalid_argument("block_size must be in [1, 16777216], got " + std::to_string(block_size));
+  if (block_size < 1 || block_size > kMaxBlockSize) {
+    throw std::invalid_argument("block_size must be in [1, " + std::to_string(kMaxBlockSize) + "], got " +
+                                std::to_string(block_size));
   }
   block_node_.assign(num_blocks_, kNone);
 }

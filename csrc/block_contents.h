@@ -45,6 +45,9 @@ struct VerifiedChain {
 
 class BlockContents {
  public:
+  // The largest block size it records (TOKENS); bound as prefixcache._C.MAX_VERIFIED_BLOCK_SIZE.
+  static constexpr int64_t kMaxBlockSize = int64_t{1} << 24;
+
   // `pool` must outlive this object. block_size is in tokens.
   BlockContents(const BlockPool& pool, int64_t block_size);
 

@@ -14,7 +14,10 @@
 // victims (uncaching them and moving them to the front), so the blocks an
 // allocation takes are keyless and the policy alone chose what was lost.
 // Every bad argument throws before anything changes (a Python rank that
-// raises inside free() leaves the pool and the evictor as they were).
+// raises inside free(), or a comparison of its keys that fails in free() or
+// evict(), leaves the pool and the evictor as they were: KeyCompare). A Python
+// callback that calls back into the evictor to change it gets ReentryError
+// (call_flag.h).
 //
 // Invariants (check_invariants): num_candidates() equals the free keyed
 // blocks of the pool, and each has exactly one live heap entry. The free
@@ -36,6 +39,7 @@
 #include <vector>
 
 #include "block_pool.h"
+#include "call_flag.h"
 #include "eviction_order.h"
 #include "ghost_table.h"
 
@@ -62,6 +66,7 @@ class BlockEvictor {
     attrs_.resize(pool.num_blocks());
     version_.assign(pool.num_blocks(), 0);
     keyed_.assign(pool.num_blocks(), 0);
+    kept_.assign(pool.num_blocks(), 0);
   }
 
   int64_t clock() const { return clock_; }
@@ -73,6 +78,7 @@ class BlockEvictor {
   // the traffic clock, then pin its hit blocks (pool.touch) and count a hit
   // and a use on each; `priority` raises theirs.
   void admit(const std::vector<int64_t>& hits, int64_t tokens, int64_t priority) {
+    calls_.check("BlockEvictor.admit");
     if (tokens < 0) throw std::invalid_argument("admit: tokens must be >= 0, got " + std::to_string(tokens));
     std::vector<uint8_t> was_candidate(hits.size());
     for (size_t i = 0; i < hits.size(); ++i) {
@@ -99,6 +105,7 @@ class BlockEvictor {
   // Blocks `ids` (in use) were just cached under the packed keys: a fresh
   // life, whose use count continues the ghost's if the content was evicted.
   void cached(const std::vector<int64_t>& ids, std::string_view keys, int64_t key_size, int64_t priority) {
+    calls_.check("BlockEvictor.cached");
     if (key_size < 1 || keys.size() != ids.size() * static_cast<size_t>(key_size)) {
       throw std::invalid_argument("cached: " + std::to_string(ids.size()) + " ids need " +
                                   std::to_string(ids.size()) + " keys of key_size bytes, got " +
@@ -127,6 +134,11 @@ class BlockEvictor {
   // is exactly the pool's free-queue LRU) and ranked once.
   // `request_tokens`: whole-block prompt TOKENS of the releasing request.
   void free(const std::vector<int64_t>& ids, int64_t request_tokens) {
+    CallFlag::Scope running(calls_, "BlockEvictor.free");
+    if (heap_.size() > 2 * static_cast<size_t>(pool_.num_blocks()) + 64) {
+      compact();  // first: it only drops stale entries, so a failed comparison changes nothing
+      KeyCompare<Key>::check();
+    }
     std::vector<std::pair<int32_t, EvictionCandidate>> fresh;
     for (int64_t id : ids) {
       if (pool_.ref_count(id) == 1 && keyed_[id]) {
@@ -141,36 +153,73 @@ class BlockEvictor {
     std::vector<Key> keys;
     keys.reserve(fresh.size());
     for (const auto& [b, c] : fresh) keys.push_back(rank_(c));  // may throw: nothing changed yet
-    pool_.free(ids);  // validates: throws before changing anything
-    clock_ += static_cast<int64_t>(fresh.size());
-    for (size_t i = 0; i < fresh.size(); ++i) {
-      auto [b, c] = fresh[i];
-      attrs_[b] = c;
-      push(b, std::move(keys[i]));
+    // Queued before the pool frees them (an entry is live only once its block is free),
+    // so a comparison that fails, or a pool that refuses, leaves nothing changed.
+    const uint64_t first_seq = next_seq_;
+    for (size_t i = 0; i < fresh.size(); ++i) push(fresh[i].first, std::move(keys[i]));
+    try {
+      KeyCompare<Key>::check();
+      pool_.free(ids);  // validates: throws before changing anything
+    } catch (...) {
+      // Take the new entries out again (keys that failed to compare must not stay to fail
+      // every later comparison), and restore the order of the others.
+      heap_.erase(std::remove_if(heap_.begin(), heap_.end(), [&](const Entry& e) { return e.seq >= first_seq; }),
+                  heap_.end());
+      KeyCompare<Key>::unchecked([&] { std::make_heap(heap_.begin(), heap_.end(), later); });
+      throw;
     }
+    clock_ += static_cast<int64_t>(fresh.size());
+    for (const auto& [b, c] : fresh) attrs_[b] = c;
     num_candidates_ += static_cast<int64_t>(fresh.size());
   }
 
   // Evict candidates, lowest key first, until at least `n` free blocks hold
-  // no key (so pool.allocate(n) takes only those). Returns the dropped keys.
-  std::vector<std::string> make_room(int64_t n) {
+  // no key (so pool.allocate(n) takes only those), never one of `keep` (the hits
+  // an admission pins next: pinning one takes it out of the free blocks and the
+  // candidates alike, so the count needed is the same). Returns the dropped keys.
+  std::vector<std::string> make_room(int64_t n, const std::vector<int64_t>& keep = {}) {
+    calls_.check("BlockEvictor.make_room");
     if (n < 0) throw std::invalid_argument("make_room: n must be >= 0, got " + std::to_string(n));
     int64_t keyless = pool_.num_free() - num_candidates_;
-    return evict(std::max<int64_t>(0, n - keyless));
+    return evict(std::max<int64_t>(0, n - keyless), keep);
   }
 
-  // Evict up to `n` candidates, lowest key first; returns their keys.
-  std::vector<std::string> evict(int64_t n) {
+  // Evict up to `n` candidates, lowest key first, none of `keep`; returns their keys.
+  std::vector<std::string> evict(int64_t n, const std::vector<int64_t>& keep = {}) {
+    CallFlag::Scope running(calls_, "BlockEvictor.evict");
     if (n < 0) throw std::invalid_argument("evict: n must be >= 0, got " + std::to_string(n));
-    std::vector<int64_t> victims;
-    while (static_cast<int64_t>(victims.size()) < n && !heap_.empty()) {
+    for (int64_t b : keep) {
+      if (b < 0 || b >= pool_.num_blocks()) {
+        throw std::out_of_range("evict: kept block id " + std::to_string(b) + " is out of range [0, " +
+                                std::to_string(pool_.num_blocks()) + ")");
+      }
+    }
+    for (int64_t b : keep) kept_[b] = 1;
+    std::vector<Entry> taken, spared;
+    while (static_cast<int64_t>(taken.size()) < n && !heap_.empty()) {
       std::pop_heap(heap_.begin(), heap_.end(), later);
       Entry top = std::move(heap_.back());
       heap_.pop_back();
-      if (live(top)) {
-        victims.push_back(top.block);
-        ++version_[top.block];
+      if (live(top)) (kept_[top.block] ? spared : taken).push_back(std::move(top));
+    }
+    for (int64_t b : keep) kept_[b] = 0;
+    auto put_back = [&](std::vector<Entry>& entries) {
+      for (Entry& e : entries) {
+        heap_.push_back(std::move(e));
+        std::push_heap(heap_.begin(), heap_.end(), later);
       }
+    };
+    put_back(spared);
+    try {
+      KeyCompare<Key>::check();
+    } catch (...) {  // a comparison failed: the order is unknown, so evict nothing
+      KeyCompare<Key>::unchecked([&] { put_back(taken); });
+      throw;
+    }
+    std::vector<int64_t> victims;
+    for (const Entry& e : taken) {
+      victims.push_back(e.block);
+      ++version_[e.block];
     }
     std::vector<std::string> keys = pool_.evict_blocks(victims);
     num_candidates_ -= static_cast<int64_t>(victims.size());
@@ -181,6 +230,7 @@ class BlockEvictor {
 
   // After pool.uncache_all(): no candidates, no history.
   void reset() {
+    calls_.check("BlockEvictor.reset");
     heap_.clear();
     for (auto& v : version_) ++v;
     std::fill(keyed_.begin(), keyed_.end(), 0);
@@ -206,6 +256,7 @@ class BlockEvictor {
       if (live(e)) entries.push_back(e);
     }
     std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return later(b, a); });
+    KeyCompare<Key>::check();
     std::vector<int32_t> out;
     for (const Entry& e : entries) out.push_back(e.block);
     return out;
@@ -263,7 +314,6 @@ class BlockEvictor {
   void push(int32_t b, Key key) {
     heap_.push_back(Entry{std::move(key), next_seq_++, b, ++version_[b]});
     std::push_heap(heap_.begin(), heap_.end(), later);
-    if (heap_.size() > 2 * static_cast<size_t>(pool_.num_blocks()) + 64) compact();
   }
 
   void compact() {
@@ -283,11 +333,13 @@ class BlockEvictor {
   std::vector<EvictionCandidate> attrs_;
   std::vector<uint32_t> version_;
   std::vector<uint8_t> keyed_;  // per block: holds a key (set by cached, cleared by evict / reset)
+  std::vector<uint8_t> kept_;   // scratch for evict's `keep`, left all-zero
   std::vector<Entry> heap_;
   uint64_t next_seq_ = 0;
   int64_t clock_ = 0;
   int64_t traffic_ = 0;
   int64_t num_candidates_ = 0;
+  CallFlag calls_;
 };
 
 }  // namespace prefixcache

@@ -8,8 +8,6 @@
 namespace prefixcache {
 
 namespace {
-constexpr int32_t kMaxBlocks = (1 << 30);  // ids and sentinels fit in int32
-
 std::string block_str(int64_t id) { return "block " + std::to_string(id); }
 
 int32_t checked_size(int64_t num_blocks) {

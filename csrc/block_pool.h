@@ -31,6 +31,10 @@
 
 namespace prefixcache {
 
+// The most blocks a pool may hold: ids and the two sentinels fit in int32. Bound to
+// Python as prefixcache._C.MAX_NUM_BLOCKS, which config validation reads.
+inline constexpr int32_t kMaxBlocks = (1 << 30);
+
 // Raised by check_invariants(); bound to Python as AssertionError subclass.
 struct InvariantError : std::runtime_error {
   using std::runtime_error::runtime_error;

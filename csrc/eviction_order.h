@@ -66,6 +66,22 @@ struct EvictionCandidate {
 
 using NativeKey = std::pair<int64_t, int64_t>;
 
+// How a heap of keys learns that a comparison failed. A key type whose comparison can
+// fail (a Python policy's priorities, bind_py_key.h) must not throw from inside the std
+// heap algorithms, which would leave a moved-from key in the heap: its operator<
+// answers "not less" and keeps the failure, and the structure calls check() once the
+// heap operation is over, which throws it with every key still in place. unchecked(f)
+// runs f (putting keys back after a failure) as if no comparison had failed, then
+// keeps the first failure. Native keys never fail: both are free.
+template <class Key>
+struct KeyCompare {
+  static void check() {}
+  template <class F>
+  static void unchecked(F&& f) {
+    f();
+  }
+};
+
 // The key of `c` under `order`: compared lexicographically, smallest evicted first.
 inline NativeKey native_key(EvictionOrder order, const OrderParams& params, const EvictionCandidate& c) {
   switch (order) {

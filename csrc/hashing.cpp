@@ -173,19 +173,21 @@ constexpr uint8_t kProto = 0x80, kFrame = 0x95, kShortBinBytes = 'C', kMemoize =
                   kTuple = 't', kTuple1 = 0x85, kTuple2 = 0x86, kTuple3 = 0x87, kStop = '.', kNone = 'N',
                   kBinInt1 = 'K', kBinInt2 = 'M', kBinInt = 'J', kLong1 = 0x8a;
 
-// One int as pickle's save_long writes it (protocol >= 2).
-void pickle_int(std::string& out, int64_t v) {
+// One int as pickle's save_long writes it (protocol >= 2), at p; returns the end.
+// Written through a pointer into a buffer sized for the whole link: per token, so no
+// per-byte capacity check.
+uint8_t* pickle_int(uint8_t* p, int64_t v) {
   if (v >= 0 && v <= 0xff) {
-    out += static_cast<char>(kBinInt1);
-    out += static_cast<char>(v);
+    *p++ = kBinInt1;
+    *p++ = static_cast<uint8_t>(v);
   } else if (v >= 0 && v <= 0xffff) {
-    out += static_cast<char>(kBinInt2);
-    out += static_cast<char>(v & 0xff);
-    out += static_cast<char>(v >> 8);
+    *p++ = kBinInt2;
+    *p++ = static_cast<uint8_t>(v & 0xff);
+    *p++ = static_cast<uint8_t>(v >> 8);
   } else if (v >= INT32_MIN && v <= INT32_MAX) {
-    out += static_cast<char>(kBinInt);
+    *p++ = kBinInt;
     const auto u = static_cast<uint32_t>(v);
-    for (int i = 0; i < 4; ++i) out += static_cast<char>(u >> (8 * i));
+    for (int i = 0; i < 4; ++i) *p++ = static_cast<uint8_t>(u >> (8 * i));
   } else {
     // LONG1: little-endian two's complement in (bit_length(|v|) / 8 + 1) bytes, one
     // fewer for a negative value whose top byte is only sign (as save_long trims).
@@ -195,45 +197,51 @@ void pickle_int(std::string& out, int64_t v) {
     const auto u = static_cast<uint64_t>(v);
     for (size_t i = 0; i < nbytes; ++i) bytes[i] = i < 8 ? static_cast<uint8_t>(u >> (8 * i)) : (v < 0 ? 0xff : 0);
     if (v < 0 && nbytes > 1 && bytes[nbytes - 1] == 0xff && (bytes[nbytes - 2] & 0x80) != 0) --nbytes;
-    out += static_cast<char>(kLong1);
-    out += static_cast<char>(nbytes);
-    out.append(reinterpret_cast<const char*>(bytes), nbytes);
+    *p++ = kLong1;
+    *p++ = static_cast<uint8_t>(nbytes);
+    std::memcpy(p, bytes, nbytes);
+    p += nbytes;
   }
+  return p;
 }
 
-// pickle.dumps((parent, tuple(tokens), extra), protocol=5) into `out` (cleared):
-// PROTO 5, one FRAME, the parent bytes (memo 0), the token tuple (memo 1), the
-// caller-encoded extra keys (memo 2 on) or None, TUPLE3, MEMOIZE, STOP.
-void pickle_link(std::string& out, std::string_view parent, std::span<const int64_t> tokens,
-                 const std::optional<std::string_view>& extra) {
-  out.clear();
-  out += static_cast<char>(kProto);
-  out += static_cast<char>(5);
-  out.append(9, '\0');  // FRAME and its 8-byte length, written below
-  const size_t body = out.size();
-  out += static_cast<char>(kShortBinBytes);  // digests are < 256 bytes
-  out += static_cast<char>(parent.size());
-  out.append(parent);
-  out += static_cast<char>(kMemoize);
-  if (tokens.size() > 3) out += static_cast<char>(kMark);
-  for (int64_t t : tokens) pickle_int(out, t);
+// pickle.dumps((parent, tuple(tokens), extra), protocol=5) into `out`, which holds at
+// least link_size_bound(...) bytes; returns its length. PROTO 5, one FRAME, the parent
+// bytes (memo 0), the token tuple (memo 1), the caller-encoded extra keys (memo 2 on)
+// or None, TUPLE3, MEMOIZE, STOP.
+size_t pickle_link(uint8_t* out, std::string_view parent, std::span<const int64_t> tokens,
+                   const std::optional<std::string_view>& extra) {
+  uint8_t* p = out;
+  *p++ = kProto;
+  *p++ = 5;
+  p += 9;  // FRAME and its 8-byte length, written below
+  uint8_t* const body = p;
+  *p++ = kShortBinBytes;  // digests are < 256 bytes
+  *p++ = static_cast<uint8_t>(parent.size());
+  std::memcpy(p, parent.data(), parent.size());
+  p += parent.size();
+  *p++ = kMemoize;
+  if (tokens.size() > 3) *p++ = kMark;
+  for (int64_t t : tokens) p = pickle_int(p, t);
   static constexpr uint8_t kTupleOf[4] = {0, kTuple1, kTuple2, kTuple3};
-  out += static_cast<char>(tokens.size() > 3 ? kTuple : kTupleOf[tokens.size()]);
-  out += static_cast<char>(kMemoize);
+  *p++ = tokens.size() > 3 ? kTuple : kTupleOf[tokens.size()];
+  *p++ = kMemoize;
   if (extra) {
-    out.append(*extra);
+    std::memcpy(p, extra->data(), extra->size());
+    p += extra->size();
   } else {
-    out += static_cast<char>(kNone);
+    *p++ = kNone;
   }
-  out += static_cast<char>(kTuple3);
-  out += static_cast<char>(kMemoize);
-  out += static_cast<char>(kStop);
-  const uint64_t frame = out.size() - body;
+  *p++ = kTuple3;
+  *p++ = kMemoize;
+  *p++ = kStop;
+  const uint64_t frame = static_cast<uint64_t>(p - body);
   if (frame > kMaxPickleLink) {
     throw std::invalid_argument("a pickle link of " + std::to_string(frame) + " bytes does not fit one pickle frame");
   }
-  out[2] = static_cast<char>(kFrame);
-  for (int i = 0; i < 8; ++i) out[3 + i] = static_cast<char>(frame >> (8 * i));
+  out[2] = kFrame;
+  for (int i = 0; i < 8; ++i) out[3 + i] = static_cast<uint8_t>(frame >> (8 * i));
+  return static_cast<size_t>(p - out);
 }
 
 void cbor_link(CborWriter& link, std::string_view parent, std::span<const int64_t> tokens,
@@ -293,11 +301,11 @@ void chain_digests(HashAlgorithm algorithm, std::string_view parent, std::span<c
   const size_t start = out.size();
   out.resize(start + num_blocks * ds);
   CborWriter cbor;
-  std::string encoded;
+  std::vector<uint8_t> encoded;
   const size_t extra_size = std::max(first_extra ? first_extra->size() : 0, later_extra ? later_extra->size() : 0);
   const size_t bound = link_size_bound(std::max(parent.size(), ds), bs, extra_size);
   if (pickle) {
-    encoded.reserve(bound);
+    encoded.resize(bound);
   } else {
     cbor.reserve(bound);
   }
@@ -307,8 +315,8 @@ void chain_digests(HashAlgorithm algorithm, std::string_view parent, std::span<c
     const std::optional<std::string_view>& extra = b == 0 ? first_extra : later_extra;
     std::string_view link;
     if (pickle) {
-      pickle_link(encoded, prev, block, extra);
-      link = encoded;
+      const size_t n = pickle_link(encoded.data(), prev, block, extra);
+      link = std::string_view(reinterpret_cast<const char*>(encoded.data()), n);
     } else {
       cbor_link(cbor, prev, block, extra);
       link = cbor.bytes();

@@ -1,6 +1,6 @@
 // Argument conversions the bindings share: one rule each for ints, id lists and bytes.
 //
-// Owns `saturated_int64`, `to_ids`, `bytes_view` and `ByteBuffer`. Token ids have a
+// Owns `saturated_int64`, `checked_int64`, `to_ids`, `bytes_view` and `ByteBuffer`. Token ids have a
 // converter of their own, token_ids.h.
 // A binding that declares an `int64_t` parameter makes pybind11
 // answer a Python int beyond int64 with a TypeError ("incompatible function
@@ -17,10 +17,12 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace prefixcache {
@@ -39,20 +41,41 @@ inline std::string short_repr(PyObject* obj) {
   return out.size() > 60 ? out.substr(0, 57) + "..." : out;
 }
 
-// `obj` (an int, or anything with __index__: numpy ints, bools) as int64, saturated
-// beyond int64. TypeError naming `what` for anything else.
-inline int64_t saturated_int64(pybind11::handle obj, const char* what) {
+// `obj` (an int, or anything with __index__: numpy ints, bools) as int64; `overflow`
+// is -1 / +1 below / beyond int64 (the value is then meaningless). TypeError naming
+// `what` for anything else; an error __index__ raises itself is passed on.
+inline int64_t index_int64(pybind11::handle obj, const char* what, int& overflow) {
   PyObject* index = PyNumber_Index(obj.ptr());
   if (index == nullptr) {
+    if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw pybind11::error_already_set();  // __index__'s own error
     PyErr_Clear();
     throw pybind11::type_error(std::string(what) + " must be an int, got " + Py_TYPE(obj.ptr())->tp_name);
   }
-  int overflow = 0;
+  overflow = 0;
   long long v = PyLong_AsLongLongAndOverflow(index, &overflow);
   Py_DECREF(index);
+  if (v == -1 && overflow == 0 && PyErr_Occurred()) throw pybind11::error_already_set();
+  return v;
+}
+
+// `obj` as int64, saturated beyond int64 (see the top of this file).
+inline int64_t saturated_int64(pybind11::handle obj, const char* what) {
+  int overflow = 0;
+  const int64_t v = index_int64(obj, what, overflow);
   if (overflow > 0) return std::numeric_limits<int64_t>::max();
   if (overflow < 0) return std::numeric_limits<int64_t>::min();
-  if (v == -1 && PyErr_Occurred()) throw pybind11::error_already_set();
+  return v;
+}
+
+// `obj` as int64, for a value where every int64 is valid (a priority), so saturating
+// would change its meaning: ValueError naming `what` beyond int64.
+inline int64_t checked_int64(pybind11::handle obj, const char* what) {
+  int overflow = 0;
+  const int64_t v = index_int64(obj, what, overflow);
+  if (overflow != 0) {
+    throw pybind11::value_error(std::string(what) + ": expected an int64 in [-2**63, 2**63 - 1]; got " +
+                                short_repr(obj.ptr()));
+  }
   return v;
 }
 
@@ -93,12 +116,19 @@ inline std::vector<int64_t> to_ids(pybind11::handle obj) {
   }
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
   PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+  pybind11::object snapshot;  // our own references, before the first __index__ runs
   std::vector<int64_t> ids(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* item = items[i];
     long long v = PyLong_CheckExact(item) ? PyLong_AsLongLong(item) : 0;
     if (!PyLong_CheckExact(item) || (v == -1 && PyErr_Occurred())) {
       PyErr_Clear();  // beyond int64, or not an exact int: the general rule
+      if (!snapshot && PyList_Check(seq.ptr())) {  // __index__ may change the list and drop its items
+        snapshot = pybind11::reinterpret_steal<pybind11::object>(PyList_AsTuple(seq.ptr()));
+        if (!snapshot) throw pybind11::error_already_set();
+        items = PySequence_Fast_ITEMS(snapshot.ptr());
+        item = items[i];
+      }
       v = saturated_int64(item, "block id");
     }
     ids[i] = v;
@@ -128,20 +158,33 @@ class ByteBuffer {
   Py_buffer view_{};
 };
 
+// A fresh array('i') / array('q') of n items (zeros) and a pointer to fill them through:
+// sized in one allocation by repeating a one-item array, so a caller writes its ids
+// straight into the array, with no intermediate buffer. The pointer is valid until the
+// array is resized.
+template <class T>
+std::pair<pybind11::object, T*> new_int_array(size_t n) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8);
+  static PyObject* one = [] {  // array('i'/'q', [0]), kept for the process
+    pybind11::object type = pybind11::module_::import("array").attr("array");
+    return type(sizeof(T) == 4 ? "i" : "q", pybind11::make_tuple(0)).release().ptr();
+  }();
+  auto out = pybind11::reinterpret_steal<pybind11::object>(PySequence_Repeat(one, static_cast<Py_ssize_t>(n)));
+  if (!out) throw pybind11::error_already_set();
+  Py_buffer view;
+  if (PyObject_GetBuffer(out.ptr(), &view, PyBUF_WRITABLE) != 0) throw pybind11::error_already_set();
+  T* data = static_cast<T*>(view.buf);
+  PyBuffer_Release(&view);  // the array is ours and is not resized while the caller fills it
+  return {std::move(out), data};
+}
+
 // array('i') / array('q') holding data[:n]: one copy, no Python int per id (the role a
 // torch index tensor plays in SGLang).
 template <class T>
 pybind11::object int_array(const T* data, size_t n) {
-  static_assert(sizeof(T) == 4 || sizeof(T) == 8);
-  static PyObject* array_type = pybind11::object(pybind11::module_::import("array").attr("array")).release().ptr();  // kept for the process
-  auto out = pybind11::reinterpret_borrow<pybind11::object>(array_type)(sizeof(T) == 4 ? "i" : "q");
-  if (n > 0) {
-    auto view = pybind11::reinterpret_steal<pybind11::object>(PyMemoryView_FromMemory(
-        reinterpret_cast<char*>(const_cast<T*>(data)), static_cast<Py_ssize_t>(n * sizeof(T)), PyBUF_READ));
-    if (!view) throw pybind11::error_already_set();
-    out.attr("frombytes")(view);
-  }
-  return out;
+  auto [out, dst] = new_int_array<T>(n);
+  if (n > 0) std::memcpy(dst, data, n * sizeof(T));
+  return std::move(out);
 }
 
 // A view of a bytes object's buffer, valid while the caller holds the object.

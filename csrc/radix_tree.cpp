@@ -44,8 +44,15 @@ struct RadixTree::Walk {
 };
 
 RadixTree::RadixTree(BlockPool& pool, int64_t page_size, std::optional<EvictionOrder> order, OrderParams params,
-                     int64_t ghost_capacity)
-    : pool_(pool), page_(static_cast<size_t>(page_size)), order_(order), params_(params), ghost_(ghost_capacity) {
+                     int64_t ghost_capacity, std::unique_ptr<LeafRanker> ranker)
+    : pool_(pool),
+      page_(static_cast<size_t>(page_size)),
+      order_(order),
+      params_(params),
+      ghost_(ghost_capacity),
+      ranker_(std::move(ranker)),
+      ranked_set_(RankedLess{ranker_.get()}) {
+  if (order_ && ranker_) throw std::invalid_argument("a tree orders its leaves natively or by a ranker, not both");
   if (ghost_capacity < 0) throw std::invalid_argument("ghost_capacity must be >= 0, got " + std::to_string(ghost_capacity));
   if (page_size < 1) throw std::invalid_argument("page_size must be >= 1, got " + std::to_string(page_size));
   in_tree_.assign(pool.num_blocks(), 0);
@@ -113,13 +120,14 @@ MatchResult RadixTree::match(TokenSpan tokens, const Namespace& ns) const {
 }
 
 MatchResult RadixTree::match_prefix(TokenSpan tokens, const Namespace& ns) {
-  RadixNode* root = root_or_create(ns);
+  calls_.check("RadixTree.match_prefix");
+  RadixNode* root = root_of(ns);
   TokenSpan key = whole_pages(tokens);
   Walk w = walk(key, root);
   MatchResult out = collect(w);
   int64_t now = ++clock_;
   traffic_ += static_cast<int64_t>(key.size());
-  root->last_access_time = now;
+  if (root != nullptr) root->last_access_time = now;
   for (RadixNode* n : w.path) {
     n->last_access_time = now;
     ++n->use_count;
@@ -140,6 +148,7 @@ MatchResult RadixTree::match_prefix(TokenSpan tokens, const Namespace& ns) {
 
 InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, const Namespace& ns, int64_t priority,
                               int64_t start, int64_t inserted) {
+  calls_.check("RadixTree.insert");
   if (inserted < 0) inserted = start;
   if (tokens.size() % page_ != 0) {
     throw std::invalid_argument("insert: tokens has " + std::to_string(tokens.size()) +
@@ -160,61 +169,120 @@ InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, cons
     throw std::invalid_argument("insert: start=" + std::to_string(start) + " but only the first " +
                                 std::to_string(w.matched) + " tokens are in the tree");
   }
-  const size_t dup_pages = w.matched / page_;
   MatchResult present = collect(w);
+  check_insert(w, present, blocks, first, "insert");
 
-  // Validate everything before changing anything.
+  RadixNode* root = w.root;
+  if (root == nullptr) {
+    if (tokens.empty()) {  // no root, nothing to hold: node 0
+      ++clock_;
+      return InsertResult{};
+    }
+    root = w.root = root_or_create(ns);  // only to hold a leaf
+  }
+  int64_t now = ++clock_;
+  root->last_access_time = now;
+  const auto request_tokens = static_cast<int64_t>(tokens.size());
+  int64_t deepest = 0;
+  InsertResult out = apply_insert(root, w, present, tokens, blocks, first, start, inserted, priority, now,
+                                  request_tokens, &deepest);
+  root->history_len = std::max(root->history_len, deepest);
+  return out;
+}
+
+InsertResult RadixTree::extend(int64_t node, TokenSpan tokens, std::span<int32_t> blocks, int64_t priority) {
+  calls_.check("RadixTree.extend");
+  RadixNode* from = node_ptr(node, "extend");
+  if (tokens.size() % page_ != 0) {
+    throw std::invalid_argument("extend: tokens has " + std::to_string(tokens.size()) +
+                                " tokens, not a multiple of page_size " + std::to_string(page_));
+  }
+  if (blocks.size() != tokens.size() / page_) {
+    throw std::invalid_argument("extend: blocks has " + std::to_string(blocks.size()) + " ids but " +
+                                std::to_string(tokens.size()) + " tokens need " +
+                                std::to_string(tokens.size() / page_) + " (one per page)");
+  }
+  Walk w = walk(tokens, from);
+  MatchResult present = collect(w);
+  check_insert(w, present, blocks, 0, "extend");
+
+  const int64_t base = from->cached_prefix_len;
+  int64_t now = ++clock_;
+  const int64_t request_tokens = base + static_cast<int64_t>(tokens.size());
+  int64_t deepest = 0;
+  InsertResult out = apply_insert(from, w, present, tokens, blocks, 0, base, base, priority, now, request_tokens,
+                                  &deepest);
+  out.prefix_len += base;
+  // What re-walking root -> from would have written there (insert's path stamps).
+  stamp_path(from, PathStamp{now, traffic_, request_tokens, priority, deepest});
+  return out;
+}
+
+void RadixTree::check_insert(const Walk& w, const MatchResult& present, std::span<int32_t> blocks, size_t first,
+                             const char* what) const {
+  const size_t dup_pages = w.matched / page_;
   std::vector<int32_t> adopted;  // caller-owned blocks named in this call
   for (size_t i = 0; i < blocks.size(); ++i) {
     int32_t b = blocks[i];
     size_t p = first + i;
     if (b < 0 || b >= pool_.num_blocks()) {
-      throw std::out_of_range("insert: block id " + std::to_string(b) + " is out of range [0, " +
+      throw std::out_of_range(std::string(what) + ": block id " + std::to_string(b) + " is out of range [0, " +
                               std::to_string(pool_.num_blocks()) + ")");
     }
     if (p < dup_pages && b == present.blocks[p]) continue;
     // A caller's block that is not the tree's: a duplicate to hand back, or
     // a new page to adopt. Either way the caller must own it.
     if (in_tree_[b]) {
-      throw std::invalid_argument("insert: block " + std::to_string(b) + " (page " + std::to_string(p) +
-                                  ") already belongs to the tree at another position");
+      throw std::invalid_argument(std::string(what) + ": block " + std::to_string(b) + " (page " +
+                                  std::to_string(p) + ") already belongs to the tree at another position");
     }
-    if (pool_.ref_count(b) < 1) throw std::invalid_argument("insert: block " + std::to_string(b) + " is free in the pool");
+    if (pool_.ref_count(b) < 1) {
+      throw std::invalid_argument(std::string(what) + ": block " + std::to_string(b) + " is free in the pool");
+    }
     adopted.push_back(b);
   }
   std::optional<int32_t> repeated;
+  auto& seen = seen_;
   for (int32_t b : adopted) {
-    if (seen_[b]) {
+    if (seen[b]) {
       repeated = b;
       break;
     }
-    seen_[b] = 1;
+    seen[b] = 1;
   }
-  for (int32_t b : adopted) seen_[b] = 0;
-  if (repeated) throw std::invalid_argument("insert: block " + std::to_string(*repeated) + " appears more than once");
+  for (int32_t b : adopted) seen[b] = 0;
+  if (repeated) {
+    throw std::invalid_argument(std::string(what) + ": block " + std::to_string(*repeated) + " appears more than once");
+  }
+}
 
+// The walk below `from` (offsets are absolute: `from` ends at from->cached_prefix_len).
+// `from` itself is stamped by the caller. Sets *deepest to the depth of the leaf
+// created (0: none), whose history the caller raises above `from`.
+InsertResult RadixTree::apply_insert(RadixNode* from, const Walk& w, const MatchResult& present, TokenSpan key,
+                                     std::span<int32_t> blocks, size_t first, int64_t start, int64_t inserted,
+                                     int64_t priority, int64_t now, int64_t request_tokens, int64_t* deepest) {
+  const size_t dup_pages = w.matched / page_;
   InsertResult out;
   out.prefix_len = static_cast<int64_t>(w.matched);
-  RadixNode* root = w.root != nullptr ? w.root : root_or_create(ns);
-  int64_t now = ++clock_;
-  const auto request_tokens = static_cast<int64_t>(tokens.size());
-  root->last_access_time = now;
-  size_t offset = 0;  // tokens before the node: the caller's own prefix counted its use already
+  // Tokens before the node: the caller's own prefix counted its use already.
+  auto offset = static_cast<size_t>(from->cached_prefix_len);
+  const auto begin = static_cast<size_t>(start);
   for (RadixNode* n : w.path) {
     n->last_access_time = now;
     n->priority = std::max(n->priority, priority);
-    stamp_use(n, offset >= static_cast<size_t>(start), request_tokens);
+    stamp_use(n, offset >= begin, request_tokens, now);
     offset += n->tokens.size();
     if (static_cast<int64_t>(offset) > inserted) ++n->hit_count;  // ends past what the caller inserted
     touched(n);
   }
-  RadixNode* node = w.last() != nullptr ? w.last() : root;
+  RadixNode* node = w.last() != nullptr ? w.last() : from;
   if (w.partial != nullptr) {
     w.partial->last_access_time = now;
     touched(w.partial);
     node = split(w.partial, w.partial_len, ++clock_);
     node->priority = std::max(node->priority, priority);
-    stamp_use(node, offset >= static_cast<size_t>(start), request_tokens);
+    stamp_use(node, offset >= begin, request_tokens, now);
     if (static_cast<int64_t>(offset + w.partial_len) > inserted) ++node->hit_count;
   }
   for (size_t p = first; p < dup_pages; ++p) {
@@ -224,26 +292,29 @@ InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, cons
       mine = present.blocks[p];
     }
   }
-  if (w.matched < tokens.size()) {
+  *deepest = 0;
+  if (w.matched < key.size()) {
     RadixNode* leaf = new_node(node, ++clock_);
-    leaf->tokens.assign(tokens.begin() + static_cast<ptrdiff_t>(w.matched), tokens.end());
+    leaf->tokens.assign(key.begin() + static_cast<ptrdiff_t>(w.matched), key.end());
     leaf->blocks.assign(blocks.begin() + static_cast<ptrdiff_t>(dup_pages - first), blocks.end());
     leaf->priority = priority;
     leaf->last_use = traffic_;
     leaf->request_tokens = request_tokens;
+    leaf->use_time = now;
     int64_t history = 0;
     if (ghost_.enabled()) {
-      uint64_t key = node->tail_key;
+      uint64_t k = node->tail_key;
       for (size_t p = 0; p < leaf->blocks.size(); ++p) {
-        key = page_key_after(key, *leaf, p);
-        history = std::max(history, ghost_.take(key));
+        k = page_key_after(k, *leaf, p);
+        history = std::max(history, ghost_.take(k));
       }
-      leaf->tail_key = key;
+      leaf->tail_key = k;
     }
     leaf->use_count = 1 + history;
-    if (static_cast<int64_t>(tokens.size()) > inserted) leaf->hit_count = 1;
+    if (from->cached_prefix_len + static_cast<int64_t>(key.size()) > inserted) leaf->hit_count = 1;
     leaf->cached_prefix_len = node->cached_prefix_len + static_cast<int64_t>(leaf->tokens.size());
-    raise_history(leaf);
+    raise_history(leaf, from);
+    *deepest = leaf->cached_prefix_len;
     node->children.emplace(PageKey{leaf->tokens.data(), page_}, leaf);
     for (int32_t b : leaf->blocks) in_tree_[b] = 1;
     evictable_size_ += static_cast<int64_t>(leaf->tokens.size());
@@ -251,13 +322,53 @@ InsertResult RadixTree::insert(TokenSpan tokens, std::span<int32_t> blocks, cons
     update_leaf_status(leaf);
     node = leaf;
   }
-  out.node = node->id;
+  out.node = node != nullptr ? node->id : 0;
   return out;
 }
 
-void RadixTree::stamp_use(RadixNode* n, bool counts, int64_t request_tokens) {
+// ---------------------------------------------------------------- path stamps
+
+void RadixTree::apply_stamp(RadixNode* n, const PathStamp& s) {
+  n->last_access_time = std::max(n->last_access_time, s.time);
+  n->history_len = std::max(n->history_len, s.history);
+  if (n->is_root()) return;  // insert stamps a root's time only
+  n->priority = std::max(n->priority, s.priority);
+  if (s.time > n->use_time) {
+    n->use_time = s.time;
+    n->last_use = s.last_use;
+    n->request_tokens = s.request_tokens;
+  }
+}
+
+void RadixTree::stamp_path(RadixNode* from, const PathStamp& s) {
+  if (!from->is_root() && from->lock_ref > 0) {  // owed until its lock is dropped
+    from->pending.merge(s);
+    pending_.insert(from);
+    return;
+  }
+  for (RadixNode* n = from; n != nullptr; n = n->parent) {
+    apply_stamp(n, s);
+    touched(n);
+  }
+}
+
+PathStamp RadixTree::owed(const RadixNode* n) const {
+  PathStamp out;
+  for (const RadixNode* holder : pending_) {
+    for (const RadixNode* up = holder; up != nullptr; up = up->parent) {
+      if (up == n) {
+        out.merge(holder->pending);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+void RadixTree::stamp_use(RadixNode* n, bool counts, int64_t request_tokens, int64_t now) {
   n->last_use = traffic_;
   n->request_tokens = request_tokens;
+  n->use_time = now;
   if (counts) ++n->use_count;
 }
 
@@ -277,6 +388,7 @@ RadixNode* RadixTree::new_node(RadixNode* parent, int64_t stamp) {
   RadixNode* n = owned.get();
   n->id = next_id_++;
   n->parent = parent;
+  n->root = parent != nullptr ? parent->root : n;
   n->creation_time = n->last_access_time = stamp;
   nodes_.emplace(n->id, std::move(owned));
   return n;
@@ -298,6 +410,7 @@ RadixNode* RadixTree::split(RadixNode* child, size_t split_len, int64_t stamp) {
   mid->use_count = child->use_count;
   mid->last_use = child->last_use;
   mid->request_tokens = child->request_tokens;
+  mid->use_time = child->use_time;
   mid->cached_prefix_len = parent->cached_prefix_len + static_cast<int64_t>(split_len);
   mid->history_len = child->history_len;
   if (ghost_.enabled()) {
@@ -318,7 +431,10 @@ RadixNode* RadixTree::split(RadixNode* child, size_t split_len, int64_t stamp) {
 // ---------------------------------------------------------------- locks
 
 void RadixTree::lock(int64_t id) {
-  for (RadixNode* n = node_ptr(id, "lock"); !n->is_root(); n = n->parent) {
+  calls_.check("RadixTree.lock");
+  if (id == 0) return;  // no node
+  RadixNode* n = node_ptr(id, "lock");
+  for (; !n->is_root(); n = n->parent) {
     if (n->lock_ref++ == 0) {
       auto len = static_cast<int64_t>(n->tokens.size());
       evictable_size_ -= len;
@@ -326,14 +442,25 @@ void RadixTree::lock(int64_t id) {
       update_leaf_status(n);
     }
   }
+  ++n->lock_ref;  // the root: it stays while a lock is held in its namespace
 }
 
 void RadixTree::unlock(int64_t id) {
+  calls_.check("RadixTree.unlock");
+  if (id == 0) return;  // no node
   RadixNode* start = node_ptr(id, "unlock");
-  if (!start->is_root() && start->lock_ref == 0) {
-    throw std::invalid_argument("unlock: " + node_str(*start) + " is not locked");
-  }
-  for (RadixNode* n = start; !n->is_root(); n = n->parent) {
+  if (start->lock_ref == 0) throw std::invalid_argument("unlock: " + node_str(*start) + " is not locked");
+  // Fold the path stamps owed on the way up: the walk reaches the root, so every
+  // node above a stamp's holder gets it (see "Extending a locked path").
+  PathStamp owed;
+  RadixNode* n = start;
+  for (; !n->is_root(); n = n->parent) {
+    if (n->pending.time != 0) {
+      owed.merge(n->pending);
+      n->pending = PathStamp{};
+      pending_.erase(n);
+    }
+    if (owed.time != 0) apply_stamp(n, owed);
     if (--n->lock_ref == 0) {
       auto len = static_cast<int64_t>(n->tokens.size());
       evictable_size_ += len;
@@ -341,56 +468,141 @@ void RadixTree::unlock(int64_t id) {
       update_leaf_status(n);
     }
   }
+  if (owed.time != 0) apply_stamp(n, owed);
+  --n->lock_ref;
+  drop_root_if_empty(n);
+}
+
+void RadixTree::relock(int64_t from_id, int64_t to_id) {
+  calls_.check("RadixTree.relock");
+  RadixNode* to = node_ptr(to_id, "relock");
+  if (from_id == 0) {  // nothing was locked (no root then): a plain lock
+    lock(to_id);
+    return;
+  }
+  RadixNode* from = node_ptr(from_id, "relock");
+  if (from->lock_ref == 0) throw std::invalid_argument("relock: " + node_str(*from) + " is not locked");
+  // The nodes strictly between: lock(to) + unlock(from) changes only them.
+  std::vector<RadixNode*> below;
+  RadixNode* up = to;
+  for (; up != from && !up->is_root(); up = up->parent) below.push_back(up);
+  if (up != from) {  // not below `from`: the long way
+    lock(to_id);
+    unlock(from_id);
+    return;
+  }
+  for (auto it = below.rbegin(); it != below.rend(); ++it) {  // top down, so parent >= child holds
+    RadixNode* b = *it;
+    if (b->lock_ref++ == 0) {
+      auto len = static_cast<int64_t>(b->tokens.size());
+      evictable_size_ -= len;
+      protected_size_ += len;
+      update_leaf_status(b);
+    }
+  }
 }
 
 // ---------------------------------------------------------------- eviction
 
 int64_t RadixTree::evict(int64_t num_tokens) {
+  calls_.check("RadixTree.evict");
   last_evicted_.clear();
-  if (!order_) throw std::invalid_argument("evict: this tree has no native eviction order; rank candidates with a priority function");
+  if (!order_ && !ranker_) {
+    throw std::invalid_argument("evict: this tree has no native eviction order (nor a ranker); rank candidates with a priority function");
+  }
   if (num_tokens < 0) throw std::invalid_argument("evict: num_tokens must be >= 0, got " + std::to_string(num_tokens));
   refresh_order();
   int64_t evicted = 0;
-  while (evicted < num_tokens && !order_set_.empty()) {
-    RadixNode* leaf = nodes_.at(order_set_.begin()->id).get();
+  while (evicted < num_tokens) {
+    if (order_ ? order_set_.empty() : ranked_set_.empty()) break;
+    RadixNode* leaf = nodes_.at(order_ ? order_set_.begin()->id : ranked_set_.begin()->id).get();
     RadixNode* parent = leaf->parent;
+    const bool parent_is_root = parent->is_root();  // a root left empty is dropped with the leaf
     evicted += static_cast<int64_t>(leaf->tokens.size());
     delete_leaf(leaf);  // takes it out of the order; its parent may come in, dirty
-    if (parent->dirty) {  // it just became a leaf: rank it now, it may be next
-      parent->dirty = false;
-      auto [it, fresh] = order_set_.insert(OrderEntry{native_key(*order_, params_, candidate(*parent)), parent->id});
-      order_of_[parent->id] = it;
-    }
+    // It just became a leaf: rank it now, it may be next (a ranker that throws leaves
+    // it dirty, for the next eviction). A root left empty went with the leaf.
+    if (!parent_is_root && parent->dirty) rekey(parent);
   }
   return evicted;
 }
 
 void RadixTree::touched(RadixNode* n) {
-  if (n->leaf_slot < 0 || n->dirty || !order_) return;  // only evictable leaves are ordered
+  if (n->leaf_slot < 0 || n->dirty || (!order_ && !ranker_)) return;  // only evictable leaves are ordered
   n->dirty = true;
   dirty_.push_back(n->id);
 }
 
 void RadixTree::refresh_order() {
-  for (int64_t id : dirty_) {
-    auto found = nodes_.find(id);
-    if (found == nodes_.end()) continue;  // evicted since
-    RadixNode* n = found->second.get();
-    if (!n->dirty) continue;
-    n->dirty = false;
-    auto at = order_of_.find(id);
-    if (at != order_of_.end()) {
-      order_set_.erase(at->second);
-      order_of_.erase(at);
+  size_t done = 0;
+  try {
+    for (; done < dirty_.size(); ++done) {
+      auto found = nodes_.find(dirty_[done]);
+      if (found == nodes_.end()) continue;  // evicted since
+      RadixNode* n = found->second.get();
+      if (!n->dirty) continue;
+      if (n->leaf_slot >= 0) {
+        rekey(n);
+      } else {
+        n->dirty = false;
+      }
     }
-    if (n->leaf_slot >= 0) order_of_[id] = order_set_.insert(OrderEntry{native_key(*order_, params_, candidate(*n)), id}).first;
+  } catch (...) {  // a ranker threw: what was re-keyed is done, the rest stays dirty
+    dirty_.erase(dirty_.begin(), dirty_.begin() + static_cast<ptrdiff_t>(done));
+    throw;
   }
   dirty_.clear();
 }
 
-void RadixTree::raise_history(RadixNode* n) {
+void RadixTree::rekey(RadixNode* n) {
+  if (order_) {
+    unorder(n);
+    order_of_[n->id] = order_set_.insert(OrderEntry{native_key(*order_, params_, candidate(*n)), n->id}).first;
+    n->dirty = false;
+    return;
+  }
+  // The new key goes in before the old one comes out, so a throw leaves n as it was.
+  const uint64_t key = ranker_->rank(candidate(*n));
+  std::pair<RankedSet::iterator, bool> placed;
+  try {
+    placed = ranked_set_.insert(RankedEntry{key, n->id});
+  } catch (...) {
+    ranker_->release(key);
+    throw;
+  }
+  if (!placed.second) {
+    ranker_->release(key);  // its old entry has an equal key: it stays
+  } else {
+    auto at = ranked_of_.find(n->id);
+    if (at != ranked_of_.end()) {
+      ranker_->release(at->second->key);
+      ranked_set_.erase(at->second);
+      at->second = placed.first;
+    } else {
+      ranked_of_.emplace(n->id, placed.first);
+    }
+  }
+  n->dirty = false;
+}
+
+void RadixTree::unorder(RadixNode* n) {
+  if (auto at = order_of_.find(n->id); at != order_of_.end()) {
+    order_set_.erase(at->second);
+    order_of_.erase(at);
+  }
+  if (auto at = ranked_of_.find(n->id); at != ranked_of_.end()) {
+    ranker_->release(at->second->key);
+    ranked_set_.erase(at->second);
+    ranked_of_.erase(at);
+  }
+}
+
+// Raises the branch's high-water depth up to (not including) `stop`, whose path
+// the caller stamps with the depth itself.
+void RadixTree::raise_history(RadixNode* n, const RadixNode* stop) {
   n->history_len = std::max(n->history_len, n->cached_prefix_len);
-  for (RadixNode* up = n->parent; up != nullptr && up->history_len < n->cached_prefix_len; up = up->parent) {
+  for (RadixNode* up = n->parent; up != stop && up != nullptr && up->history_len < n->cached_prefix_len;
+       up = up->parent) {
     up->history_len = n->cached_prefix_len;
     touched(up);
   }
@@ -406,11 +618,7 @@ void RadixTree::set_evictable_leaf(RadixNode* n, bool evictable) {
     evictable_leaves_.push_back(n);
     touched(n);
   } else if (!evictable && n->leaf_slot >= 0) {
-    auto at = order_of_.find(n->id);
-    if (at != order_of_.end()) {
-      order_set_.erase(at->second);
-      order_of_.erase(at);
-    }
+    unorder(n);
     n->dirty = false;
     RadixNode* moved = evictable_leaves_.back();
     evictable_leaves_[n->leaf_slot] = moved;
@@ -439,12 +647,33 @@ void RadixTree::delete_leaf(RadixNode* leaf) {
   set_evictable_leaf(leaf, false);
   parent->children.erase(PageKey{leaf->tokens.data(), page_});
   nodes_.erase(leaf->id);
-  update_leaf_status(parent);
+  if (parent->is_root()) {
+    drop_root_if_empty(parent);
+  } else {
+    update_leaf_status(parent);
+  }
+}
+
+void RadixTree::drop_root_if_empty(RadixNode* root) {
+  if (!root->children.empty() || root->lock_ref != 0) return;
+  if (root->ns_name != nullptr) {
+    named_roots_.erase(named_roots_.find(*root->ns_name));  // by iterator: ns_name views the key erased
+  } else {
+    none_root_ = nullptr;
+  }
+  nodes_.erase(root->id);
 }
 
 void RadixTree::reset() {
+  calls_.check("RadixTree.reset");
   if (protected_size_ > 0) {
     throw std::invalid_argument("reset: " + std::to_string(protected_size_) + " tokens are locked");
+  }
+  for (RadixNode* root : roots()) {
+    if (root->lock_ref > 0) {
+      throw std::invalid_argument("reset: namespace root " + node_str(*root) + " is locked " +
+                                  std::to_string(root->lock_ref) + " times");
+    }
   }
   // Oldest node first, each in token order: the pool's free queue (and so
   // every later allocation) does not depend on hash-map order.
@@ -460,7 +689,11 @@ void RadixTree::reset() {
   evictable_leaves_.clear();
   order_set_.clear();
   order_of_.clear();
+  for (const RankedEntry& e : ranked_set_) ranker_->release(e.key);
+  ranked_set_.clear();
+  ranked_of_.clear();
   dirty_.clear();
+  pending_.clear();  // nothing is locked, so nothing is owed
   std::fill(in_tree_.begin(), in_tree_.end(), 0);
   evictable_size_ = protected_size_ = 0;
   last_evicted_.clear();
@@ -481,11 +714,19 @@ RadixNode* RadixTree::root_or_create(const Namespace& ns) {
   root = new_node(nullptr, clock_);
   if (ghost_.enabled()) root->tail_key = namespace_key(ns);
   if (ns) {
-    named_roots_.emplace(*ns, root);
+    root->ns_name = &named_roots_.emplace(*ns, root).first->first;  // node-based map: the key stays put
   } else {
     none_root_ = root;
   }
   return root;
+}
+
+std::vector<RadixNode*> RadixTree::roots() const {
+  std::vector<RadixNode*> out;
+  out.reserve(named_roots_.size() + 1);
+  if (none_root_ != nullptr) out.push_back(none_root_);
+  for (const auto& [name, r] : named_roots_) out.push_back(r);
+  return out;
 }
 
 std::optional<int64_t> RadixTree::root(const Namespace& ns) const {
@@ -519,18 +760,21 @@ EvictionCandidate RadixTree::candidate(const RadixNode& n) const {
 }
 
 NodeInfo RadixTree::node(int64_t id) const {
+  RadixNode copy;  // the node's fields with the stamps owed to it folded in
   const RadixNode* n = node_ptr(id, "node");
-  const RadixNode* root = n;
-  while (!root->is_root()) root = root->parent;
+  copy.parent = n->parent;
+  copy.last_access_time = n->last_access_time;
+  copy.priority = n->priority;
+  copy.use_time = n->use_time;
+  copy.last_use = n->last_use;
+  copy.request_tokens = n->request_tokens;
+  copy.history_len = n->history_len;
+  if (!pending_.empty()) apply_stamp(&copy, owed(n));
   NodeInfo info{n->id,       std::nullopt, std::nullopt, n->tokens, n->blocks, n->lock_ref,
-                n->last_access_time, n->creation_time, n->hit_count, n->priority, n->use_count, n->last_use,
-                n->request_tokens, {}, n->cached_prefix_len, n->history_len};
+                copy.last_access_time, n->creation_time, n->hit_count, copy.priority, n->use_count, copy.last_use,
+                copy.request_tokens, {}, n->cached_prefix_len, copy.history_len};
   if (!n->is_root()) info.parent = n->parent->id;
-  if (root != none_root_) {
-    for (const auto& [name, r] : named_roots_) {
-      if (r == root) info.ns = name;
-    }
-  }
+  if (n->root->ns_name != nullptr) info.ns = *n->root->ns_name;
   for (const auto& [key, child] : n->children) {
     info.children.emplace_back(std::vector<int32_t>(key.data, key.data + key.len), child->id);
   }
@@ -541,25 +785,28 @@ NodeInfo RadixTree::node(int64_t id) const {
 
 void RadixTree::check_invariants(const std::optional<std::vector<int64_t>>& locked_nodes) const {
   auto fail = [](const std::string& msg) { throw InvariantError("RadixTree: " + msg); };
-  std::vector<RadixNode*> roots;
-  if (none_root_ != nullptr) roots.push_back(none_root_);
-  for (const auto& [name, r] : named_roots_) roots.push_back(r);
-
   std::unordered_map<const RadixNode*, int64_t> expected_locks;
   if (locked_nodes) {
     for (int64_t id : *locked_nodes) {
+      if (id == 0) continue;  // no node: nothing locked
       auto it = nodes_.find(id);
       if (it == nodes_.end()) fail("a live lock names node " + std::to_string(id) + ", which does not exist");
-      for (const RadixNode* n = it->second.get(); !n->is_root(); n = n->parent) ++expected_locks[n];
+      for (const RadixNode* n = it->second.get(); n != nullptr; n = n->parent) ++expected_locks[n];
     }
   }
 
   std::vector<uint8_t> seen_block(in_tree_.size(), 0);
-  int64_t num_nodes = 0, evictable = 0, protect = 0, num_blocks = 0, num_leaves = 0;
+  int64_t num_nodes = 0, evictable = 0, protect = 0, num_blocks = 0, num_leaves = 0, num_pending = 0;
   std::vector<const RadixNode*> stack;
-  for (const RadixNode* root : roots) {
-    if (!root->tokens.empty() || !root->blocks.empty() || root->lock_ref != 0) {
-      fail("namespace root " + node_str(*root) + " holds tokens, blocks or a lock");
+  for (const RadixNode* root : roots()) {
+    if (!root->tokens.empty() || !root->blocks.empty()) fail("namespace root " + node_str(*root) + " holds tokens or blocks");
+    if (root->children.empty() && root->lock_ref == 0) fail("namespace root " + node_str(*root) + " is kept with no child and no lock");
+    if (root->root != root) fail("namespace root " + node_str(*root) + " does not name itself as its root");
+    if (root->ns_name != nullptr && named_roots_.find(*root->ns_name) == named_roots_.end()) fail("namespace root " + node_str(*root) + " names a namespace without a root");
+    if (locked_nodes) {
+      auto it = expected_locks.find(root);
+      int64_t want = it == expected_locks.end() ? 0 : it->second;
+      if (root->lock_ref != want) fail("namespace root " + node_str(*root) + " has lock_ref " + std::to_string(root->lock_ref) + " but live requests hold " + std::to_string(want));
     }
     stack.push_back(root);
     while (!stack.empty()) {
@@ -568,9 +815,17 @@ void RadixTree::check_invariants(const std::optional<std::vector<int64_t>>& lock
       ++num_nodes;
       auto found = nodes_.find(n->id);
       if (found == nodes_.end() || found->second.get() != n) fail(node_str(*n) + " is not registered under its id");
-      if (n->last_access_time > clock_ || n->creation_time > clock_) fail(node_str(*n) + " is stamped after the clock");
+      if (n->last_access_time > clock_ || n->creation_time > clock_ || n->pending.time > clock_) {
+        fail(node_str(*n) + " is stamped after the clock");
+      }
+      if (n->pending.time != 0) {
+        ++num_pending;
+        if (!pending_.count(const_cast<RadixNode*>(n))) fail(node_str(*n) + " owes a path stamp that is not registered");
+        if (n->is_root() || n->lock_ref == 0) fail(node_str(*n) + " owes a path stamp but is not locked");
+      }
       for (const auto& [key, child] : n->children) {
         if (child->parent != n) fail(node_str(*child) + " parent link does not point to " + node_str(*n));
+        if (child->root != root) fail(node_str(*child) + " does not name its namespace's root");
         if (key.data != child->tokens.data() || key.len != page_) fail(node_str(*child) + " is keyed by a stale page view");
         stack.push_back(child);
       }
@@ -580,7 +835,7 @@ void RadixTree::check_invariants(const std::optional<std::vector<int64_t>>& lock
       if (n->tokens.size() % page_ != 0) fail(node_str(*n) + " holds " + std::to_string(len) + " tokens, not whole pages");
       if (n->blocks.size() != n->tokens.size() / page_) fail(node_str(*n) + " holds " + std::to_string(n->blocks.size()) + " blocks for " + std::to_string(len) + " tokens");
       if (n->lock_ref < 0) fail(node_str(*n) + " has negative lock_ref");
-      if (!n->parent->is_root() && n->parent->lock_ref < n->lock_ref) fail(node_str(*n) + " is locked more than its parent");
+      if (n->parent->lock_ref < n->lock_ref) fail(node_str(*n) + " is locked more than its parent");
       if (locked_nodes) {
         auto it = expected_locks.find(n);
         int64_t want = it == expected_locks.end() ? 0 : it->second;
@@ -605,6 +860,7 @@ void RadixTree::check_invariants(const std::optional<std::vector<int64_t>>& lock
   }
   if (num_nodes != static_cast<int64_t>(nodes_.size())) fail(std::to_string(nodes_.size()) + " nodes registered but " + std::to_string(num_nodes) + " reachable");
   if (num_leaves != static_cast<int64_t>(evictable_leaves_.size())) fail("evictable leaf list has stale entries");
+  if (num_pending != static_cast<int64_t>(pending_.size())) fail("the owed path stamps list nodes that owe none");
   if (order_) {
     if (order_set_.size() != order_of_.size()) fail("leaf order index and its id map disagree");
     for (const OrderEntry& e : order_set_) {
@@ -615,6 +871,18 @@ void RadixTree::check_invariants(const std::optional<std::vector<int64_t>>& lock
     for (const RadixNode* leaf : evictable_leaves_) {
       if (!leaf->dirty && order_of_.find(leaf->id) == order_of_.end()) fail("evictable leaf node " + std::to_string(leaf->id) + " is missing from the leaf order");
     }
+  }
+  if (ranker_) {  // a ranker's keys are the caller's: membership is checked, not the keys
+    if (ranked_set_.size() != ranked_of_.size()) fail("ranked leaf order and its id map disagree");
+    for (const RankedEntry& e : ranked_set_) {
+      auto it = nodes_.find(e.id);
+      if (it == nodes_.end() || it->second->leaf_slot < 0) fail("ranked leaf order holds node " + std::to_string(e.id) + ", not an evictable leaf");
+    }
+    for (const RadixNode* leaf : evictable_leaves_) {
+      if (!leaf->dirty && ranked_of_.find(leaf->id) == ranked_of_.end()) fail("evictable leaf node " + std::to_string(leaf->id) + " is missing from the ranked leaf order");
+    }
+  } else if (!ranked_set_.empty()) {
+    fail("a tree without a ranker holds ranked keys");
   }
   if (evictable != evictable_size_) fail("evictable_size is " + std::to_string(evictable_size_) + ", nodes hold " + std::to_string(evictable));
   if (protect != protected_size_) fail("protected_size is " + std::to_string(protected_size_) + ", nodes hold " + std::to_string(protect));

@@ -16,13 +16,21 @@
 //
 // Shape. Each namespace (SGLang's extra_key; nullopt is a namespace of its
 // own) has its own root, so equal tokens in two namespaces never share a node.
+// A root exists only while it has children or locks: insert() creates it, and it
+// is dropped when its last child is evicted and no lock is held through it
+// (match_prefix never creates one: an empty match names node 0, "no node", which
+// lock and unlock take as a no-op). So the tree's memory follows what it caches,
+// however many namespaces come and go. Every node knows its root, so node(id) is
+// O(1).
 // A non-root node holds a run of tokens whose length is a positive multiple
 // of the page size (SGLang's page_size, our block_size) and one block per
 // page. Children are keyed by their first page; pages compare whole, so a
 // difference anywhere in a page is a miss for that page.
 //
 // Invariants (checked by check_invariants):
-//   * lock_ref(parent) >= lock_ref(child): a request locks root -> node.
+//   * lock_ref(parent) >= lock_ref(child): a request locks root -> node (a
+//     root's lock_ref counts the locks held in its namespace; it holds no tokens).
+//   * Every root has a child or a lock.
 //   * evictable_size = tokens in nodes with lock_ref 0, protected_size = the
 //     rest; a node's split keeps its lock_ref on both halves, so a split moves
 //     neither size.
@@ -35,9 +43,11 @@
 // (policy key, node id): O(log n) per evicted leaf, however many leaves there are
 // (SGLang rebuilds a heap over every evictable leaf on each eviction; same victims,
 // same order). A leaf whose policy inputs change (a walk touches it) is marked
-// dirty and re-keyed when the next eviction starts, so a touch costs O(1). The set
-// is kept for the native order; a caller's ranking (evict_by) is asked once per
-// candidate per call, as its contract says, and ranks over a heap built per call.
+// dirty and re-keyed when the next eviction starts, so a touch costs O(1). The key
+// is the native order's (native_key), or a LeafRanker's (a Python policy: asked once
+// when a leaf becomes a candidate or changes, never per eviction call). evict_by,
+// a ranking passed per call, is asked once per candidate per call over a heap built
+// per call: it may differ from call to call, so nothing can be kept.
 //
 // hit_count (SGLang 0.5.23): counted at insert, not at match_prefix. An insert walk
 // counts a hit on each node ending past `inserted` (the tokens this caller inserted
@@ -48,10 +58,22 @@
 // or insert takes one tick for the nodes it walks; each node it creates takes
 // a tick of its own (SGLang stamps new nodes with time.monotonic() after the
 // walk's timestamp, so they sort as more recent; the order is the same).
+//
+// Extending a locked path (extend). A request that inserts again re-walks its
+// whole path in SGLang, re-stamping every node from the root. extend() walks
+// only the new tokens below the caller's node and leaves the path above as a
+// PathStamp on that node: what the re-walk would have written there (its tick,
+// traffic clock, request length, priority, and the depth of any leaf it created,
+// for tlru's history_len). The stamp is folded into the path when the node's
+// lock is dropped (unlock walks the path anyway), so a commit costs O(new pages),
+// not O(path). Nothing can read the difference meanwhile: only unlocked leaves
+// are ranked, a locked node and its ancestors are never one, every fold is a max
+// (or "the latest tick's values"), and node() reports the folded values.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -61,10 +83,12 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "block_pool.h"
+#include "call_flag.h"
 #include "eviction_order.h"
 #include "ghost_table.h"
 
@@ -88,6 +112,27 @@ using TokenSpan = std::span<const int32_t>;
 // continues the largest count its pages left, so content that comes back is
 // known to be reused. Without one, none of this hashing happens.
 struct RadixNode;
+
+// What an insert walk writes on each node of a path above where it starts
+// (see "Extending a locked path"); time == 0: nothing owed.
+struct PathStamp {
+  int64_t time = 0;            // the walk's tick: last_access_time and use_time
+  int64_t last_use = 0;        // the traffic clock then
+  int64_t request_tokens = 0;  // the walk's key length, TOKENS
+  int64_t priority = INT64_MIN;
+  int64_t history = 0;         // deepest cached_prefix_len created below (tlru)
+
+  // Both walks' effect, as if both had run (the later tick's values win).
+  void merge(const PathStamp& o) {
+    if (o.time > time) {
+      time = o.time;
+      last_use = o.last_use;
+      request_tokens = o.request_tokens;
+    }
+    priority = std::max(priority, o.priority);
+    history = std::max(history, o.history);
+  }
+};
 
 // A view of a page of tokens: a child's key, or a look-up into a query.
 struct PageKey {
@@ -121,10 +166,27 @@ struct RadixNode {
   uint64_t tail_key = 0;       // content key of its last page (a root: of its namespace); ghost only
   int64_t cached_prefix_len = 0;  // TOKENS root -> end of this node (tlru)
   int64_t history_len = 0;        // deepest cached_prefix_len its branch reached (tlru; never shrinks)
+  int64_t use_time = 0;           // clock of the insert that set last_use / request_tokens
   int64_t leaf_slot = -1;  // index in RadixTree::evictable_leaves_, or -1
   bool dirty = false;      // policy inputs changed since its key in the leaf order was computed
+  PathStamp pending;       // stamps owed to root -> this node (see "Extending a locked path")
+  RadixNode* root = nullptr;             // its namespace's root (itself for a root)
+  const std::string* ns_name = nullptr;  // a named root: its namespace (the key in named_roots_)
 
   bool is_root() const { return parent == nullptr; }
+};
+
+// A caller's ranking of eviction candidates (a Python policy), for a tree without a
+// native order. The tree keeps each leaf's key, made by rank() when the leaf becomes a
+// candidate or its inputs change, orders keys by less(), and releases a key it drops;
+// it never looks inside one. rank() and less() may throw: the tree stays consistent,
+// and a leaf whose key could not be made or placed is ranked again at the next eviction.
+class LeafRanker {
+ public:
+  virtual ~LeafRanker() = default;
+  virtual uint64_t rank(const EvictionCandidate& candidate) = 0;  // a handle to the key made
+  virtual bool less(uint64_t a, uint64_t b) const = 0;
+  virtual void release(uint64_t key) noexcept = 0;
 };
 
 struct MatchResult {
@@ -163,10 +225,11 @@ struct NodeInfo {
 class RadixTree {
  public:
   // `pool` must outlive the tree. page_size is in tokens (1 = token level).
-  // Without an order, only evict_by() can evict (a policy the caller ranks).
+  // The leaf order is the native `order` or the `ranker`'s (not both); with
+  // neither, only evict_by() can evict (a policy the caller ranks per call).
   // `params` go to the order (gslru); ghost_capacity is in pages (0: no history).
   RadixTree(BlockPool& pool, int64_t page_size, std::optional<EvictionOrder> order, OrderParams params = {},
-            int64_t ghost_capacity = 0);
+            int64_t ghost_capacity = 0, std::unique_ptr<LeafRanker> ranker = nullptr);
   RadixTree(const RadixTree&) = delete;
   RadixTree& operator=(const RadixTree&) = delete;
 
@@ -181,8 +244,7 @@ class RadixTree {
   // SGLang's match_prefix: the same look-up, but a match that ends inside a
   // node splits it so `node` ends exactly at num_tokens, every node walked
   // gets a fresh last_access_time, and each node of the matched path counts a
-  // hit (SGLang's plain RadixCache never counts hits; we do, so lfu differs
-  // from lru). Creates the namespace's root if it has none.
+  // use. A namespace without a root gets none: `node` is 0 (no node).
   MatchResult match_prefix(TokenSpan tokens, const Namespace& ns);
 
   // SGLang's insert: adds `tokens` (a whole number of pages) whose pages from
@@ -198,8 +260,23 @@ class RadixTree {
   InsertResult insert(TokenSpan tokens, std::span<int32_t> blocks, const Namespace& ns, int64_t priority,
                       int64_t start = 0, int64_t inserted = -1);
 
-  // Lock / unlock the path root -> node. A root is a no-op. unlock of an
-  // unlocked node throws.
+  // insert() continued from `node`: the same as inserting the tokens of root ->
+  // node followed by `tokens` with start = inserted = the node's depth, i.e. a
+  // caller that holds the path to `node` (and inserted it) adds the pages after
+  // it, stored in `blocks` (one per page of `tokens`; re-pointed in place as
+  // insert() does). prefix_len counts from the root. Costs O(tokens) when
+  // `node` is locked (the path above is stamped lazily), O(path) otherwise.
+  InsertResult extend(int64_t node, TokenSpan tokens, std::span<int32_t> blocks, int64_t priority);
+
+  // Moves one lock from `from` to `to`: lock(to) then unlock(from), in
+  // O(nodes between them) when `to` is `from` or below it (a commit's new end).
+  // `from` must be locked (0, no node: a plain lock(to)); nothing changes if an
+  // argument is bad.
+  void relock(int64_t from, int64_t to);
+
+  // Lock / unlock the path root -> node; the root counts the lock, so it stays
+  // while the lock is held. Node 0 (no node) is a no-op. unlock of an unlocked
+  // node throws; an unlock that leaves a root without children or locks drops it.
   void lock(int64_t node);
   void unlock(int64_t node);
 
@@ -207,13 +284,16 @@ class RadixTree {
   // are freed or nothing is evictable; a parent whose last child goes (and
   // that is unlocked) becomes a candidate. Frees the blocks to the pool and
   // returns the tokens evicted (may exceed num_tokens: leaves go whole).
-  // Uses the native order; throws if the tree was built without one.
+  // Uses the tree's leaf order (native or ranker); throws if it has neither. If
+  // the ranker throws, what was evicted stays evicted and last_evicted() lists it.
   int64_t evict(int64_t num_tokens);
 
   // evict() ordered by a caller's priority. `rank` is called once per
   // candidate (each initial leaf, then each parent as it becomes one), never
-  // per comparison. If rank or a comparison throws, what was evicted stays
-  // evicted and consistent, and last_evicted() lists it.
+  // per comparison. If rank or a comparison fails (KeyCompare), what was evicted
+  // stays evicted and consistent, and last_evicted() lists it; a failure while
+  // the first candidates are ranked and ordered evicts nothing. While it runs,
+  // a call that would change the tree (from rank, say) throws ReentryError.
   template <class Key, class Rank>
   int64_t evict_by(int64_t num_tokens, Rank&& rank);
 
@@ -221,7 +301,8 @@ class RadixTree {
   // each leaf's in token order).
   const std::vector<int32_t>& last_evicted() const { return last_evicted_; }
 
-  // Frees every block and drops every node; throws if anything is locked.
+  // Frees every block and drops every node; throws if anything is locked (a
+  // root included).
   // Ids and the clock keep counting.
   void reset();
 
@@ -234,7 +315,7 @@ class RadixTree {
   const GhostTable& ghost() const { return ghost_; }
   std::optional<int64_t> root(const Namespace& ns) const;
   std::vector<Namespace> namespaces() const;  // those with a root, sorted (None first)
-  NodeInfo node(int64_t id) const;
+  NodeInfo node(int64_t id) const;  // O(1)
   EvictionCandidate candidate(const RadixNode& node) const;
 
   // Throws InvariantError naming the first broken invariant (see the top of
@@ -246,10 +327,21 @@ class RadixTree {
   struct Walk;  // a look-up's path, computed before anything changes
 
   Walk walk(TokenSpan key, RadixNode* root) const;
+  // insert() below `from` (depth `base`): validates (throws before any change),
+  // then `apply_insert` changes the tree. Offsets (start, inserted) are absolute.
+  void check_insert(const Walk& w, const MatchResult& present, std::span<int32_t> blocks, size_t first,
+                    const char* what) const;
+  InsertResult apply_insert(RadixNode* from, const Walk& w, const MatchResult& present, TokenSpan key,
+                            std::span<int32_t> blocks, size_t first, int64_t start, int64_t inserted,
+                            int64_t priority, int64_t now, int64_t request_tokens, int64_t* deepest);
+  static void apply_stamp(RadixNode* n, const PathStamp& s);
+  void stamp_path(RadixNode* from, const PathStamp& s);
+  PathStamp owed(const RadixNode* n) const;  // stamps not yet folded into n
   MatchResult collect(const Walk& w) const;
   TokenSpan whole_pages(TokenSpan tokens) const;
   RadixNode* root_of(const Namespace& ns) const;
   RadixNode* root_or_create(const Namespace& ns);
+  std::vector<RadixNode*> roots() const;  // None's first, then the named ones in map order
   RadixNode* node_ptr(int64_t id, const char* what) const;
   RadixNode* new_node(RadixNode* parent, int64_t stamp);
   RadixNode* split(RadixNode* child, size_t split_len, int64_t stamp);
@@ -258,9 +350,12 @@ class RadixTree {
   void set_evictable_leaf(RadixNode* node, bool evictable);
   void touched(RadixNode* node);  // its policy inputs changed: re-key it before the next eviction
   void refresh_order();
-  void raise_history(RadixNode* node);
-  void delete_leaf(RadixNode* leaf);
-  void stamp_use(RadixNode* n, bool counts, int64_t request_tokens);
+  void rekey(RadixNode* leaf);    // (re)place an evictable leaf in the leaf order; clears dirty
+  void unorder(RadixNode* node);  // take it out of the leaf order
+  void raise_history(RadixNode* node, const RadixNode* stop = nullptr);
+  void delete_leaf(RadixNode* leaf);  // may drop its parent, if that is a root left empty
+  void drop_root_if_empty(RadixNode* root);
+  void stamp_use(RadixNode* n, bool counts, int64_t request_tokens, int64_t now);
   uint64_t page_key_after(uint64_t parent_key, const RadixNode& n, size_t page) const;
   uint64_t namespace_key(const Namespace& ns) const;
   size_t mismatch(const RadixNode& node, TokenSpan key, size_t at) const;
@@ -283,15 +378,34 @@ class RadixTree {
   };
   std::set<OrderEntry> order_set_;
   std::unordered_map<int64_t, std::set<OrderEntry>::iterator> order_of_;
+  // The ranker's leaf order: (key handle, id), keys compared by the ranker.
+  struct RankedEntry {
+    uint64_t key;
+    int64_t id;
+  };
+  struct RankedLess {
+    const LeafRanker* ranker;
+    bool operator()(const RankedEntry& a, const RankedEntry& b) const {
+      if (ranker->less(a.key, b.key)) return true;
+      if (ranker->less(b.key, a.key)) return false;
+      return a.id < b.id;
+    }
+  };
+  using RankedSet = std::set<RankedEntry, RankedLess>;
+  std::unique_ptr<LeafRanker> ranker_;
+  RankedSet ranked_set_{RankedLess{nullptr}};
+  std::unordered_map<int64_t, RankedSet::iterator> ranked_of_;
   std::vector<int64_t> dirty_;
+  std::unordered_set<RadixNode*> pending_;  // nodes holding a PathStamp (all locked)
   std::vector<uint8_t> in_tree_;  // per pool block: 1 if a node holds it
-  std::vector<uint8_t> seen_;     // scratch for insert's duplicate check, left all-zero
+  mutable std::vector<uint8_t> seen_;  // scratch for insert's duplicate check, left all-zero
   int64_t evictable_size_ = 0;
   int64_t protected_size_ = 0;
   int64_t clock_ = 0;
   int64_t traffic_ = 0;  // TOKENS (whole pages) match_prefix was asked for
   int64_t next_id_ = 1;
   std::vector<int32_t> last_evicted_;
+  CallFlag calls_;  // set while evict_by runs the caller's ranking (call_flag.h)
 };
 
 // ---------------------------------------------------------------------------
@@ -299,6 +413,7 @@ class RadixTree {
 
 template <class Key, class Rank>
 int64_t RadixTree::evict_by(int64_t num_tokens, Rank&& rank) {
+  CallFlag::Scope running(calls_, "RadixTree.evict");
   last_evicted_.clear();  // first: a call that throws has evicted nothing
   if (num_tokens < 0) throw std::invalid_argument("evict: num_tokens must be >= 0, got " + std::to_string(num_tokens));
   struct Entry {
@@ -316,10 +431,12 @@ int64_t RadixTree::evict_by(int64_t num_tokens, Rank&& rank) {
   heap.reserve(evictable_leaves_.size());
   for (RadixNode* leaf : evictable_leaves_) heap.push_back(Entry{rank(*leaf), leaf->id, leaf});
   std::make_heap(heap.begin(), heap.end(), later);
+  KeyCompare<Key>::check();
 
   int64_t evicted = 0;
   while (evicted < num_tokens && !heap.empty()) {
     std::pop_heap(heap.begin(), heap.end(), later);
+    KeyCompare<Key>::check();
     Entry top = std::move(heap.back());
     heap.pop_back();
     RadixNode* leaf = top.node;
@@ -335,6 +452,7 @@ int64_t RadixTree::evict_by(int64_t num_tokens, Rank&& rank) {
     if (parent_key) {
       heap.push_back(Entry{std::move(*parent_key), parent->id, parent});
       std::push_heap(heap.begin(), heap.end(), later);
+      KeyCompare<Key>::check();
     }
   }
   return evicted;

@@ -16,6 +16,13 @@
 // read_token_ids() reads the argument ONCE into the caller's own buffer (ids of type
 // T, int32 or int64): nothing keeps a view of the caller's memory, so a callee may
 // release the GIL, and the caller's object may change afterwards without effect.
+// It also copies what it reads before any Python code runs: the items of a list are
+// read from a tuple snapshot of it (our own references) as soon as one of them needs
+// __index__, so an __index__ that empties or grows the list reads the ids the list
+// held when conversion began, and cannot free what the converter is reading. An
+// exception raised by tolist(), __index__ or an attribute look-up is passed on as it
+// is (a RuntimeError from a cache that refused to be re-entered stays one); only a
+// TypeError ("not an index") becomes the message naming `what[i]`.
 // For T = int32 an id outside int32 is a ValueError naming it; for T = int64 an id
 // beyond int64 (a valid Python int) is no error: `representable` says how many ids
 // were read before the first one (the hash chain then hands them to CBOR bignums).
@@ -68,8 +75,12 @@ inline pybind11::object token_sequence(pybind11::handle obj, const char* what) {
   PyObject* p = obj.ptr();
   if (PyList_Check(p) || PyTuple_Check(p)) return pybind11::reinterpret_borrow<pybind11::object>(obj);
   if (PyUnicode_Check(p) || PyBytes_Check(p) || PyByteArray_Check(p)) bad_token_sequence(obj, what);
-  if (PyObject_HasAttrString(p, "tolist")) {
-    auto out = pybind11::reinterpret_steal<pybind11::object>(PyObject_CallMethod(p, "tolist", nullptr));
+  auto tolist = pybind11::reinterpret_steal<pybind11::object>(PyObject_GetAttrString(p, "tolist"));
+  if (!tolist) {
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) throw pybind11::error_already_set();
+    PyErr_Clear();
+  } else {
+    auto out = pybind11::reinterpret_steal<pybind11::object>(PyObject_CallNoArgs(tolist.ptr()));
     if (!out) throw pybind11::error_already_set();
     if (!PyList_Check(out.ptr())) bad_token_sequence(obj, what);  // a 0-d array gives a scalar
     return out;
@@ -90,9 +101,19 @@ inline PyObject* token_index(PyObject* item, const char* what, Py_ssize_t i, con
   if (!PyBool_Check(item)) {
     PyObject* index = PyNumber_Index(item);  // an exact int since Python 3.10
     if (index != nullptr) return index;
+    if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw pybind11::error_already_set();  // the callback's own
     PyErr_Clear();
   }
   throw pybind11::type_error(bad_token_message(item, what, i, allowed));
+}
+
+// The items of `seq` (a list or tuple) as a tuple of our own references, to read once
+// Python code may run: __index__ may change a list, and drop the items it held.
+inline pybind11::object item_snapshot(PyObject* seq) {
+  if (PyTuple_Check(seq)) return pybind11::reinterpret_borrow<pybind11::object>(seq);  // immutable
+  auto out = pybind11::reinterpret_steal<pybind11::object>(PyList_AsTuple(seq));
+  if (!out) throw pybind11::error_already_set();
+  return out;
 }
 
 // A token argument read into our own ids (see the top of this file).
@@ -112,7 +133,11 @@ class IntBuffer {
   explicit IntBuffer(PyObject* obj) {
     if (!PyObject_CheckBuffer(obj) || PyBytes_Check(obj) || PyByteArray_Check(obj)) return;
     if (PyObject_GetBuffer(obj, &view_, PyBUF_FORMAT | PyBUF_STRIDES) != 0) {
-      PyErr_Clear();  // e.g. a numpy object array: read it as a sequence
+      PyErr_Clear();  // not exportable: read it as a sequence
+      return;
+    }
+    if (view_.format != nullptr && std::string_view(view_.format).find('O') != std::string_view::npos) {
+      PyBuffer_Release(&view_);  // Python objects (a numpy object array): read them as a sequence
       return;
     }
     held_ = true;
@@ -234,6 +259,7 @@ void read_buffer(const Py_buffer& view, PyObject* obj, const char* what, const c
   }
   out.ids.resize(n);
   out.representable = n;
+  if (n == 0) return;  // (an empty buffer's memory may be null, which memcpy must not be given)
   if (!f.swapped && f.size == sizeof(T) && f.kind == 'i' && stride == static_cast<Py_ssize_t>(sizeof(T))) {
     std::memcpy(out.ids.data(), base, n * sizeof(T));  // the common case: one copy
     return;
@@ -249,6 +275,7 @@ void read_items(PyObject* seq, const char* what, const char* allowed, size_t mul
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
   n -= n % static_cast<Py_ssize_t>(multiple);
   PyObject** items = PySequence_Fast_ITEMS(seq);
+  pybind11::object snapshot;  // set before the first __index__ call (see the top of this file)
   out.ids.resize(static_cast<size_t>(n));
   out.representable = static_cast<size_t>(n);
   for (Py_ssize_t i = 0; i < n; ++i) {
@@ -256,8 +283,13 @@ void read_items(PyObject* seq, const char* what, const char* allowed, size_t mul
     int overflow = 0;
     long long v = 0;
     if (PyLong_CheckExact(item)) {
-      v = PyLong_AsLongLongAndOverflow(item, &overflow);
+      v = PyLong_AsLongLongAndOverflow(item, &overflow);  // runs no Python code
     } else {
+      if (!snapshot) {
+        snapshot = item_snapshot(seq);
+        items = PySequence_Fast_ITEMS(snapshot.ptr());
+        item = items[i];
+      }
       auto index = pybind11::reinterpret_steal<pybind11::object>(token_index(item, what, i, allowed));
       v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
     }

@@ -20,7 +20,7 @@ from reader import EDGE_INTS, Reader
 import prefixcache
 from prefixcache.config import CacheConfig, HashConfig
 from prefixcache.isolation import Isolation, LoRA
-from prefixcache.testing import _pool_state
+from prefixcache.testing import pool_state
 
 ALLOWED = (ValueError, TypeError, KeyError)
 ARMS = [("hash", "sha256_cbor"), ("hash", "xxhash"), ("radix", "sha256_cbor")]
@@ -64,7 +64,7 @@ def test_one_input(data: bytes) -> None:
 
     while not r.exhausted:
         op = r.int(0, 7)
-        before = (_pool_state(cache, list(live)), cache.stats())
+        before = (pool_state(cache, list(live)), cache.stats())
         try:
             if op <= 1:
                 i, toks = rid(), tokens(r, 3 * bs + 2)
@@ -89,7 +89,7 @@ def test_one_input(data: bytes) -> None:
                 if cache.reset():
                     assert not live
         except ALLOWED:
-            after = (_pool_state(cache, list(live)), cache.stats())
+            after = (pool_state(cache, list(live)), cache.stats())
             assert after == before, f"a call that raised changed the cache: {before} -> {after}"
         cache.check_invariants()
     for i in list(live):

@@ -45,9 +45,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import gc
 import json
 import math
 import time
+from array import array
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +61,7 @@ from prefixcache.ab_config import ABConfig
 from prefixcache.config import CacheConfig, from_mapping, to_plain
 from prefixcache.protocol import PrefixCache
 from prefixcache.workloads import BlockPlan, BoundResult, HitCounts, Workload, belady, infinite_cache
+from prefixcache.workloads.tokens import TokenRuns
 from prefixcache.workloads.metrics import HitRatios
 
 __all__ = [
@@ -221,6 +224,7 @@ class _Replay:
         self.pinned: Counter[int] = Counter()  # block -> live tables holding it
         self.peak_pinned = 0
         self.waits = 0
+        self.itemsize = type(cache).token_itemsize
 
     def release(self, j: int) -> None:
         """Release live request j (timed into its bookkeeping); its table stops counting."""
@@ -263,10 +267,20 @@ class _Replay:
             out = self.call(i, method, *args)
         return out
 
+    def tokens(self, runs: TokenRuns) -> array:
+        """One request's tokens as a buffer as wide as the cache keeps them (its copy is then
+        a memcpy), or int64 if an id does not fit."""
+        if self.itemsize == 4:
+            try:
+                return runs.to_array(4)
+            except ValueError:
+                pass
+        return runs.to_array(8)
+
     def run(self, i: int) -> None:
         r, cache = self.workload.requests[i], self.cache
-        prompt = r.prompt.to_array()  # one int64 buffer each
-        output = r.output.to_array() if len(r.output) else ()
+        prompt = self.tokens(r.prompt)
+        output = self.tokens(r.output) if len(r.output) else ()
         while len(self.live) >= self.max_concurrent:
             self.release(self.live.popleft())
         admission = self.until_done(i, lambda: cache.admit(i, prompt, namespace=r.namespace))
@@ -305,14 +319,23 @@ def replay_arm(
     state = _Replay(workload, name, cache, max_concurrent)
     bs, n = config.block_size, len(workload)
     rejected = []
-    for i, r in enumerate(workload.requests):
-        if -(-(len(r.prompt) + len(r.output)) // bs) > config.num_blocks:
-            rejected.append(i)
-        else:
-            state.run(i)
-        if progress is not None and (i + 1) % _PROGRESS_EVERY == 0:
-            progress(name, i + 1, n)
-    state.drain()
+    # The replay is timed, so the cyclic collector is off while it runs, as timeit does:
+    # a full collection walks the whole workload (every request's runs), and no object
+    # the replay makes is part of a cycle.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for i, r in enumerate(workload.requests):
+            if -(-(len(r.prompt) + len(r.output)) // bs) > config.num_blocks:
+                rejected.append(i)
+            else:
+                state.run(i)
+            if progress is not None and (i + 1) % _PROGRESS_EVERY == 0:
+                progress(name, i + 1, n)
+        state.drain()
+    finally:
+        if collecting:
+            gc.enable()
     if check_invariants:
         cache.check_invariants()
     if progress is not None:

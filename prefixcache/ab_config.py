@@ -18,8 +18,12 @@ replay or build a cache (`prefixcache.ab` does both).
       radix/1: {backend: radix, block_size: 1}
 
 Loading checks everything but the generator's parameter values (`WorkloadSpec.build`
-does, when the workload is made): arms' backends and their options, and that a trace
-path names a file.
+does, when the workload is made): arms' backends and their options, that a trace
+path names a file, that every arm's pool fits the native pool (`capacity_tokens //
+block_size` blocks, for each sweep capacity too), and, without generating anything,
+that a generator makes at most `MAX_REQUESTS` requests. `ABConfig.build_workload`
+makes the workload and checks that its token ids fit every arm's backend (the radix
+tree stores int32 ids), naming the trace line or the arm.
 
 Capacity is given once, in TOKENS, because arms may differ in block size: an arm of
 block size B gets `num_blocks = capacity_tokens // B` blocks, so every arm holds the
@@ -41,8 +45,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefixcache.config import CacheConfig, ConfigError, from_mapping, load_yaml
+from prefixcache import limits, registry
+from prefixcache.config import CacheConfig, ConfigError, from_mapping, key_text, load_yaml
 from prefixcache.workloads import GENERATORS, Workload, generate, read_mooncake
+from prefixcache.workloads.catalog import num_requests, too_many_requests
+from prefixcache.workloads.checks import MAX_REQUESTS
 from prefixcache.workloads.mooncake import MOONCAKE_BLOCK_SIZE
 
 __all__ = ["ABConfig", "WorkloadSpec", "MooncakeSpec", "load_ab_config", "parse_ab_config", "is_ab_mapping",
@@ -108,13 +115,17 @@ class WorkloadSpec:
         for key in self.params:
             if key not in allowed:
                 raise ConfigError(
-                    f"params.{key}",
+                    f"params.{key_text(key)}",
                     f"unknown parameter of generator {self.generator!r}; allowed keys: {', '.join(allowed)}",
                 )
+        count = num_requests(self.generator, **self.params)
+        if count is not None and count > MAX_REQUESTS:
+            raise ConfigError("params", too_many_requests(self.generator, count))
 
-    def build(self) -> Workload:
+    def build(self, *, max_token_id: int | None = None) -> Workload:
         """The workload: generated, or read from the trace. A bad parameter value, a
-        missing trace path or an unreadable trace is a ConfigError under `workload`."""
+        missing trace path, an unreadable trace or (with `max_token_id`) a trace block
+        whose token ids pass it is a ConfigError under `workload`."""
         if self.generator is not None:
             try:
                 return generate(self.generator, **self.params)
@@ -125,7 +136,8 @@ class WorkloadSpec:
         if spec.path is None:
             raise ConfigError("workload.mooncake.path", "no trace given: set it, or pass --trace PATH")
         try:
-            return read_mooncake(spec.path, block_size=spec.block_size, limit=spec.limit, outputs=spec.outputs)
+            return read_mooncake(spec.path, block_size=spec.block_size, limit=spec.limit, outputs=spec.outputs,
+                                 max_token_id=max_token_id)
         except OSError as err:
             raise ConfigError("workload.mooncake.path", f"cannot read trace {spec.path!r}: {err.strerror}") from None
         except ValueError as err:
@@ -164,7 +176,7 @@ class ABConfig:
         for name, cache in self.arms.items():
             if not isinstance(name, str) or not ARM_NAME.fullmatch(name):
                 raise ConfigError(
-                    f"arms.{name}", "an arm name is letters, digits and _ . : / + - (e.g. 'radix/16')"
+                    f"arms.{key_text(name)}", "an arm name is letters, digits and _ . : / + - (e.g. 'radix/16')"
                 )
             if cache.block_size > self.capacity_tokens:
                 raise ConfigError(
@@ -172,8 +184,47 @@ class ABConfig:
                     f"{cache.block_size} TOKENS is more than capacity_tokens={self.capacity_tokens}: "
                     "the pool would have no block",
                 )
+            for key, capacity in (("capacity_tokens", self.capacity_tokens),
+                                  *((f"sweep_capacities[{i}]", c) for i, c in enumerate(self.sweep_capacities))):
+                if capacity // cache.block_size > limits.MAX_NUM_BLOCKS:
+                    raise ConfigError(
+                        key, f"{capacity} TOKENS is {capacity // cache.block_size} blocks of arm {name!r} (block_size "
+                        f"{cache.block_size}); a pool holds at most {limits.MAX_NUM_BLOCKS} blocks"
+                    )
             arms[name] = cache.replace(num_blocks=self.capacity_tokens // cache.block_size)
         object.__setattr__(self, "arms", types.MappingProxyType(arms))
+
+    def token_limit(self) -> tuple[int, str] | None:
+        """The largest token id every arm's backend stores, and the arm that sets it
+        (None: every arm takes any int)."""
+        tightest = None
+        for name, cache in self.arms.items():
+            bounds = limits.token_id_range(registry.backend_class(cache.backend))
+            if bounds is not None and (tightest is None or bounds[1] < tightest[0]):
+                tightest = (bounds[1], name)
+        return tightest
+
+    def build_workload(self) -> Workload:
+        """The workload (`WorkloadSpec.build`), checked to fit every arm: a token id past
+        what an arm's backend stores is a ConfigError naming the trace line, or the arm."""
+        tightest = self.token_limit()
+        try:
+            workload = self.workload.build(max_token_id=tightest[0] if tightest else None)
+        except ConfigError as err:
+            if tightest is None or "the largest the caches store" not in err.message:
+                raise
+            arm = self.arms[tightest[1]]
+            raise ConfigError(err.path, f"{err.message} (arm {tightest[1]!r}: backend {arm.backend})") from None
+        if tightest is not None:
+            highest = max((stop - 1 for r in workload.requests for runs in (r.prompt.runs, r.output.runs)
+                           for _, stop in runs), default=-1)
+            if highest > tightest[0]:
+                name = tightest[1]
+                raise ConfigError(
+                    "workload", f"token ids reach {highest}; arm {name!r} (backend {self.arms[name].backend}) "
+                    f"stores ids up to {tightest[0]}"
+                )
+        return workload
 
     @property
     def block_sizes(self) -> tuple[int, ...]:

@@ -127,21 +127,29 @@ class PyBlockEvictor:
             self._heap = [e for e in self._heap if self._live(e)]
             heapq.heapify(self._heap)
 
-    def make_room(self, n: int) -> list[bytes]:
+    def make_room(self, n: int, keep: Sequence[int] = ()) -> list[bytes]:
         if n < 0:
             raise ValueError(f"make_room: n must be >= 0, got {n}")
         keyless = self.pool.num_free - self.num_candidates
-        return self.evict(max(0, n - keyless))
+        return self.evict(max(0, n - keyless), keep)
 
-    def evict(self, n: int) -> list[bytes]:
+    def evict(self, n: int, keep: Sequence[int] = ()) -> list[bytes]:
         if n < 0:
             raise ValueError(f"evict: n must be >= 0, got {n}")
-        victims = []
+        for b in keep:
+            if not 0 <= b < self.pool.num_blocks:
+                raise IndexError(f"evict: kept block id {b} is out of range [0, {self.pool.num_blocks})")
+        kept, victims, spared = set(keep), [], []
         while len(victims) < n and self._heap:
             entry = heapq.heappop(self._heap)
             if self._live(entry):
+                if entry[2] in kept:
+                    spared.append(entry)
+                    continue
                 victims.append(entry[2])
                 self._version[entry[2]] += 1
+        for entry in spared:
+            heapq.heappush(self._heap, entry)
         keys = self.pool.evict_blocks(victims)
         self.num_candidates -= len(victims)
         for b, key in zip(victims, keys):

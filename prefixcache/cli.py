@@ -22,6 +22,11 @@ library functions and shows their results; none holds logic of its own.
                                               routers over N simulated replicas by arrival
                                               time: table, JSON, CSV, PNG
 
+Every command takes `--no-import` (the same as PREFIXCACHE_NO_IMPORT=1, which it sets for
+this process and its children): a config's "module:Class" paths are refused and only
+registered backend and policy names resolve, for configs from elsewhere
+(docs/security.md). Any error in a file is one line on stderr and exit status 2.
+
 Must never: implement caching, workloads or experiments here.
 """
 
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib.resources
+import os
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -43,6 +49,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from prefixcache.ab_config import ABConfig, is_ab_mapping, load_ab_config, parse_ab_config, parse_tokens
 from prefixcache.config import ConfigError, load_config, load_yaml, to_plain
+from prefixcache.registry import NO_IMPORT_ENV
 from prefixcache.workloads import Workload
 
 __all__ = ["main", "DEFAULT_AB_CONFIG", "default_ab_config"]
@@ -94,7 +101,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if is_ab_mapping(data):
         ab = parse_ab_config(data, source)
         spec = ab.workload
-        w = _workload(ab, source) if spec.generator is not None else None
+        # As `ab` does: a generator's size is checked before it runs; a trace is read and
+        # its token ids checked against every arm.
+        w = _workload(ab, source) if spec.generator is not None or spec.mooncake.path is not None else None
         print(f"# {source}: valid A/B; every arm's num_blocks = capacity_tokens // block_size")
         print(yaml.safe_dump(to_plain(ab), sort_keys=False), end="")
         if w is not None:
@@ -102,7 +111,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                  if w.analytic_hit_ratio(b) is not None)
             print(f"# workload {w.name}: {len(w):,} requests, {w.prompt_tokens:,} prompt tokens"
                   + (f"; analytic ceiling {analytic}" if analytic else ""))
-        elif spec.mooncake is not None and spec.mooncake.path is None:
+        else:
             print("# workload: a Mooncake trace, path given at run time with --trace PATH")
         return 0
     if difflib.get_close_matches("kv_events", [str(k) for k in data], n=1):
@@ -142,9 +151,9 @@ def _progress(console: Console) -> Iterator[Callable[[str, int, int], None]]:
 
 
 def _workload(config: ABConfig, path: str) -> Workload:
-    """The config's workload; its errors name the config file too."""
+    """The config's workload, checked to fit every arm; its errors name the config file too."""
     try:
-        return config.workload.build()
+        return config.build_workload()
     except ConfigError as err:
         raise err.within("", path) from None
 
@@ -275,20 +284,29 @@ def _replica_count(text: str) -> int:
     return value
 
 
+_NO_IMPORT_HELP = (f"refuse 'module:Class' paths in configs: only registered backend and policy names "
+                   f"(the same as {NO_IMPORT_ENV}=1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prefixcache", description="Prefix caching for LLM inference.")
+    parser.add_argument("--no-import", action="store_true", help=_NO_IMPORT_HELP)
+    # The flag after the command too (`prefixcache validate --no-import f.yaml`).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--no-import", action="store_true", default=argparse.SUPPRESS, help=_NO_IMPORT_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
-    validate = sub.add_parser("validate", help="check a cache, engine or A/B YAML file and print the resolved values")
+    validate = sub.add_parser("validate", parents=[common],
+                              help="check a cache, engine or A/B YAML file and print the resolved values")
     validate.add_argument("file")
     validate.set_defaults(func=cmd_validate)
 
-    ab = sub.add_parser("ab", help="replay one workload through every arm of an A/B config, with the bounds")
+    ab = sub.add_parser("ab", parents=[common], help="replay one workload through every arm of an A/B config, with the bounds")
     ab.add_argument("config", nargs="?", help=f"A/B YAML (default: the shipped {DEFAULT_AB_CONFIG})")
     ab.add_argument("--out", default="out/ab", help="folder for ab.json, ab_summary.csv, ab_requests.csv, ab.png")
     ab.add_argument("--trace", help="replay this Mooncake JSONL trace instead of the config's workload")
     ab.set_defaults(func=cmd_ab)
 
-    sw = sub.add_parser("sweep", help="hit ratio vs pool capacity for every arm and both bounds")
+    sw = sub.add_parser("sweep", parents=[common], help="hit ratio vs pool capacity for every arm and both bounds")
     sw.add_argument("config", help="A/B YAML")
     sw.add_argument("--capacities", type=_capacity, nargs="+",
                     help="pool sizes in TOKENS, e.g. 4096 1e5 (default: the config's sweep_capacities)")
@@ -296,13 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--trace", help="replay this Mooncake JSONL trace instead of the config's workload")
     sw.set_defaults(func=cmd_sweep)
 
-    gen = sub.add_parser("generate", help="run prompts (JSONL) through the engine; completions and metrics")
+    gen = sub.add_parser("generate", parents=[common], help="run prompts (JSONL) through the engine; completions and metrics")
     gen.add_argument("--config", required=True, help="YAML with cache: and engine: sections")
     gen.add_argument("--prompts", required=True, help='JSONL: {"prompt": str} or {"messages": [...]}, optional "namespace", "max_tokens"')
     gen.add_argument("--json", action="store_true", help="one JSON object per completion instead of text")
     gen.set_defaults(func=cmd_generate)
 
-    srv = sub.add_parser("serve", help="serve the engine over an OpenAI-compatible HTTP API (KV events, metrics)")
+    srv = sub.add_parser("serve", parents=[common], help="serve the engine over an OpenAI-compatible HTTP API (KV events, metrics)")
     srv.add_argument("config", nargs="?", help=f"YAML with cache:, engine: and kv_events: (default: the shipped "
                                                f"{DEFAULT_SERVE_CONFIG})")
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
@@ -312,11 +330,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from prefixcache.loadgen.options import add_bench_arguments  # argparse only: no httpx
 
-    bench = sub.add_parser("bench", help="timed load against an OpenAI-compatible server (ours, vLLM, SGLang)")
+    bench = sub.add_parser("bench", parents=[common], help="timed load against an OpenAI-compatible server (ours, vLLM, SGLang)")
     add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)
 
-    cl = sub.add_parser("cluster", help="routers over N simulated replicas (each a real cache), by arrival time")
+    cl = sub.add_parser("cluster", parents=[common], help="routers over N simulated replicas (each a real cache), by arrival time")
     cl.add_argument("config", help="cluster YAML (see configs/cluster.yaml)")
     cl.add_argument("--out", default="out/cluster", help="folder for cluster.json, cluster.csv, cluster.png")
     cl.add_argument("--trace", help="replay this Mooncake JSONL trace instead of the config's workload")
@@ -329,6 +347,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = ["prefixcache", *(sys.argv[1:] if argv is None else argv)]  # for a result's metadata
+    if args.no_import:
+        os.environ[NO_IMPORT_ENV] = "1"  # read by the registry; inherited by any worker process
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

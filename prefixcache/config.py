@@ -11,6 +11,14 @@ backend and eviction names come from `registry` at validation time, and a backen
 `options:` are checked against the class the name resolves to (importing its module,
 never torch).
 
+Loading is bounded, so no file can hang it or exhaust memory: a file is at most
+`MAX_CONFIG_BYTES`, YAML nests at most `MAX_YAML_DEPTH` levels, and a document holds at
+most `MAX_YAML_NODES` nodes once its aliases are expanded (an alias bomb fails at once;
+an alias to its own enclosing node is refused). Every error is one line, and a bad
+value is shown as a `short_repr`. Values the native core cannot represent
+(`prefixcache.limits`: the pool's block count, the block size, the block size hit
+verification records) are refused here, naming the key.
+
 Example::
 
     cache:
@@ -25,14 +33,18 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import reprlib
 import types
 import typing
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
+
+from prefixcache import limits
 
 __all__ = [
     "ConfigError",
@@ -46,16 +58,67 @@ __all__ = [
     "require_section",
     "did_you_mean",
     "to_plain",
+    "short_repr",
+    "key_text",
+    "SecurityWarning",
+    "MAX_CONFIG_BYTES",
+    "MAX_YAML_DEPTH",
+    "MAX_YAML_NODES",
 ]
+
+MAX_CONFIG_BYTES = 1 << 18
+"""The largest config file read (bytes): 256 KiB. The shipped configs are under 2 KiB."""
+MAX_YAML_DEPTH = 32
+"""The deepest YAML nesting read (a config needs four levels)."""
+MAX_YAML_NODES = 10_000
+"""The most YAML nodes a document may hold, aliases expanded (an A/B file of 100 arms
+holds about 2,000; PyYAML composes some 50,000 a second)."""
 
 HASH_ALGORITHMS = ("sha256_cbor", "sha256", "xxhash", "xxhash_cbor")
 HashAlgorithm = Literal["sha256_cbor", "sha256", "xxhash", "xxhash_cbor"]
 
 
+class _ShortRepr(reprlib.Repr):
+    def __init__(self) -> None:
+        super().__init__()  # Python 3.11's takes no limits: set them
+        self.maxlevel, self.maxdict, self.maxstring, self.maxlong, self.maxother = 2, 3, 48, 24, 48
+        self.maxtuple = self.maxlist = self.maxarray = self.maxset = self.maxfrozenset = self.maxdeque = 4
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 256:  # str() of a huge int is slow, and refused past 4300 digits
+            return f"<an int of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
+
+_SHORT = _ShortRepr()
+
+
+def short_repr(value: Any) -> str:
+    """`repr(value)`, cut to about 60 characters whatever the value's size or depth (an
+    alias-expanded YAML list, a huge int), for error messages."""
+    return _SHORT.repr(value)
+
+
+def key_text(key: Any) -> str:
+    """A mapping key as it appears in a key path: itself if it is a short str, else its
+    `short_repr`."""
+    return key if isinstance(key, str) and len(key) <= 48 else short_repr(key)
+
+
+class SecurityWarning(UserWarning):
+    """A configuration that is valid but unsafe in some deployments (docs/security.md)."""
+
+
 class ConfigError(ValueError):
-    """A configuration value is wrong. `path` is the dotted key path (e.g. `cache.block_size`)."""
+    """A configuration value is wrong. `path` is the dotted key path (e.g. `cache.block_size`).
+    The message is one line."""
+
+    MAX_MESSAGE = 1000  # characters: a backstop; values in messages are short_repr'd
 
     def __init__(self, path: str, message: str, source: str | None = None) -> None:
+        message = " ".join(message.split("\n"))
+        if len(message) > self.MAX_MESSAGE:
+            message = f"{message[: self.MAX_MESSAGE]}... ({len(message):,} characters)"
         self.path = path
         self.message = message
         self.source = source
@@ -84,10 +147,10 @@ class HashConfig:
     def __post_init__(self) -> None:
         if self.algorithm not in HASH_ALGORITHMS:
             raise ConfigError(
-                "algorithm", f"{self.algorithm!r} is not allowed; allowed values: {', '.join(HASH_ALGORITHMS)}"
+                "algorithm", f"{short_repr(self.algorithm)} is not allowed; allowed values: {', '.join(HASH_ALGORITHMS)}"
             )
         if self.seed is not None and not isinstance(self.seed, str):
-            raise ConfigError("seed", f"must be a string or null, got {self.seed!r}")
+            raise ConfigError("seed", f"must be a string or null, got {short_repr(self.seed)}")
 
 
 @dataclass(frozen=True)
@@ -114,19 +177,49 @@ class CacheConfig:
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "num_blocks"):
+        for name, most, why in (
+            ("block_size", limits.MAX_BLOCK_SIZE, "block sizes cross into the native core as int64"),
+            ("num_blocks", limits.MAX_NUM_BLOCKS, "a pool's block ids are int32"),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(name, f"must be an integer >= 1, got {value!r}")
+                raise ConfigError(name, f"must be an integer >= 1, got {short_repr(value)}")
+            if value > most:
+                raise ConfigError(name, f"must be at most {most} ({why}), got {short_repr(value)}")
         if not isinstance(self.hash, HashConfig):
-            raise ConfigError("hash", f"must be a HashConfig, got {self.hash!r}")
+            raise ConfigError("hash", f"must be a HashConfig, got {short_repr(self.hash)}")
         from prefixcache import registry  # late: registry imports protocol, not config
 
         registry.check_backend_name(self.backend)
         registry.check_eviction_name(self.eviction)
-        registry.backend_class(self.backend).parse_options(self.options, self.backend)
+        options = registry.backend_class(self.backend).parse_options(self.options, self.backend)
+        self._check_hit_verification(options)
         # A frozen dataclass should not hand out a mutable dict.
         object.__setattr__(self, "options", types.MappingProxyType(dict(self.options)))
+
+    def _check_hit_verification(self, options: Mapping[str, Any]) -> None:
+        """For a backend with the `verify_hits` option (`hash` and its subclasses): the
+        block size verification can record, and a warning when a fast hash is trusted."""
+        if "verify_hits" not in options:
+            return
+        from prefixcache.hashing import CRYPTOGRAPHIC  # late: hashing is not needed to parse the schema
+
+        mode, algorithm = options["verify_hits"], self.hash.algorithm
+        verifies = mode == "always" or (mode == "auto" and algorithm not in CRYPTOGRAPHIC)
+        if verifies and self.block_size > limits.MAX_VERIFIED_BLOCK_SIZE:
+            raise ConfigError(
+                "block_size",
+                f"{self.block_size} TOKENS is more than hit verification records ({limits.MAX_VERIFIED_BLOCK_SIZE}); "
+                f"it is on for hash.algorithm {algorithm} with options.verify_hits {mode}",
+            )
+        if mode == "never" and algorithm not in CRYPTOGRAPHIC:
+            warnings.warn(
+                f"options.verify_hits: never trusts {algorithm}, which is not collision resistant: a crafted or "
+                "colliding prompt can be served another prompt's KV, another tenant's included; unsafe with "
+                "untrusted tenants (docs/security.md)",
+                SecurityWarning,
+                stacklevel=2,
+            )
 
     def replace(self, **changes: Any) -> CacheConfig:
         """A copy with some fields changed (validated again)."""
@@ -161,7 +254,7 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     if origin is Literal:
         allowed = get_args(tp)
         if value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
-            raise ConfigError(path, f"{value!r} is not allowed; allowed values: {', '.join(map(str, allowed))}")
+            raise ConfigError(path, f"{short_repr(value)} is not allowed; allowed values: {', '.join(map(str, allowed))}")
         return value
     if origin in (typing.Union, types.UnionType):
         args = get_args(tp)
@@ -179,41 +272,41 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
                 errors.append(err)
         if len(errors) == 1:
             raise errors[0]
-        raise ConfigError(path, f"must be {_type_name(tp)}, got {value!r}")
+        raise ConfigError(path, f"must be {_type_name(tp)}, got {short_repr(value)}")
     if dataclasses.is_dataclass(tp):
         return from_mapping(tp, value, path)
     if origin in (Mapping, dict) or tp in (dict, Mapping):
         if not isinstance(value, Mapping):
-            raise ConfigError(path, f"must be a mapping, got {type(value).__name__} {value!r}")
+            raise ConfigError(path, f"must be a mapping, got {type(value).__name__} {short_repr(value)}")
         key_tp, val_tp = get_args(tp) or (str, Any)
         return {
             _convert(k, key_tp, f"{path}.{k}"): _convert(v, val_tp, f"{path}.{k}") for k, v in value.items()
         }
     if origin in (tuple, list) or tp in (tuple, list):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(path, f"must be a list, got {type(value).__name__} {value!r}")
+            raise ConfigError(path, f"must be a list, got {type(value).__name__} {short_repr(value)}")
         args = get_args(tp)
         item_tp = args[0] if args else Any
         return tuple(_convert(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value))
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(path, f"must be true or false, got {value!r}")
+            raise ConfigError(path, f"must be true or false, got {short_repr(value)}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(path, f"must be an integer, got {type(value).__name__} {value!r}")
+            raise ConfigError(path, f"must be an integer, got {type(value).__name__} {short_repr(value)}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(path, f"must be a number, got {type(value).__name__} {value!r}")
+            raise ConfigError(path, f"must be a number, got {type(value).__name__} {short_repr(value)}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(path, f"must be a string, got {type(value).__name__} {value!r}")
+            raise ConfigError(path, f"must be a string, got {type(value).__name__} {short_repr(value)}")
         return value
     if isinstance(tp, type) and isinstance(value, tp):
         return value
-    raise ConfigError(path, f"must be {_type_name(tp)}, got {value!r}")
+    raise ConfigError(path, f"must be {_type_name(tp)}, got {short_repr(value)}")
 
 
 def from_mapping(cls: type[T], data: Any, path: str = "") -> T:
@@ -225,12 +318,12 @@ def from_mapping(cls: type[T], data: Any, path: str = "") -> T:
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise ConfigError(path, f"must be a mapping, got {type(data).__name__} {data!r}")
+        raise ConfigError(path, f"must be a mapping, got {type(data).__name__} {short_repr(data)}")
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     kwargs = {}
     for key, value in data.items():
-        key_path = f"{path}.{key}" if path else str(key)
+        key_path = f"{path}.{key_text(key)}" if path else key_text(key)
         if key not in known:
             raise ConfigError(key_path, f"unknown key; allowed keys: {', '.join(known)}{did_you_mean(key, known)}")
         kwargs[key] = _convert(value, hints[key], key_path)
@@ -251,19 +344,106 @@ def from_mapping(cls: type[T], data: Any, path: str = "") -> T:
         raise ConfigError(path, str(err)) from None
 
 
+class _LimitError(Exception):
+    """A YAML document past one of the loader's limits (message: one line)."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing nesting deeper than `MAX_YAML_DEPTH` while it
+    composes (PyYAML's composer recurses) and, before anything is constructed, a node
+    graph larger than `MAX_YAML_NODES` with its aliases expanded, or one whose alias
+    points into the node that holds it."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._nodes = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        self._nodes += 1  # aliases too: each stands for at least one node
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                line = self.peek_event().start_mark.line + 1
+                raise _LimitError(f"line {line}: YAML nested deeper than {MAX_YAML_DEPTH} levels")
+            if self._nodes > MAX_YAML_NODES:
+                line = self.peek_event().start_mark.line + 1
+                raise _LimitError(f"line {line}: YAML holds more than {MAX_YAML_NODES:,} nodes")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def get_single_node(self) -> Any:
+        node = super().get_single_node()
+        if node is not None:
+            _check_expansion(node)
+        return node
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """`_LimitError` if the document, aliases expanded, has more than MAX_YAML_NODES
+    nodes or an alias inside the node it names. Iterative, and each distinct node is
+    sized once, so a billion-laughs document is refused after a few thousand steps."""
+    size: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            open_nodes.discard(key)
+            size[key] = 1 + sum(size[id(child)] for child in _children(node))
+            if size[key] > MAX_YAML_NODES:
+                line = node.start_mark.line + 1
+                raise _LimitError(
+                    f"line {line}: YAML aliases expand to more than {MAX_YAML_NODES:,} nodes"
+                )
+            continue
+        if key in size:
+            continue
+        if key in open_nodes:
+            raise _LimitError(f"line {node.start_mark.line + 1}: a YAML alias refers to a node that contains it")
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if id(child) not in size)
+
+
 def load_yaml(source: str | Path) -> Mapping[str, Any]:
-    """Parse a YAML file into its top-level mapping; errors name the file."""
+    """Parse a YAML file (at most MAX_CONFIG_BYTES) into its top-level mapping, within
+    the loader's limits; every error is one line that names the file."""
     path = Path(source)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:  # not read_text: a FIFO or /dev/zero never ends
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as err:
         raise ConfigError("", f"cannot read config file: {err.strerror}", str(path)) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError("", f"config file is larger than {MAX_CONFIG_BYTES:,} bytes", str(path))
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ConfigError("", f"config file is not UTF-8 text (byte {err.start}: {err.reason})", str(path)) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 -- a SafeLoader subclass
+    except _LimitError as err:
+        raise ConfigError("", str(err), str(path)) from None
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        what = " ".join(str(x) for x in (err.context, err.problem) if x)
+        raise ConfigError("", f"invalid YAML: {where}{what}", str(path)) from None
     except yaml.YAMLError as err:
         raise ConfigError("", f"invalid YAML: {err}", str(path)) from None
+    except (ValueError, OverflowError) as err:  # a constructor's own: an int of 5000 digits, 2001-02-30
+        raise ConfigError("", f"invalid YAML value: {err}", str(path)) from None
     if not isinstance(data, Mapping):
         raise ConfigError("", f"top level must be a mapping, got {type(data).__name__}", str(path))
     return data

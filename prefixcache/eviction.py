@@ -12,12 +12,16 @@ A candidate is anything with the attributes of `Candidate`:
   block may go, whatever its position in a prefix; `lru` is the pool's free queue
   itself and never builds candidates at all.
 
-Must never: walk a tree, touch the pool or keep state of its own. A backend calls
-`priority()` ONCE per candidate, when it becomes a candidate (a radix leaf when an
-eviction starts or when its last child goes; a hash block when its last reference is
-dropped), never per comparison and never per operation. So a Python policy costs one
-call per candidate; a policy whose `native` names a C++ ordering is never called back
-at all (its `priority()` is the executable definition the native code mirrors).
+Must never: walk a tree, touch the pool or keep state of its own: `priority()` is a
+function of the candidate alone, so a backend keeps the key it returned. A backend
+calls it ONCE per candidate, when it becomes a candidate (a radix leaf when it is
+created, unlocked or its last child goes, and again only after a walk changed what
+the policy reads, before the next eviction; a hash block when its last reference is
+dropped), never per comparison, per operation or per eviction. So a Python policy
+costs one call per candidate and change, and its keys sit in the same persistent order
+as a native one's (O(log n) per eviction); a policy whose `native` names a C++ ordering
+is never called back at all (its `priority()` is the executable definition the native
+code mirrors).
 Recency and creation are logical clocks (counters), so replays are reproducible.
 """
 

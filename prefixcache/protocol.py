@@ -29,6 +29,11 @@ Rules every implementation obeys (the conformance kit tests each one):
    model output.
 7. After every request is released no block is pinned, and every block is free or
    cached; `check_invariants` verifies this and the backend's own structure.
+8. A cache is never re-entered from its own callbacks (an eviction policy, a hook, a
+   token object's `tolist`/`__index__`, a request id's `__hash__`): such a call raises
+   `RuntimeError` and changes nothing. Several threads may call one cache: its calls
+   run one at a time. The built-in backends get both from `guarded` on each public
+   method (one `CallGuard` per cache, docs/concurrency.md).
 
 Partial hits (copy-on-write), for classes that declare `partial_hits = True` only:
 the hit may end inside a block, as TensorRT-LLM reuses the matching head of the first
@@ -55,13 +60,15 @@ the file and key) and again in `PrefixCache.__init__`, which keeps the result in
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, TypeVar
 
-from prefixcache._C import token_array, token_list
+from prefixcache._C import CallGuard, token_array, token_list
+from prefixcache._C import guarded as _guarded
 from prefixcache.config import ConfigError
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from prefixcache.isolation import Isolation, LoRA, Namespace
@@ -70,6 +77,8 @@ from prefixcache.stats import CacheStats
 if TYPE_CHECKING:
     from prefixcache._C import BlockPool
     from prefixcache.config import CacheConfig
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = [
     "PrefixCache",
@@ -87,6 +96,7 @@ __all__ = [
     "as_tokens",
     "token_buffer",
     "BlockIds",
+    "guarded",
 ]
 
 
@@ -170,18 +180,37 @@ def token_buffer(tokens: Sequence[int], what: str = "tokens", *, itemsize: int =
     return token_list(tokens, what, True) if out is None else out
 
 
+def guarded(method: F) -> F:
+    """Decorator for a cache's public methods (rule 8): each call holds the cache's
+    `CallGuard` (`self._call_guard`, made by `PrefixCache.__init__`) from start to end,
+    so calls from other threads wait, and a call from inside a running one (a callback)
+    raises `RuntimeError` before it changes anything. A method that calls another
+    guarded method of its own cache raises too: call the undecorated internals instead.
+    Costs one C call layer (`prefixcache._C.guarded`); name, docstring and signature
+    are the method's."""
+    return functools.update_wrapper(_guarded(method), method)  # type: ignore[return-value]
+
+
 class PrefixCache(ABC):
     """A prefix-caching strategy over a shared `BlockPool` (see the module docstring).
 
     Lifecycle of a request: `admit` -> (`commit` / `append` ...) -> `release`.
     A request's tokens are its prompt followed by everything appended; `commit(n)`
-    says the KV of `tokens[:n]` is written. Not thread-safe.
+    says the KV of `tokens[:n]` is written. Each instance has a `CallGuard`; the
+    built-in backends decorate their public methods with `guarded`, so they may be
+    called from several threads and refuse re-entry from callbacks (rule 8). A
+    subclass that adds or overrides a public method decorates it too if it must run
+    under the guard.
     """
 
     #: Name under which the class is registered (set by `register_backend`).
     name: ClassVar[str] = ""
     #: True if hits may end inside a block, with `Admission.copies` (module docstring).
     partial_hits: ClassVar[bool] = False
+    #: Bytes per token id the cache keeps (8: int64, 4: int32). A caller that builds token
+    #: buffers anyway (the A/B runner expanding a workload) builds them this wide, so the
+    #: cache's own copy is one memcpy; any width is accepted.
+    token_itemsize: ClassVar[int] = 8
     #: The `options:` this class accepts, with their defaults (subclasses add theirs;
     #: a value must have its default's type, ints accepted for floats).
     option_defaults: ClassVar[Mapping[str, Any]] = {}
@@ -193,6 +222,7 @@ class PrefixCache(ABC):
             raise ValueError(
                 f"pool has {pool.num_blocks} blocks but config.num_blocks is {config.num_blocks}"
             )
+        self._call_guard = CallGuard(type(self).__name__)  # rule 8: see `guarded`
         self.pool = pool
         self.config = config
         self.block_size = config.block_size

@@ -19,6 +19,11 @@ The contract both trees keep:
   run of tokens, a positive multiple of `page_size`, and one block per page. Children
   are keyed by their first page (a tuple; `(token,)` at page size 1). Pages compare
   whole: a difference anywhere in a page is a miss for that page.
+- Roots. A namespace's root exists only while it has children or locks: `insert`
+  creates it, and it is dropped when its last child is evicted and no lock is held
+  through it, so memory follows what is cached however many namespaces come and go.
+  `match_prefix` never creates one: a match in a namespace without a root names node
+  0, "no node", which `lock` and `unlock` take as a no-op. `node(id)` is O(1).
 - `match(tokens, namespace)` is a pure look-up of the longest cached prefix of
   `tokens` cut to whole pages. `match_prefix` is SGLang's: a match ending inside a
   node splits it and every node walked gets a fresh `last_access_time`.
@@ -36,18 +41,31 @@ The contract both trees keep:
   keep the tree's blocks: their entries in `blocks` are re-pointed in place, and the
   caller's ids that differed come back as `displaced` (still the caller's to free).
   The new pages' blocks now belong to the tree.
+- `extend(node, tokens, blocks, priority)` is `insert` continued from `node`: the
+  tokens of root -> node followed by `tokens`, with start = inserted = the node's
+  depth (a request's commit after its first insert; `blocks`: one per page of
+  `tokens`). The native tree walks only `tokens` when `node` is locked: what the
+  re-walk would write on the path above (tick, traffic, request length, priority,
+  tlru's depth) is owed to the path and folded in when the node's lock drops; only
+  unlocked leaves are ranked and every fold is a max, so nothing reads the
+  difference, and `node()` reports the folded values. This model re-inserts.
+  `relock(from, to)` is `lock(to)` then `unlock(from)`, in O(nodes between them)
+  natively when `to` is below `from`.
 - A split keeps `lock_ref` (and priority and hit count) on both halves, so neither
   size moves; the new upper node is stamped as a new node, as SGLang's `_split_node`.
-- `lock` / `unlock` walk root -> node; a root is a no-op. `lock_ref(parent) >=
+- `lock` / `unlock` walk root -> node, the root included (its `lock_ref` counts the
+  locks held in its namespace; it holds no tokens). `lock_ref(parent) >=
   lock_ref(child)`, so every unlocked node is reachable by evicting leaves.
 - `evict(num_tokens)` pops unlocked leaves, lowest priority first (ties: older node
   first), freeing whole leaves (it may free more than asked); a parent whose last
-  child goes, and that is unlocked, becomes a candidate. With the tree's own order the
+  child goes, and that is unlocked, becomes a candidate. With the tree's own order (a
+  native one, or a callable given as `eviction`: a Python policy's priority) the
   leaves sit in a persistent order (the native tree: an ordered set; this model: a
   heap with stale entries skipped), re-keyed only when a walk touches them: O(log n)
-  per evicted leaf. A caller's `priority` function is called once per candidate per
-  call, never per comparison. `last_evicted()` lists the blocks the latest call freed,
-  even if a policy raised halfway.
+  per evicted leaf, and a callable is asked once per leaf and change. A `priority`
+  function passed to `evict` is called once per candidate per call (it may differ
+  from call to call), never per comparison. `last_evicted()` lists the blocks the
+  latest call freed, even if a policy raised halfway.
 - Clock: a counter, not wall time, so replays are reproducible. Each match or insert
   takes one tick for the nodes it walks; each node it creates takes a tick of its own
   (SGLang stamps new nodes with `time.monotonic()` after the walk; same order).
@@ -149,6 +167,8 @@ class _Node:
     cached_prefix_len: int = 0  # TOKENS root -> end of this node (tlru)
     history_len: int = 0  # deepest cached_prefix_len of its branch (tlru)
     order_stamp: int = 0  # the heap entry with this stamp is its live one
+    root: _Node | None = None  # its namespace's root (itself for a root)
+    namespace: Namespace = None  # a root's namespace
 
     @property
     def is_root(self) -> bool:
@@ -217,7 +237,7 @@ class PyRadixTree:
         self,
         pool: Any,
         page_size: int,
-        eviction: str | None = "lru",
+        eviction: str | Callable[[Any], Any] | None = "lru",
         protect_tokens: int = 0,
         size_weight: int = 0,
         ghost_capacity: int = 0,
@@ -227,17 +247,21 @@ class PyRadixTree:
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
-        if eviction is not None and eviction not in NATIVE_ORDERS:
+        if isinstance(eviction, str) and eviction not in NATIVE_ORDERS:
             raise ValueError(
-                f"eviction order {eviction!r} is not native; allowed values: {', '.join(NATIVE_ORDERS)}"
+                f"eviction order '{eviction}' is not native; allowed values: {', '.join(NATIVE_ORDERS)}"
             )
+        if not (eviction is None or isinstance(eviction, str) or callable(eviction)):
+            raise TypeError(f"eviction must be a native order's name, a callable or None, got {type(eviction).__name__}")
         if ghost_capacity < 0:
             raise ValueError(f"ghost_capacity must be >= 0, got {ghost_capacity}")
         self.pool = pool
         self.page_size = page_size
         # The reference ranks with the registered policy classes themselves.
         self._order: Callable[[Any], Any] | None = None
-        if eviction is not None:
+        if callable(eviction):  # a Python policy: kept in the same persistent order
+            self._order = eviction
+        elif eviction is not None:
             from prefixcache.registry import resolve_eviction_policy
 
             policy = resolve_eviction_policy(eviction)()
@@ -283,10 +307,8 @@ class PyRadixTree:
 
     def node(self, id: int) -> NodeInfo:
         n = self._node(id, "node")
-        top = n
-        while top.parent is not None:
-            top = top.parent
-        namespace = next(ns for ns, r in self._roots.items() if r is top)
+        assert n.root is not None
+        namespace = n.root.namespace
         children = sorted(n.children.items(), key=lambda kv: kv[1].id)
         return NodeInfo(
             id=n.id,
@@ -370,12 +392,14 @@ class PyRadixTree:
     def match_prefix(self, tokens: Sequence[int], namespace: Namespace = None) -> RadixMatch:
         """SGLang's match_prefix: split at the match's end, refresh recency, count a hit."""
         key = self._whole_pages(tokens)
-        root = self._root_or_create(_check_namespace(namespace))
+        root = self._roots.get(_check_namespace(namespace))  # none is made: an empty match is node 0
         w = self._walk(key, root)
         out = self._collect(w)
         self.clock += 1
         self.traffic += len(key)
-        now = root.last_access_time = self.clock
+        now = self.clock
+        if root is not None:
+            root.last_access_time = now
         for n in w.path:
             n.last_access_time = now
             n.use_count += 1
@@ -445,9 +469,13 @@ class PyRadixTree:
             dup = next(b for i, b in enumerate(caller_owned) if b in caller_owned[:i])
             raise ValueError(f"insert: block {dup} appears more than once")
 
-        root = w.root if w.root is not None else self._root_or_create(namespace)
+        root = w.root
+        if root is None and w.matched < len(key):  # a root only to hold a leaf
+            root = self._root_or_create(namespace)
         self.clock += 1
-        now = root.last_access_time = self.clock
+        now = self.clock
+        if root is not None:
+            root.last_access_time = now
         offset = 0  # tokens before the node: the caller's own prefix counted its use already
         for n in w.path:
             n.last_access_time = now
@@ -491,7 +519,29 @@ class PyRadixTree:
             self._in_tree.update(leaf.blocks)
             self.evictable_size += len(leaf.tokens)
             node = leaf
-        return RadixInsert(w.matched, node.id, displaced)
+        return RadixInsert(w.matched, 0 if node is None else node.id, displaced)
+
+    def extend(self, node: int, tokens: Sequence[int], blocks: MutableSequence[int], priority: int = 0) -> RadixInsert:
+        """`insert` continued from `node`: the tokens of root -> node followed by `tokens`,
+        with start = inserted = the node's depth (a caller that holds and inserted the
+        path adds the pages after it; `blocks`: one per page of `tokens`). prefix_len
+        counts from the root. The native tree walks only `tokens` when `node` is locked."""
+        n = self._node(node, "extend")
+        key = _int32s(tokens, "tokens")
+        if len(key) % self.page_size:
+            raise ValueError(f"extend: tokens has {len(key)} tokens, not a multiple of page_size {self.page_size}")
+        if len(blocks) != len(key) // self.page_size:
+            raise ValueError(
+                f"extend: blocks has {len(blocks)} ids but {len(key)} tokens need {len(key) // self.page_size} (one per page)"
+            )
+        path: list[list[int]] = []
+        top = n
+        while top.parent is not None:
+            path.append(top.tokens)
+            top = top.parent
+        namespace = next(ns for ns, r in self._roots.items() if r is top)
+        prefix = [t for run in reversed(path) for t in run]
+        return self.insert(prefix + key, blocks, namespace, priority, len(prefix), len(prefix))
 
     def _touched(self, n: _Node) -> None:
         """`n`'s policy inputs or leaf status changed: re-key it before the next eviction."""
@@ -522,6 +572,7 @@ class PyRadixTree:
     def _new_node(self, parent: _Node | None) -> _Node:
         self.clock += 1
         n = _Node(self._next_id, parent, last_access_time=self.clock, creation_time=self.clock)
+        n.root = parent.root if parent is not None else n
         self._next_id += 1
         self._nodes[n.id] = n
         return n
@@ -553,27 +604,47 @@ class PyRadixTree:
             raise ValueError(f"{what}: node {id} does not exist (evicted, or never created)") from None
 
     def lock(self, node: int) -> None:
-        """Lock root -> node."""
+        """Lock root -> node, the root included (node 0: no node, a no-op)."""
+        if node == 0:
+            return
         n: _Node | None = self._node(node, "lock")
-        while n is not None and not n.is_root:
+        while n is not None:
             if n.lock_ref == 0:
                 self.evictable_size -= len(n.tokens)
                 self.protected_size += len(n.tokens)
             n.lock_ref += 1
             n = n.parent
 
+    def relock(self, from_node: int, to_node: int) -> None:
+        """lock(to_node) then unlock(from_node) (0: no node); nothing changes if an
+        argument is bad."""
+        self._node(to_node, "relock")
+        if from_node == 0:
+            self.lock(to_node)
+            return
+        start = self._node(from_node, "relock")
+        if start.lock_ref == 0:
+            raise ValueError(f"relock: node {from_node} is not locked")
+        self.lock(to_node)
+        self.unlock(from_node)
+
     def unlock(self, node: int) -> None:
-        """Unlock root -> node."""
+        """Unlock root -> node (node 0: a no-op); a root left without children or
+        locks is dropped."""
+        if node == 0:
+            return
         n: _Node | None = self._node(node, "unlock")
         assert n is not None
-        if not n.is_root and n.lock_ref == 0:
+        if n.lock_ref == 0:
             raise ValueError(f"unlock: node {node} is not locked")
-        while n is not None and not n.is_root:
+        while n is not None:
             n.lock_ref -= 1
             if n.lock_ref == 0:
                 self.evictable_size += len(n.tokens)
                 self.protected_size -= len(n.tokens)
                 self._touched(n)
+            if n.is_root:
+                self._drop_root_if_empty(n)
             n = n.parent
 
     # -- eviction --------------------------------------------------------------------
@@ -614,11 +685,13 @@ class PyRadixTree:
         heapq.heappush(self._order_heap, (self._order(n.candidate()), n.id, n.order_stamp))  # type: ignore[misc]
 
     def _evict_in_order(self, num_tokens: int) -> int:
-        """evict() by the tree's own policy, from the persistent leaf order."""
-        for n in self._dirty.values():
+        """evict() by the tree's own policy, from the persistent leaf order. A policy that
+        raises leaves the node it was ranking (and those after it) dirty."""
+        while self._dirty:
+            id, n = next(iter(self._dirty.items()))
             if self._nodes.get(n.id) is n and n.evictable_leaf:
                 self._enter_order(n)
-        self._dirty.clear()
+            del self._dirty[id]
         heap, evicted = self._order_heap, 0
         while evicted < num_tokens and heap:
             _, id, stamp = heapq.heappop(heap)
@@ -630,8 +703,9 @@ class PyRadixTree:
             evicted += len(leaf.tokens)
             self._delete_leaf(leaf)
             if parent.evictable_leaf:
-                self._dirty.pop(parent.id, None)
+                self._touched(parent)  # dirty until ranked, so a raising policy ranks it next time
                 self._enter_order(parent)
+                self._dirty.pop(parent.id, None)
         return evicted
 
     def _delete_leaf(self, leaf: _Node) -> None:
@@ -646,11 +720,21 @@ class PyRadixTree:
         assert leaf.parent is not None
         del leaf.parent.children[self._page_key(leaf.tokens)]
         del self._nodes[leaf.id]
+        if leaf.parent.is_root:
+            self._drop_root_if_empty(leaf.parent)
+
+    def _drop_root_if_empty(self, root: _Node) -> None:
+        if not root.children and not root.lock_ref:
+            del self._roots[root.namespace]
+            del self._nodes[root.id]
 
     def reset(self) -> None:
-        """Free every block and drop every node; ValueError if any is locked."""
+        """Free every block and drop every node; ValueError if any is locked (a root included)."""
         if self.protected_size > 0:
             raise ValueError(f"reset: {self.protected_size} tokens are locked")
+        for root in self._roots.values():
+            if root.lock_ref:
+                raise ValueError(f"reset: namespace root node {root.id} is locked {root.lock_ref} times")
         self.pool.free([b for n in self._nodes.values() for b in n.blocks])
         self._nodes.clear()
         self._roots.clear()
@@ -665,6 +749,7 @@ class PyRadixTree:
         root = self._roots.get(namespace)
         if root is None:
             root = _Node(self._next_id, None, last_access_time=self.clock, creation_time=self.clock)
+            root.root, root.namespace = root, namespace
             if self._ghost.enabled:
                 root.tail_key = namespace_key(namespace)
             self._next_id += 1
@@ -681,17 +766,26 @@ class PyRadixTree:
 
         expected: dict[int, int] = {}
         for id in locked_nodes or ():
+            if id == 0:
+                continue  # no node: nothing locked
             n = self._nodes.get(id)
             if n is None:
                 fail(f"a live lock names node {id}, which does not exist")
-            while n is not None and not n.is_root:
+            while n is not None:
                 expected[n.id] = expected.get(n.id, 0) + 1
                 n = n.parent
         seen_blocks: set[int] = set()
         reachable = evictable = protected = 0
-        for root in self._roots.values():
-            if root.tokens or root.blocks or root.lock_ref:
-                fail(f"namespace root node {root.id} holds tokens, blocks or a lock")
+        for namespace, root in self._roots.items():
+            if root.tokens or root.blocks:
+                fail(f"namespace root node {root.id} holds tokens or blocks")
+            if not root.children and not root.lock_ref:
+                fail(f"namespace root node {root.id} is kept with no child and no lock")
+            if root.root is not root or root.namespace != namespace:
+                fail(f"namespace root node {root.id} does not name itself and its namespace")
+            if locked_nodes is not None and root.lock_ref != expected.get(root.id, 0):
+                fail(f"namespace root node {root.id} has lock_ref {root.lock_ref} but live requests hold "
+                     f"{expected.get(root.id, 0)}")
             stack = [root]
             while stack:
                 n = stack.pop()
@@ -703,6 +797,8 @@ class PyRadixTree:
                 for key, child in n.children.items():
                     if child.parent is not n:
                         fail(f"node {child.id} parent link does not point to node {n.id}")
+                    if child.root is not root:
+                        fail(f"node {child.id} does not name its namespace's root")
                     if key != self._page_key(child.tokens):
                         fail(f"node {child.id} is keyed by a stale page")
                     stack.append(child)
@@ -717,7 +813,7 @@ class PyRadixTree:
                     fail(f"node {n.id} holds {len(n.blocks)} blocks for {len(n.tokens)} tokens")
                 if n.lock_ref < 0:
                     fail(f"node {n.id} has negative lock_ref")
-                if not n.parent.is_root and n.parent.lock_ref < n.lock_ref:
+                if n.parent.lock_ref < n.lock_ref:
                     fail(f"node {n.id} is locked more than its parent")
                 if locked_nodes is not None and n.lock_ref != expected.get(n.id, 0):
                     fail(f"node {n.id} has lock_ref {n.lock_ref} but live requests hold {expected.get(n.id, 0)}")

@@ -10,6 +10,13 @@ for any spec containing ":", a `"package.module:ClassName"` import path. The bui
 eviction policies have no entry points: they register themselves when
 `prefixcache.eviction` is imported, which every eviction look-up does first.
 
+A `"module:Class"` path imports that module: a config that names one runs its code, so a
+config file is trusted input, like a Python file (docs/security.md). With the environment
+variable `PREFIXCACHE_NO_IMPORT=1` (the CLI's `--no-import` sets it) such paths are
+refused and only registered names, entry points and the built-ins resolve: for
+deployments that load configs from elsewhere. A path must be dotted identifiers
+(`pkg.mod:Class`; no relative import), and an abstract class is no backend or policy.
+
 Must never: import `prefixcache.backends` statically (built-ins load lazily by dotted
 path, so no import cycle can form), or build anything. `build_cache` lives in
 `prefixcache/__init__.py`.
@@ -18,11 +25,14 @@ path, so no import cycle can form), or build anything. `build_cache` lives in
 from __future__ import annotations
 
 import importlib
+import inspect
+import os
+import re
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, TypeVar
 
-from prefixcache.config import ConfigError
+from prefixcache.config import ConfigError, short_repr
 
 if TYPE_CHECKING:
     from prefixcache.eviction import EvictionPolicy
@@ -38,10 +48,16 @@ __all__ = [
     "available_eviction_policies",
     "check_backend_name",
     "check_eviction_name",
+    "imports_allowed",
+    "NO_IMPORT_ENV",
 ]
 
 BACKEND_GROUP = "prefixcache.backends"
 EVICTION_GROUP = "prefixcache.eviction_policies"
+NO_IMPORT_ENV = "PREFIXCACHE_NO_IMPORT"
+"""Set to 1 (or true, yes): refuse "module:Class" paths in configs (module docstring)."""
+
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 # Built-ins by dotted path: imported only when asked for.
 _BUILTIN_BACKENDS = {
@@ -102,23 +118,46 @@ def _entry_point_names(group: str) -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=group)}
 
 
+def imports_allowed() -> bool:
+    """Whether a config's "module:Class" path may import its module (`NO_IMPORT_ENV`)."""
+    return os.environ.get(NO_IMPORT_ENV, "").strip().lower() not in ("1", "true", "yes")
+
+
 def _import_path(spec: str, what: str) -> type:
+    """The class a "package.module:ClassName" path names; ConfigError for anything else."""
     module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError("", f"{what} path {spec!r} must look like 'package.module:ClassName'")
+    if not _DOTTED.fullmatch(module_name) or not _DOTTED.fullmatch(attr):
+        raise ConfigError("", f"{what} path {short_repr(spec)} must look like 'package.module:ClassName'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise ConfigError("", f"{what} {spec!r}: cannot import module {module_name!r} ({err})") from None
+        raise ConfigError("", f"{what} {short_repr(spec)}: cannot import module {short_repr(module_name)} ({short_repr(str(err))})") from None
+    except Exception as err:  # noqa: BLE001 -- the module's own code failed: name it, one line
+        raise ConfigError(
+            "", f"{what} {short_repr(spec)}: importing module {short_repr(module_name)} raised {type(err).__name__}: {short_repr(str(err))}"
+        ) from None
     obj = module
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise ConfigError("", f"{what} {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
+            raise ConfigError("", f"{what} {short_repr(spec)}: module {short_repr(module_name)} has no attribute {short_repr(attr)}") from None
     if not isinstance(obj, type):
-        raise ConfigError("", f"{what} {spec!r} is not a class")
+        raise ConfigError("", f"{what} {short_repr(spec)} is not a class")
+    if inspect.isabstract(obj):
+        missing = ", ".join(sorted(getattr(obj, "__abstractmethods__", ())))
+        raise ConfigError("", f"{what} {short_repr(spec)} is abstract: it does not implement {missing}")
     return obj
+
+
+def _user_import_path(spec: str, what: str, known: Callable[[], list[str]]) -> type:
+    """`_import_path` for a path a config gave, unless imports are off."""
+    if not imports_allowed():
+        raise ConfigError(
+            "", f"{what} {short_repr(spec)} is an import path, and imports are off ({NO_IMPORT_ENV}=1 or --no-import); "
+            f"allowed: the registered names {', '.join(known())}"
+        )
+    return _import_path(spec, what)
 
 
 def available_backends() -> list[str]:
@@ -138,17 +177,17 @@ def check_backend_name(spec: str) -> None:
     so a typo is reported at load time, not at first use.
     """
     if not isinstance(spec, str) or not spec:
-        raise ConfigError("backend", f"must be a non-empty string, got {spec!r}")
+        raise ConfigError("backend", f"must be a non-empty string, got {short_repr(spec)}")
     if ":" in spec:
         try:
-            _as_backend(_import_path(spec, "backend"), spec)
+            _as_backend(_user_import_path(spec, "backend", available_backends), spec)
         except ConfigError as err:
             raise ConfigError("backend", err.message) from None
         return
     if spec not in available_backends():
         raise ConfigError(
             "backend",
-            f"unknown backend {spec!r}; known: {', '.join(available_backends())}, "
+            f"unknown backend {short_repr(spec)}; known: {', '.join(available_backends())}, "
             "or 'package.module:ClassName'",
         )
 
@@ -156,7 +195,7 @@ def check_backend_name(spec: str) -> None:
 def check_eviction_name(spec: str) -> None:
     """ConfigError (path `eviction`) unless `spec` names an eviction policy."""
     if not isinstance(spec, str) or not spec:
-        raise ConfigError("eviction", f"must be a non-empty string, got {spec!r}")
+        raise ConfigError("eviction", f"must be a non-empty string, got {short_repr(spec)}")
     try:
         resolve_eviction_policy(spec)
     except ConfigError as err:
@@ -167,20 +206,20 @@ def _as_backend(cls: type, spec: str) -> type[PrefixCache]:
     from prefixcache.protocol import PrefixCache
 
     if not issubclass(cls, PrefixCache):
-        raise ConfigError("", f"backend {spec!r} is {cls.__qualname__}, not a PrefixCache subclass")
+        raise ConfigError("", f"backend {short_repr(spec)} is {cls.__qualname__}, not a PrefixCache subclass")
     return cls
 
 
 def resolve_backend(spec: str) -> type[PrefixCache]:
     """The `PrefixCache` class a backend name or 'module:Class' path stands for."""
     if ":" in spec:
-        return _as_backend(_import_path(spec, "backend"), spec)
+        return _as_backend(_user_import_path(spec, "backend", available_backends), spec)
     if spec in _backends:
         return _backends[spec]
     path = _entry_point_names(BACKEND_GROUP).get(spec) or _BUILTIN_BACKENDS.get(spec)
     if path is None:
         raise ConfigError(
-            "backend", f"unknown backend {spec!r}; known: {', '.join(available_backends())}"
+            "backend", f"unknown backend {short_repr(spec)}; known: {', '.join(available_backends())}"
         )
     # Importing a registered module usually registers the class under `spec`.
     cls = _as_backend(_import_path(path, "backend"), path)
@@ -200,7 +239,7 @@ def resolve_eviction_policy(spec: str) -> type[EvictionPolicy]:
     from prefixcache.eviction import EvictionPolicy
 
     if ":" in spec:
-        cls = _import_path(spec, "eviction policy")
+        cls = _user_import_path(spec, "eviction policy", available_eviction_policies)
     else:
         importlib.import_module(_BUILTIN_EVICTION_MODULE)
         if spec in _eviction_policies:
@@ -209,11 +248,11 @@ def resolve_eviction_policy(spec: str) -> type[EvictionPolicy]:
         if path is None:
             raise ConfigError(
                 "eviction",
-                f"unknown eviction policy {spec!r}; known: {', '.join(available_eviction_policies())}, "
+                f"unknown eviction policy {short_repr(spec)}; known: {', '.join(available_eviction_policies())}, "
                 "or 'package.module:ClassName'",
             )
         cls = _import_path(path, "eviction policy")
         cls = _eviction_policies.get(spec, cls)
     if not issubclass(cls, EvictionPolicy):
-        raise ConfigError("eviction", f"{spec!r} is {cls.__qualname__}, not an EvictionPolicy subclass")
+        raise ConfigError("eviction", f"{short_repr(spec)} is {cls.__qualname__}, not an EvictionPolicy subclass")
     return cls

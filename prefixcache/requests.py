@@ -18,9 +18,12 @@ from typing import Generic, TypeVar
 from prefixcache.isolation import check_namespace
 from prefixcache.protocol import Namespace, token_buffer
 
-__all__ = ["Request", "RequestTable", "check_count", "check_namespace", "check_tokens"]
+__all__ = ["PRIORITY_RANGE", "Request", "RequestTable", "check_count", "check_namespace", "check_priority", "check_tokens"]
 
 T = TypeVar("T", bound=Sequence[int])
+
+PRIORITY_RANGE = (-(1 << 63), (1 << 63) - 1)
+"""Inclusive range of a request priority: what the native trees and evictors store (int64)."""
 
 
 def check_tokens(
@@ -40,14 +43,31 @@ def check_tokens(
     return out
 
 
+def _index(value: object, field: str, expected: str) -> int:
+    """`value` as an exact int (numpy integers accepted): TypeError naming `field` for
+    another type or a bool."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{field}: expected {expected}; got {type(value).__name__} {value!r}")
+    return operator.index(value)
+
+
 def check_count(value: int, field: str) -> int:
     """`value` as an int >= 0 (numpy integers accepted): TypeError naming `field` for
     another type or a bool, ValueError below 0."""
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{field}: expected an int >= 0; got {type(value).__name__} {value!r}")
-    value = operator.index(value)
+    value = _index(value, field, "an int >= 0")
     if value < 0:
         raise ValueError(f"{field}: expected an int >= 0; got {value}")
+    return value
+
+
+def check_priority(value: int) -> int:
+    """A request priority as an int in `PRIORITY_RANGE` (numpy integers accepted):
+    TypeError naming `priority` for another type or a bool, ValueError outside int64.
+    Backends check it before anything changes: every later native call takes it."""
+    lo, hi = PRIORITY_RANGE
+    value = _index(value, "priority", "an int64")
+    if not lo <= value <= hi:
+        raise ValueError(f"priority: expected an int64 in [-2**63, 2**63 - 1]; got {value}")
     return value
 
 
@@ -67,10 +87,9 @@ class Request:
         return max(0, -(-(len(self.tokens) + num_new_tokens) // block_size) - len(self.block_table))
 
     def check_commit(self, num_computed_tokens: int) -> int:
-        """Validate a commit: an int in [num_computed, len(tokens)]."""
-        n = num_computed_tokens
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"num_computed_tokens must be an int, got {type(n).__name__}")
+        """Validate a commit: an int (numpy integers accepted) in [num_computed,
+        len(tokens)]; returns it as an exact int."""
+        n = _index(num_computed_tokens, "num_computed_tokens", "an int")
         if not self.num_computed <= n <= len(self.tokens):
             raise ValueError(
                 f"num_computed_tokens={n} for request {self.request_id!r} must be in "

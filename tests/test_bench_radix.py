@@ -1,6 +1,6 @@
 """benchmarks/bench_radix.py: the workloads are what they claim, and a smoke run works.
 
-The SGLang side is not exercised here (it downloads SGLang); `--no-sglang` runs ours.
+The SGLang side is not exercised here (it downloads SGLang 0.5.23); `--no-sglang` runs ours.
 """
 
 from __future__ import annotations
@@ -53,6 +53,15 @@ def test_multi_turn_prompts_extend_their_history(bench):
 
 
 def test_smoke_run_without_sglang(bench, capsys):
-    assert bench.main(["--quick", "--no-sglang", "--repeat", "1"]) == 0
+    assert bench.main(["--quick", "--no-sglang", "--repeat", "1", "--policies", "lru,mru"]) == 0
     out = capsys.readouterr().out
-    assert out.count("| gsp") == 4 and out.count("| multiturn") == 4
+    # Per workload: pages 1 and 16, each with an ample pool (one policy) and pools of 1/4
+    # and 1/8 of the distinct tokens (each policy).
+    assert out.count("| gsp") == 10 and out.count("| multiturn") == 10
+
+
+def test_pressure_pools_are_fractions_of_the_distinct_tokens(bench):
+    w = bench.generated_shared_prefix(seed=0)
+    labels = dict(bench.pools(w, 16))
+    assert labels["1/4"] == -(-w.distinct_tokens // 16) // 4 and labels["1/8"] == -(-w.distinct_tokens // 16) // 8
+    assert labels["ample"] * 16 >= w.distinct_tokens + w.longest

@@ -181,5 +181,6 @@ def test_check_backend_state_machine_failure_shows_the_failing_steps(monkeypatch
     message = str(info.value)
     assert message.startswith("conformance state machine failed at block_size=4:")
     assert "broken on purpose" in message
-    assert "state = Conformance()" in message and "state.admit(" in message  # the steps, replayable
+    assert message.splitlines()[0].endswith("broken on purpose")  # the violation first
+    assert "state = Conformance()" in message and "state.start(warm=" in message  # the steps, replayable
     assert capfd.readouterr().err == ""

@@ -395,7 +395,8 @@ def test_priority_policy_uses_admit_priority():
 
 @register_eviction_policy("test_longest_first")
 class LongestFirst(EvictionPolicy):
-    """A plugin policy with no native order: the tree asks Python once per candidate."""
+    """A plugin policy with no native order: the tree asks Python once per leaf, when it
+    becomes a candidate or changes, and keeps the key in its leaf order."""
 
     calls = 0
 
@@ -413,7 +414,9 @@ def test_custom_python_policy():
     run(cache, "c", [9, 9, 9, 9])
     assert cache.evict(1) == 4  # the longest, although the most recent
     assert cache.match([7, 8]).num_tokens == 2
-    assert LongestFirst.calls == 2 + 2
+    # a and b ranked as they became candidates, then c; b, unchanged, is not asked again
+    # (the tree keeps its key: a leaf order, not a heap rebuilt per eviction).
+    assert LongestFirst.calls == 2 + 1
 
 
 def test_gslru_protects_reused_content_and_remembers_it_after_eviction():
@@ -435,3 +438,36 @@ def test_gslru_protects_reused_content_and_remembers_it_after_eviction():
     run(cache, "c", shared)
     leaf = cache.tree.node(cache.tree.match(shared).node)
     assert leaf.use_count == 3  # two uses before the eviction, one now
+
+
+def test_finished_request_reinserts_its_prompt_with_priority_plus_one():
+    """SGLang 0.5.23's checkpoint(split_prompt=True): once a request's insert passes its
+    prompt, the prompt is inserted again with priority + 1, so under `priority` the
+    output goes before any prompt."""
+    cache = radix(block_size=2, eviction="priority")
+    run(cache, "a", [1, 2, 3, 4], output=[5, 6, 7])  # prompt [1..4], output [5, 6] cached
+    prompt = cache.tree.node(cache.tree.match([1, 2, 3, 4]).node)
+    output = cache.tree.node(cache.tree.match([1, 2, 3, 4, 5, 6]).node)
+    assert (prompt.priority, output.priority) == (1, 0)
+    assert output.parent == prompt.id  # the prompt's end is a node boundary
+    run(cache, "b", [9, 9])  # a newer prompt-only run, priority 1
+    assert cache.evict(1) == 1  # the output leaf goes first, although older
+    assert cache.match([1, 2, 3, 4, 5, 6]).num_tokens == 4 and cache.match([9, 9]).num_tokens == 2
+
+
+def test_decode_step_makes_a_page_of_room_as_sglang_does():
+    """SGLang's paged decode allocation demands a page of room per request every step
+    (alloc_paged_token_slots_decode), even on a step that starts no page: with no free
+    block left, a decode step evicts one leaf's worth."""
+    cache = radix(block_size=2, num_blocks=4)
+    run(cache, "a", [1, 2, 3])  # caches [1, 2]
+    cache.admit("b", [5, 6, 7])  # 2 blocks, 1 free left
+    cache.commit("b", 3)
+    assert cache.append("b", [8]) == []  # [7, 8] fits in b's last block
+    assert cache.stats().evictions == 0  # one free block: a page of room already
+    cache.append("b", [9])
+    cache.commit("b", 5)
+    assert cache.pool.num_free == 0 and cache.stats().evictions == 0
+    assert cache.append("b", [10]) == []  # no block needed, but no room: evict a page
+    assert cache.stats().evictions == 1 and cache.match([1, 2]).num_tokens == 0
+    cache.check_invariants()

@@ -4,7 +4,9 @@ The model knows nothing of trees. It keeps the set of cached page-aligned prefix
 (namespace, tokens) and, per live request, its tokens, committed length, how much of
 it the tree holds (`protected`) and how many blocks it owns. From that alone it
 predicts every hit, every refusal (needed blocks > free + evictable outside the
-locked paths), the pool's free count and every block freed. Which unlocked prefixes an
+locked paths), the pool's free count and every block freed, each allocation making the
+room SGLang 0.5.23's scheduler asks for (its shortfall: a page per decode step, an
+extend's tokens plus a page). Which unlocked prefixes an
 eviction takes is the policy's business (tested in test_radix_tree*.py); the model
 only requires that an eviction keeps every locked prefix, frees what it reports, and
 frees at least what was asked (leaves go whole) or everything evictable.
@@ -81,10 +83,19 @@ class ModelledCache:
         self.cached = still
         return freed
 
-    def make_room(self, needed: int, locked: set, evictions_before: int) -> None:
-        """An allocation of `needed` blocks: SGLang 0.5.23 evicts the shortfall's worth when short."""
-        if self.free < needed:
-            freed = self.observe_eviction(locked, needed - self.free)
+    def demand(self, num_new_tokens: int, decode: bool) -> int:
+        """TOKENS of room SGLang's scheduler asks for: a decode step a page, an extend its
+        tokens plus a page when pages are larger than a token (mem_cache/allocation.py)."""
+        if decode:
+            return self.bs
+        return num_new_tokens + (self.bs if self.bs > 1 and num_new_tokens else 0)
+
+    def make_room(self, needed: int, demand: int, locked: set, evictions_before: int) -> None:
+        """An allocation of `needed` blocks after making `demand` TOKENS of room: SGLang 0.5.23
+        evicts the shortfall's worth when short (leaves go whole, so whole pages or more)."""
+        shortfall = demand - self.free * self.bs
+        if shortfall > 0:
+            freed = self.observe_eviction(locked, ceil_div(shortfall, self.bs))
             assert self.cache.stats().evictions - evictions_before == freed
             self.free += freed
         else:
@@ -109,7 +120,7 @@ class ModelledCache:
         assert adm.num_cached_tokens == hit
         assert len(adm.block_table) == ceil_div(len(tokens), self.bs)
         assert adm.block_table[: hit // self.bs] == hit_blocks
-        self.make_room(needed, locked, evictions)
+        self.make_room(needed, self.demand(len(tokens) - hit, decode=False), locked, evictions)
         self.requests[rid] = ModelRequest(list(tokens), ns, 0, hit, needed)
 
     def append(self, rid, tokens):
@@ -123,7 +134,7 @@ class ModelledCache:
             assert got is None
             return
         assert got is not None and len(got) == needed
-        self.make_room(needed, locked, evictions)
+        self.make_room(needed, self.demand(len(tokens), decode=len(tokens) == 1), locked, evictions)
         r.tokens += tokens
         r.owned += needed
 

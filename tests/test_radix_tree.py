@@ -383,3 +383,115 @@ def test_check_invariants_reports_lock_mismatch(kind):
     with pytest.raises(InvariantError, match="lock_ref 1 but live requests hold 0"):
         tr.t.check_invariants([])
     tr.t.check_invariants([node])
+
+
+def test_extend_from_a_locked_node_reads_as_a_reinsert_of_the_whole_path(kind):
+    """A commit of a running request: extend() adds the pages after the node it locks,
+    and the tree then reads exactly as if the whole sequence had been inserted again
+    (path stamps, priority, use), while the native tree walked only the new pages."""
+    trees = [Tree(kind, page=2), Tree(kind, page=2)]
+    for tr in trees:
+        first, _ = tr.insert([1, 2, 3, 4])
+        tr.t.lock(first.node)
+        tr.insert([1, 2, 9, 9])  # a sibling branch under [1, 2]: the path has two nodes
+    extended, reinserted = trees
+    blocks = extended.pool.allocate(1)
+    r = extended.t.extend(extended.t.match([1, 2, 3, 4]).node, [5, 6], blocks, 3)
+    full = reinserted.pool.allocate(1)
+    r2 = reinserted.t.insert([1, 2, 3, 4, 5, 6], full, None, 3, 4, 4)
+    assert (r.prefix_len, r.displaced) == (r2.prefix_len, r2.displaced) == (4, [])
+
+    def nodes(tr):
+        out = []
+        for n in range(1, tr.t.num_nodes + 1):
+            i = tr.t.node(n)
+            out.append((i.tokens, i.last_access_time, i.priority, i.hit_count, i.use_count, i.last_use,
+                        i.request_tokens, i.history_len, i.lock_ref))
+        return out
+
+    assert nodes(extended) == nodes(reinserted)
+    mid = extended.t.node(extended.t.match([1, 2]).node)
+    assert (mid.priority, mid.request_tokens, mid.history_len) == (3, 6, 6)  # stamped through the lock
+    for tr, res in ((extended, r), (reinserted, r2)):
+        tr.t.relock(tr.t.match([1, 2, 3, 4]).node, res.node)
+        tr.check([res.node])
+        tr.t.unlock(res.node)  # folds the stamps owed into the path
+        tr.check([])
+    assert nodes(extended) == nodes(reinserted)
+
+
+def test_extend_matches_what_another_request_inserted_and_hands_back_duplicates(kind):
+    tr = Tree(kind, page=2)
+    base, _ = tr.insert([1, 2])
+    tr.t.lock(base.node)
+    _, theirs = tr.insert([1, 2, 3, 4, 5, 6])  # another request's continuation
+    mine = tr.pool.allocate(2)
+    ids = list(mine)
+    r = tr.t.extend(base.node, [3, 4, 7, 8], ids, 0)
+    assert r.prefix_len == 4 and r.displaced == [mine[0]]
+    assert ids == [theirs[1], mine[1]]  # re-pointed to the tree's block in place
+    tr.pool.free(r.displaced)
+    assert tr.t.match([1, 2, 3, 4, 5, 6]).num_tokens == 6  # the split kept both branches
+    tr.t.relock(base.node, r.node)
+    tr.check([r.node])
+
+
+def test_relock_moves_a_lock_down_or_the_long_way(kind):
+    tr = Tree(kind, page=1)
+    a, _ = tr.insert([1, 2])
+    b, _ = tr.insert([1, 2, 3, 4])
+    c, _ = tr.insert([7])
+    tr.t.lock(a.node)
+    tr.t.relock(a.node, b.node)  # down: only [3, 4] gets locked
+    assert (tr.t.protected_size, tr.t.node(a.node).lock_ref) == (4, 1)
+    tr.check([b.node])
+    tr.t.relock(b.node, c.node)  # elsewhere: lock c, unlock the whole old path
+    assert tr.t.protected_size == 1
+    tr.check([c.node])
+    with pytest.raises(ValueError, match="not locked"):
+        tr.t.relock(b.node, c.node)
+    tr.check([c.node])
+
+
+def test_a_python_policy_given_to_the_tree_ranks_each_leaf_once_until_it_changes(kind):
+    """A policy without a native order (a plugin's priority) given to the tree: each leaf
+    is ranked when it becomes a candidate or changes, and its key is kept in the leaf
+    order, so evictions do not ask about unchanged leaves again (SGLang asks about every
+    leaf on every eviction)."""
+    calls = []
+
+    def biggest_first(c):
+        calls.append(c.node)
+        return (-c.num_tokens, c.last_access_time)
+
+    tr = Tree(kind, page=1, eviction=biggest_first)
+    for run in ([1], [2, 2], [3, 3, 3], [4, 4, 4, 4]):
+        tr.insert(run)
+    assert tr.t.evict(1) == 4 and len(calls) == 4  # every leaf once
+    assert tr.t.evict(1) == 3 and len(calls) == 4  # nothing changed: no call
+    tr.t.match_prefix([1])  # touches [1]: ranked again before the next eviction
+    tr.insert([5, 5])
+    assert tr.t.evict(1) == 2 and len(calls) == 4 + 2  # [1] and [5, 5]; [2, 2] kept its key
+    assert tr.t.match([2, 2]).num_tokens == 0 and tr.t.match([5, 5]).num_tokens == 2  # ties: older first
+    tr.check()
+
+
+def test_a_python_policy_given_to_the_tree_that_raises_keeps_it_consistent(kind):
+    fail = {"on": False}
+
+    def flaky(c):
+        if fail["on"]:
+            raise RuntimeError("policy failed")
+        return c.last_access_time
+
+    tr = Tree(kind, page=1, eviction=flaky)
+    tr.insert([1])
+    tr.insert([2])
+    fail["on"] = True
+    with pytest.raises(RuntimeError, match="policy failed"):
+        tr.t.evict(1)  # ranking the new leaves fails: nothing evicted, still ranked later
+    assert tr.t.last_evicted() == [] and tr.t.total_size == 2
+    tr.check()
+    fail["on"] = False
+    assert tr.t.evict(1) == 1 and tr.t.match([1]).num_tokens == 0
+    tr.check()

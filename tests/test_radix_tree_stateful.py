@@ -24,11 +24,13 @@ from prefixcache.radix_tree import NATIVE_ORDERS, PyRadixTree, RadixTree
 
 NUM_BLOCKS = 24
 NAMESPACES = [None, "a", "b"]
-EVICTIONS = [*NATIVE_ORDERS, None]  # None: the custom Python policy below
+# None: the custom Python policy below, passed per evict() call; "kept": the same policy
+# given to the tree, which keeps its keys in the leaf order.
+EVICTIONS = [*NATIVE_ORDERS, None, "kept"]
 NODE_FIELDS = (
     "id", "parent", "namespace", "tokens", "block_ids", "lock_ref",
     "last_access_time", "creation_time", "hit_count", "priority", "children",
-    "use_count", "last_use", "request_tokens",
+    "use_count", "last_use", "request_tokens", "cached_prefix_len", "history_len",
 )  # fmt: skip
 # gslru at this scale: a little protection, a strong size penalty, a ghost smaller
 # than the pool so that history is both remembered and forgotten. The custom Python
@@ -65,8 +67,10 @@ class TwoTrees:
         self.rank = None if eviction is not None else odd_sizes_first
         self.pools = (BlockPool(NUM_BLOCKS), PyBlockPool(NUM_BLOCKS))
         kwargs = dict(GSLRU_ARGS) if eviction == "gslru" else {}
-        if eviction in ("gslru", None):
+        if eviction in ("gslru", None, "kept"):
             kwargs["ghost_capacity"] = GHOST_PAGES
+        if eviction == "kept":
+            eviction = odd_sizes_first
         self.trees = (
             RadixTree(self.pools[0], page, eviction, **kwargs),
             PyRadixTree(self.pools[1], page, eviction, **kwargs),
@@ -85,35 +89,68 @@ class TwoTrees:
         assert results[0][0] == results[1][0], (op, args, results)
         return results
 
-    def insert(self, toks, ns, priority, start_pages=0):
-        """Insert with fresh blocks for the pages from `start` on (a start past what the
-        tree holds must be refused by both)."""
-        key = toks[: len(toks) // self.page * self.page]
-        start = min(start_pages * self.page, len(key))
-        ids = [pool.allocate(len(key) // self.page - start // self.page) for pool in self.pools]
+    def with_fresh_blocks(self, num_pages, call):
+        """`call(tree, blocks)` on both trees with the same fresh blocks: (kind, result),
+        or (None, None) if the pools are full. Results and re-pointed blocks must agree;
+        displaced blocks (and all of them on an error) go back to the pools."""
+        ids = [pool.allocate(num_pages) for pool in self.pools]
         assert ids[0] == ids[1]
         if ids[0] is None:
-            return
+            return None, None
         copies = (list(ids[0]), list(ids[1]))
         results = []
         for tree, blocks in zip(self.trees, copies):
             try:
-                results.append(("ok", tree.insert(key, blocks, ns, priority, start)))
+                results.append(("ok", call(tree, blocks)))
             except ValueError as err:
                 results.append((type(err), None))
         (k0, r0), (k1, r1) = results
         assert k0 == k1, results
         if k0 != "ok":
-            assert start > self.trees[0].match(key, ns).num_tokens
             for pool, blocks in zip(self.pools, ids):
                 pool.free(blocks)
-            return
+            return k0, None
         assert fields(r0, "prefix_len", "node", "displaced") == fields(r1, "prefix_len", "node", "displaced")
         assert copies[0] == copies[1]  # both re-pointed the same way
-        assert r0.prefix_len % self.page == 0
         for pool in self.pools:
             pool.free(r0.displaced)
         self.known_nodes.append(r0.node)
+        return k0, r0
+
+    def insert(self, toks, ns, priority, start_pages=0):
+        """Insert with fresh blocks for the pages from `start` on (a start past what the
+        tree holds must be refused by both)."""
+        key = toks[: len(toks) // self.page * self.page]
+        start = min(start_pages * self.page, len(key))
+        pages = len(key) // self.page - start // self.page
+        kind, r = self.with_fresh_blocks(pages, lambda tree, blocks: tree.insert(key, blocks, ns, priority, start))
+        if kind is not None and kind != "ok":
+            assert start > self.trees[0].match(key, ns).num_tokens
+        elif r is not None:
+            assert r.prefix_len % self.page == 0
+
+    def extend(self, node, toks, priority):
+        """Pages after `node` with fresh blocks. From a node the test holds a lock on,
+        the native tree stamps the path above lazily; the model re-inserts the whole
+        path (its definition), and every node must still read the same. An error: the
+        node is gone."""
+        key = toks[: len(toks) // self.page * self.page]
+        _, r = self.with_fresh_blocks(len(key) // self.page, lambda tree, blocks: tree.extend(node, key, blocks, priority))
+        return None if r is None else r.node
+
+    def relock(self, held, to):
+        """Move a lock the test holds from `held` to `to` (a commit's new end, or anywhere)."""
+        (kind, _), _ = self.both("relock", held, to)
+        if kind == "ok":
+            self.locks.remove(held)
+            self.locks.append(to)  # a root counts its locks too
+
+    def commit(self, toks, priority):
+        """A request's commit: extend from a node the test holds, then move the lock there."""
+        held = self.locks[-1]
+        end = self.extend(held, toks, priority)
+        if end is not None:
+            self.relock(held, end)
 
     def insert_foreign_block(self, toks, ns, bad):
         """Blocks the caller does not own (free, the tree's, out of range) are refused."""
@@ -134,7 +171,7 @@ class TwoTrees:
 
     def lock(self, node):
         (kind, _), _ = self.both("lock", node)
-        if kind == "ok" and self.trees[0].node(node).parent is not None:  # a root: no-op
+        if kind == "ok" and node != 0:  # node 0 (an empty match with no root) locks nothing; a root counts
             self.locks.append(node)
 
     def unlock(self, node):
@@ -186,6 +223,21 @@ class TreeMachine(RuleBasedStateMachine):
     @rule(toks=tokens, ns=namespaces, priority=st.integers(0, 2), start_pages=st.sampled_from([0, 0, 1, 2]))
     def insert(self, toks, ns, priority, start_pages):
         self.t.insert(toks, ns, priority, start_pages)
+
+    @precondition(lambda self: self.t.known_nodes)
+    @rule(data=st.data(), toks=tokens, priority=st.integers(0, 2))
+    def extend(self, data, toks, priority):
+        self.t.extend(data.draw(st.sampled_from(self.t.known_nodes)), toks, priority)
+
+    @precondition(lambda self: self.t.locks)
+    @rule(toks=tokens, priority=st.integers(0, 2))
+    def commit(self, toks, priority):
+        self.t.commit(toks, priority)
+
+    @precondition(lambda self: self.t.locks and self.t.known_nodes)
+    @rule(data=st.data())
+    def relock(self, data):
+        self.t.relock(data.draw(st.sampled_from(self.t.locks)), data.draw(st.sampled_from(self.t.known_nodes)))
 
     @rule(toks=tokens, ns=namespaces, bad=st.integers(-1, NUM_BLOCKS))
     def insert_foreign_block(self, toks, ns, bad):
@@ -247,6 +299,9 @@ def test_long_random_walks_match_model():
             (1, lambda: t.insert_foreign_block(toks(), rng.choice(NAMESPACES), rng.randint(-1, NUM_BLOCKS))),
             (1, lambda: rng.random() < 0.2 and t.locks and t.unlock(t.locks[0])),
             (1, lambda: rng.random() < 0.1 and t.reset()),
+            (3, lambda: t.locks and t.commit(toks(), rng.randint(0, 2))),
+            (1, lambda: t.known_nodes and t.extend(rng.choice(t.known_nodes), toks(), rng.randint(0, 2))),
+            (1, lambda: t.locks and t.known_nodes and t.relock(rng.choice(t.locks), rng.choice(t.known_nodes))),
         ]
         weights = [w for w, _ in ops]
         for _ in range(250):

@@ -30,7 +30,8 @@ class LoadedModel:
 
 def load_model(name: str, *, seed: int = 0, chat_template: str | None = None) -> LoadedModel:
     """"smollm2", "tiny" or a .gguf path -> LoadedModel. `FileNotFoundError` with the
-    install command when smollm2's package is missing."""
+    install command when smollm2's package is missing; a one-line `ValueError` naming the
+    file and the metadata key or tensor for a GGUF file that does not load."""
     if name == "tiny":
         return LoadedModel(name, random_weights(TINY_CONFIG, seed), ByteTokenizer(TINY_CONFIG.vocab_size, chat_template))
     path = smollm2_gguf_path() if name == "smollm2" else Path(name)
@@ -38,5 +39,14 @@ def load_model(name: str, *, seed: int = 0, chat_template: str | None = None) ->
         raise ValueError(
             f"engine.model must be {', '.join(BUILTIN_MODELS)} or a path to a .gguf file, got {name!r}"
         )
-    reader = open_gguf(path)
-    return LoadedModel(name, read_gguf_weights(reader), GGUFTokenizer(reader, chat_template))
+    try:
+        reader = open_gguf(path)
+        weights = read_gguf_weights(reader)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    try:
+        tokenizer = GGUFTokenizer(reader, chat_template)
+    except Exception as err:  # noqa: BLE001 -- metadata the tokenizer library refuses, whatever it raises
+        raise ValueError(f"{path}: GGUF tokenizer metadata does not load ({type(err).__name__}: "
+                         f"{' '.join(str(err).split())[:160]})") from None
+    return LoadedModel(name, weights, tokenizer)

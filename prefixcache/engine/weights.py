@@ -16,6 +16,11 @@ row order. tests/test_engine_weights.py checks both that the two are inverse and
 adjacent-pair RoPE on the GGUF rows equals half RoPE on the unpermuted rows; " Paris" after
 "The capital of France is" checks it on the real model.
 
+A file that is not a readable Llama GGUF (a valid magic and junk after it, a missing or
+unreadable metadata key, a tensor that is missing, of an unknown type, or of the wrong
+shape) is a one-line `ValueError` naming the key or the tensor (`loader.load_model` adds
+the file), never an IndexError or KeyError from the reader.
+
 Must never: download anything (the weights come from an installed package or a local
 path), or keep a quantized tensor (every tensor is dequantized to fp32 once, at load).
 """
@@ -65,6 +70,11 @@ class LlamaConfig:
     tie_embeddings: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "max_position"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.head_dim % 2:
@@ -135,44 +145,79 @@ def smollm2_gguf_path() -> Path:
 
 
 def open_gguf(path: str | Path) -> Any:
-    """A `gguf.GGUFReader` over `path` (memory-mapped; nothing is dequantized yet)."""
+    """A `gguf.GGUFReader` over `path` (memory-mapped; nothing is dequantized yet).
+    FileNotFoundError if there is no file; ValueError if it does not parse as GGUF."""
     import gguf
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
-    return gguf.GGUFReader(str(path))
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as err:  # noqa: BLE001 -- the reader's own IndexError, KeyError, struct or numpy errors
+        raise ValueError(f"not a readable GGUF file ({_error(err)})") from None
+
+
+def _error(err: BaseException) -> str:
+    """An exception as one short line."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:160]}" if text else type(err).__name__
 
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:
     f = reader.fields.get(key)
-    return default if f is None else f.contents()
+    if f is None:
+        return default
+    try:
+        return f.contents()
+    except Exception as err:  # noqa: BLE001 -- a field whose declared type does not match its bytes
+        raise ValueError(f"GGUF metadata {key!r} is unreadable ({_error(err)})") from None
+
+
+def _number(reader: Any, key: str, kind: type, default: Any = None) -> Any:
+    """Metadata `key` as an int or a float; ValueError naming the key if absent or not a number."""
+    value = _field(reader, key, default)
+    if value is None:
+        raise ValueError(f"GGUF metadata has no {key!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+        raise ValueError(f"GGUF metadata {key!r} must be {'an integer' if kind is int else 'a number'}, "
+                         f"got {str(value)[:40]!r}")
+    return kind(value)
 
 
 def read_gguf_config(reader: Any) -> LlamaConfig:
-    """The hyperparameters in a GGUF file's `llama.*` metadata."""
+    """The hyperparameters in a GGUF file's `llama.*` metadata; ValueError naming the key
+    that is missing or wrong."""
     arch = _field(reader, "general.architecture")
     if arch != "llama":
-        raise ValueError(f"only the 'llama' architecture is supported, this GGUF file is {arch!r}")
-    hidden = int(_field(reader, "llama.embedding_length"))
-    num_heads = int(_field(reader, "llama.attention.head_count"))
+        raise ValueError(f"only the 'llama' architecture is supported, this GGUF file is {str(arch)[:40]!r}")
+    hidden = _number(reader, "llama.embedding_length", int)
+    num_heads = _number(reader, "llama.attention.head_count", int)
+    if num_heads < 1:
+        raise ValueError(f"GGUF metadata 'llama.attention.head_count' must be >= 1, got {num_heads}")
     names = {t.name for t in reader.tensors}
     vocab = _field(reader, "llama.vocab_size")
     if vocab is None:
-        vocab = len(_field(reader, "tokenizer.ggml.tokens"))
-    return LlamaConfig(
-        vocab_size=int(vocab),
-        hidden_size=hidden,
-        intermediate_size=int(_field(reader, "llama.feed_forward_length")),
-        num_layers=int(_field(reader, "llama.block_count")),
-        num_heads=num_heads,
-        num_kv_heads=int(_field(reader, "llama.attention.head_count_kv", num_heads)),
-        head_dim=int(_field(reader, "llama.rope.dimension_count", hidden // num_heads)),
-        rope_theta=float(_field(reader, "llama.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        max_position=int(_field(reader, "llama.context_length", 2048)),
-        tie_embeddings="output.weight" not in names,
-    )
+        tokens = _field(reader, "tokenizer.ggml.tokens")
+        if not isinstance(tokens, list):
+            raise ValueError("GGUF metadata has neither 'llama.vocab_size' nor a 'tokenizer.ggml.tokens' list")
+        vocab = len(tokens)
+    try:
+        return LlamaConfig(
+            vocab_size=_number(reader, "llama.vocab_size", int, vocab),
+            hidden_size=hidden,
+            intermediate_size=_number(reader, "llama.feed_forward_length", int),
+            num_layers=_number(reader, "llama.block_count", int),
+            num_heads=num_heads,
+            num_kv_heads=_number(reader, "llama.attention.head_count_kv", int, num_heads),
+            head_dim=_number(reader, "llama.rope.dimension_count", int, hidden // num_heads),
+            rope_theta=_number(reader, "llama.rope.freq_base", float, 10000.0),
+            rms_norm_eps=_number(reader, "llama.attention.layer_norm_rms_epsilon", float, 1e-5),
+            max_position=_number(reader, "llama.context_length", int, 2048),
+            tie_embeddings="output.weight" not in names,
+        )
+    except ZeroDivisionError:
+        raise ValueError("GGUF metadata 'llama.attention.head_count_kv' must be >= 1") from None
 
 
 # GGUF tensor name within a block -> HF name.
@@ -197,7 +242,10 @@ def read_gguf_weights(reader: Any, config: LlamaConfig | None = None) -> Weights
     tensors: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         # numpy shape is GGUF's ne reversed: [out_features, in_features] for a matrix.
-        array = quants.dequantize(t.data, t.tensor_type).astype("float32", copy=False)
+        try:
+            array = quants.dequantize(t.data, t.tensor_type).astype("float32", copy=False)
+        except Exception as err:  # noqa: BLE001 -- an unknown type, or data that does not fit it
+            raise ValueError(f"GGUF tensor {str(t.name)[:80]!r} cannot be read ({_error(err)})") from None
         if not array.flags.writeable:  # F32 tensors come straight from the read-only memory map
             array = array.copy()
         tensors[t.name] = torch.from_numpy(array).contiguous()
@@ -211,13 +259,14 @@ def read_gguf_weights(reader: Any, config: LlamaConfig | None = None) -> Weights
     layers = []
     for i in range(config.num_layers):
         layer = {hf: take(f"blk.{i}.{g}.weight") for g, hf in _LAYER_NAMES.items()}
-        layer["q_proj"] = unpermute_qk(layer["q_proj"], config.num_heads)
-        layer["k_proj"] = unpermute_qk(layer["k_proj"], config.num_kv_heads)
         layers.append(layer)
     embed = take("token_embd.weight")
     lm_head = embed if config.tie_embeddings else take("output.weight")
     norm = take("output_norm.weight")
-    _check_shapes(config, embed, layers, norm, lm_head)
+    _check_shapes(config, embed, layers, norm, lm_head)  # before the permutation, which reshapes
+    for layer in layers:
+        layer["q_proj"] = unpermute_qk(layer["q_proj"], config.num_heads)
+        layer["k_proj"] = unpermute_qk(layer["k_proj"], config.num_kv_heads)
     return Weights(config, embed, tuple(layers), norm, lm_head)
 
 
@@ -236,13 +285,17 @@ def _check_shapes(
         "input_layernorm": (h,),
         "post_attention_layernorm": (h,),
     }
+    gguf_names = {hf: g for g, hf in _LAYER_NAMES.items()}
     for i, layer in enumerate(layers):
         for name, shape in expected.items():
             if tuple(layer[name].shape) != shape:
-                raise ValueError(f"layer {i} {name} has shape {tuple(layer[name].shape)}, expected {shape}")
-    for name, t, shape in (("embed", embed, (c.vocab_size, h)), ("lm_head", lm_head, (c.vocab_size, h)), ("norm", norm, (h,))):
+                raise ValueError(f"GGUF tensor 'blk.{i}.{gguf_names[name]}.weight' has shape "
+                                 f"{tuple(layer[name].shape)}, expected {shape}")
+    for name, t, shape in (("token_embd.weight", embed, (c.vocab_size, h)),
+                           ("token_embd.weight" if c.tie_embeddings else "output.weight", lm_head, (c.vocab_size, h)),
+                           ("output_norm.weight", norm, (h,))):
         if tuple(t.shape) != shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
+            raise ValueError(f"GGUF tensor {name!r} has shape {tuple(t.shape)}, expected {shape}")
 
 
 def random_weights(config: LlamaConfig, seed: int = 0) -> Weights:

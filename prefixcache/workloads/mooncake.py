@@ -15,19 +15,29 @@ that commits outputs therefore fills cache room with blocks that are never hit, 
 engine does; `outputs=False` drops them, as the paper's and `kvcache-simulator`'s
 replays do.
 
+Reading is bounded and every problem is one `ValueError` naming the file and the
+1-based line: a line that is not UTF-8, not JSON, longer than `MAX_LINE_BYTES`, or a
+field of the wrong type or value; a timestamp before the previous record's; a trace of
+more than `checks.MAX_REQUESTS` records or `checks.MAX_PROMPT_TOKENS` prompt tokens;
+and, when the reader is told the largest token id the replay's caches store
+(`max_token_id`), a block id whose tokens would pass it.
+
 Must never: be read by tests from `../shared/traces/` (tests write small traces with
 `synthetic_records`), or commit those traces.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from prefixcache.workloads.checks import check_int, parse_json_object
+from prefixcache.config import short_repr
+from prefixcache.workloads.checks import MAX_PROMPT_TOKENS, MAX_REQUESTS, check_int, parse_json_object
 from prefixcache.workloads.tokens import TokenRuns
 from prefixcache.workloads.workload import Request, Workload
 
@@ -45,6 +55,8 @@ __all__ = [
 
 MOONCAKE_BLOCK_SIZE = 512
 """Tokens per `hash_ids` block in the Mooncake traces."""
+MAX_LINE_BYTES = 1 << 24
+"""The longest trace line read (16 MiB: two million block ids, a prompt of a billion tokens)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,14 +71,15 @@ class MooncakeRecord:
     def check(self, where: str, block_size: int = MOONCAKE_BLOCK_SIZE) -> None:
         """ValueError naming `where` (file:line) and the field if the record is malformed."""
         t = self.timestamp_ms
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0:
-            raise ValueError(f"{where}: field 'timestamp' must be a number of milliseconds >= 0, got {t!r}")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t >= 0 and math.isfinite(t)):
+            raise ValueError(f"{where}: field 'timestamp' must be a finite number of milliseconds >= 0, "
+                             f"got {short_repr(t)}")
         for field, value, minimum in (("input_length", self.input_length, 1), ("output_length", self.output_length, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{where}: field '{field}' must be an int >= {minimum}, got {value!r}")
-        for h in self.hash_ids:
+                raise ValueError(f"{where}: field '{field}' must be an int >= {minimum}, got {short_repr(value)}")
+        for i, h in enumerate(self.hash_ids):
             if isinstance(h, bool) or not isinstance(h, int) or h < 0:
-                raise ValueError(f"{where}: field 'hash_ids' must hold ints >= 0, got {h!r}")
+                raise ValueError(f"{where}: field 'hash_ids' must hold ints >= 0, got hash_ids[{i}] = {short_repr(h)}")
         expected = -(-self.input_length // block_size)
         if len(self.hash_ids) != expected:
             raise ValueError(
@@ -80,34 +93,72 @@ class MooncakeRecord:
 
 
 def read_records(
-    path: str | Path, *, block_size: int = MOONCAKE_BLOCK_SIZE, limit: int | None = None
+    path: str | Path,
+    *,
+    block_size: int = MOONCAKE_BLOCK_SIZE,
+    limit: int | None = None,
+    max_token_id: int | None = None,
 ) -> list[MooncakeRecord]:
-    """The validated records of a Mooncake JSONL file (the first `limit` if given)."""
+    """The validated records of a Mooncake JSONL file (the first `limit` if given; at
+    most MAX_REQUESTS). With `max_token_id`, a block id whose tokens would pass it is an
+    error at its line. OSError if the file cannot be read; ValueError naming
+    `path:line` for anything wrong in it."""
     check_int("block_size", block_size, 1)
     if limit is not None:
         check_int("limit", limit, 0)
     records: list[MooncakeRecord] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    prompt_tokens = 0
+    with open(path, "rb") as f:
+        for lineno in itertools.count(1):
+            raw = f.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                break
             if limit is not None and len(records) >= limit:
                 break
+            where = f"{path}:{lineno}"
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                raise ValueError(f"{where}: line longer than {MAX_LINE_BYTES:,} bytes")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{where}: not UTF-8 text (byte {err.start}: {err.reason})") from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
-            obj = parse_json_object(where, line)
-            missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in obj]
-            if missing:
-                raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
-            if "block_size" in obj and obj["block_size"] != block_size:
-                raise ValueError(
-                    f"{where}: field 'block_size' is {obj['block_size']!r} but the reader expects {block_size}"
-                )
-            if not isinstance(obj["hash_ids"], list):
-                raise ValueError(f"{where}: field 'hash_ids' must be a list of ints")
-            record = MooncakeRecord(obj["timestamp"], obj["input_length"], obj["output_length"], tuple(obj["hash_ids"]))
-            record.check(where, block_size)
+            if len(records) == MAX_REQUESTS:
+                raise ValueError(f"{where}: more than {MAX_REQUESTS:,} records; replay part of the trace (limit)")
+            record = _parse_record(where, line, block_size, max_token_id)
+            if records and record.timestamp_ms < records[-1].timestamp_ms:
+                raise ValueError(f"{where}: field 'timestamp' {short_repr(record.timestamp_ms)} is before the previous "
+                                 f"record's {short_repr(records[-1].timestamp_ms)}; records must be in time order")
+            prompt_tokens += record.input_length
+            if prompt_tokens > MAX_PROMPT_TOKENS:
+                raise ValueError(f"{where}: the prompts so far hold more than {MAX_PROMPT_TOKENS:.0e} tokens; "
+                                 "replay part of the trace (limit)")
             records.append(record)
     return records
+
+
+def _parse_record(where: str, line: str, block_size: int, max_token_id: int | None) -> MooncakeRecord:
+    obj = parse_json_object(where, line)
+    missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in obj]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
+    if "block_size" in obj and obj["block_size"] != block_size:
+        raise ValueError(
+            f"{where}: field 'block_size' is {short_repr(obj['block_size'])} but the reader expects {block_size}"
+        )
+    if not isinstance(obj["hash_ids"], list):
+        raise ValueError(f"{where}: field 'hash_ids' must be a list of ints, got {short_repr(obj['hash_ids'])}")
+    record = MooncakeRecord(obj["timestamp"], obj["input_length"], obj["output_length"], tuple(obj["hash_ids"]))
+    record.check(where, block_size)
+    if max_token_id is not None and record.hash_ids:
+        h = max(record.hash_ids)
+        if (h + 1) * block_size - 1 > max_token_id:
+            raise ValueError(
+                f"{where}: field 'hash_ids': block id {short_repr(h)} expands to token ids up to "
+                f"{short_repr((h + 1) * block_size - 1)}, past {max_token_id}, the largest the caches store"
+            )
+    return record
 
 
 def write_records(path: str | Path, records: Iterable[MooncakeRecord]) -> None:
@@ -142,13 +193,27 @@ def records_to_workload(
 
 
 def read_mooncake(
-    path: str | Path, *, block_size: int = MOONCAKE_BLOCK_SIZE, limit: int | None = None, outputs: bool = True
+    path: str | Path,
+    *,
+    block_size: int = MOONCAKE_BLOCK_SIZE,
+    limit: int | None = None,
+    outputs: bool = True,
+    max_token_id: int | None = None,
 ) -> Workload:
     """A Mooncake trace file as a workload (the first `limit` records if given; without
-    output tokens when `outputs` is False)."""
-    records = read_records(path, block_size=block_size, limit=limit)
-    return records_to_workload(records, name=Path(path).stem, block_size=block_size, outputs=outputs,
-                               params={"path": str(path), "limit": limit})
+    output tokens when `outputs` is False). With `max_token_id`, a ValueError names the
+    first line whose tokens pass it, or says the outputs do."""
+    records = read_records(path, block_size=block_size, limit=limit, max_token_id=max_token_id)
+    workload = records_to_workload(records, name=Path(path).stem, block_size=block_size, outputs=outputs,
+                                   params={"path": str(path), "limit": limit})
+    if max_token_id is not None and outputs and records:
+        last = (max(max(r.hash_ids) for r in records) + 1) * block_size + sum(r.output_length for r in records) - 1
+        if last > max_token_id:
+            raise ValueError(
+                f"{path}: the outputs take token ids up to {last} (fresh ids above every block's), past "
+                f"{max_token_id}, the largest the caches store; replay without outputs (outputs: false) or fewer records"
+            )
+    return workload
 
 
 def workload_to_records(workload: Workload, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> list[MooncakeRecord]:

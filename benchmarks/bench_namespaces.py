@@ -1,0 +1,141 @@
+"""Memory and invariant-check cost of a `radix` cache under many namespaces (issue 16, item 5).
+
+Owns two measurements:
+
+  memory            A `radix` cache (block 16, a 1,024-block pool) serves N one-request
+                    namespaces: tenant i admits, commits and releases a 3-page prompt of
+                    its own, and the pool evicts older tenants as it fills. Then all is
+                    evicted. Memory is read at the start (cache built and the first 1,024
+                    tenants served and evicted, so Python's and malloc's pools are warm),
+                    at the peak (sampled every 10% of the run) and at the end, as the
+                    process's resident set after glibc's malloc_trim hands freed pages
+                    back, and as the bytes malloc holds in use (mallinfo2, C and C++
+                    heap; Python objects live in pymalloc arenas inside it). Target: the
+                    end within 10% of the start.
+  check_invariants  K namespaces cached at once (K one-page entries, one per namespace,
+                    in a pool of K + 2 blocks), then one `cache.check_invariants()` timed:
+                    µs per tree node at K = 1k, 10k, 80k. O(nodes) keeps the column flat;
+                    a per-node scan of the roots grows it with K.
+
+    python benchmarks/bench_namespaces.py [--tenants 1000000] [--sizes 1000 10000 80000]
+    python benchmarks/bench_namespaces.py --quick   # 100k tenants, sizes 1k and 10k
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import os
+import platform
+import resource
+import sys
+import time
+from array import array
+from pathlib import Path
+
+from prefixcache import build_cache
+from prefixcache.config import CacheConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_model  # noqa: E402
+
+BS = 16
+POOL = 1024
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+    )]  # fmt: skip
+
+
+_LIBC = ctypes.CDLL("libc.so.6")
+_LIBC.mallinfo2.restype = _MallInfo2
+
+
+def memory() -> tuple[int, int]:
+    """(resident bytes after malloc_trim, bytes malloc holds in use)."""
+    _LIBC.malloc_trim(0)
+    info = _LIBC.mallinfo2()
+    resident = int(Path("/proc/self/statm").read_text().split()[1]) * PAGE_SIZE
+    return resident, info.uordblks + info.hblkhd
+
+
+def serve(cache, tenant: int) -> None:
+    ns = f"tenant-{tenant}"
+    prompt = array("q", range(tenant * 64, tenant * 64 + 3 * BS))
+    cache.admit(tenant, prompt, namespace=ns)
+    cache.commit(tenant, len(prompt))
+    cache.release(tenant)
+
+
+def memory_run(tenants: int) -> None:
+    cache = build_cache(CacheConfig(backend="radix", block_size=BS, num_blocks=POOL, enable_events=False))
+    for t in range(POOL):  # warm-up: the same kind of work, evicted
+        serve(cache, t)
+    cache.evict(POOL)
+    start = memory()
+    peak = start
+    started = time.perf_counter()
+    for t in range(POOL, POOL + tenants):
+        serve(cache, t)
+        if (t - POOL) % max(1, tenants // 10) == 0:
+            peak = max(peak, memory())
+    seconds = time.perf_counter() - started
+    peak = max(peak, memory())
+    roots_before = len(cache.tree.namespaces())
+    cache.evict(POOL)
+    cache.check_invariants()
+    end = memory()
+    mib = 1 << 20
+    print(f"\n{tenants:,} one-request namespaces through a {POOL:,}-block radix pool in {seconds:.1f} s "
+          f"({seconds / tenants * 1e6:.1f} µs a request); namespaces with a root before the final evict: "
+          f"{roots_before:,}, after: {len(cache.tree.namespaces()):,}; tree nodes after: {cache.tree.num_nodes:,}")
+    print("| memory | start MiB | peak MiB | end MiB | end / start |")
+    print("|---|---:|---:|---:|---:|")
+    for i, what in enumerate(("resident set (after malloc_trim)", "malloc in use")):
+        print(f"| {what} | {start[i] / mib:.1f} | {peak[i] / mib:.1f} | {end[i] / mib:.1f} | {end[i] / start[i]:.3f} |")
+    print(f"# max RSS of the process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f} MiB")
+    met = all(end[i] <= 1.10 * start[i] for i in range(2))
+    print(f"# target: end within 10% of start: {'met' if met else 'NOT met'}")
+
+
+def check_run(sizes: list[int]) -> None:
+    print("\n| namespaces cached | tree nodes | check_invariants s | µs per node |")
+    print("|---:|---:|---:|---:|")
+    for k in sizes:
+        cache = build_cache(CacheConfig(backend="radix", block_size=BS, num_blocks=k + 2, enable_events=False))
+        for t in range(k):
+            prompt = array("q", range(t * 32, t * 32 + BS + 1))  # one page cached, a tail freed
+            cache.admit(t, prompt, namespace=f"tenant-{t}")
+            cache.commit(t, len(prompt))
+            cache.release(t)
+        nodes = cache.tree.num_nodes
+        started = time.perf_counter()
+        cache.check_invariants()
+        seconds = time.perf_counter() - started
+        print(f"| {k:,} | {nodes:,} | {seconds:.3f} | {seconds / nodes * 1e6:.2f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tenants", type=int, default=1_000_000)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 80_000])
+    parser.add_argument("--quick", action="store_true", help="100k tenants, sizes 1k and 10k")
+    parser.add_argument("--skip-memory", action="store_true")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.tenants, args.sizes = 100_000, [1_000, 10_000]
+    print(f"# bench_namespaces  {datetime.date.today()}  {cpu_model()} x{os.cpu_count()}  "
+          f"Python {platform.python_version()}")
+    print(f"# command: python benchmarks/bench_namespaces.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    if not args.skip_memory:
+        memory_run(args.tenants)
+    check_run(args.sizes)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
