@@ -9,10 +9,11 @@ overlaps and its choice. Reports:
   did, and, against the best such holder (the cheapest), what outweighed the cache
   credit (weight x the blocks given up): the holder's larger prefill backlog
   (weight x its extra prefill tokens / B), its extra active blocks, or neither alone;
-- a_w (the prompt's blocks already among a replica's active blocks, which Dynamo
-  subtracts and a router cannot know): rebuilt after the run from where each request
-  went, its first token and its decode time; how many decisions see different a_w on
-  different replicas, and how many would have picked another replica with it.
+- a_w (the prompt's blocks already among a replica's active blocks, which Dynamo does not
+  add again): how many decisions see different a_w on different replicas, and how many
+  would have picked another replica without it (a_w = 0, the accounting before Dynamo's
+  was matched). The active blocks and a_w the router saw are checked against a rebuild
+  from where each request went, when it arrived and when it finished.
 
     python benchmarks/cluster_decisions.py --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
         [--replicas 8] [--weight 1] [--temperature 0]
@@ -49,9 +50,11 @@ class RecordingKVEvents(KVEventsRouter):
     def choose_replicas(self, candidates, request):
         ranked = super().choose_replicas(candidates, request)
         overlaps = candidates.by_position(self.index.longest_prefix(request.hashes))
+        active = self.context.active
+        shared = candidates.by_position(active.longest_prefix(request.hashes)) if len(request.hashes) else {}
         RecordingKVEvents.decisions.append((
             self.context.clock(), request.num_prompt_tokens, request.hashes.digests(),
-            candidates.prefill_tokens.tolist(), candidates.active_blocks.tolist(), overlaps, ranked[0][0]))
+            candidates.prefill_tokens.tolist(), candidates.active_blocks.tolist(), overlaps, ranked[0][0], shared))
         return ranked
 
 
@@ -64,7 +67,7 @@ def active_overlaps(decisions: list[tuple], finished: list[float]) -> list[dict[
         active.add_replica(rid)
     ends: list[tuple[float, int]] = []
     out = []
-    for j, (at, _, digests, _, seen, _, chose) in enumerate(decisions):
+    for j, (at, _, digests, _, seen, _, chose, shared) in enumerate(decisions):
         # Completions at a time come before arrivals; 1 ns absorbs the rounding of
         # arrival + TTFT + decode against the simulation's own sum.
         while ends and ends[0][0] <= at + 1e-9:
@@ -73,7 +76,10 @@ def active_overlaps(decisions: list[tuple], finished: list[float]) -> list[dict[
         rebuilt = [active.blocks(rid) for rid in range(len(seen))]
         if rebuilt != seen:
             raise RuntimeError(f"request {j}: active blocks rebuilt {rebuilt}, the router saw {seen}")
-        out.append(active.longest_prefix(digests) if digests else {})
+        rebuilt_a = active.longest_prefix(digests) if digests else {}
+        if {r: a for r, a in rebuilt_a.items() if a} != {r: a for r, a in shared.items() if a}:
+            raise RuntimeError(f"request {j}: a_w rebuilt {rebuilt_a}, the router saw {shared}")
+        out.append(rebuilt_a)
         active.store(chose, digests)
         heapq.heappush(ends, (finished[j], j))
     return out
@@ -106,21 +112,21 @@ def main() -> int:
     moved = differs = flips = 0
     by_cause = {"prefill backlog": 0, "active blocks": 0, "neither alone": 0}
     totals = {"credit": 0.0, "prefill": 0.0, "active": 0.0}
-    for (_, p, digests, pf, ab, o, chose), a in zip(decisions, actives, strict=True):
+    for (_, p, digests, pf, ab, o, chose, _), a in zip(decisions, actives, strict=True):
         n, f = len(pf), len(digests)
 
-        def cost(i, exact):
-            return w * ((pf[i] + p) / bs - o.get(i, 0)) + ab[i] + f - (a.get(i, 0) if exact else 0)
+        def cost(i, exact=True):
+            return w * max((pf[i] + p) / bs - o.get(i, 0), 0) + ab[i] + f - (a.get(i, 0) if exact else 0)
 
         if len({a.get(i, 0) for i in range(n)}) > 1:
             differs += 1
-            approx, exact = [cost(i, False) for i in range(n)], [cost(i, True) for i in range(n)]
+            approx, exact = [cost(i, False) for i in range(n)], [cost(i) for i in range(n)]
             if {i for i in range(n) if approx[i] == min(approx)} != {i for i in range(n) if exact[i] == min(exact)}:
                 flips += 1
         best = max(o.values(), default=0)
         if o.get(chose, 0) < best:
             moved += 1
-            holder = min((i for i in range(n) if o.get(i, 0) == best), key=lambda i: cost(i, False))
+            holder = min((i for i in range(n) if o.get(i, 0) == best), key=cost)
             credit = w * (best - o.get(chose, 0))
             backlog = w * (pf[holder] - pf[chose]) / bs
             blocks = ab[holder] - ab[chose]
@@ -141,7 +147,7 @@ def main() -> int:
         print(f"    per move, in blocks: credit given up {totals['credit'] / moved:.1f}, the holder's extra prefill "
               f"term {totals['prefill'] / moved:.1f}, its extra active blocks {totals['active'] / moved:.1f}")
     print(f"  a_w differs between replicas: {differs:,} decisions ({differs / total:.1%}); "
-          f"with it the lowest cost would move in {flips:,} ({flips / total:.2%})")
+          f"without it the lowest cost would move in {flips:,} ({flips / total:.2%})")
     return 0
 
 

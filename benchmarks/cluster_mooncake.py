@@ -75,7 +75,8 @@ def main() -> int:
     if args.routers:
         unknown = sorted(set(args.routers) - set(config.routers))
         if unknown:
-            parser.error(f"--routers: {', '.join(unknown)} not in {args.config} (its arms: {', '.join(config.routers)})")
+            parser.error(f"--routers: {', '.join(unknown)} not in {args.config} "
+                         f"(its arms: {', '.join(config.routers)})")
         config = dataclasses.replace(config, routers={k: config.routers[k] for k in args.routers})
     if args.kv_weights:
         routers = {label: s for label, s in config.routers.items() if s.router != "kv_events"}

@@ -75,7 +75,10 @@ class LoadRecorder(Router):
     seen: list[tuple[int, int]] = []
 
     def choose_replicas(self, candidates, request):
-        LoadRecorder.seen.append((candidates.prefill_tokens[0], candidates.active_blocks[0]))
+        # the active sequences the cluster hands routers are what the column counts
+        assert self.context.active.blocks(0) == candidates.active_blocks[0]
+        LoadRecorder.seen.append((candidates.prefill_tokens[0], candidates.active_blocks[0],
+                                  self.context.active.longest_prefix(request.hashes).get(0, 0)))
         return [[0]]
 
 
@@ -89,12 +92,12 @@ def test_the_load_columns_are_dynamos_active_sequences():
                    cfg.routers["recorder"], 1)
     assert run.hits.hit_tokens == (0, 32, 32, 0)
     assert LoadRecorder.seen == [
-        (0, 0),
-        (40, 2),  # A's prompt, all uncached, until its first token; its 2 full blocks (no outputs)
-        (40 + 36, 2),  # B's 2 blocks are A's: counted once
+        (0, 0, 0),
+        (40, 2, 2),  # A's prompt, all uncached, until its first token; its 2 full blocks (no outputs), both B's
+        (40 + 36, 2, 2),  # B's 2 blocks are A's: counted once; C's first 2 are active already
         # A done; B's estimate stays what it was at routing (the cache was empty then), not
-        # the 4 tokens it prefills; C adds its third block
-        (36 + 50, 3),
+        # the 4 tokens it prefills; C adds its third block; D shares none
+        (36 + 50, 3, 0),
     ]
 
 

@@ -219,6 +219,12 @@ class RouterContext:
     index:           the cluster KV index, fed by the replicas' events (None where there is none)
     rng:             the router's random source (seeded: a replay is reproducible)
     clock:           the current time in SECONDS (simulated time in a simulation)
+    active:          the active sequences, kept by the cluster that routes (None where it
+                     keeps none): a `KVIndex` holding, per replica, the full prompt blocks
+                     of each request routed there and not finished, one copy per request
+                     (NVIDIA Dynamo's `ActiveSequences`, which its router keeps because it
+                     sees every request start and finish); `active.blocks(replica)` is the
+                     `active_blocks` column. Read-only to a router.
     """
 
     block_size: int
@@ -226,6 +232,7 @@ class RouterContext:
     index: KVIndex | None = None
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     clock: Callable[[], float] = lambda: 0.0
+    active: KVIndex | None = None
 
 
 class Router(ABC):

@@ -35,7 +35,9 @@ sums Dynamo's router keeps per worker: prefill tokens (each request's prompt les
 whole blocks the replica's cache held when it was routed, from routing to its first
 token, never corrected, as Dynamo's estimate) and active blocks (the distinct full prompt
 blocks of its queued and running requests: one copy per request in a `KVIndex`, so a
-block they share counts once).
+block they share counts once). That `KVIndex` is `RouterContext.active` (Dynamo's
+`ActiveSequences`, which `kv_events` reads for the prompt blocks already active). Every
+router sees the same columns, whichever it reads.
 
 Reference lines, on the same workload: round robin (always one of the routers), and one
 shared cache of N x capacity with N x max_concurrent slots and N prefill engines, which
@@ -435,7 +437,7 @@ def simulate(
                       speedup=config.arrival_speedup, with_index=spec.cls.needs_index,
                       slots=config.service.max_concurrent)
     context = RouterContext(config.block_size, config.capacity_tokens, sim.index, random.Random(config.seed),
-                            lambda: sim.now)
+                            lambda: sim.now, sim.active)
     router: Router = spec.build(context)
     for rid in range(num_replicas):
         router.on_replica_added(rid)

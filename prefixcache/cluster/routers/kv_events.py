@@ -18,10 +18,12 @@ prompt blocks of requests routed there and not finished (a block they share coun
 no output blocks: Dynamo's `router_track_output_blocks` is off by default).
 
 `a_w` is how many of the prompt's leading blocks are already among w's active blocks
-(Dynamo adds only the others). It needs to know which requests routed to w are still
-running, and a router hears when a request is routed, never when it finishes; so here
-a_w = 0, the one term that differs from Dynamo (docs/cluster.md measures what it moves).
-With a_w = 0, F is the same for every candidate and decides nothing.
+(Dynamo's `new_blocks` adds only the others): read from the active sequences the cluster
+keeps (`RouterContext.active`, Dynamo's `ActiveSequences`: the router there sees each
+request start and finish; a cluster that keeps none gives a_w = 0). The blocks are
+chained hashes, so a block of the prompt is active on w only if every block before it is:
+the leading run is the whole count. Dynamo clamps the prefill term at 0; with o_w <= F it
+never is below.
 
 Temperature 0 (the default) takes the lowest cost, ties at random (as Dynamo); above 0,
 Dynamo's softmax: costs rescaled to [0, 1], p_w ~ exp(-(cost_w - min) / ((max - min) x
@@ -69,25 +71,18 @@ class KVEventsRouter(Router):
         super().__init__(context, options)
         self.index = context.index
 
-    def _logits(self, candidates: Candidates, request: RoutingRequest) -> list[float]:
-        """Each candidate's cost less F, which every candidate shares (a_w = 0)."""
-        overlaps = candidates.by_position(self.index.longest_prefix(request.hashes))
-        # The native cost (csrc/kv_router_cost.h) charges ceil(P / B) - o_w decode blocks:
-        # Dynamo charges new blocks against the active ones, not against the cache, so
-        # give o_w back; ceil(P / B) is the same for every candidate.
-        costs = kv_router_costs(candidates.prefill_tokens, candidates.active_blocks, overlaps,
-                                request.num_prompt_tokens, self.context.block_size, self.options.overlap_score_weight)
-        for i, o in overlaps.items():
-            costs[i] += o
-        return costs
-
     def costs(self, candidates: Candidates, request: RoutingRequest) -> list[float]:
-        """Dynamo's cost of each candidate, in candidate order (the module docstring)."""
-        ceil_less_floor = -(-request.num_prompt_tokens // self.context.block_size) - len(request.hashes)
-        return [c - ceil_less_floor for c in self._logits(candidates, request)]
+        """Dynamo's cost of each candidate, in candidate order (the module docstring;
+        computed natively over the load columns, csrc/kv_router_cost.h)."""
+        hashes = request.hashes
+        overlaps = candidates.by_position(self.index.longest_prefix(hashes))
+        active = self.context.active
+        shared = candidates.by_position(active.longest_prefix(hashes)) if active is not None and len(hashes) else {}
+        return kv_router_costs(candidates.prefill_tokens, candidates.active_blocks, overlaps, request.num_prompt_tokens,
+                               self.context.block_size, self.options.overlap_score_weight, shared)
 
     def choose_replicas(self, candidates: Candidates, request: RoutingRequest) -> Ranked:
-        costs = self._logits(candidates, request)  # a shift common to all changes no choice
+        costs = self.costs(candidates, request)
         if self.options.temperature > 0:
             return [[self._softmax_sample(costs)]]
         low = min(costs)
