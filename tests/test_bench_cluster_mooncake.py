@@ -28,7 +28,7 @@ def bench(monkeypatch):
 def test_the_arms_are_the_kept_routers_and_a_kv_events_arm_per_weight_and_temperature(bench, tmp_path, monkeypatch,
                                                                                      capsys):
     trace = tmp_path / "trace.jsonl"
-    write_records(trace, synthetic_records(40, seed=7, max_gap_ms=1000))
+    write_records(trace, synthetic_records(16, seed=7, max_gap_ms=1000))
     out = tmp_path / "out"
     monkeypatch.setattr(sys, "argv", ["cluster_mooncake.py", "--trace", str(trace), "--replicas", "2",
                                       "--target-replicas", "2", "--routers", "round_robin", "kv_events",
