@@ -30,6 +30,7 @@ def test_the_arms_are_the_kept_routers_and_a_kv_events_arm_per_weight_and_temper
     trace = tmp_path / "trace.jsonl"
     write_records(trace, synthetic_records(16, seed=7, max_gap_ms=1000))
     out = tmp_path / "out"
+    monkeypatch.setattr(bench, "plot_cluster", lambda result, path: path.write_bytes(b""))  # the CLI tests plot
     monkeypatch.setattr(sys, "argv", ["cluster_mooncake.py", "--trace", str(trace), "--replicas", "2",
                                       "--target-replicas", "2", "--routers", "round_robin", "kv_events",
                                       "--kv-weights", "1", "4", "--kv-temperatures", "0", "0.5", "--out", str(out)])
