@@ -7,7 +7,7 @@ Cost of sending a prompt of P TOKENS, F = floor(P / B) full blocks, to replica w
 block size B and o_w of the prompt's leading blocks in the index for w (Dynamo's logit;
 lower is better):
 
-    prefill_blocks_w = (prefill_tokens_w + P) / B - o_w
+    prefill_blocks_w = max((prefill_tokens_w + P) / B - o_w, 0)
     decode_blocks_w  = active_blocks_w + F - a_w
     cost_w           = overlap_score_weight * prefill_blocks_w + decode_blocks_w
 
@@ -22,8 +22,8 @@ no output blocks: Dynamo's `router_track_output_blocks` is off by default).
 keeps (`RouterContext.active`, Dynamo's `ActiveSequences`: the router there sees each
 request start and finish; a cluster that keeps none gives a_w = 0). The blocks are
 chained hashes, so a block of the prompt is active on w only if every block before it is:
-the leading run is the whole count. Dynamo clamps the prefill term at 0; with o_w <= F it
-never is below.
+the leading run is the whole count. The clamp at 0 is Dynamo's; with o_w <= F it never
+binds.
 
 Temperature 0 (the default) takes the lowest cost, ties at random (as Dynamo); above 0,
 Dynamo's softmax: costs rescaled to [0, 1], p_w ~ exp(-(cost_w - min) / ((max - min) x
