@@ -3,13 +3,16 @@ blocks), next to one shared cache of N x 3M tokens (the hit ceiling) and round r
 
 Runs `prefixcache.cluster.run_cluster` with configs/cluster_mooncake.yaml (service model
 and routers there; `--kv-weights` replaces its kv_events arms by one per
-overlap_score_weight) on `--trace`, prints the table, checks the targets at
+overlap_score_weight, and per temperature with `--kv-temperatures`; `--routers` keeps
+only the config's arms named) on `--trace`, prints the table, checks the targets at
 `--target-replicas` (kv_events within 5% of the shared cache's hit ratio,
 relative, and its TTFT p99 no worse than power_of_two's) for every kv_events arm, and
 writes `<out>/cluster_<trace>.csv`, `.json` and `.png` (hit ratio and TTFT vs N).
 
     python benchmarks/cluster_mooncake.py --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
         --replicas 2 4 8 16 --out docs
+    python benchmarks/cluster_mooncake.py --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
+        --replicas 8 --routers power_of_two --kv-weights 1 4 16 64 --kv-temperatures 0 0.1   # a sweep
 
 Never commit the traces themselves.
 """
@@ -62,15 +65,26 @@ def main() -> int:
     parser.add_argument("--replicas", type=int, nargs="+", default=[8])
     parser.add_argument("--target-replicas", type=int, default=8)
     parser.add_argument("--kv-weights", type=float, nargs="+", help="kv_events arms, one per overlap_score_weight")
+    parser.add_argument("--kv-temperatures", type=float, nargs="+", default=[0.0],
+                        help="with --kv-weights: an arm per weight and temperature")
+    parser.add_argument("--routers", nargs="+", help="keep only these arms of the config (labels)")
     parser.add_argument("--out", default="out/cluster_mooncake")
     args = parser.parse_args()
     print(f"# {time.strftime('%Y-%m-%d')}  {platform.node()}  {cpu_model()}  python {platform.python_version()}")
     print(f"# python benchmarks/cluster_mooncake.py {shlex.join(sys.argv[1:])}")
     config = load_cluster_config(args.config, trace=args.trace).with_replicas(tuple(args.replicas))
+    if args.routers:
+        unknown = sorted(set(args.routers) - set(config.routers))
+        if unknown:
+            parser.error(f"--routers: {', '.join(unknown)} not in {args.config} "
+                         f"(its arms: {', '.join(config.routers)})")
+        config = dataclasses.replace(config, routers={k: config.routers[k] for k in args.routers})
     if args.kv_weights:
         routers = {label: s for label, s in config.routers.items() if s.router != "kv_events"}
         for w in args.kv_weights:
-            routers[f"kv_events/w{w:g}"] = RouterSpec("kv_events", {"overlap_score_weight": w})
+            for t in args.kv_temperatures:
+                label = f"kv_events/w{w:g}" + (f"/t{t:g}" if t else "")
+                routers[label] = RouterSpec("kv_events", {"overlap_score_weight": w, "temperature": t})
         config = dataclasses.replace(config, routers=routers)
     t0 = time.perf_counter()
     workload = config.workload.build()

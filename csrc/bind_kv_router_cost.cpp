@@ -52,23 +52,25 @@ class Int64Column {
   std::span<const int64_t> span_;
 };
 
-std::vector<int32_t> overlap_column(py::handle overlaps, size_t n) {
+std::vector<int32_t> overlap_column(py::handle overlaps, size_t n, const char* what = "overlaps") {
+  const std::string name(what);
+  if (overlaps.is_none()) return std::vector<int32_t>(n, 0);
   if (!PyDict_Check(overlaps.ptr())) {
-    throw py::type_error(std::string("overlaps: expected a dict {candidate position: blocks}, got ") +
+    throw py::type_error(name + ": expected a dict {candidate position: blocks}, got " +
                          Py_TYPE(overlaps.ptr())->tp_name);
   }
   std::vector<int32_t> out(n, 0);
   PyObject *key, *value;
   Py_ssize_t pos = 0;
   while (PyDict_Next(overlaps.ptr(), &pos, &key, &value)) {
-    const int64_t i = saturated_int64(key, "overlaps key");
-    const int64_t blocks = saturated_int64(value, "overlaps value");
+    const int64_t i = saturated_int64(key, (name + " key").c_str());
+    const int64_t blocks = saturated_int64(value, (name + " value").c_str());
     if (i < 0 || static_cast<size_t>(i) >= n) {
-      throw py::index_error("overlaps: candidate position " + std::to_string(i) + " is not in [0, " +
+      throw py::index_error(name + ": candidate position " + std::to_string(i) + " is not in [0, " +
                             std::to_string(n) + ")");
     }
     if (blocks < 0 || blocks > INT32_MAX) {
-      throw py::value_error("overlaps: blocks must be in [0, 2**31), got " + std::to_string(blocks));
+      throw py::value_error(name + ": blocks must be in [0, 2**31), got " + std::to_string(blocks));
     }
     out[i] = static_cast<int32_t>(blocks);
   }
@@ -76,10 +78,12 @@ std::vector<int32_t> overlap_column(py::handle overlaps, size_t n) {
 }
 
 std::vector<double> costs(py::handle prefill_tokens, py::handle active_blocks, py::handle overlaps,
-                          py::handle prompt_tokens, py::handle block_size, double weight) {
+                          py::handle prompt_tokens, py::handle block_size, double weight, py::handle active_overlaps) {
   const Int64Column prefill(prefill_tokens, "prefill_tokens");
   const Int64Column active(active_blocks, "active_blocks");
-  return kv_router_costs(prefill.span(), active.span(), overlap_column(overlaps, prefill.span().size()),
+  const size_t n = prefill.span().size();
+  return kv_router_costs(prefill.span(), active.span(), overlap_column(overlaps, n),
+                         overlap_column(active_overlaps, n, "active_overlaps"),
                          saturated_int64(prompt_tokens, "prompt_tokens"), saturated_int64(block_size, "block_size"),
                          weight);
 }
@@ -102,25 +106,28 @@ void bind_kv_router_cost(py::module_& m) {
   const char* args_doc = R"doc(
 prefill_tokens, active_blocks: one entry per candidate (int64 columns); overlaps:
 {candidate position: blocks of the prompt cached there}; prompt_tokens (TOKENS),
-block_size (TOKENS per block), weight (Dynamo's overlap_score_weight).)doc";
+block_size (TOKENS per block), weight (Dynamo's overlap_score_weight); active_overlaps:
+{candidate position: blocks of the prompt among its active blocks}, None for none.)doc";
   m.def(
       "kv_router_costs",
-      [](py::handle prefill, py::handle active, py::handle overlaps, py::handle prompt, py::handle bs, double weight) {
-        return to_list(costs(prefill, active, overlaps, prompt, bs, weight));
+      [](py::handle prefill, py::handle active, py::handle overlaps, py::handle prompt, py::handle bs, double weight,
+         py::handle active_overlaps) {
+        return to_list(costs(prefill, active, overlaps, prompt, bs, weight, active_overlaps));
       },
       py::arg("prefill_tokens"), py::arg("active_blocks"), py::arg("overlaps"), py::arg("prompt_tokens"),
-      py::arg("block_size"), py::arg("weight"),
-      (std::string("Dynamo's KV-router cost of each candidate: weight * (prefill_tokens +\n"
-                   "max(P - overlap * B, 0)) / B + active_blocks + max(ceil(P/B) - overlap, 0).") +
+      py::arg("block_size"), py::arg("weight"), py::arg("active_overlaps") = py::none(),
+      (std::string("Dynamo's KV-router cost of each candidate: weight * max((prefill_tokens + P) / B -\n"
+                   "overlap, 0) + active_blocks + max(floor(P / B) - active_overlap, 0).") +
        args_doc)
           .c_str());
   m.def(
       "kv_router_lowest",
-      [](py::handle prefill, py::handle active, py::handle overlaps, py::handle prompt, py::handle bs, double weight) {
-        return to_list(lowest(costs(prefill, active, overlaps, prompt, bs, weight)));
+      [](py::handle prefill, py::handle active, py::handle overlaps, py::handle prompt, py::handle bs, double weight,
+         py::handle active_overlaps) {
+        return to_list(lowest(costs(prefill, active, overlaps, prompt, bs, weight, active_overlaps)));
       },
       py::arg("prefill_tokens"), py::arg("active_blocks"), py::arg("overlaps"), py::arg("prompt_tokens"),
-      py::arg("block_size"), py::arg("weight"),
+      py::arg("block_size"), py::arg("weight"), py::arg("active_overlaps") = py::none(),
       (std::string("The candidate positions tied at the lowest kv_router_costs, ascending.") + args_doc).c_str());
 }
 

@@ -45,8 +45,8 @@ def choose(router, candidates, req):
     return candidates.replicas[position]
 
 
-def context(index=None, capacity_tokens=1 << 20, seed=0, clock=lambda: 0.0):
-    return RouterContext(BS, capacity_tokens, index, random.Random(seed), clock)
+def context(index=None, capacity_tokens=1 << 20, seed=0, clock=lambda: 0.0, active=None):
+    return RouterContext(BS, capacity_tokens, index, random.Random(seed), clock, active)
 
 
 def cached(index, replica, tokens):
@@ -117,9 +117,47 @@ def test_kv_events_cost_is_dynamos_formula():
     cached(index, 1, PROMPT[:64])  # 4 of the prompt's 10 blocks on replica 1
     router = KVEventsRouter(context(index), KVEventsOptions(overlap_score_weight=2.0))
     c = loads((0, 0, 32, 5), (0, 0, 0, 7), (0, 0, 160, 0))
-    # weight * (prefill_tokens + P - o*B) / B + active_blocks + (ceil(P/B) - o)
-    assert router.costs(c, request(PROMPT)) == [2 * (32 + 160) / 16 + 5 + 10, 2 * (0 + 96) / 16 + 7 + 6,
+    # weight * ((prefill_tokens + P) / B - o) + active_blocks + floor(P / B): the new blocks
+    # are counted against the active ones (none shared that the router knows of), not the cache
+    assert router.costs(c, request(PROMPT)) == [2 * (32 + 160) / 16 + 5 + 10, 2 * ((0 + 160) / 16 - 4) + 7 + 10,
                                                 2 * (160 + 160) / 16 + 0 + 10]
+    ragged = PROMPT + list(range(9000, 9010))  # 170 tokens: 10 full blocks and a partial one
+    assert router.costs(c, request(ragged)) == [2 * (32 + 170) / 16 + 5 + 10, 2 * ((0 + 170) / 16 - 4) + 7 + 10,
+                                                2 * (160 + 170) / 16 + 0 + 10]
+
+
+def test_kv_events_credits_a_cached_prefix_once_in_the_prefill_term():
+    index = KVIndex()
+    for r in range(2):
+        index.add_replica(r)
+    cached(index, 0, PROMPT)  # every block on replica 0: its prefill is 0 blocks, replica 1's 10
+    router = KVEventsRouter(context(index))
+    assert choose(router, loads((0, 1, 0, 9), (0, 0, 0, 0)), request(PROMPT)) == 0  # 0 + 9 + 10 < 10 + 0 + 10
+    # 0 + 11 + 10 > 10 + 0 + 10: the cache saved replica 0's prefill, and its 11 active
+    # blocks still count. Charging the new decode blocks against the cache (0 + 11 + 0)
+    # would credit the 10 cached blocks twice and pick replica 0.
+    assert router.costs(loads((0, 1, 0, 11), (0, 0, 0, 0)), request(PROMPT)) == [21.0, 20.0]
+    assert choose(router, loads((0, 1, 0, 11), (0, 0, 0, 0)), request(PROMPT)) == 1
+
+
+def test_kv_events_counts_only_the_prompt_blocks_not_already_active():
+    index, active = KVIndex(), KVIndex()
+    for r in range(2):
+        index.add_replica(r)
+        active.add_replica(r)
+    cached(index, 0, PROMPT[:32])  # 2 blocks cached on replica 0
+    active.store(0, HASHER(PROMPT[:96]).digests())  # a running request there shares 6 of the prompt's blocks
+    active.store(1, HASHER(OTHER).digests())  # replica 1's active blocks share none
+    router = KVEventsRouter(context(index, active=active))
+    c = loads((0, 1, 0, 6), (0, 1, 0, 10))
+    # (0 + 160) / 16 - o + active_blocks + (10 - a): replica 0 adds 4 new active blocks, replica 1 all 10
+    assert router.costs(c, request(PROMPT)) == [10 - 2 + 6 + 4, 10 - 0 + 10 + 10]
+    c = loads((0, 1, 0, 16), (0, 1, 0, 10))
+    assert router.costs(c, request(PROMPT)) == [8 + 16 + 4, 30.0]
+    assert choose(router, c, request(PROMPT)) == 0  # without a_w, 8 + 16 + 10 = 34 > 30: replica 1
+    assert KVEventsRouter(context(index)).costs(c, request(PROMPT)) == [34.0, 30.0]
+    assert choose(KVEventsRouter(context(index)), c, request(PROMPT)) == 1
+    assert router.costs(c, request(PROMPT[:10])) == [(0 + 10) / 16 + 16, (0 + 10) / 16 + 10]  # no full block
 
 
 def test_the_native_cost_takes_int64_columns_or_int_sequences_and_refuses_the_rest():
@@ -127,15 +165,25 @@ def test_the_native_cost_takes_int64_columns_or_int_sequences_and_refuses_the_re
 
     from prefixcache._C import kv_router_costs, kv_router_lowest
 
+    # weight * ((prefill + P) / B - o) + active + (floor(P / B) - a)
     costs = kv_router_costs(array("q", [0, 100]), [1, 2], {1: 2}, 40, 16, 1.0)
-    assert costs == [(0 + 40) / 16 + 1 + 3, (100 + 8) / 16 + 2 + 1]
+    assert costs == [(0 + 40) / 16 + 1 + 2, (100 + 40) / 16 - 2 + 2 + 2]
+    costs = kv_router_costs(array("q", [0, 100]), [1, 2], {1: 2}, 40, 16, 1.0, {0: 2, 1: 5})
+    assert costs == [(0 + 40) / 16 + 1 + 0, (100 + 40) / 16 - 2 + 2 + 0]  # new blocks never below 0
+    assert kv_router_costs([0], [0], {0: 5}, 16, 16, 3.0) == [0 + 0 + 1]  # the prefill term clamped at 0, as Dynamo
+    assert kv_router_costs([0], [0], {}, 16, 16, 1.0, None) == [2.0]
     assert kv_router_lowest((5, 0, 5), (0, 0, 0), {}, 16, 16, 1.0) == [1]
+    assert kv_router_lowest((0, 0), (0, 0), {}, 32, 16, 1.0, {1: 2}) == [1]
     for bad, error, words in ((array("i", [1, 2]), TypeError, "int64 column"), ([1], ValueError, "one entry per"),
                               (array("d", [1.0, 2.0]), TypeError, "format 'd'")):
         with pytest.raises(error, match=words):
             kv_router_costs(bad, array("q", [1, 2]), {}, 40, 16, 1.0)
     with pytest.raises(IndexError, match="position 2"):
         kv_router_costs([0, 0], [0, 0], {2: 1}, 40, 16, 1.0)
+    with pytest.raises(IndexError, match="active_overlaps: candidate position 3"):
+        kv_router_costs([0, 0], [0, 0], {}, 40, 16, 1.0, {3: 1})
+    with pytest.raises(TypeError, match="active_overlaps: expected a dict"):
+        kv_router_costs([0, 0], [0, 0], {}, 40, 16, 1.0, [1, 2])
 
 
 def test_kv_events_follows_the_cache_when_loads_are_even_and_the_load_when_not():
@@ -152,14 +200,16 @@ def test_kv_events_follows_the_cache_when_loads_are_even_and_the_load_when_not()
     assert choose(blind, loads((0, 0, 0, 30), (0, 0, 0, 8), (0, 0, 0, 8), (0, 0, 0, 9)), request(OTHER)) in (1, 2)
 
 
-def test_kv_events_ties_go_to_the_replica_with_the_fewest_cached_blocks():
+def test_kv_events_breaks_ties_at_random_whatever_each_replica_holds():
     index = KVIndex()
     for r in range(3):
         index.add_replica(r)
     cached(index, 0, OTHER)
     cached(index, 2, OTHER[:48])
     c = loads(*[(0, 0, 0, 0)] * 3)
-    assert choose(KVEventsRouter(context(index)), c, request(PROMPT)) == 1  # no overlap anywhere; 1 holds least
+    # no overlap anywhere, equal loads: Dynamo picks among the tied uniformly, not by cache size
+    picks = Counter(choose(KVEventsRouter(context(index, seed=s)), c, request(PROMPT)) for s in range(60))
+    assert set(picks) == {0, 1, 2}
     index.clear(0)
     index.clear(2)
     picks = Counter(choose(KVEventsRouter(context(index, seed=s)), c, request(PROMPT)) for s in range(60))

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from prefixcache.cluster.config import ClusterConfig, RouterSpec, parse_cluster_config
+from prefixcache.cluster.router import Router
 from prefixcache.cluster.service_model import ServiceModel
 from prefixcache.cluster.simulate import SHARED, run_cluster, simulate, simulate_shared
 from prefixcache.workloads import Request, TokenRuns, Workload
@@ -68,6 +69,38 @@ def test_a_request_larger_than_a_replica_is_rejected_and_the_rest_run():
     assert run.rejected == (1,) and run.replica_of == (0, -1, 0) and len(run.ttft_s) == 2
 
 
+class LoadRecorder(Router):
+    """Sends everything to the first candidate and keeps the load columns it was shown."""
+
+    seen: list[tuple[int, int]] = []
+
+    def choose_replicas(self, candidates, request):
+        # the active sequences the cluster hands routers are what the column counts
+        assert self.context.active.blocks(0) == candidates.active_blocks[0]
+        LoadRecorder.seen.append((candidates.prefill_tokens[0], candidates.active_blocks[0],
+                                  self.context.active.longest_prefix(request.hashes).get(0, 0)))
+        return [[0]]
+
+
+def test_the_load_columns_are_dynamos_active_sequences():
+    cfg = config(service={"fixed_s": 0.0, "prefill_token_s": 0.01, "output_token_s": 0.1, "max_concurrent": 1},
+                 routers={"recorder": {"router": f"{__name__}:LoadRecorder"}}, replicas=[1])
+    LoadRecorder.seen = []
+    # A [0, 40) runs 0-1.4 (first token 0.4); B [0, 36) and C [0, 50) wait for its slot; B
+    # runs from 1.4 with a 2-block hit (first token 1.44); D, unrelated, arrives at 1.41.
+    run = simulate(by_hand((0.0, 0, 40), (0.1, 0, 36), (0.2, 0, 50), (1.41, 1000, 16)), cfg, "r",
+                   cfg.routers["recorder"], 1)
+    assert run.hits.hit_tokens == (0, 32, 32, 0)
+    assert LoadRecorder.seen == [
+        (0, 0, 0),
+        (40, 2, 2),  # A's prompt, all uncached, until its first token; its 2 full blocks (no outputs), both B's
+        (40 + 36, 2, 2),  # B's 2 blocks are A's: counted once; C's first 2 are active already
+        # A done; B's estimate stays what it was at routing (the cache was empty then), not
+        # the 4 tokens it prefills; C adds its third block; D shares none
+        (36 + 50, 3, 0),
+    ]
+
+
 def test_at_one_replica_every_router_is_the_shared_cache():
     cfg = config(replicas=[1])
     shared = simulate_shared(cfg.workload.build(), cfg, 1)
@@ -78,17 +111,21 @@ def test_at_one_replica_every_router_is_the_shared_cache():
 
 @pytest.mark.parametrize("backend", ["hash", "radix"])
 def test_every_router_runs_over_real_replicas_and_cache_aware_ones_beat_round_robin(backend):
-    cfg = config(cache={"backend": backend, "block_size": 16})
+    kv4 = {"router": "kv_events", "options": {"overlap_score_weight": 4.0}}
+    cfg = config(cache={"backend": backend, "block_size": 16}, routers={**{r: {} for r in ROUTERS}, "kv4": kv4})
     result = run_cluster(cfg)
     n = len(cfg.workload.build())
     shared = result.run(SHARED, 3)
-    for label in ROUTERS:
+    for label in (*ROUTERS, "kv4"):
         run = result.run(label, 3)
         assert sum(run.requests_per_replica) == n and len(run.ttft_s) == n
         assert run.hit_ratio <= shared.hit_ratio + 0.02  # the ceiling, up to timing
     rr = result.run("round_robin", 3).hit_ratio
-    for label in ("approx_tree", "prefix_affinity", "kv_events"):
+    for label in ("approx_tree", "prefix_affinity", "kv4"):
         assert result.run(label, 3).hit_ratio > rr + 0.05, label
+    # At Dynamo's weight 1 a cached block saves what an active block costs, so a replica
+    # holding the 16-block system prompt loses it to one with 18 fewer active blocks.
+    assert result.run("kv_events", 3).hit_ratio > rr
     assert result.run("kv_events", 3).events > 0 and result.run("round_robin", 3).events == 0
 
 

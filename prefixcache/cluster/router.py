@@ -21,9 +21,10 @@ is the same row as a `ReplicaLoad`, for routers that read a few.
 
 Load. A replica's load is the TOKENS of the requests routed to it and not finished,
 queued plus running (`ReplicaLoad.tokens`, each request counting prompt + output
-tokens); `ReplicaLoad` also carries the request count and the two quantities NVIDIA
-Dynamo's cost reads (prompt tokens still to prefill, KV blocks in use). Each router says
-which it reads.
+tokens); `ReplicaLoad` also carries the request count and the two sums NVIDIA Dynamo's
+router keeps per worker (`ActiveSequences`) and its cost reads: prompt tokens still to
+prefill and the distinct prompt blocks of active requests. Each router says which it
+reads.
 
 Must never: touch a cache or an event stream (the KV index arrives built, through
 `RouterContext.index`), or sleep: a decision is a pure function of the router's own
@@ -72,11 +73,12 @@ class ReplicaLoad:
     queued_tokens:  prompt + output tokens of requests waiting for a slot
     running_tokens: prompt + output tokens of requests running (prefill or decode)
     num_requests:   requests queued + running
-    prefill_tokens: prompt tokens not yet prefilled: of queued requests, what their
-                    replica's cache did not hold when they were routed; of requests in
-                    prefill, their uncached rest (Dynamo's active prefill tokens)
-    active_blocks:  KV blocks queued and running requests hold or will (Dynamo's
-                    active blocks: ceil((prompt + output) / block_size) each)
+    prefill_tokens: prompt tokens of queued and running requests whose first token is
+                    not out yet, each counted as what the replica's cache did not hold
+                    when it was routed (Dynamo's active prefill tokens)
+    active_blocks:  distinct full prompt blocks of queued and running requests: a block
+                    several of them share counts once, output blocks not at all
+                    (Dynamo's active blocks, its `router_track_output_blocks` off)
     """
 
     replica: ReplicaId
@@ -217,6 +219,12 @@ class RouterContext:
     index:           the cluster KV index, fed by the replicas' events (None where there is none)
     rng:             the router's random source (seeded: a replay is reproducible)
     clock:           the current time in SECONDS (simulated time in a simulation)
+    active:          the active sequences, kept by the cluster that routes (None where it
+                     keeps none): a `KVIndex` holding, per replica, the full prompt blocks
+                     of each request routed there and not finished, one copy per request
+                     (NVIDIA Dynamo's `ActiveSequences`, which its router keeps because it
+                     sees every request start and finish); `active.blocks(replica)` is the
+                     `active_blocks` column. Read-only to a router.
     """
 
     block_size: int
@@ -224,6 +232,7 @@ class RouterContext:
     index: KVIndex | None = None
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     clock: Callable[[], float] = lambda: 0.0
+    active: KVIndex | None = None
 
 
 class Router(ABC):

@@ -30,6 +30,15 @@ events and the simulation feeds each replica's `drain_events()` into a `KVIndex`
 every step, as an event subscriber would; so the router sees evictions as they happen,
 and no sooner. Otherwise events are off (they cost time and nobody reads them).
 
+Load. Each replica's row of `Candidates` carries, besides tokens and requests, the two
+sums Dynamo's router keeps per worker: prefill tokens (each request's prompt less the
+whole blocks the replica's cache held when it was routed, from routing to its first
+token, never corrected, as Dynamo's estimate) and active blocks (the distinct full prompt
+blocks of its queued and running requests: one copy per request in a `KVIndex`, so a
+block they share counts once). That `KVIndex` is `RouterContext.active` (Dynamo's
+`ActiveSequences`, which `kv_events` reads for the prompt blocks already active). Every
+router sees the same columns, whichever it reads.
+
 Reference lines, on the same workload: round robin (always one of the routers), and one
 shared cache of N x capacity with N x max_concurrent slots and N prefill engines, which
 every request reaches: the hit ceiling for routers over N replicas (a router that makes
@@ -61,7 +70,7 @@ from prefixcache import build_cache
 from prefixcache.ab import Progress, describe_workload, percentile, write_csv
 from prefixcache.cluster.config import ClusterConfig, RouterSpec
 from prefixcache.cluster.kv_index import KVIndex
-from prefixcache.cluster.prompt_hashes import PromptHasher
+from prefixcache.cluster.prompt_hashes import PromptHasher, PromptHashes
 from prefixcache.cluster.router import Candidates, Router, RouterContext, RoutingRequest, pick_replica
 from prefixcache.cluster.service_model import ServiceModel
 from prefixcache.config import CacheConfig
@@ -227,6 +236,14 @@ class _Simulation:
             self.index = KVIndex()
             for i in range(num_replicas):
                 self.index.add_replica(i)
+        # Dynamo's active sequences (its router's `ActiveSequences`): per replica, the
+        # full prompt blocks of the requests routed there and not finished, one copy per
+        # request, so a block several of them share counts once in `active_blocks`.
+        self.active = KVIndex()
+        for i in range(num_replicas):
+            self.active.add_replica(i)
+        self.active_hashes: dict[int, list[bytes]] = {}  # of requests in flight
+        self.routing = -1  # the request being routed, while its replica first tries to start it
         n = len(workload)
         self.prompt_lens = [len(r.prompt) for r in workload.requests]
         self.prompts: dict[int, list[int]] = {}  # token ids of requests in flight (a trace is too big for all)
@@ -245,11 +262,6 @@ class _Simulation:
         r = self.workload.requests[i]
         return len(r.prompt) + (len(r.output) if self.commit_outputs else 0)
 
-    def blocks(self, i: int) -> int:
-        """KV BLOCKS request i holds when done (its load's active blocks)."""
-        r = self.workload.requests[i]
-        return -(-(len(r.prompt) + len(r.output)) // self.block_size)
-
     def prompt(self, i: int) -> list[int]:
         """Request i's prompt token ids, expanded on first use and kept while it is in flight."""
         prompt = self.prompts.get(i)
@@ -257,21 +269,27 @@ class _Simulation:
             prompt = self.prompts[i] = self.workload.requests[i].prompt.tolist()
         return prompt
 
-    def enqueue(self, i: int, rid: int) -> None:
+    def enqueue(self, i: int, rid: int, hashes: PromptHashes | None = None) -> None:
+        """Request i joins replica rid's queue; `hashes` (its prompt's full blocks) join the
+        replica's active blocks until it finishes."""
         r, loads = self.workload.requests[i], self.loads
         self.replica_of[i] = rid
         rep = self.replicas[rid]
         rep.queue.append(i)
-        self.expected_prefill[i] = len(r.prompt)
         loads.queued_tokens[rid] += len(r.prompt) + len(r.output)
         loads.num_requests[rid] += 1
+        if hashes is not None and len(hashes):
+            digests = self.active_hashes[i] = hashes.digests()
+            self.active.store(rid, digests)
+            loads.active_blocks[rid] = self.active.blocks(rid)
+        # Its prefill load, until its first token, is Dynamo's estimate at routing: the
+        # prompt less the blocks the replica holds, never corrected after (start()).
+        self.expected_prefill[i] = len(r.prompt)
         loads.prefill_tokens[rid] += len(r.prompt)
-        loads.active_blocks[rid] += self.blocks(i)
+        self.routing = i
         self.start(rep)
-        if self.ttft[i] is None and self.replica_of[i] == rid:
-            # It waits: the load it adds until admitted is what it will prefill as the
-            # replica's cache stands now (a pure look-up; Dynamo's router estimates the
-            # same from its index). A request that starts at once is counted exactly.
+        self.routing = -1
+        if self.ttft[i] is None and self.replica_of[i] == rid:  # it waits: a pure look-up
             expected = len(r.prompt) - rep.cache.match(self.prompt(i), namespace=r.namespace).num_tokens
             loads.prefill_tokens[rid] += expected - len(r.prompt)
             self.expected_prefill[i] = expected
@@ -319,7 +337,14 @@ class _Simulation:
             loads = self.loads
             loads.queued_tokens[rep.rid] -= prompt_len + output_len
             loads.running_tokens[rep.rid] += prompt_len + output_len
-            loads.prefill_tokens[rep.rid] += uncached - self.expected_prefill[i]  # the estimate, corrected
+            if i == self.routing:
+                # Admitted as it is routed: the estimate is the admission's miss, unless
+                # the len - 1 cap left a cached last block out of the hit.
+                expected = uncached
+                if hit == prompt_len - bs and prompt_len % bs == 0:
+                    expected = prompt_len - cache.match(self.prompt(i), namespace=r.namespace).num_tokens
+                loads.prefill_tokens[rep.rid] += expected - self.expected_prefill[i]
+                self.expected_prefill[i] = expected
             self.push(first_token, _PREFILLED, i, rep.rid)
             self.push(first_token + decode, _FINISHED, i, rep.rid)
         self.feed(rep)
@@ -329,7 +354,14 @@ class _Simulation:
         loads.queued_tokens[rep.rid] -= len(r.prompt) + len(r.output)
         loads.num_requests[rep.rid] -= 1
         loads.prefill_tokens[rep.rid] -= self.expected_prefill[i]
-        loads.active_blocks[rep.rid] -= self.blocks(i)
+        self.deactivate(rep.rid, i)
+
+    def deactivate(self, rid: int, i: int) -> None:
+        """Request i's prompt blocks leave replica rid's active blocks."""
+        digests = self.active_hashes.pop(i, None)
+        if digests is not None:
+            self.active.remove(rid, digests)
+            self.loads.active_blocks[rid] = self.active.blocks(rid)
 
     def step(self, kind: int, i: int, rid: int) -> None:
         rep = self.replicas[rid]
@@ -338,7 +370,7 @@ class _Simulation:
         loads = self.loads
         if kind == _PREFILLED:
             rep.cache.commit(i, prompt_len)
-            loads.prefill_tokens[rid] -= prompt_len - self.hits[i]
+            loads.prefill_tokens[rid] -= self.expected_prefill[i]
             self.feed(rep)
             return
         if self.commit_outputs and output_len:
@@ -348,7 +380,7 @@ class _Simulation:
         self.prompts.pop(i, None)
         loads.running_tokens[rid] -= prompt_len + output_len
         loads.num_requests[rid] -= 1
-        loads.active_blocks[rid] -= self.blocks(i)
+        self.deactivate(rid, i)
         self.start(rep)  # feeds the index too
 
     def feed(self, rep: _Replica) -> None:
@@ -378,6 +410,9 @@ class _Simulation:
             rep.cache.check_invariants()
         if self.index is not None:
             self.index.check_invariants()
+        self.active.check_invariants()
+        if self.active.num_pairs or any(self.loads.prefill_tokens) or any(self.loads.active_blocks):
+            raise RuntimeError(f"the replay ended with load left: {list(self.loads)}")
 
     def result(self, label: str, kind: str, router: str, route_us: Sequence[float], wall_s: float) -> RunResult:
         return RunResult(
@@ -402,7 +437,7 @@ def simulate(
                       speedup=config.arrival_speedup, with_index=spec.cls.needs_index,
                       slots=config.service.max_concurrent)
     context = RouterContext(config.block_size, config.capacity_tokens, sim.index, random.Random(config.seed),
-                            lambda: sim.now)
+                            lambda: sim.now, sim.active)
     router: Router = spec.build(context)
     for rid in range(num_replicas):
         router.on_replica_added(rid)
@@ -420,7 +455,7 @@ def simulate(
         rid = sim.loads.replicas[pick_replica(router.choose_replicas(sim.loads, request), sim.loads)]
         router.on_request_routed(request, rid)
         route_us[i] = (clock() - t) / 1000.0
-        sim.enqueue(i, rid)
+        sim.enqueue(i, rid, request.hashes)
         if progress is not None and (i + 1) % _PROGRESS_EVERY == 0:
             progress(f"{label} N={num_replicas}", i + 1, n)
     sim.finish()

@@ -1,22 +1,35 @@
-"""`kv_events`: NVIDIA Dynamo's KV router (`DefaultWorkerSelector`), precise: the overlap of
-each replica with the request comes from the cluster KV index, which the replicas' own
-KV events keep (so it sees evictions, where a predicted cache cannot).
+"""`kv_events`: NVIDIA Dynamo's KV router (`DefaultWorkerSelector` over its
+`ActiveSequences`), precise: the overlap of each replica with the request comes from the
+cluster KV index, which the replicas' own KV events keep (so it sees evictions, where a
+predicted cache cannot).
 
-Cost of sending a prompt of P TOKENS to replica w, with block size B and overlap o_w
-BLOCKS cached there (Dynamo's logit; lower is better):
+Cost of sending a prompt of P TOKENS, F = floor(P / B) full blocks, to replica w, with
+block size B and o_w of the prompt's leading blocks in the index for w (Dynamo's logit;
+lower is better):
 
-    prefill_blocks_w = (prefill_tokens_w + max(P - o_w * B, 0)) / B
-    decode_blocks_w  = active_blocks_w + max(ceil(P / B) - o_w, 0)
+    prefill_blocks_w = max((prefill_tokens_w + P) / B - o_w, 0)
+    decode_blocks_w  = active_blocks_w + F - a_w
     cost_w           = overlap_score_weight * prefill_blocks_w + decode_blocks_w
 
-`prefill_tokens_w` and `active_blocks_w` are the replica's load (`Candidates` columns:
-prompt tokens still to prefill, KV blocks in use). Dynamo counts a request's new decode blocks
-against the blocks of the worker's active sequences; we count them against its cache
-(the index), which is what the replica will reuse. Temperature 0 (the default) takes
-the lowest cost, ties to the replica with the fewest cached blocks, then at random;
-above 0, Dynamo's softmax: costs rescaled to [0, 1], p_w ~ exp(-(cost_w - min) /
-((max - min) x temperature)), uniform when all costs are equal. Defaults are Dynamo's
-(`--kv-overlap-score-weight 1`, `--router-temperature 0`).
+`prefill_tokens_w` and `active_blocks_w` are the replica's load (`Candidates` columns),
+the two sums Dynamo's `ActiveSequences` keeps per worker: prompt tokens not yet
+prefilled (each request's P - o * B at routing, until its first token) and distinct full
+prompt blocks of requests routed there and not finished (a block they share counts once;
+no output blocks: Dynamo's `router_track_output_blocks` is off by default).
+
+`a_w` is how many of the prompt's leading blocks are already among w's active blocks
+(Dynamo's `new_blocks` adds only the others): read from the active sequences the cluster
+keeps (`RouterContext.active`, Dynamo's `ActiveSequences`: the router there sees each
+request start and finish; a cluster that keeps none gives a_w = 0). The blocks are
+chained hashes, so a block of the prompt is active on w only if every block before it is:
+the leading run is the whole count. The clamp at 0 is Dynamo's; with o_w <= F it never
+binds.
+
+Temperature 0 (the default) takes the lowest cost, ties at random (as Dynamo); above 0,
+Dynamo's softmax: costs rescaled to [0, 1], p_w ~ exp(-(cost_w - min) / ((max - min) x
+temperature)), uniform when all costs are equal. Defaults are Dynamo's: weight 1.0
+(Dynamo's `prefill_load_scale`, which its deprecated `--kv-overlap-score-weight` sets,
+with `overlap_score_credit` 1.0), temperature 0.
 """
 
 from __future__ import annotations
@@ -24,8 +37,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from prefixcache._C import kv_router_costs
 from prefixcache.cluster.registry import register_router
-from prefixcache._C import kv_router_costs, kv_router_lowest
 from prefixcache.cluster.router import Candidates, Ranked, Router, RouterContext, RoutingRequest
 from prefixcache.config import ConfigError
 
@@ -58,28 +71,24 @@ class KVEventsRouter(Router):
         super().__init__(context, options)
         self.index = context.index
 
-    def _cost_args(self, candidates: Candidates, request: RoutingRequest) -> tuple:
-        overlaps = candidates.by_position(self.index.longest_prefix(request.hashes))
-        return (candidates.prefill_tokens, candidates.active_blocks, overlaps, request.num_prompt_tokens,
-                self.context.block_size, self.options.overlap_score_weight)
-
     def costs(self, candidates: Candidates, request: RoutingRequest) -> list[float]:
         """Dynamo's cost of each candidate, in candidate order (the module docstring;
         computed natively over the load columns, csrc/kv_router_cost.h)."""
-        return kv_router_costs(*self._cost_args(candidates, request))
+        hashes = request.hashes
+        overlaps = candidates.by_position(self.index.longest_prefix(hashes))
+        active = self.context.active
+        shared = candidates.by_position(active.longest_prefix(hashes)) if active is not None and len(hashes) else {}
+        return kv_router_costs(candidates.prefill_tokens, candidates.active_blocks, overlaps, request.num_prompt_tokens,
+                               self.context.block_size, self.options.overlap_score_weight, shared)
 
     def choose_replicas(self, candidates: Candidates, request: RoutingRequest) -> Ranked:
+        costs = self.costs(candidates, request)
         if self.options.temperature > 0:
-            return [[self._softmax_sample(self.costs(candidates, request))]]
-        tied = kv_router_lowest(*self._cost_args(candidates, request))
-        if len(tied) > 1:
-            index = self.index
-            sizes = [index.blocks(candidates.replicas[i]) if candidates.replicas[i] in index else 0 for i in tied]
-            smallest = min(sizes)
-            if smallest != max(sizes):
-                return [[tied[sizes.index(smallest)]]]
-            return [[self.context.rng.choice(tied)]]
-        return [tied]
+            return [[self._softmax_sample(costs)]]
+        low = min(costs)
+        if costs.count(low) == 1:
+            return [[costs.index(low)]]
+        return [[self.context.rng.choice([i for i, c in enumerate(costs) if c == low])]]
 
     def _softmax_sample(self, costs: list[float]) -> int:
         low, high = min(costs), max(costs)

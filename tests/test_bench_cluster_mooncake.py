@@ -1,0 +1,51 @@
+"""benchmarks/cluster_mooncake.py: its arm selection (--routers, --kv-weights x
+--kv-temperatures) on a small generated Mooncake trace."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from prefixcache.workloads import synthetic_records, write_records
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "cluster_mooncake.py"
+
+
+@pytest.fixture()
+def bench(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_cluster_mooncake", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_cluster_mooncake", module)
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_arms_are_the_kept_routers_and_a_kv_events_arm_per_weight_and_temperature(bench, tmp_path, monkeypatch,
+                                                                                     capsys):
+    trace = tmp_path / "trace.jsonl"
+    write_records(trace, synthetic_records(16, seed=7, max_gap_ms=1000))
+    out = tmp_path / "out"
+    monkeypatch.setattr(bench, "plot_cluster", lambda result, path: path.write_bytes(b""))  # the CLI tests plot
+    monkeypatch.setattr(sys, "argv", ["cluster_mooncake.py", "--trace", str(trace), "--replicas", "2",
+                                      "--target-replicas", "2", "--routers", "round_robin", "kv_events",
+                                      "--kv-weights", "1", "4", "--kv-temperatures", "0", "0.5", "--out", str(out)])
+    assert bench.main() == 0
+    runs = json.loads((out / "cluster_trace.json").read_text())["runs"]
+    assert {r["series"] for r in runs} == {"round_robin", "kv_events/w1", "kv_events/w1/t0.5", "kv_events/w4",
+                                           "kv_events/w4/t0.5", "shared"}
+    assert "targets (issue 14)" in capsys.readouterr().out
+
+
+def test_an_unknown_router_label_is_refused_with_the_config_arms(bench, tmp_path, monkeypatch, capsys):
+    trace = tmp_path / "trace.jsonl"
+    write_records(trace, synthetic_records(5, seed=7))
+    monkeypatch.setattr(sys, "argv", ["cluster_mooncake.py", "--trace", str(trace), "--routers", "nope"])
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main()
+    assert exit_info.value.code == 2
+    assert "--routers: nope not in" in capsys.readouterr().err
