@@ -388,6 +388,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     path = args.config if args.config is not None else str(_shipped(DEFAULT_SERVE_CONFIG, "prefixcache serve CONFIG"))
     config = parse_serve_config(_data(path, args), _source(path, args))  # overrides applied, checked first
+    # Before torch loads, as `generate` does (prefixcache/engine/cli.py): OpenMP threads that
+    # spin while waiting slow the engine 5-15x on a busy machine.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from prefixcache.serve.server import serve  # late: the engine needs torch, the server fastapi
 
     return serve(path, host=args.host, port=args.port, served_model_name=args.served_model_name, config=config)

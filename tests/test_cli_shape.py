@@ -142,3 +142,17 @@ def test_serve_takes_overrides_checked_before_the_model_loads(capsys, monkeypatc
     assert not started
     assert main(["serve", "--block-size", "32"]) == 0
     assert started[0].serving.cache.block_size == 32
+
+
+def test_serve_sets_a_passive_openmp_wait_policy_unless_one_is_set(monkeypatch):
+    import os
+
+    import prefixcache.serve.server
+
+    seen = []
+    monkeypatch.setattr(prefixcache.serve.server, "serve", lambda path, **kw: seen.append(os.environ.get("OMP_WAIT_POLICY")) or 0)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert main(["serve"]) == 0
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert main(["serve"]) == 0
+    assert seen == ["PASSIVE", "ACTIVE"]
