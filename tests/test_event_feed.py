@@ -191,3 +191,17 @@ def test_a_late_subscriber_catches_up_a_lost_last_message_is_resynced_and_a_remo
             time.sleep(0.3)  # more than a resync period: nothing may arrive
             assert applied["late"] == before
         forwarder.close()
+
+
+def test_a_feed_that_follows_no_replica_sleeps_instead_of_spinning():
+    """zmq's poll returns at once when no socket is registered: a feed left with no
+    replica (all removed or dead) must wait, not spin a core and take the GIL from the
+    ingress's other threads."""
+    with EventFeed(lambda replica, batch: None) as feed:
+        feed.add("a", "tcp://127.0.0.1:1")  # nothing listens: the stream stays quiet
+        feed.remove("a")
+        time.sleep(0.1)  # the remove is applied
+        started = time.process_time()
+        time.sleep(0.5)
+        assert time.process_time() - started < 0.1  # spinning took the whole 0.5 s
+        assert feed.alive

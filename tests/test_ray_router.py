@@ -128,6 +128,7 @@ def test_kv_events_through_the_adapter_follows_the_index_and_the_replica_set(rep
         router.on_replica_actor_died(a.replica_id)
         assert router.index.replicas == ("c",) and router.state()["departed"] == ["b", "a"]
         assert await router.choose_replicas([c], request) == [[c]]
+        router.feed.close()
 
     asyncio.run(scenario())
 

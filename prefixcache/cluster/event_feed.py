@@ -171,6 +171,9 @@ class EventFeed:
         try:
             while not self._closed.is_set():
                 self._run_commands(poller, by_socket)
+                if not by_socket:  # zmq's poll returns at once with no socket: it would spin
+                    self._closed.wait(self._poll_ms / 1000)
+                    continue
                 for sock, _ in poller.poll(self._poll_ms):
                     stream = by_socket.get(sock)
                     if stream is not None:
