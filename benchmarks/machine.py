@@ -1,20 +1,11 @@
-"""What machine a benchmark ran on, for the header line every benchmark prints.
+"""What machine a benchmark ran on, for the header line every benchmark prints: the
+package's own `prefixcache.machine`, which `prefixcache bench` uses too.
 
 Must never: measure anything.
 """
 
 from __future__ import annotations
 
-import platform
-from pathlib import Path
+from prefixcache.machine import cpu_model
 
-
-def cpu_model() -> str:
-    """The CPU's model name (Linux /proc/cpuinfo), else the architecture."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
+__all__ = ["cpu_model"]

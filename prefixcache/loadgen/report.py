@@ -29,6 +29,7 @@ import prefixcache
 from prefixcache.loadgen.options import BenchOptions
 from prefixcache.loadgen.runner import RunResult
 from prefixcache.loadgen.summary import BenchSummary
+from prefixcache.machine import cpu_model
 
 __all__ = ["summary_tables", "metadata", "write_json"]
 
@@ -75,15 +76,6 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
-
 
 def metadata(options: BenchOptions, run: RunResult) -> dict[str, Any]:
     """Where, when and how the run was made."""
@@ -96,7 +88,7 @@ def metadata(options: BenchOptions, run: RunResult) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "platform": platform.platform(),
-        "cpu": _cpu(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "command": list(options.command) or sys.argv,
