@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import itertools
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = {"prefixcache": ROOT / "prefixcache", "prefixcache.backends": ROOT / "backends"}
+SOURCES = {
+    "prefixcache": ROOT / "prefixcache",
+    "prefixcache.backends": ROOT / "backends",
+}
 NATIVE = "prefixcache._C"
 
 # Lowest first; a module may import its own layer and those below it. Mirrors the
@@ -80,7 +84,12 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("cluster", ["prefixcache.cluster", "prefixcache.cluster.*"]),
     (
         "serving",
-        ["prefixcache.serve", "prefixcache.serve.*", "prefixcache.loadgen", "prefixcache.loadgen.*"],
+        [
+            "prefixcache.serve",
+            "prefixcache.serve.*",
+            "prefixcache.loadgen",
+            "prefixcache.loadgen.*",
+        ],
     ),
     ("CLI", ["prefixcache.cli", "prefixcache.overrides"]),
 ]
@@ -125,26 +134,44 @@ def imports(module: str) -> list[tuple[str, int, bool]]:
     def visit(node: ast.AST, type_only: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.Import):
-                out.extend((m, child.lineno, type_only) for a in child.names if (m := _ours(a.name)))
+                out.extend(
+                    (m, child.lineno, type_only)
+                    for a in child.names
+                    if (m := _ours(a.name))
+                )
             elif isinstance(child, ast.ImportFrom):
                 base = child.module or ""
                 if child.level:
-                    anchor = package.split(".")[: len(package.split(".")) - (child.level - 1)]
-                    base = ".".join([*anchor, *([child.module] if child.module else [])])
+                    anchor = package.split(".")[
+                        : len(package.split(".")) - (child.level - 1)
+                    ]
+                    base = ".".join(
+                        [*anchor, *([child.module] if child.module else [])]
+                    )
                 for alias in child.names:
                     sub = f"{base}.{alias.name}"
                     target = sub if sub in KNOWN else _ours(base)
                     if target:
                         out.append((target, child.lineno, type_only))
-            visit(child, type_only or (isinstance(child, ast.If) and _is_type_checking(child)))
+            visit(
+                child,
+                type_only or (isinstance(child, ast.If) and _is_type_checking(child)),
+            )
 
     visit(ast.parse(path.read_text(encoding="utf-8"), str(path)), False)
     return [(m, line, type_only) for m, line, type_only in out if m != module]
 
 
 def layer_of(module: str) -> int:
-    found = [i for i, (_, patterns) in enumerate(LAYERS) for p in patterns if fnmatch.fnmatchcase(module, p)]
-    assert len(set(found)) == 1, f"{module} is in {len(set(found))} layers of LAYERS; it must be in exactly one"
+    found = [
+        i
+        for i, (_, patterns) in enumerate(LAYERS)
+        for p in patterns
+        if fnmatch.fnmatchcase(module, p)
+    ]
+    assert len(set(found)) == 1, (
+        f"{module} is in {len(set(found))} layers of LAYERS; it must be in exactly one"
+    )
     return found[0]
 
 
@@ -175,7 +202,12 @@ def test_every_module_is_in_one_layer():
     assert MODULES, "found no sources"
     for module in sorted(KNOWN):
         layer_of(module)
-    unused = [p for _, patterns in LAYERS for p in patterns if not any(fnmatch.fnmatchcase(m, p) for m in KNOWN)]
+    unused = [
+        p
+        for _, patterns in LAYERS
+        for p in patterns
+        if not any(fnmatch.fnmatchcase(m, p) for m in KNOWN)
+    ]
     assert not unused, f"LAYERS names modules that do not exist: {unused}"
 
 
@@ -211,10 +243,14 @@ def test_find_cycle_finds_cycles(graph, cyclic):
     cycle = find_cycle(graph)
     assert (cycle is not None) == cyclic
     if cycle:
-        assert cycle[0] == cycle[-1] and all(b in graph[a] for a, b in zip(cycle, cycle[1:]))
+        assert cycle[0] == cycle[-1] and all(
+            b in graph[a] for a, b in itertools.pairwise(cycle)
+        )
 
 
 def test_imports_reads_function_level_and_relative_imports():
     found = {m for m, _, _ in imports("prefixcache.cli")}
     assert "prefixcache.ab" in found  # imported inside a command's function
-    assert ("prefixcache._C", False) in {(m, t) for m, _, t in imports("prefixcache.protocol")}
+    assert ("prefixcache._C", False) in {
+        (m, t) for m, _, t in imports("prefixcache.protocol")
+    }
