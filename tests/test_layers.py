@@ -254,3 +254,15 @@ def test_imports_reads_function_level_and_relative_imports():
     assert ("prefixcache._C", False) in {
         (m, t) for m, _, t in imports("prefixcache.protocol")
     }
+
+
+def test_layers_mirror_the_architecture_diagram():
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    diagram = section.split("```\n", 2)[1]
+    # A row of the diagram starts with its layer's name in the first 17 columns.
+    rows = [line[:17].strip() for line in diagram.splitlines() if line[:17].strip()]
+    names = [name for name, _ in LAYERS]
+    assert [row for row in rows if row in names] == names[::-1], (
+        f"docs/architecture.md's layers, top down: {rows}; LAYERS, bottom up: {names}"
+    )
