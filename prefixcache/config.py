@@ -52,6 +52,7 @@ __all__ = [
     "HashConfig",
     "CacheConfig",
     "HASH_ALGORITHMS",
+    "CRYPTOGRAPHIC",
     "from_mapping",
     "load_yaml",
     "require_section",
@@ -75,6 +76,9 @@ holds about 2,000; PyYAML composes some 50,000 a second)."""
 
 HASH_ALGORITHMS = ("sha256_cbor", "sha256", "xxhash", "xxhash_cbor")
 HashAlgorithm = Literal["sha256_cbor", "sha256", "xxhash", "xxhash_cbor"]
+CRYPTOGRAPHIC = ("sha256_cbor", "sha256")
+"""The HASH_ALGORITHMS whose collisions nobody can find: the `hash` backend trusts their hits
+(`prefixcache.hashing` computes them; this module names them, without importing cbor2 or xxhash)."""
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from prefixcache import limits, registry
-from prefixcache.config import CacheConfig, from_mapping, load_yaml, require_section
+from prefixcache.config import (
+    CRYPTOGRAPHIC,
+    CacheConfig,
+    from_mapping,
+    load_yaml,
+    require_section,
+)
 from prefixcache.errors import ConfigError, SecurityWarning
-from prefixcache.hashing import CRYPTOGRAPHIC
 
 __all__ = ["check_cache_config", "load_config", "parse_cache_config"]
 
