@@ -154,7 +154,8 @@ class CacheConfig:
         object.__setattr__(self, "options", types.MappingProxyType(dict(self.options)))
 
     def replace(self, **changes: Any) -> CacheConfig:
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (its own fields validated again; what it names is
+        checked by `prefixcache.config_checks`, as for any CacheConfig)."""
         return dataclasses.replace(self, **changes)
 
 

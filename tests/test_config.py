@@ -165,6 +165,30 @@ def test_options_are_checked_for_programmatic_configs_and_replace():
             check(CacheConfig(options={"verify_hits": "always"}).replace(backend="radix"))
 
 
+def test_a_config_object_checks_its_own_fields_only():
+    # Making a CacheConfig resolves nothing: no backend module is imported, and a missing
+    # hashing library (cbor2, xxhash) cannot fail it. What it names is checked later.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "sys.modules['cbor2'] = sys.modules['xxhash'] = None\n"
+        "from prefixcache.config import CacheConfig\n"
+        "from prefixcache.config_checks import check_cache_config\n"
+        "from prefixcache.errors import ConfigError\n"
+        "config = CacheConfig(backend='not_installed.module:Cache', eviction='nope', options={'x': 1})\n"
+        "assert not [m for m in sys.modules if m.startswith('prefixcache.backends')], 'a backend was imported'\n"
+        "try:\n"
+        "    check_cache_config(config)\n"
+        "except ConfigError as err:\n"
+        "    assert str(err).startswith('backend: backend ') and 'cannot import module' in str(err), str(err)\n"
+        "else:\n"
+        "    raise AssertionError('check_cache_config accepted an uninstalled backend')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_checking_options_does_not_import_torch(tmp_path):
     # Resolving the backend class to check its options imports the backend's module:
     # neither that nor the config loaders may pull in torch.
