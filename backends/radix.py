@@ -90,6 +90,7 @@ from prefixcache.events import (
 )
 from prefixcache.hashing import block_hashes, namespace_extra_keys
 from prefixcache.isolation import exact_key
+from prefixcache.limits import RADIX_TOKEN_RANGE
 from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded
 from prefixcache.registry import register_backend, resolve_eviction_policy
 from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_priority, check_tokens
@@ -132,6 +133,7 @@ class RadixCache(PrefixCache):
     """
 
     token_itemsize = 4  # the tree stores int32 ids
+    token_id_range = RADIX_TOKEN_RANGE
 
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)

@@ -24,7 +24,8 @@ import inspect
 
 from prefixcache import _C, registry
 from prefixcache.ab_config import ABConfig, parse_ab_config
-from prefixcache.config import HASH_ALGORITHMS, CacheConfig, ConfigError, load_config, load_yaml
+from prefixcache.config import HASH_ALGORITHMS, CacheConfig, ConfigError, load_yaml
+from prefixcache.config_checks import load_config
 
 _FILE = os.path.join(tempfile.mkdtemp(prefix="prefixcache-fuzz-"), "config.yaml")
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefixcache._C import BlockPool, InvariantError
-from prefixcache.config import CacheConfig, ConfigError, HashConfig, load_config
+from prefixcache.config import CacheConfig, HashConfig
+from prefixcache.config_checks import check_cache_config, load_config
+from prefixcache.errors import ConfigError
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from prefixcache.isolation import Isolation, LoRA
 from prefixcache.protocol import Admission, Match, PrefixCache
@@ -53,7 +55,10 @@ __all__ = [
 
 
 def build_cache(config: CacheConfig, pool: BlockPool | None = None) -> PrefixCache:
-    """The configured strategy over `pool` (a fresh `BlockPool(config.num_blocks)` if None)."""
+    """The configured strategy over `pool` (a fresh `BlockPool(config.num_blocks)` if None);
+    ConfigError, naming the field, if `config` names what does not resolve or fit
+    (`check_cache_config`)."""
+    check_cache_config(config)
     cls = resolve_backend(config.backend)
     return cls(pool if pool is not None else BlockPool(config.num_blocks), config)
 

@@ -47,6 +47,7 @@ from typing import Any
 
 from prefixcache import limits, registry
 from prefixcache.config import CacheConfig, ConfigError, from_mapping, key_text, load_yaml
+from prefixcache.config_checks import check_cache_config
 from prefixcache.workloads import GENERATORS, Workload, generate, read_mooncake
 from prefixcache.workloads.catalog import num_requests, too_many_requests
 from prefixcache.workloads.checks import MAX_REQUESTS
@@ -178,6 +179,10 @@ class ABConfig:
                 raise ConfigError(
                     f"arms.{key_text(name)}", "an arm name is letters, digits and _ . : / + - (e.g. 'radix/16')"
                 )
+            try:
+                check_cache_config(cache)
+            except ConfigError as err:
+                raise err.within(f"arms.{name}") from None
             if cache.block_size > self.capacity_tokens:
                 raise ConfigError(
                     f"arms.{name}.block_size",
@@ -199,7 +204,7 @@ class ABConfig:
         (None: every arm takes any int)."""
         tightest = None
         for name, cache in self.arms.items():
-            bounds = limits.token_id_range(registry.backend_class(cache.backend))
+            bounds = registry.backend_class(cache.backend).token_id_range
             if bounds is not None and (tightest is None or bounds[1] < tightest[0]):
                 tightest = (bounds[1], name)
         return tightest

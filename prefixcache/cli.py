@@ -64,7 +64,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from prefixcache.ab_config import ABConfig, is_ab_mapping, parse_ab_config, parse_tokens
-from prefixcache.config import ConfigError, load_yaml, parse_cache_config, require_section, to_plain
+from prefixcache.config import ConfigError, load_yaml, require_section, to_plain
+from prefixcache.config_checks import parse_cache_config
 from prefixcache.registry import NO_IMPORT_ENV
 from prefixcache.workloads import Workload
 

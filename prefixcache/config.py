@@ -6,18 +6,20 @@ bad values raise `ConfigError`, which names the file, the key path, the bad valu
 what is allowed. Other sections (engine, workload, A/B arms) are dataclasses of their
 own modules, parsed by the same `from_mapping`.
 
-Must never: build a cache, import a backend eagerly, or keep global state. The allowed
-backend and eviction names come from `registry` at validation time, and a backend's
-`options:` are checked against the class the name resolves to (importing its module,
-never torch).
+Must never: import the registry, a backend or an eviction policy, build a cache, or keep
+global state. A `CacheConfig` checks its own fields only (types, ranges); what its names
+stand for (the backend and eviction policy) and whether its `options:` suit the backend
+class are checked by `prefixcache.config_checks`, which `load_config`, `build_cache`,
+`prefixcache validate` and every loader of a `cache:` section call.
 
 Loading is bounded, so no file can hang it or exhaust memory: a file is at most
 `MAX_CONFIG_BYTES`, YAML nests at most `MAX_YAML_DEPTH` levels, and a document holds at
 most `MAX_YAML_NODES` nodes once its aliases are expanded (an alias bomb fails at once;
 an alias to its own enclosing node is refused). Every error is one line, and a bad
 value is shown as a `short_repr`. Values the native core cannot represent
-(`prefixcache.limits`: the pool's block count, the block size, the block size hit
-verification records) are refused here, naming the key.
+(`prefixcache.limits`: the pool's block count, the block size) are refused here, naming
+the key. `ConfigError`, `SecurityWarning`, `short_repr` and `key_text` live in
+`prefixcache.errors` and are re-exported here.
 
 Example::
 
@@ -33,10 +35,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import reprlib
 import types
 import typing
-import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,16 +45,16 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 import yaml
 
 from prefixcache import limits
+from prefixcache.errors import ConfigError, SecurityWarning, key_text, short_repr
 
 __all__ = [
     "ConfigError",
     "HashConfig",
     "CacheConfig",
     "HASH_ALGORITHMS",
+    "CRYPTOGRAPHIC",
     "from_mapping",
     "load_yaml",
-    "load_config",
-    "parse_cache_config",
     "require_section",
     "did_you_mean",
     "to_plain",
@@ -76,59 +76,9 @@ holds about 2,000; PyYAML composes some 50,000 a second)."""
 
 HASH_ALGORITHMS = ("sha256_cbor", "sha256", "xxhash", "xxhash_cbor")
 HashAlgorithm = Literal["sha256_cbor", "sha256", "xxhash", "xxhash_cbor"]
-
-
-class _ShortRepr(reprlib.Repr):
-    def __init__(self) -> None:
-        super().__init__()  # Python 3.11's takes no limits: set them
-        self.maxlevel, self.maxdict, self.maxstring, self.maxlong, self.maxother = 2, 3, 48, 24, 48
-        self.maxtuple = self.maxlist = self.maxarray = self.maxset = self.maxfrozenset = self.maxdeque = 4
-
-    def repr_int(self, x: int, level: int) -> str:
-        if x.bit_length() > 256:  # str() of a huge int is slow, and refused past 4300 digits
-            return f"<an int of {x.bit_length()} bits>"
-        return super().repr_int(x, level)
-
-
-_SHORT = _ShortRepr()
-
-
-def short_repr(value: Any) -> str:
-    """`repr(value)`, cut to about 60 characters whatever the value's size or depth (an
-    alias-expanded YAML list, a huge int), for error messages."""
-    return _SHORT.repr(value)
-
-
-def key_text(key: Any) -> str:
-    """A mapping key as it appears in a key path: itself if it is a short str, else its
-    `short_repr`."""
-    return key if isinstance(key, str) and len(key) <= 48 else short_repr(key)
-
-
-class SecurityWarning(UserWarning):
-    """A configuration that is valid but unsafe in some deployments (docs/security.md)."""
-
-
-class ConfigError(ValueError):
-    """A configuration value is wrong. `path` is the dotted key path (e.g. `cache.block_size`).
-    The message is one line."""
-
-    MAX_MESSAGE = 1000  # characters: a backstop; values in messages are short_repr'd
-
-    def __init__(self, path: str, message: str, source: str | None = None) -> None:
-        message = " ".join(message.split("\n"))
-        if len(message) > self.MAX_MESSAGE:
-            message = f"{message[: self.MAX_MESSAGE]}... ({len(message):,} characters)"
-        self.path = path
-        self.message = message
-        self.source = source
-        where = f"{source}: " if source else ""
-        super().__init__(f"{where}{path}: {message}" if path else f"{where}{message}")
-
-    def within(self, prefix: str, source: str | None = None) -> ConfigError:
-        """The same error seen from an enclosing section / file."""
-        path = f"{prefix}.{self.path}" if prefix and self.path else prefix or self.path
-        return ConfigError(path, self.message, source or self.source)
+CRYPTOGRAPHIC = ("sha256_cbor", "sha256")
+"""The HASH_ALGORITHMS whose collisions nobody can find: the `hash` backend trusts their hits
+(`prefixcache.hashing` computes them; this module names them, without importing cbor2 or xxhash)."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +115,8 @@ class CacheConfig:
     enable_events: record KV events for `drain_events()`
     options:       backend-specific options: the keys the backend class declares
                    (`option_defaults`), values of their type (or among its
-                   `option_choices`), checked here against the resolved class
+                   `option_choices`); read-only. Checked against the class the
+                   backend name resolves to by `prefixcache.config_checks`, not here.
     """
 
     backend: str = "hash"
@@ -188,41 +139,23 @@ class CacheConfig:
                 raise ConfigError(name, f"must be at most {most} ({why}), got {short_repr(value)}")
         if not isinstance(self.hash, HashConfig):
             raise ConfigError("hash", f"must be a HashConfig, got {short_repr(self.hash)}")
-        from prefixcache import registry  # late: registry imports protocol, not config
-
-        registry.check_backend_name(self.backend)
-        registry.check_eviction_name(self.eviction)
-        options = registry.backend_class(self.backend).parse_options(self.options, self.backend)
-        self._check_hit_verification(options)
+        for name in ("backend", "eviction"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ConfigError(name, f"must be a non-empty string, got {short_repr(value)}")
+        if not isinstance(self.enable_events, bool):
+            raise ConfigError("enable_events", f"must be true or false, got {short_repr(self.enable_events)}")
+        if not isinstance(self.options, Mapping):
+            raise ConfigError("options", f"must be a mapping, got {short_repr(self.options)}")
+        for key in self.options:
+            if not isinstance(key, str):
+                raise ConfigError("options", f"keys must be strings, got {short_repr(key)}")
         # A frozen dataclass should not hand out a mutable dict.
         object.__setattr__(self, "options", types.MappingProxyType(dict(self.options)))
 
-    def _check_hit_verification(self, options: Mapping[str, Any]) -> None:
-        """For a backend with the `verify_hits` option (`hash` and its subclasses): the
-        block size verification can record, and a warning when a fast hash is trusted."""
-        if "verify_hits" not in options:
-            return
-        from prefixcache.hashing import CRYPTOGRAPHIC  # late: hashing is not needed to parse the schema
-
-        mode, algorithm = options["verify_hits"], self.hash.algorithm
-        verifies = mode == "always" or (mode == "auto" and algorithm not in CRYPTOGRAPHIC)
-        if verifies and self.block_size > limits.MAX_VERIFIED_BLOCK_SIZE:
-            raise ConfigError(
-                "block_size",
-                f"{self.block_size} TOKENS is more than hit verification records ({limits.MAX_VERIFIED_BLOCK_SIZE}); "
-                f"it is on for hash.algorithm {algorithm} with options.verify_hits {mode}",
-            )
-        if mode == "never" and algorithm not in CRYPTOGRAPHIC:
-            warnings.warn(
-                f"options.verify_hits: never trusts {algorithm}, which is not collision resistant: a crafted or "
-                "colliding prompt can be served another prompt's KV, another tenant's included; unsafe with "
-                "untrusted tenants (docs/security.md)",
-                SecurityWarning,
-                stacklevel=2,
-            )
-
     def replace(self, **changes: Any) -> CacheConfig:
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (its own fields validated again; what it names is
+        checked by `prefixcache.config_checks`, as for any CacheConfig)."""
         return dataclasses.replace(self, **changes)
 
 
@@ -449,14 +382,6 @@ def load_yaml(source: str | Path) -> Mapping[str, Any]:
     return data
 
 
-def parse_cache_config(data: Any, path: str = "cache", source: str | None = None) -> CacheConfig:
-    """A `cache:` mapping -> CacheConfig; errors carry `source` (the file) and `path`."""
-    try:
-        return from_mapping(CacheConfig, data, path)
-    except ConfigError as err:
-        raise err.within("", source) from None
-
-
 def did_you_mean(word: Any, candidates: Iterable[Any]) -> str:
     """"; did you mean 'x'?" for the candidate closest to a misspelled `word` (difflib), or ""."""
     close = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1)
@@ -474,13 +399,6 @@ def require_section(data: Mapping[str, Any], name: str, source: str | None = Non
     raise ConfigError(
         name, f"missing required section{suggestion}; top-level keys found: {', '.join(found) or 'none'}", source
     )
-
-
-def load_config(source: str | Path) -> CacheConfig:
-    """The `cache:` section of a YAML file as a validated `CacheConfig` (other
-    top-level sections are left to their own loaders)."""
-    data = load_yaml(source)
-    return parse_cache_config(require_section(data, "cache", str(source)), "cache", str(source))
 
 
 def to_plain(value: Any) -> Any:

@@ -2,7 +2,7 @@
 
 Owns the `EvictionPolicy` strategy (one method: map a candidate to a sortable
 priority; the LOWEST priority is evicted first), the built-in policies, each a few
-lines, registered by name for `eviction:` in YAML, and `GhostTable`, the reference of
+lines, named in `BUILTIN_POLICIES` for `eviction:` in YAML, and `GhostTable`, the reference of
 the native memory of evicted content that history-aware policies read.
 
 A candidate is anything with the attributes of `Candidate`:
@@ -32,8 +32,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from prefixcache.registry import register_eviction_policy
-
 __all__ = [
     "Candidate",
     "EvictionPolicy",
@@ -46,6 +44,7 @@ __all__ = [
     "GSLRU",
     "SLRU",
     "TLRU",
+    "BUILTIN_POLICIES",
     "CandidateRecord",
     "GhostTable",
     "mix64",
@@ -133,64 +132,64 @@ class EvictionPolicy(ABC):
         return {}
 
 
-@register_eviction_policy("lru")
 class LRU(EvictionPolicy):
+    name = "lru"
     native = "lru"
 
     def priority(self, candidate: Candidate) -> Any:
         return candidate.last_access_time
 
 
-@register_eviction_policy("lfu")
 class LFU(EvictionPolicy):
     """Least hits first, then least recent (`hit_count` as SGLang 0.5.23 counts it: at
     insert, once per request per node)."""
 
+    name = "lfu"
     native = "lfu"
 
     def priority(self, candidate: Candidate) -> Any:
         return (candidate.hit_count, candidate.last_access_time)
 
 
-@register_eviction_policy("fifo")
 class FIFO(EvictionPolicy):
+    name = "fifo"
     native = "fifo"
 
     def priority(self, candidate: Candidate) -> Any:
         return candidate.creation_time
 
 
-@register_eviction_policy("mru")
 class MRU(EvictionPolicy):
+    name = "mru"
     native = "mru"
 
     def priority(self, candidate: Candidate) -> Any:
         return -candidate.last_access_time
 
 
-@register_eviction_policy("filo")
 class FILO(EvictionPolicy):
+    name = "filo"
     native = "filo"
 
     def priority(self, candidate: Candidate) -> Any:
         return -candidate.creation_time
 
 
-@register_eviction_policy("priority")
 class Priority(EvictionPolicy):
     """Lowest request priority first, then least recent."""
 
+    name = "priority"
     native = "priority"
 
     def priority(self, candidate: Candidate) -> Any:
         return (candidate.priority, candidate.last_access_time)
 
 
-@register_eviction_policy("slru")
 class SLRU(EvictionPolicy):
     """SGLang 0.5.23's segmented LRU: candidates hit `protected_threshold` times or more are
     PROTECTED and go after every probationary one; LRU within a segment."""
 
+    name = "slru"
     native = "slru"
     protected_threshold: ClassVar[int] = 2
 
@@ -201,7 +200,6 @@ class SLRU(EvictionPolicy):
         return {"protected_threshold": self.protected_threshold}
 
 
-@register_eviction_policy("tlru")
 class TLRU(EvictionPolicy):
     """SGLang 0.5.23's tail-optimized LRU (Zhang et al., arXiv:2510.15152): a branch whose
     history is `history_len` TOKENS only needs `history_len + next_prompt_estimate -
@@ -209,6 +207,7 @@ class TLRU(EvictionPolicy):
     budget is "TEL-safe" and goes first; then plain LRU. Both parameters in TOKENS (SGLang's
     defaults: 0 and 0). Only `radix` has branches: on `hash` blocks it is LRU."""
 
+    name = "tlru"
     native = "tlru"
     threshold: ClassVar[int] = 0
     next_prompt_estimate: ClassVar[int] = 0
@@ -222,7 +221,6 @@ class TLRU(EvictionPolicy):
         return {"tlru_threshold": self.threshold, "next_prompt_estimate": self.next_prompt_estimate}
 
 
-@register_eviction_policy("gslru")
 class GSLRU(EvictionPolicy):
     """Ghost-backed, size-aware segmented LRU, on the traffic clock (TOKENS admitted).
 
@@ -237,6 +235,7 @@ class GSLRU(EvictionPolicy):
     tried, and the sensitivity); subclass to change them.
     """
 
+    name = "gslru"
     native = "gslru"
     history = 4
     protect_tokens: ClassVar[int] = 10_000_000
@@ -249,6 +248,13 @@ class GSLRU(EvictionPolicy):
 
     def native_params(self) -> dict[str, int]:
         return {"protect_tokens": self.protect_tokens, "size_weight": self.size_weight}
+
+
+BUILTIN_POLICIES: dict[str, type[EvictionPolicy]] = {
+    cls.name: cls for cls in (LRU, LFU, FIFO, MRU, FILO, Priority, SLRU, TLRU, GSLRU)
+}
+"""The built-in policies by name: what `prefixcache.registry` resolves an `eviction:` name to
+when no policy is registered under it."""
 
 
 # --------------------------------------------------------------------------- history

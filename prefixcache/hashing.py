@@ -44,6 +44,7 @@ import xxhash
 from prefixcache._C import MAX_PICKLE_LINK
 from prefixcache._C import chain_digests as _native_chain_digests
 from prefixcache._C import token_array, token_list
+from prefixcache.config import CRYPTOGRAPHIC  # re-exported: the schema names the algorithms
 from prefixcache.isolation import Namespace, check_namespace
 from prefixcache.isolation import extra_keys as namespace_extra_keys  # re-exported: the chain's extra keys
 
@@ -64,8 +65,6 @@ __all__ = [
 ]
 
 DEFAULT_SEED = "vllm-none-hash"
-CRYPTOGRAPHIC = ("sha256_cbor", "sha256")
-"""Algorithms whose collisions nobody can find: the `hash` backend trusts their hits."""
 
 HashFunction = Callable[[Any], bytes]
 

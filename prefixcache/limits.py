@@ -1,7 +1,7 @@
 """What the native core can represent, read once from it: the limits load-time checks compare against.
 
 Owns the names of the numbers that `prefixcache._C` exports from the C++ that decides
-them, and which backend classes a limit binds:
+them:
 
 - `MAX_NUM_BLOCKS`: blocks a `BlockPool` holds (ids and sentinels are int32);
 - `MAX_BLOCK_SIZE`: TOKENS per block that chain hashing and the radix tree's page
@@ -9,15 +9,15 @@ them, and which backend classes a limit binds:
 - `MAX_VERIFIED_BLOCK_SIZE`: TOKENS per block that hit verification (`BlockContents`,
   the `hash` backend under xxhash or `verify_hits: always`) records;
 - `PRIORITY_RANGE`: the `admit(priority=)` values a tree node or an evictor keeps (int64);
-- `RADIX_TOKEN_RANGE`: the token ids the radix tree stores (int32);
-- `token_id_range(cls)`: the token ids a backend class stores (None: any int).
+- `RADIX_TOKEN_RANGE`: the token ids the radix tree stores (int32; the radix backend
+  declares it as its `token_id_range`).
 
 A config that names a value past one of these is refused when it is loaded, naming the
-key (`prefixcache.config`, `prefixcache.ab_config`), so `prefixcache validate` says what
-building would.
+key (`prefixcache.config`, `prefixcache.config_checks`, `prefixcache.ab_config`), so
+`prefixcache validate` says what building would.
 
 Must never: hold a number of its own for something the native core decides (each is
-defined once, in csrc/, and read here), or import a backend at import time.
+defined once, in csrc/, and read here), or import anything of prefixcache but `_C`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ __all__ = [
     "MAX_VERIFIED_BLOCK_SIZE",
     "PRIORITY_RANGE",
     "RADIX_TOKEN_RANGE",
-    "token_id_range",
 ]
 
 MAX_NUM_BLOCKS: int = _C.MAX_NUM_BLOCKS
@@ -39,17 +38,3 @@ MAX_VERIFIED_BLOCK_SIZE: int = _C.MAX_VERIFIED_BLOCK_SIZE
 PRIORITY_RANGE: tuple[int, int] = (_C.PRIORITY_MIN, _C.PRIORITY_MAX)
 RADIX_TOKEN_RANGE: tuple[int, int] = (_C.RADIX_TOKEN_MIN, _C.RADIX_TOKEN_MAX)
 
-
-def token_id_range(backend: type) -> tuple[int, int] | None:
-    """The token ids (inclusive bounds) that `backend`, a `PrefixCache` subclass, stores:
-    its `token_id_range` class attribute, or None for any int.
-
-    The radix backend keeps its tokens in the native tree (int32); until
-    `backends/radix.py` declares `token_id_range` itself, a subclass of it is found here.
-    """
-    declared = getattr(backend, "token_id_range", None)
-    if declared is not None:
-        return declared
-    from prefixcache.registry import resolve_backend  # late: the registry imports config, which imports this
-
-    return RADIX_TOKEN_RANGE if issubclass(backend, resolve_backend("radix")) else None

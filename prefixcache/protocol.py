@@ -53,8 +53,9 @@ Extension hooks: `usable_hit` decides how much of the longest cached prefix a hi
 uses; the built-in backends call it in both `match` and `admit`, so the two agree for
 any override. `option_defaults` declares the `options:` a class accepts (YAML
 `cache.options`) and `option_choices` the allowed values of those that have a fixed
-set; `parse_options` checks both, when a `CacheConfig` is made (so at load time, naming
-the file and key) and again in `PrefixCache.__init__`, which keeps the result in
+set; `parse_options` checks both, when a `CacheConfig` is checked
+(`prefixcache.config_checks`: at load time, naming the file and key, and in
+`build_cache`) and again in `PrefixCache.__init__`, which keeps the result in
 `self.options`. A class that declares no options accepts none.
 """
 
@@ -69,7 +70,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, TypeVar
 
 from prefixcache._C import CallGuard, token_array, token_list
 from prefixcache._C import guarded as _guarded
-from prefixcache.config import ConfigError
+from prefixcache.errors import ConfigError
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from prefixcache.isolation import Isolation, LoRA, Namespace
 from prefixcache.stats import CacheStats
@@ -211,6 +212,9 @@ class PrefixCache(ABC):
     #: buffers anyway (the A/B runner expanding a workload) builds them this wide, so the
     #: cache's own copy is one memcpy; any width is accepted.
     token_itemsize: ClassVar[int] = 8
+    #: The token ids (inclusive bounds) the class stores; None: any int. A caller that
+    #: makes token ids (a workload) checks them against it before the run.
+    token_id_range: ClassVar[tuple[int, int] | None] = None
     #: The `options:` this class accepts, with their defaults (subclasses add theirs;
     #: a value must have its default's type, ints accepted for floats).
     option_defaults: ClassVar[Mapping[str, Any]] = {}

@@ -94,6 +94,7 @@ from typing import Any
 
 from prefixcache._C import InvariantError, RadixTree, int32_array
 from prefixcache.eviction import CandidateRecord, GhostTable, chain_page_key, namespace_key
+from prefixcache.registry import resolve_eviction_policy
 
 __all__ = ["RadixTree", "PyRadixTree", "RadixMatch", "RadixInsert", "NodeInfo", "Candidate"]
 
@@ -262,8 +263,6 @@ class PyRadixTree:
         if callable(eviction):  # a Python policy: kept in the same persistent order
             self._order = eviction
         elif eviction is not None:
-            from prefixcache.registry import resolve_eviction_policy
-
             policy = resolve_eviction_policy(eviction)()
             # The native tree takes its orders' parameters as arguments.
             given = {"protect_tokens": protect_tokens, "size_weight": size_weight,

@@ -7,8 +7,8 @@ name resolves, in order, to: a class registered with `@register_backend` /
 backends are declared in `prefixcache.backends` too, see pyproject.toml); a built-in
 backend's dotted path (so a source checkout without installed metadata still works); or,
 for any spec containing ":", a `"package.module:ClassName"` import path. The built-in
-eviction policies have no entry points: they register themselves when
-`prefixcache.eviction` is imported, which every eviction look-up does first.
+eviction policies have no entry points: they are `prefixcache.eviction.BUILTIN_POLICIES`,
+found after the registered names.
 
 A `"module:Class"` path imports that module: a config that names one runs its code, so a
 config file is trusted input, like a Python file (docs/security.md). With the environment
@@ -17,9 +17,10 @@ refused and only registered names, entry points and the built-ins resolve: for
 deployments that load configs from elsewhere. A path must be dotted identifiers
 (`pkg.mod:Class`; no relative import), and an abstract class is no backend or policy.
 
-Must never: import `prefixcache.backends` statically (built-ins load lazily by dotted
-path, so no import cycle can form), or build anything. `build_cache` lives in
-`prefixcache/__init__.py`.
+Must never: import `prefixcache.backends` statically (the strategies sit a layer above
+the registry, which loads the built-ins by dotted path when one is asked for), check a
+whole `CacheConfig` (`prefixcache.config_checks` does, with what it resolves here), or
+build anything. `build_cache` lives in `prefixcache/__init__.py`.
 """
 
 from __future__ import annotations
@@ -30,13 +31,11 @@ import os
 import re
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-from prefixcache.config import ConfigError, short_repr
-
-if TYPE_CHECKING:
-    from prefixcache.eviction import EvictionPolicy
-    from prefixcache.protocol import PrefixCache
+from prefixcache.errors import ConfigError, short_repr
+from prefixcache.eviction import BUILTIN_POLICIES, EvictionPolicy
+from prefixcache.protocol import PrefixCache
 
 __all__ = [
     "register_backend",
@@ -64,7 +63,6 @@ _BUILTIN_BACKENDS = {
     "hash": "prefixcache.backends.hash:HashCache",
     "radix": "prefixcache.backends.radix:RadixCache",
 }
-_BUILTIN_EVICTION_MODULE = "prefixcache.eviction"
 
 _backends: dict[str, type] = {}
 _eviction_policies: dict[str, type] = {}
@@ -77,14 +75,13 @@ def _check_name(name: str, what: str) -> None:
         raise ValueError(f"{what} name must be a non-empty string without ':', got {name!r}")
 
 
-def _registrar(table: dict[str, type], name: str, what: str, base: Callable[[], type]) -> Callable[[C], C]:
-    """A class decorator adding subclasses of `base()` to `table` under `name`."""
+def _registrar(table: dict[str, type], name: str, what: str, base: type) -> Callable[[C], C]:
+    """A class decorator adding subclasses of `base` to `table` under `name`."""
     _check_name(name, what)
 
     def decorate(cls: C) -> C:
-        expected = base()
-        if not (isinstance(cls, type) and issubclass(cls, expected)):
-            raise TypeError(f"registering {what} {name!r} needs a {expected.__name__} subclass, got {cls!r}")
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise TypeError(f"registering {what} {name!r} needs a {base.__name__} subclass, got {cls!r}")
         table[name] = cls
         cls.name = name
         return cls
@@ -92,26 +89,14 @@ def _registrar(table: dict[str, type], name: str, what: str, base: Callable[[], 
     return decorate
 
 
-def _protocol() -> type:
-    from prefixcache.protocol import PrefixCache
-
-    return PrefixCache
-
-
-def _policy_base() -> type:
-    from prefixcache.eviction import EvictionPolicy
-
-    return EvictionPolicy
-
-
 def register_backend(name: str) -> Callable[[C], C]:
     """Class decorator: make a `PrefixCache` subclass selectable as `backend: name`."""
-    return _registrar(_backends, name, "backend", _protocol)
+    return _registrar(_backends, name, "backend", PrefixCache)
 
 
 def register_eviction_policy(name: str) -> Callable[[C], C]:
     """Class decorator: make an `EvictionPolicy` subclass selectable as `eviction: name`."""
-    return _registrar(_eviction_policies, name, "eviction policy", _policy_base)
+    return _registrar(_eviction_policies, name, "eviction policy", EvictionPolicy)
 
 
 def _entry_point_names(group: str) -> dict[str, str]:
@@ -166,8 +151,7 @@ def available_backends() -> list[str]:
 
 
 def available_eviction_policies() -> list[str]:
-    importlib.import_module(_BUILTIN_EVICTION_MODULE)  # registers the built-ins
-    return sorted({*_eviction_policies, *_entry_point_names(EVICTION_GROUP)})
+    return sorted({*BUILTIN_POLICIES, *_eviction_policies, *_entry_point_names(EVICTION_GROUP)})
 
 
 def check_backend_name(spec: str) -> None:
@@ -203,8 +187,6 @@ def check_eviction_name(spec: str) -> None:
 
 
 def _as_backend(cls: type, spec: str) -> type[PrefixCache]:
-    from prefixcache.protocol import PrefixCache
-
     if not issubclass(cls, PrefixCache):
         raise ConfigError("", f"backend {short_repr(spec)} is {cls.__qualname__}, not a PrefixCache subclass")
     return cls
@@ -236,14 +218,12 @@ def backend_class(spec: str) -> type[PrefixCache]:
 
 def resolve_eviction_policy(spec: str) -> type[EvictionPolicy]:
     """The `EvictionPolicy` class an eviction name or 'module:Class' path stands for."""
-    from prefixcache.eviction import EvictionPolicy
-
     if ":" in spec:
         cls = _user_import_path(spec, "eviction policy", available_eviction_policies)
     else:
-        importlib.import_module(_BUILTIN_EVICTION_MODULE)
-        if spec in _eviction_policies:
-            return _eviction_policies[spec]
+        known = _eviction_policies.get(spec) or BUILTIN_POLICIES.get(spec)
+        if known is not None:
+            return known
         path = _entry_point_names(EVICTION_GROUP).get(spec)
         if path is None:
             raise ConfigError(

@@ -57,6 +57,7 @@ from typing import Any, NoReturn
 
 from prefixcache._C import BlockPool
 from prefixcache.config import CacheConfig
+from prefixcache.config_checks import check_cache_config
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
 from prefixcache.isolation import check_namespace
 from prefixcache.protocol import Admission, Match, PrefixCache
@@ -130,7 +131,8 @@ def _factory(backend: type[PrefixCache] | str | CacheFactory, **config: Any) -> 
         else:
             spec = f"{backend.__module__}:{backend.__qualname__}"
             if "<locals>" in spec:
-                # Not importable by path: build it directly, the config names a stand-in.
+                # Not importable by path: build it directly, the config names a stand-in
+                # (so it is not checked against it; the class parses its own options).
                 cls = backend
 
                 def build_local(block_size: int, num_blocks: int) -> PrefixCache:
@@ -145,6 +147,7 @@ def _factory(backend: type[PrefixCache] | str | CacheFactory, **config: Any) -> 
 
     def build(block_size: int, num_blocks: int) -> PrefixCache:
         cfg = CacheConfig(backend=spec, block_size=block_size, num_blocks=num_blocks, **config)
+        check_cache_config(cfg)
         return cls(BlockPool(num_blocks), cfg)
 
     return build

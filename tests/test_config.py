@@ -6,7 +6,9 @@ import textwrap
 
 import pytest
 
-from prefixcache.config import CacheConfig, ConfigError, HashConfig, load_config
+import prefixcache
+from prefixcache.config import CacheConfig, ConfigError, HashConfig
+from prefixcache.config_checks import check_cache_config, load_config
 
 
 def write(tmp_path, text: str):
@@ -122,8 +124,13 @@ def test_programmatic_configs_are_validated_too():
     with pytest.raises(ConfigError, match="algorithm: 'md5' is not allowed"):
         HashConfig(algorithm="md5")
     assert CacheConfig().replace(block_size=4).block_size == 4
-    with pytest.raises(ConfigError, match="unknown backend"):
-        CacheConfig().replace(backend="nope")
+    with pytest.raises(ConfigError, match="^backend: must be a non-empty string, got ''$"):
+        CacheConfig(backend="")
+    # A name is checked against what it names when the config is checked or built.
+    nope = CacheConfig().replace(backend="nope")
+    for check in (check_cache_config, prefixcache.build_cache):
+        with pytest.raises(ConfigError, match="^backend: unknown backend 'nope'"):
+            check(nope)
 
 
 def test_shipped_configs_load():
@@ -150,10 +157,36 @@ def test_other_sections_may_share_a_cache_file(tmp_path):
 
 def test_options_are_checked_for_programmatic_configs_and_replace():
     assert CacheConfig(options={"verify_hits": "always"}).options == {"verify_hits": "always"}
-    with pytest.raises(ConfigError, match="^options.verify_hit: unknown option for backend hash; allowed: verify_hits$"):
-        CacheConfig(options={"verify_hit": "always"})
-    with pytest.raises(ConfigError, match="options.verify_hits: unknown option for backend radix; allowed: none"):
-        CacheConfig(options={"verify_hits": "always"}).replace(backend="radix")
+    assert check_cache_config(CacheConfig(options={"verify_hits": "always"})) == {"verify_hits": "always"}
+    for check in (check_cache_config, prefixcache.build_cache):
+        with pytest.raises(ConfigError, match="^options.verify_hit: unknown option for backend hash; allowed: verify_hits$"):
+            check(CacheConfig(options={"verify_hit": "always"}))
+        with pytest.raises(ConfigError, match="options.verify_hits: unknown option for backend radix; allowed: none"):
+            check(CacheConfig(options={"verify_hits": "always"}).replace(backend="radix"))
+
+
+def test_a_config_object_checks_its_own_fields_only():
+    # Making a CacheConfig resolves nothing: no backend module is imported, and a missing
+    # hashing library (cbor2, xxhash) cannot fail it. What it names is checked later.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "sys.modules['cbor2'] = sys.modules['xxhash'] = None\n"
+        "from prefixcache.config import CacheConfig\n"
+        "from prefixcache.config_checks import check_cache_config\n"
+        "from prefixcache.errors import ConfigError\n"
+        "config = CacheConfig(backend='not_installed.module:Cache', eviction='nope', options={'x': 1})\n"
+        "assert not [m for m in sys.modules if m.startswith('prefixcache.backends')], 'a backend was imported'\n"
+        "try:\n"
+        "    check_cache_config(config)\n"
+        "except ConfigError as err:\n"
+        "    assert str(err).startswith('backend: backend ') and 'cannot import module' in str(err), str(err)\n"
+        "else:\n"
+        "    raise AssertionError('check_cache_config accepted an uninstalled backend')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_checking_options_does_not_import_torch(tmp_path):
@@ -165,7 +198,7 @@ def test_checking_options_does_not_import_torch(tmp_path):
     path = write(tmp_path, "cache: {backend: radix, options: {}}\n")
     code = (
         "import sys\n"
-        "from prefixcache.config import load_config\n"
+        "from prefixcache.config_checks import load_config\n"
         "from prefixcache.engine.config import parse_serving_config\n"
         f"load_config({str(path)!r})\n"
         "parse_serving_config({'cache': {'backend': 'hash', 'options': {'verify_hits': 'never'}}, 'engine': {}})\n"

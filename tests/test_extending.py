@@ -88,7 +88,7 @@ def test_options_are_validated_by_the_class():
     with pytest.raises(ConfigError, match=r"options.min_tokens: must be >= 0, got -1"):
         build({"min_tokens": -1})
     with pytest.raises(ConfigError, match=r"options.x: unknown option for backend radix; allowed: none"):
-        CacheConfig(backend="radix", block_size=4, num_blocks=8, options={"x": 1})
+        prefixcache.build_cache(CacheConfig(backend="radix", block_size=4, num_blocks=8, options={"x": 1}))
     with pytest.raises(ConfigError, match=r"options.verify_hits: 'maybe' is not allowed for backend "
                                           r"min_match:MinMatchHash; allowed values: auto, always, never"):
         build({"verify_hits": "maybe"})  # the base class's choices hold for subclasses

@@ -11,7 +11,8 @@ import pytest
 import prefixcache
 from prefixcache.block_contents import BlockContents, PyBlockContents
 from prefixcache.block_pool import BlockPool, PyBlockPool
-from prefixcache.config import CacheConfig, ConfigError, HashConfig, load_config
+from prefixcache.config import CacheConfig, ConfigError, HashConfig
+from prefixcache.config_checks import load_config
 from prefixcache.hashing import chain_hashes, reference_chain_hashes
 from prefixcache.radix_tree import PyRadixTree, RadixTree
 

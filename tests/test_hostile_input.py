@@ -17,7 +17,8 @@ import prefixcache
 from prefixcache import limits
 from prefixcache.ab_config import load_ab_config
 from prefixcache.cli import main
-from prefixcache.config import MAX_CONFIG_BYTES, MAX_YAML_DEPTH, CacheConfig, ConfigError, SecurityWarning, load_config
+from prefixcache.config import MAX_CONFIG_BYTES, MAX_YAML_DEPTH, CacheConfig, ConfigError, SecurityWarning
+from prefixcache.config_checks import check_cache_config, load_config
 from prefixcache.registry import NO_IMPORT_ENV
 from prefixcache.workloads import MooncakeRecord, read_records, write_records
 from prefixcache.workloads.checks import MAX_REQUESTS
@@ -335,14 +336,14 @@ def test_no_import_refuses_import_paths_and_keeps_registered_names(tmp_path, cap
         assert "allowed: the registered names hash, radix" in err
     monkeypatch.setenv(NO_IMPORT_ENV, "1")
     with pytest.raises(ConfigError, match="eviction: eviction policy 'x.y:Z' is an import path"):
-        CacheConfig(eviction="x.y:Z")
+        check_cache_config(CacheConfig(eviction="x.y:Z"))
     assert load_config(write(tmp_path, "cache: {backend: radix, eviction: gslru}\n")).backend == "radix"
 
 
 def test_trusting_a_fast_hash_warns_at_load():
     with pytest.warns(SecurityWarning, match="options.verify_hits: never trusts xxhash"):
-        CacheConfig(hash=prefixcache.HashConfig("xxhash"), options={"verify_hits": "never"})
+        check_cache_config(CacheConfig(hash=prefixcache.HashConfig("xxhash"), options={"verify_hits": "never"}))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        CacheConfig(options={"verify_hits": "never"})  # sha256: what auto does anyway
-        CacheConfig(hash=prefixcache.HashConfig("xxhash"))
+        check_cache_config(CacheConfig(options={"verify_hits": "never"}))  # sha256: what auto does anyway
+        check_cache_config(CacheConfig(hash=prefixcache.HashConfig("xxhash")))

@@ -44,6 +44,7 @@ from prefixcache.cluster.registry import resolve_router
 from prefixcache.cluster.router import Router, RouterContext
 from prefixcache.cluster.service_model import ServiceModel
 from prefixcache.config import CacheConfig, ConfigError, from_mapping, load_yaml, to_plain
+from prefixcache.config_checks import check_cache_config
 
 __all__ = ["ClusterConfig", "RouterSpec", "REFERENCE_ROUTER", "load_cluster_config", "parse_cluster_config",
            "is_cluster_mapping"]
@@ -87,6 +88,10 @@ class ClusterConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        try:
+            check_cache_config(self.cache)
+        except ConfigError as err:
+            raise err.within("cache") from None
         if self.capacity_tokens < self.cache.block_size:
             raise ConfigError(
                 "capacity_tokens",

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-from prefixcache.config import ConfigError
+from prefixcache.cluster.router import Router
+from prefixcache.errors import ConfigError
 from prefixcache.registry import _entry_point_names, _import_path, _registrar
-
-if TYPE_CHECKING:
-    from prefixcache.cluster.router import Router
 
 __all__ = ["ROUTER_GROUP", "register_router", "resolve_router", "available_routers", "check_router_name"]
 
@@ -34,15 +32,9 @@ _routers: dict[str, type] = {}
 C = TypeVar("C", bound=type)
 
 
-def _router_base() -> type:
-    from prefixcache.cluster.router import Router
-
-    return Router
-
-
 def register_router(name: str) -> Callable[[C], C]:
     """Class decorator: make a `Router` subclass selectable as `router: name`."""
-    return _registrar(_routers, name, "router", _router_base)
+    return _registrar(_routers, name, "router", Router)
 
 
 def available_routers() -> list[str]:
@@ -73,7 +65,7 @@ def resolve_router(spec: str) -> type[Router]:
             )
         cls = _import_path(path, "router")
         cls = _routers.get(spec, cls)
-    if not issubclass(cls, _router_base()):
+    if not issubclass(cls, Router):
         raise ConfigError("router", f"{spec!r} is {cls.__qualname__}, not a Router subclass")
     return cls
 

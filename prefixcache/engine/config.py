@@ -35,9 +35,9 @@ from prefixcache.config import (
     did_you_mean,
     from_mapping,
     load_yaml,
-    parse_cache_config,
     require_section,
 )
+from prefixcache.config_checks import parse_cache_config
 
 __all__ = ["SamplingConfig", "EngineConfig", "ServingConfig", "load_serving_config", "parse_serving_config",
            "check_sections", "BUILTIN_MODELS", "SECTIONS"]

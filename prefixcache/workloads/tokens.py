@@ -29,6 +29,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate
 from typing import overload
 
+from prefixcache._C import expand_runs
+
 __all__ = ["TokenRuns", "TokenSource", "BlockContent"]
 
 BlockContent = int | tuple[tuple[int, int], ...]
@@ -92,8 +94,6 @@ class TokenRuns(Sequence[int]):
     def to_array(self, itemsize: int = 8) -> array:
         """All token ids as `array('q')` (itemsize 8) or `array('i')` (4; ValueError if an id
         does not fit int32), expanded in C++: what a cache takes, as one buffer."""
-        from prefixcache._C import expand_runs
-
         return expand_runs(self._runs, itemsize)
 
     def tolist(self) -> list[int]:
