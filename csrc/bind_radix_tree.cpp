@@ -207,7 +207,7 @@ void bind_radix_tree(py::module_& m) {
       }, "{first page as a tuple: child id}, oldest child first.");
 
   py::class_<RadixTree>(m, "RadixTree", R"doc(
-SGLang RadixAttention prefix tree over a BlockPool (see prefixcache/radix_tree.py
+SGLang RadixAttention prefix tree over a BlockPool (see tests/reference/radix_tree.py
 for the reference model and the full contract).
 
 The tree owns one pool reference per block it holds. Sizes are in tokens.

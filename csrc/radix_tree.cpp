@@ -771,9 +771,13 @@ RadixNode* RadixTree::node_ptr(int64_t id, const char* what) const {
 }
 
 EvictionCandidate RadixTree::candidate(const RadixNode& n) const {
-  return EvictionCandidate{n.id,          static_cast<int64_t>(n.tokens.size()), n.last_access_time,
-                           n.creation_time, n.hit_count, n.priority, n.use_count, n.last_use, n.request_tokens,
-                           n.cached_prefix_len, n.history_len};
+  EvictionCandidate c;
+  c.id = n.id;
+  c.num_tokens = static_cast<int64_t>(n.tokens.size());
+#define PREFIXCACHE_NODE_FIELD(name, doc) c.name = n.name;
+  PREFIXCACHE_CANDIDATE_STAMPS(PREFIXCACHE_NODE_FIELD)
+#undef PREFIXCACHE_NODE_FIELD
+  return c;
 }
 
 NodeInfo RadixTree::node(int64_t id) const {

@@ -5,7 +5,7 @@
 // block it holds, the lock refs that protect the paths of live requests, the
 // exact evictable / protected sizes, a logical clock for recency, and eviction
 // of unlocked leaves by policy priority. Mirrors the pure-Python reference
-// model in prefixcache/radix_tree.py; the two must agree operation for
+// model in tests/reference/radix_tree.py; the two must agree operation for
 // operation (tests/test_radix_tree_stateful.py).
 //
 // Never does: allocate blocks, hash, record events, or know about requests.

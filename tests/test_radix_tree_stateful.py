@@ -18,9 +18,10 @@ import random
 import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from reference.block_pool import PyBlockPool
+from reference.radix_tree import NATIVE_ORDERS, PyRadixTree
 
-from prefixcache.block_pool import BlockPool, PyBlockPool
-from prefixcache.radix_tree import NATIVE_ORDERS, PyRadixTree, RadixTree
+from prefixcache._C import BlockPool, RadixTree
 
 NUM_BLOCKS = 24
 NAMESPACES = [None, "a", "b"]
