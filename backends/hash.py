@@ -498,12 +498,16 @@ class HashCache(PrefixCache):
         return blocks
 
     def _record_removed(self, hashes: Sequence[bytes]) -> None:
-        """One BlockRemoved per dropped hash, as vLLM."""
-        self._events.record_from(_removed_events, hashes)
+        """Record the BlockRemoved of these dropped hashes."""
+        self._events.record_from(self._removed_events, hashes)
 
     def _allocation_events(self, removed: Sequence[bytes]) -> list[BlockRemoved]:
         """The BlockRemoved of the evictor's victims, then of what the latest allocation's reuse dropped."""
-        return _removed_events(removed) + _removed_events(self.pool.last_removed())
+        return self._removed_events([*removed, *self.pool.last_removed()])
+
+    def _removed_events(self, hashes: Sequence[bytes]) -> list[BlockRemoved]:
+        """One BlockRemoved per dropped hash, as vLLM (every one the cache records)."""
+        return [BlockRemoved((block_hash,), group_idx=_GROUP) for block_hash in hashes]
 
     def _cache_full_blocks(self, request: HashRequest, num_full_blocks: int) -> None:
         """Index blocks [num_cached_blocks, num_full_blocks) of the request's table."""
@@ -529,26 +533,23 @@ class HashCache(PrefixCache):
         self._events.record_from(self._stored_events, request, start, num_full_blocks)
 
     def _stored_events(self, request: HashRequest, start: int, stop: int) -> tuple[BlockStored]:
-        """vLLM's BlockStored (one) for blocks [start, stop) of one request."""
+        """The one event a commit records (`record_from` takes events in a collection)."""
+        return (self._stored_event(request, start, stop),)
+
+    def _stored_event(self, request: HashRequest, start: int, stop: int) -> BlockStored:
+        """vLLM's BlockStored for blocks [start, stop) of one request."""
         bs, namespace = self.block_size, request.namespace
         first = event_extra_keys(namespace_extra_keys(namespace))
         later = event_extra_keys(namespace_extra_keys(namespace, first_block=False))
         lora_id, lora_name = event_lora(namespace)
-        return (
-            BlockStored(
-                block_hashes=tuple(self._digest(request, i) for i in range(start, stop)),
-                parent_block_hash=self._digest(request, start - 1) if start else None,
-                token_ids=tuple(request.tokens[start * bs : stop * bs]),
-                block_size=bs,
-                lora_id=lora_id,
-                lora_name=lora_name,
-                extra_keys=tuple(first if i == 0 else later for i in range(start, stop)),
-                group_idx=_GROUP,
-                kv_cache_spec_kind=FULL_ATTENTION,
-            ),
+        return BlockStored(
+            block_hashes=tuple(self._digest(request, i) for i in range(start, stop)),
+            parent_block_hash=self._digest(request, start - 1) if start else None,
+            token_ids=tuple(request.tokens[start * bs : stop * bs]),
+            block_size=bs,
+            lora_id=lora_id,
+            lora_name=lora_name,
+            extra_keys=tuple(first if i == 0 else later for i in range(start, stop)),
+            group_idx=_GROUP,
+            kv_cache_spec_kind=FULL_ATTENTION,
         )
-
-
-def _removed_events(hashes: Sequence[bytes]) -> list[BlockRemoved]:
-    """One BlockRemoved per dropped hash, as vLLM."""
-    return [BlockRemoved((block_hash,), group_idx=_GROUP) for block_hash in hashes]
