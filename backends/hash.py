@@ -44,11 +44,14 @@ by reuse or by `evict`.
 Events are vLLM's: one `BlockStored` per commit that caches blocks (their hashes, the
 parent hash of the first, their tokens, per-block extra keys in vLLM's event form,
 `group_idx=0`, `kv_cache_spec_kind="full_attention"`, the adapter's `lora_id`), one
-`BlockRemoved` per hash dropped, `AllBlocksCleared` on `reset`.
+`BlockRemoved` per hash dropped, `AllBlocksCleared` on `reset`. With `enable_events`
+off the log is a `NullEventLog`, which never builds them.
 
-Eviction. With `eviction: lru` (the default) the free queue's order is the policy, at no
-added cost. Any other policy (`prefixcache.eviction`, or a plugin's) runs through a
-`BlockEvictor` (`prefixcache.block_evictor`): blocks are ranked once, when their last
+Eviction (`prefixcache.evictors`; the backend always holds an evictor and calls it
+alike). With `eviction: lru` (the default) the free queue's order is the policy: its
+`FreeQueueEvictor` ranks nothing and costs a Python call per call it stands for. Any
+other policy (`prefixcache.eviction`, or a plugin's) runs through a `BlockEvictor`
+(`csrc/block_evictor.h`): blocks are ranked once, when their last
 reference is dropped, and before an allocation takes n blocks the policy's victims are
 uncached and moved to the front of the free queue, so allocation only ever reuses
 keyless blocks. `admit` takes `priority=` (int) for `eviction: priority`.
@@ -62,7 +65,8 @@ as a copy (`Admission.copies`).
 Options: `verify_hits` (below).
 
 Hit verification. Under `sha256_cbor`/`sha256` a hash hit is trusted, as vLLM trusts
-it: nobody can find SHA-256 collisions, and that path pays nothing extra. Under
+it: nobody can find SHA-256 collisions, and its `TrustingVerifier` (beside
+`BlockContents`, with the same calls) hands back the pool's look-up as it is. Under
 `xxhash`/`xxhash_cbor` (128-bit, not collision resistant: a collision would hand a
 request another prompt's KV, or another tenant's) every hit is proved before it is
 used: `BlockContents` keeps, per cached block, an immutable record of what its KV was
@@ -92,18 +96,20 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from prefixcache._C import BlockContents, BlockEvictor, BlockPool, CallbackBlockEvictor, InvariantError, extend_tokens
+from prefixcache._C import BlockContents, BlockPool, InvariantError, extend_tokens
+from prefixcache.block_contents import TrustingVerifier
 from prefixcache.config import CacheConfig
 from prefixcache.events import (
     FULL_ATTENTION,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
-    EventLog,
     KVEvent,
     event_extra_keys,
+    event_log,
     event_lora,
 )
+from prefixcache.evictors import block_evictor
 from prefixcache.hashing import CRYPTOGRAPHIC, chain_digests, namespace_extra_keys, none_hash
 from prefixcache.isolation import exact_bytes
 from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded, token_buffer
@@ -136,7 +142,7 @@ class HashRequest(Request):
     copy_source:       the cached block a partial hit copies from, pinned by the
                        request until its first commit or its release (else None)
     namespace_bytes:   `isolation.exact_bytes(namespace)`, what hit verification
-                       compares (only set when the cache verifies hits)
+                       compares
     """
 
     digests: bytearray = None  # type: ignore[assignment]
@@ -160,7 +166,7 @@ class HashCache(PrefixCache):
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)
         self.policy = resolve_eviction_policy(config.eviction)()
-        self._evictor = self._make_evictor()  # None: the free queue's LRU
+        self._evictor = block_evictor(pool, self.block_size, self.policy)
         self._trims = type(self).usable_hit is not PrefixCache.usable_hit
         verify = self.options["verify_hits"]  # one of VERIFY_HITS (option_choices)
         self._algorithm = config.hash.algorithm
@@ -169,9 +175,9 @@ class HashCache(PrefixCache):
         # Hits found through a non-cryptographic hash are proved against exact contents.
         if verify == "auto":
             verify = "never" if self._algorithm in CRYPTOGRAPHIC else "always"
-        self._contents = BlockContents(pool, self.block_size) if verify == "always" else None
+        self._verifier = BlockContents(pool, self.block_size) if verify == "always" else TrustingVerifier(pool)
         self._requests: RequestTable[HashRequest] = RequestTable()
-        self._events = EventLog(config.enable_events)
+        self._events = event_log(config.enable_events)
         self._stats = StatsCounter()
         # `evictions` is the pool's count since the last reset (the pool is ours alone),
         # read when stats are asked for rather than bumped on every allocation.
@@ -186,11 +192,8 @@ class HashCache(PrefixCache):
         tokens = check_tokens(tokens, allow_empty=True)
         namespace = check_namespace(namespace)
         digests = self._prompt_digests(tokens, namespace)
-        namespace_bytes = b"" if self._contents is None else exact_bytes(namespace)
-        if self._contents is None:
-            hits = self.pool.lookup_chain_packed(digests, self._digest_size)
-        else:
-            hits, _ = self._contents.lookup_chain(digests, self._digest_size, tokens, namespace_bytes)
+        namespace_bytes = exact_bytes(namespace)
+        hits, _ = self._verifier.lookup_chain(digests, self._digest_size, tokens, namespace_bytes)
         partial = None
         if self._trims or self.partial_hits:
             hits, partial, _ = self._usable(tokens, namespace, namespace_bytes, digests, hits, len(tokens))
@@ -217,11 +220,8 @@ class HashCache(PrefixCache):
         bs, ds = self.block_size, self._digest_size
         # The hit covers at most len(tokens) - 1 tokens: every full block but one that ends the prompt.
         capped = digests if len(tokens) % bs else digests[:-ds]
-        if self._contents is None:  # a cryptographic hash: hits are trusted, verification costs nothing
-            hits, refuted, namespace_bytes = self.pool.lookup_chain_packed(capped, ds), False, b""
-        else:
-            namespace_bytes = exact_bytes(namespace)
-            hits, refuted = self._contents.lookup_chain(capped, ds, tokens, namespace_bytes)
+        namespace_bytes = exact_bytes(namespace)
+        hits, refuted = self._verifier.lookup_chain(capped, ds, tokens, namespace_bytes)
         partial = None
         if self._trims or self.partial_hits:  # only a subclass with a hook pays for it
             hits, partial, refuted_partial = self._usable(
@@ -235,15 +235,12 @@ class HashCache(PrefixCache):
             self._last_refused = (request_id, namespace, tokens, digests)
             return None
         self._last_refused = None
-        # Pin before allocating, so allocation cannot evict them.
-        if self._evictor is not None:
-            # The policy's victims first, never a hit (a failing policy then changes nothing),
-            # then the pins; allocation below takes only keyless blocks.
-            self._record_removed(self._evictor.make_room(num_new, pinned))
-            self._evictor.admit(pinned, len(tokens) // bs * bs, priority)
-        elif pinned:
-            self.pool.touch(pinned)
-        table = hits + self._allocate(num_new)
+        # Pin before allocating, so allocation cannot evict them: the policy's victims
+        # first, never a hit (a failing policy then changes nothing), then the pins;
+        # allocation below takes only keyless blocks.
+        removed = self._evictor.make_room(num_new, pinned)
+        self._evictor.admit(pinned, len(tokens) // bs * bs, priority)
+        table = hits + self._take(num_new, removed)
         num_hit_tokens = len(hits) * bs + (partial[1] if partial else 0)
         copies = ((partial[0], table[len(hits)], partial[1]),) if partial else ()
         self._requests.add(
@@ -287,7 +284,7 @@ class HashCache(PrefixCache):
                 del held[before:]
                 self._stats.rejected += 1
                 return None
-            new_blocks = self._allocate(num_new)
+            new_blocks = self._take(num_new, self._evictor.make_room(num_new))
             request.block_table.extend(new_blocks)
         return new_blocks
 
@@ -331,10 +328,7 @@ class HashCache(PrefixCache):
         order (LRU: least recently freed first). They were already free; now they can
         no longer be hit."""
         num_blocks = check_count(num_blocks, "num_blocks")
-        if self._evictor is not None:
-            removed = self._evictor.evict(num_blocks)
-        else:
-            removed = self.pool.evict_front(num_blocks)
+        removed = self._evictor.evict(num_blocks)
         self._record_removed(removed)
         return len(removed)
 
@@ -343,8 +337,7 @@ class HashCache(PrefixCache):
         if self.pool.num_pinned:
             return False
         self.pool.uncache_all()
-        if self._evictor is not None:
-            self._evictor.reset()
+        self._evictor.reset()
         self._stats.reset()
         self._evicted_at_reset = self.pool.num_evicted
         self._events.record(AllBlocksCleared())
@@ -363,8 +356,7 @@ class HashCache(PrefixCache):
     @guarded
     def check_invariants(self) -> None:
         self.pool.check_invariants()
-        if self._evictor is not None:
-            self._evictor.check_invariants()
+        self._evictor.check_invariants()
         bs = self.block_size
         refs: Counter[int] = Counter()
         for r in self._requests:
@@ -379,14 +371,14 @@ class HashCache(PrefixCache):
                     f"{who}: {r.num_cached_blocks} cached blocks, {r.num_computed} computed tokens, "
                     f"{num_hashed} hashes"
                 )
-            if self._contents is not None and r.num_cached_blocks:
+            if r.num_cached_blocks:
                 # Blocks from the first id beyond int64 on are recorded as unprovable: never hit.
                 cached_tokens = r.tokens[: r.num_cached_blocks * bs]
                 provable = next(
                     (pos // bs for pos, t in enumerate(cached_tokens) if not _INT64[0] <= t <= _INT64[1]),
                     r.num_cached_blocks,
                 )
-                proved = self._contents.verify_table(table[: r.num_cached_blocks], r.tokens, r.namespace_bytes)
+                proved = self._verifier.verify_table(table[: r.num_cached_blocks], r.tokens, r.namespace_bytes)
                 if proved < provable:
                     raise InvariantError(
                         f"{who}: cached block {table[proved]} (#{proved}) does not hold exactly the request's "
@@ -410,8 +402,7 @@ class HashCache(PrefixCache):
                 )
         if self.pool.num_pinned != len(refs):
             raise InvariantError(f"{self.pool.num_pinned} blocks pinned but live tables hold {len(refs)}")
-        if self._contents is not None:
-            self._contents.check_invariants()
+        self._verifier.check_invariants()
         if self._stats.hits > self._stats.queries:
             raise InvariantError(f"stats: {self._stats.hits} hit tokens > {self._stats.queries} queried")
 
@@ -470,31 +461,16 @@ class HashCache(PrefixCache):
         block, n = partial
         if not 1 <= n <= min(bs - 1, limit - len(hits) * bs) or self.pool.key(block) is None:
             raise ValueError(f"partial_hit returned {partial!r}: needs a cached block and 1 <= n < block_size")
-        if self._contents is not None:
-            # A hook finds sources by hash, so a collision can offer any cached block (one
-            # of the hits, too): prove it as a full hit is proved.
-            if block in hits or not self._contents.verify_head(block, hits, tokens, n, namespace_bytes):
-                return hits, None, True
-        elif block in hits:
-            raise ValueError(f"partial_hit returned {partial!r}: the block is one of the hit blocks")
+        # A hook finds sources by hash, so under a hash that is verified a collision can
+        # offer any cached block (one of the hits, too): it is proved as a full hit is
+        # proved. Under a trusted hash a hit block is the hook's error (ValueError).
+        if not self._verifier.verify_head(block, hits, tokens, n, namespace_bytes) or block in hits:
+            return hits, None, True
         return hits, partial, False
-
-    # -- eviction policy (a BlockEvictor unless the free queue's LRU is the policy) ----
-    def _make_evictor(self) -> BlockEvictor | CallbackBlockEvictor | None:
-        policy = self.policy
-        if policy.native == "lru":
-            return None
-        ghost = policy.history * self.pool.num_blocks
-        if policy.native is not None:
-            return BlockEvictor(self.pool, self.block_size, policy.native, ghost_capacity=ghost, **policy.native_params())
-        return CallbackBlockEvictor(self.pool, self.block_size, policy.priority, ghost)
 
     def _unpin(self, blocks: list[int], request: HashRequest) -> None:
         """Drop the request's reference on `blocks` (in free-queue order)."""
-        if self._evictor is not None:
-            self._evictor.free(blocks, request.num_cached_blocks * self.block_size)
-        else:
-            self.pool.free(blocks)
+        self._evictor.free(blocks, request.num_cached_blocks * self.block_size)
 
     # -- internals --------------------------------------------------------------------
     def _prompt_digests(self, tokens: list[int], namespace: Namespace) -> bytes:
@@ -512,21 +488,26 @@ class HashCache(PrefixCache):
         """The hash of the request's block i."""
         return bytes(request.digests[i * self._digest_size : (i + 1) * self._digest_size])
 
-    def _allocate(self, n: int) -> list[int]:
-        """n fresh blocks; the caller checked there is room. Reports what reuse evicted."""
-        if self._evictor is not None:  # the policy picks the victims; allocation takes only them
-            self._record_removed(self._evictor.make_room(n))
+    def _take(self, n: int, removed: Sequence[bytes]) -> list[int]:
+        """n fresh blocks, once the evictor made room for them (a policy's victims, whose
+        hashes are `removed`: allocation then takes only keyless blocks) and the caller
+        checked there is room. Reports `removed` and what reuse dropped."""
         blocks = self.pool.allocate(n)
         assert blocks is not None, "caller checked the pool has room"
-        if self._events.enabled:
-            self._record_removed(self.pool.last_removed())
+        self._events.record_from(self._allocation_events, removed)
         return blocks
 
-    def _record_removed(self, hashes: list[bytes]) -> None:
-        """One BlockRemoved per dropped hash, as vLLM."""
-        if self._events.enabled:
-            for block_hash in hashes:
-                self._events.record(BlockRemoved((block_hash,), group_idx=_GROUP))
+    def _record_removed(self, hashes: Sequence[bytes]) -> None:
+        """Record the BlockRemoved of these dropped hashes."""
+        self._events.record_from(self._removed_events, hashes)
+
+    def _allocation_events(self, removed: Sequence[bytes]) -> list[BlockRemoved]:
+        """The BlockRemoved of the evictor's victims, then of what the latest allocation's reuse dropped."""
+        return self._removed_events([*removed, *self.pool.last_removed()])
+
+    def _removed_events(self, hashes: Sequence[bytes]) -> list[BlockRemoved]:
+        """One BlockRemoved per dropped hash, as vLLM (every one the cache records)."""
+        return [BlockRemoved((block_hash,), group_idx=_GROUP) for block_hash in hashes]
 
     def _cache_full_blocks(self, request: HashRequest, num_full_blocks: int) -> None:
         """Index blocks [num_cached_blocks, num_full_blocks) of the request's table."""
@@ -542,17 +523,18 @@ class HashCache(PrefixCache):
                 namespace_extra_keys(request.namespace, first_block=False),
             )
         blocks, keys = request.block_table[start:num_full_blocks], bytes(request.digests[start * ds : num_full_blocks * ds])
-        if self._contents is not None:
-            # First: it validates the tokens (all or nothing), and blocks without a
-            # key are never looked up, so recording them early is harmless.
-            parent = request.block_table[start - 1] if start else -1
-            self._contents.record(parent, blocks, request.tokens, start * bs, request.namespace_bytes)
+        # Recorded first: it validates the tokens (all or nothing), and blocks without a
+        # key are never looked up, so recording them early is harmless.
+        parent = request.block_table[start - 1] if start else -1
+        self._verifier.record(parent, blocks, request.tokens, start * bs, request.namespace_bytes)
         self.pool.cache_many_packed(blocks, keys, ds)
-        if self._evictor is not None:
-            self._evictor.cached(blocks, keys, ds, request.priority)
+        self._evictor.cached(blocks, keys, ds, request.priority)
         request.num_cached_blocks = num_full_blocks
-        if self._events.enabled:
-            self._events.record(self._stored_event(request, start, num_full_blocks))
+        self._events.record_from(self._stored_events, request, start, num_full_blocks)
+
+    def _stored_events(self, request: HashRequest, start: int, stop: int) -> tuple[BlockStored]:
+        """The one event a commit records (`record_from` takes events in a collection)."""
+        return (self._stored_event(request, start, stop),)
 
     def _stored_event(self, request: HashRequest, start: int, stop: int) -> BlockStored:
         """vLLM's BlockStored for blocks [start, stop) of one request."""

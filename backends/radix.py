@@ -3,7 +3,7 @@
 Owns the request side of SGLang's radix cache: which tree node each live request
 locks, which of its blocks are its own and which are the tree's, when blocks are
 handed to the tree and when duplicates are freed, the KV events, and the stats. The
-tree itself (`prefixcache._C.RadixTree`, reference model `prefixcache.radix_tree`)
+tree itself (`prefixcache._C.RadixTree`, reference model `tests/reference/radix_tree.py`)
 holds the token runs, the lock refs and the eviction order.
 
 Must never: hash blocks for events when events are disabled (a history policy's
@@ -61,7 +61,7 @@ from `prefixcache.eviction` or a plugin; native ones (and their `native_params`,
 leaf when it becomes a candidate or changes (the tree keeps the keys in its order).
 
 Inspection: `cache.tree` is the tree, with the API documented in
-`prefixcache.radix_tree` (`total_size`, `evictable_size`, `protected_size`,
+`tests/reference/radix_tree.py` (`total_size`, `evictable_size`, `protected_size`,
 `root(namespace)`, `node(id)`, ...).
 
 Namespaces (`prefixcache.isolation`): each gets its own subtree, keyed by
@@ -83,9 +83,9 @@ from prefixcache.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
-    EventLog,
     KVEvent,
     event_extra_keys,
+    event_log,
     event_lora,
 )
 from prefixcache.hashing import block_hashes, namespace_extra_keys
@@ -148,7 +148,7 @@ class RadixCache(PrefixCache):
         self._trims = type(self).usable_hit is not PrefixCache.usable_hit
         self._requests: RequestTable[_RadixRequest] = RequestTable()
         self._stats = StatsCounter()
-        self._events = EventLog(config.enable_events)
+        self._events = event_log(config.enable_events)
         self._page_hash: dict[int, bytes] = {}  # tree block -> its chained hash (events only)
 
     # -- look-up -----------------------------------------------------------------------
@@ -359,10 +359,14 @@ class RadixCache(PrefixCache):
             raise
         finally:
             self._stats.evictions += freed
-            if self._events.enabled:
-                for block in self.tree.last_evicted():
-                    self._events.record(BlockRemoved(block_hashes=(self._page_hash.pop(block),), group_idx=_GROUP))
+            self._events.record_from(self._evicted_events)
         return freed
+
+    def _evicted_events(self) -> list[BlockRemoved]:
+        """One BlockRemoved per block the latest eviction freed; their hashes are forgotten."""
+        return [
+            BlockRemoved(block_hashes=(self._page_hash.pop(b),), group_idx=_GROUP) for b in self.tree.last_evicted()
+        ]
 
     def _insert(self, req: _RadixRequest, num_computed: int) -> None:
         """SGLang's cache_unfinished_req: hand the computed full pages to the tree, free
@@ -405,9 +409,13 @@ class RadixCache(PrefixCache):
 
     def _record_stored(self, req: _RadixRequest, start: int, end: int) -> None:
         """One BlockStored per new page in tokens [start, end), chained to the page before."""
-        if not self._events.enabled or start >= end:
-            return
+        if start < end:
+            self._events.record_from(self._stored_events, req, start, end)
+
+    def _stored_events(self, req: _RadixRequest, start: int, end: int) -> list[BlockStored]:
+        """The BlockStored of pages [start, end) (TOKENS), whose hashes it remembers."""
         bs = self.block_size
+        out: list[BlockStored] = []
         first = start // bs
         parent = self._page_hash[req.block_table[first - 1]] if first else None
         lora_id, lora_name = event_lora(req.namespace)
@@ -422,7 +430,7 @@ class RadixCache(PrefixCache):
         for i, block_hash in enumerate(hashes):
             page = first + i
             self._page_hash[req.block_table[page]] = block_hash
-            self._events.record(
+            out.append(
                 BlockStored(
                     block_hashes=(block_hash,),
                     parent_block_hash=parent,
@@ -436,6 +444,7 @@ class RadixCache(PrefixCache):
                 )
             )
             parent = block_hash
+        return out
 
     # -- invariants ----------------------------------------------------------------------
     def _tree_blocks(self) -> list[int]:
@@ -481,5 +490,6 @@ class RadixCache(PrefixCache):
                 f"{self.pool.num_pinned} blocks pinned but the tree holds {len(tree_blocks)} "
                 f"and live requests {len(private)}"
             )
-        if self._events.enabled and set(self._page_hash) != tree_blocks:
-            fail("the page-hash table does not cover exactly the tree's blocks")
+        # The page-hash table exists for events: a cache without them hashes nothing.
+        if set(self._page_hash) != (tree_blocks if self._events.enabled else set()):
+            fail("the page-hash table does not cover exactly the tree's blocks (none without events)")

@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import argparse
 import platform
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from prefixcache.block_pool import BlockPool, PyBlockPool
+from prefixcache._C import BlockPool
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from reference.block_pool import PyBlockPool  # noqa: E402
 
 
 def scenarios(batch: int, num_blocks: int) -> dict[str, Callable[[object], Callable[[], None]]]:

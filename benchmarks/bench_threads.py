@@ -37,10 +37,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from prefixcache import build_cache
-from prefixcache._C import CallGuard, InvariantError
+from prefixcache._C import BlockPool, CallGuard, InvariantError
 from prefixcache.backends.hash import HashCache
 from prefixcache.backends.radix import RadixCache
-from prefixcache.block_pool import BlockPool
 from prefixcache.config import CacheConfig
 from prefixcache.eviction import LRU
 from prefixcache.protocol import PrefixCache, guarded

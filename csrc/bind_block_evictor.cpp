@@ -72,22 +72,17 @@ py::class_<BlockEvictor<Key>> bind_evictor(py::module_& m, const char* name, con
 }  // namespace
 
 void bind_block_evictor(py::module_& m) {
-  py::class_<EvictionCandidate>(m, "EvictionCandidate",
-                                "What an eviction policy reads about a candidate (a radix leaf or a free cached block).")
-      .def_readonly("node", &EvictionCandidate::id, "Node id (radix).")
-      .def_readonly("block", &EvictionCandidate::id, "Block id (hash).")
-      .def_readonly("num_tokens", &EvictionCandidate::num_tokens)
-      .def_readonly("last_access_time", &EvictionCandidate::last_access_time)
-      .def_readonly("creation_time", &EvictionCandidate::creation_time)
-      .def_readonly("hit_count", &EvictionCandidate::hit_count)
-      .def_readonly("priority", &EvictionCandidate::priority)
-      .def_readonly("use_count", &EvictionCandidate::use_count)
-      .def_readonly("last_use", &EvictionCandidate::last_use)
-      .def_readonly("request_tokens", &EvictionCandidate::request_tokens)
-      .def_readonly("cached_prefix_len", &EvictionCandidate::cached_prefix_len,
-                    "TOKENS from the root to the end of the node (radix; 0 for a hash block).")
-      .def_readonly("history_len", &EvictionCandidate::history_len,
-                    "Deepest cached_prefix_len the node's branch reached (radix; 0 for a hash block).");
+  auto candidate = py::class_<EvictionCandidate>(
+      m, "EvictionCandidate", "What an eviction policy reads about a candidate (a radix leaf or a free cached block).");
+  candidate.def_readonly("node", &EvictionCandidate::id, "Node id (radix).")
+      .def_readonly("block", &EvictionCandidate::id, "Block id (hash).");
+  py::list fields;
+#define PREFIXCACHE_BIND_CANDIDATE_FIELD(name, doc)              \
+  candidate.def_readonly(#name, &EvictionCandidate::name, doc); \
+  fields.append(#name);
+  PREFIXCACHE_CANDIDATE_FIELDS(PREFIXCACHE_BIND_CANDIDATE_FIELD)
+#undef PREFIXCACHE_BIND_CANDIDATE_FIELD
+  m.attr("CANDIDATE_FIELDS") = py::tuple(fields);
 
   auto native = bind_evictor<NativeKey>(m, "BlockEvictor", R"doc(
 Policy-ordered eviction of free cached blocks for the hash strategy, with a native

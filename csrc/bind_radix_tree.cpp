@@ -184,30 +184,24 @@ void bind_radix_tree(py::module_& m) {
       .def_property_readonly("displaced", [](const InsertResult& r) { return to_list(r.displaced); },
                              "Caller block ids replaced by the tree's (duplicates; the caller frees them).");
 
-  py::class_<NodeInfo>(m, "RadixNodeInfo", "A copy of one tree node.")
-      .def_readonly("id", &NodeInfo::id)
+  auto node_info = py::class_<NodeInfo>(m, "RadixNodeInfo", "A copy of one tree node.");
+  node_info.def_readonly("id", &NodeInfo::id)
       .def_readonly("parent", &NodeInfo::parent)
       .def_property_readonly("namespace", [](const NodeInfo& n) { return from_namespace(n.ns); })
       .def_property_readonly("tokens", [](const NodeInfo& n) { return to_tuple(n.tokens); })
       .def_property_readonly("block_ids", [](const NodeInfo& n) { return to_tuple(n.blocks); })
       .def_readonly("lock_ref", &NodeInfo::lock_ref)
-      .def_readonly("last_access_time", &NodeInfo::last_access_time)
-      .def_readonly("creation_time", &NodeInfo::creation_time)
-      .def_readonly("hit_count", &NodeInfo::hit_count)
-      .def_readonly("priority", &NodeInfo::priority)
-      .def_readonly("use_count", &NodeInfo::use_count)
-      .def_readonly("last_use", &NodeInfo::last_use)
-      .def_readonly("request_tokens", &NodeInfo::request_tokens)
-      .def_readonly("cached_prefix_len", &NodeInfo::cached_prefix_len)
-      .def_readonly("history_len", &NodeInfo::history_len)
       .def_property_readonly("children", [](const NodeInfo& n) {
         py::dict out;
         for (const auto& [page, id] : n.children) out[to_tuple(page)] = id;
         return out;
       }, "{first page as a tuple: child id}, oldest child first.");
+#define PREFIXCACHE_BIND_NODE_STAMP(name, doc) node_info.def_readonly(#name, &NodeInfo::name, doc);
+  PREFIXCACHE_CANDIDATE_STAMPS(PREFIXCACHE_BIND_NODE_STAMP)
+#undef PREFIXCACHE_BIND_NODE_STAMP
 
   py::class_<RadixTree>(m, "RadixTree", R"doc(
-SGLang RadixAttention prefix tree over a BlockPool (see prefixcache/radix_tree.py
+SGLang RadixAttention prefix tree over a BlockPool (see tests/reference/radix_tree.py
 for the reference model and the full contract).
 
 The tree owns one pool reference per block it holds. Sizes are in tokens.

@@ -7,7 +7,7 @@
 // A block's key is computed ONCE, when it becomes a candidate (when free()
 // drops its last reference), never per comparison and never per operation:
 // for a Python policy that is one call per freed cached block. Mirrors the
-// reference model PyBlockEvictor in prefixcache/block_evictor.py.
+// reference model PyBlockEvictor in tests/reference/block_evictor.py.
 //
 // Never does: decide hits, hash, or reuse a block itself. The pool still
 // allocates from the front of its free queue; make_room() first evicts

@@ -3,7 +3,7 @@
 // Owns: per-block reference counts, the free queue (an intrusive doubly linked
 // list over int32 prev/next arrays with two sentinels), and the key -> blocks
 // index of cached blocks. Mirrors the pure-Python reference model in
-// prefixcache/block_pool.py; the two must agree operation for operation.
+// tests/reference/block_pool.py; the two must agree operation for operation.
 //
 // Never does: hashing, matching, policy. It does not know what a key means,
 // which request holds a block, or why a block is cached. Every bad argument

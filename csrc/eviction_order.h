@@ -2,7 +2,8 @@
 // (free cached blocks of the hash strategy): what a candidate looks like and
 // the native priority of each built-in policy.
 //
-// Owns: EvictionCandidate (what a policy may read, prefixcache.eviction.Candidate),
+// Owns: EvictionCandidate and its field list (what a policy may read,
+// prefixcache.eviction.Candidate),
 // the EvictionOrder enum and its parser, the parameters of the orders that have
 // some, and native_key(): the sortable key of a candidate, smallest evicted
 // first. Mirrors the priority() methods of prefixcache/eviction.py exactly.
@@ -48,20 +49,34 @@ struct OrderParams {
 };
 
 // What a policy may read about a candidate (a radix leaf, or a free cached
-// block). Times are logical clocks; `last_use` is the traffic clock (TOKENS of
-// prompts admitted so far) at the candidate's last use.
+// block), besides its id: X(name, doc) per field, all int64. The one definition:
+// EvictionCandidate's members, their Python properties and `_C.CANDIDATE_FIELDS`
+// (which prefixcache.eviction.Candidate is tested against and the Python twins'
+// records are built from) all expand this list. Times are logical clocks;
+// `last_use` is the traffic clock (TOKENS of prompts admitted so far) at the
+// candidate's last use.
+#define PREFIXCACHE_CANDIDATE_FIELDS(X)                            \
+  X(num_tokens, "Tokens it holds (a leaf's run, a block's size).") \
+  PREFIXCACHE_CANDIDATE_STAMPS(X)
+
+// The fields after num_tokens (a candidate's size, which a structure knows from its
+// shape): what a structure stamps on a candidate, under these names in a radix node.
+#define PREFIXCACHE_CANDIDATE_STAMPS(X)                                                                        \
+  X(last_access_time, "Logical clock of its last access.")                                                     \
+  X(creation_time, "Logical clock when it was created (radix) or cached (hash).")                              \
+  X(hit_count, "Times it was part of a hit.")                                                                  \
+  X(priority, "Highest request priority that touched it.")                                                     \
+  X(use_count, "Requests that used it (hit or computed it), history included.")                                \
+  X(last_use, "Traffic clock (TOKENS admitted) at its last use.")                                              \
+  X(request_tokens, "Whole-block prompt TOKENS of the request that last used it.")                             \
+  X(cached_prefix_len, "TOKENS from the root to the end of the node (radix; 0 for a hash block).")             \
+  X(history_len, "Deepest cached_prefix_len the node's branch reached, never shrinking (radix; 0 for a hash block).")
+
 struct EvictionCandidate {
-  int64_t id = 0;               // node id (radix) or block id (hash)
-  int64_t num_tokens = 0;       // tokens it holds (a leaf's run, a block's size)
-  int64_t last_access_time = 0;
-  int64_t creation_time = 0;
-  int64_t hit_count = 0;        // times it was part of a hit
-  int64_t priority = 0;         // highest request priority that touched it
-  int64_t use_count = 0;        // requests that used it (hit or computed it), history included
-  int64_t last_use = 0;         // traffic clock at its last use
-  int64_t request_tokens = 0;   // whole-block prompt TOKENS of the request that last used it
-  int64_t cached_prefix_len = 0;  // radix: TOKENS root -> the end of this node (tlru's path depth)
-  int64_t history_len = 0;        // radix: deepest cached_prefix_len its branch reached (never shrinks)
+  int64_t id = 0;  // node id (radix) or block id (hash)
+#define PREFIXCACHE_CANDIDATE_MEMBER(name, doc) int64_t name = 0;
+  PREFIXCACHE_CANDIDATE_FIELDS(PREFIXCACHE_CANDIDATE_MEMBER)
+#undef PREFIXCACHE_CANDIDATE_MEMBER
 };
 
 using NativeKey = std::pair<int64_t, int64_t>;

@@ -4,7 +4,7 @@
 // Owns: content key -> use count of the content when it was evicted, for at
 // most `capacity` keys; the oldest put is forgotten first (a FIFO by put
 // order, re-putting a key moves it to the back). Mirrors GhostTable in
-// prefixcache/eviction.py, entry for entry.
+// tests/reference/ghost_table.py, entry for entry.
 //
 // Never does: know what a key means. Keys are 64-bit content hashes (a block
 // hash's first 8 bytes, or a radix page's chained hash); a collision only

@@ -771,25 +771,32 @@ RadixNode* RadixTree::node_ptr(int64_t id, const char* what) const {
 }
 
 EvictionCandidate RadixTree::candidate(const RadixNode& n) const {
-  return EvictionCandidate{n.id,          static_cast<int64_t>(n.tokens.size()), n.last_access_time,
-                           n.creation_time, n.hit_count, n.priority, n.use_count, n.last_use, n.request_tokens,
-                           n.cached_prefix_len, n.history_len};
+  EvictionCandidate c;
+  c.id = n.id;
+  c.num_tokens = static_cast<int64_t>(n.tokens.size());
+#define PREFIXCACHE_NODE_FIELD(name, doc) c.name = n.name;
+  PREFIXCACHE_CANDIDATE_STAMPS(PREFIXCACHE_NODE_FIELD)
+#undef PREFIXCACHE_NODE_FIELD
+  return c;
 }
 
 NodeInfo RadixTree::node(int64_t id) const {
-  RadixNode copy;  // the node's fields with the stamps owed to it folded in
+  RadixNode copy;  // the node's stamps with the stamps owed to it folded in
   const RadixNode* n = node_ptr(id, "node");
   copy.parent = n->parent;
-  copy.last_access_time = n->last_access_time;
-  copy.priority = n->priority;
   copy.use_time = n->use_time;
-  copy.last_use = n->last_use;
-  copy.request_tokens = n->request_tokens;
-  copy.history_len = n->history_len;
+#define PREFIXCACHE_COPY_STAMP(name, doc) copy.name = n->name;
+  PREFIXCACHE_CANDIDATE_STAMPS(PREFIXCACHE_COPY_STAMP)
+#undef PREFIXCACHE_COPY_STAMP
   if (!pending_.empty()) apply_stamp(&copy, owed(n));
-  NodeInfo info{n->id,       std::nullopt, std::nullopt, n->tokens, n->blocks, n->lock_ref,
-                copy.last_access_time, n->creation_time, n->hit_count, copy.priority, n->use_count, copy.last_use,
-                copy.request_tokens, {}, n->cached_prefix_len, copy.history_len};
+  NodeInfo info;
+  info.id = n->id;
+  info.tokens = n->tokens;
+  info.blocks = n->blocks;
+  info.lock_ref = n->lock_ref;
+#define PREFIXCACHE_INFO_STAMP(name, doc) info.name = copy.name;
+  PREFIXCACHE_CANDIDATE_STAMPS(PREFIXCACHE_INFO_STAMP)
+#undef PREFIXCACHE_INFO_STAMP
   if (!n->is_root()) info.parent = n->parent->id;
   if (n->root->ns_name != nullptr) info.ns = *n->root->ns_name;
   for (const auto& [key, child] : n->children) {

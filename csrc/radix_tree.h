@@ -5,7 +5,7 @@
 // block it holds, the lock refs that protect the paths of live requests, the
 // exact evictable / protected sizes, a logical clock for recency, and eviction
 // of unlocked leaves by policy priority. Mirrors the pure-Python reference
-// model in prefixcache/radix_tree.py; the two must agree operation for
+// model in tests/reference/radix_tree.py; the two must agree operation for
 // operation (tests/test_radix_tree_stateful.py).
 //
 // Never does: allocate blocks, hash, record events, or know about requests.
@@ -202,24 +202,19 @@ struct InsertResult {
   std::vector<int32_t> displaced;  // caller's blocks replaced by the tree's (duplicates)
 };
 
-// A copy of one node, for inspection and tests.
+// A copy of one node, for inspection and tests: its shape, then what a policy reads
+// about it (eviction_order.h's stamps, with the stamps owed to it folded in).
 struct NodeInfo {
-  int64_t id;
+  int64_t id = 0;
   std::optional<int64_t> parent;
   Namespace ns;
   std::vector<int32_t> tokens;
   std::vector<int32_t> blocks;
-  int64_t lock_ref;
-  int64_t last_access_time;
-  int64_t creation_time;
-  int64_t hit_count;
-  int64_t priority;
-  int64_t use_count;
-  int64_t last_use;
-  int64_t request_tokens;
+  int64_t lock_ref = 0;
   std::vector<std::pair<std::vector<int32_t>, int64_t>> children;  // (first page, id), by id
-  int64_t cached_prefix_len;
-  int64_t history_len;
+#define PREFIXCACHE_NODE_INFO_STAMP(name, doc) int64_t name = 0;
+  PREFIXCACHE_CANDIDATE_STAMPS(PREFIXCACHE_NODE_INFO_STAMP)
+#undef PREFIXCACHE_NODE_INFO_STAMP
 };
 
 class RadixTree {

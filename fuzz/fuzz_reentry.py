@@ -28,7 +28,7 @@ from reader import Reader
 
 from prefixcache.backends.hash import HashCache
 from prefixcache.backends.radix import RadixCache
-from prefixcache.block_pool import BlockPool
+from prefixcache._C import BlockPool
 from prefixcache.config import CacheConfig, HashConfig
 from prefixcache.eviction import EvictionPolicy
 

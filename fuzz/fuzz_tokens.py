@@ -30,10 +30,8 @@ from harness import main
 from reader import EDGE_INTS, Reader
 
 import prefixcache
-from prefixcache._C import BlockContents, chain_digests, token_array, token_list
-from prefixcache.block_pool import BlockPool
+from prefixcache._C import BlockContents, BlockPool, RadixTree, chain_digests, token_array, token_list
 from prefixcache.config import CacheConfig
-from prefixcache.radix_tree import RadixTree
 
 try:
     import numpy as np

@@ -19,10 +19,13 @@ A partial hit's source (`verify_head`: a copy of a cached block's first n tokens
 proved the same way, at the position after the full hits, on its first n tokens.
 Nodes never change, so a proof never depends on what a reused block holds now.
 
-`BlockContents` (re-exported from the native core) is what the `hash` backend uses;
-`PyBlockContents` is the same semantics in plain Python (nodes are Python objects,
-kept alive by Python's own reference counting). Tests drive both with the same
-operations and require identical results.
+`BlockContents` (re-exported from the native core) is what the `hash` backend uses
+when it verifies hits; `TrustingVerifier` answers the same calls when it trusts them (a
+cryptographic hash: a hit is the pool's plain look-up, every proof holds, nothing is
+recorded), so the backend calls one verifier without asking which. `PyBlockContents` is
+the same semantics as `BlockContents` in plain Python (nodes are Python objects, kept
+alive by Python's own reference counting). Tests drive both with the same operations
+and require identical results.
 
 Must never: hash, count block references, touch the free queue or the key index (it
 reads the pool's index through `lookup` / `blocks_for`), or decide what is cached.
@@ -37,10 +40,14 @@ from typing import Protocol
 
 from prefixcache._C import BlockContents
 
-__all__ = ["BlockContents", "PyBlockContents"]
+__all__ = ["BlockContents", "PyBlockContents", "TrustingVerifier"]
 
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class _TrustedIndex(Protocol):
+    def lookup_chain_packed(self, keys: bytes, key_size: int) -> list[int]: ...
 
 
 class _KeyIndex(Protocol):
@@ -96,6 +103,41 @@ def _check_bytes(value: object, what: str) -> bytes:
     if not isinstance(value, bytes):
         raise TypeError(f"{what} must be bytes, got {type(value).__name__}")
     return value
+
+
+class TrustingVerifier:
+    """`BlockContents`' calls for a hash whose hits are trusted (SHA-256: nobody finds a
+    collision, and vLLM trusts it too): the pool's hits as they are, at no added cost."""
+
+    __slots__ = ("pool",)
+
+    def __init__(self, pool: _TrustedIndex) -> None:
+        self.pool = pool
+
+    def lookup_chain(
+        self, keys: bytes, key_size: int, tokens: Sequence[int], namespace: bytes
+    ) -> tuple[list[int], bool]:
+        """(the pool's longest run of cached keys from the start, False): nothing refuted."""
+        return self.pool.lookup_chain_packed(keys, key_size), False
+
+    def record(
+        self, parent: int, blocks: Sequence[int], tokens: Sequence[int], first_token: int, namespace: bytes
+    ) -> None:
+        """Nothing: a trusted hit needs no record of what a block holds."""
+
+    def verify_table(self, table: Sequence[int], tokens: Sequence[int], namespace: bytes) -> int:
+        """Every block proves its position: len(table)."""
+        return len(table)
+
+    def verify_head(self, block: int, proved: Sequence[int], tokens: Sequence[int], n: int, namespace: bytes) -> bool:
+        """True, unless `block` is one of `proved`: under a trusted hash a block holds one
+        position of a chain, so a source offered at the next one is the offer's mistake."""
+        if block in proved:
+            raise ValueError(f"a partial hit's source, block {block}, is one of the hit blocks {list(proved)}")
+        return True
+
+    def check_invariants(self) -> None:
+        """Nothing is kept, so nothing can be broken."""
 
 
 class PyBlockContents:

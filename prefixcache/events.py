@@ -3,9 +3,10 @@
 Owns the event value types, shaped like vLLM 0.33's `vllm.distributed.kv_events` (same
 names, same fields in the same order) so a router or KV-aware load balancer written for
 vLLM reads ours, and `EventLog`, the bounded buffer a backend appends to and
-`drain_events()` empties. Backends put the raw digest bytes in `block_hashes`; an event
-decoded from the wire (`prefixcache.event_wire`) carries what the publisher sent, by
-default vLLM's int form (`BlockHash`).
+`drain_events()` empties (`NullEventLog` when events are off; `event_log` picks).
+Backends put the raw digest bytes in `block_hashes`; an event decoded from the wire
+(`prefixcache.event_wire`) carries what the publisher sent, by default vLLM's int form
+(`BlockHash`).
 
 Must never: compute hashes, decide when an event happens (backends do both), or
 encode events for the wire (`event_wire` does). The `radix` backend reports pages with
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +30,8 @@ __all__ = [
     "BlockRemoved",
     "AllBlocksCleared",
     "EventLog",
+    "NullEventLog",
+    "event_log",
     "MEDIUM_GPU",
     "FULL_ATTENTION",
     "EVENT_LOG_CAPACITY",
@@ -127,37 +131,46 @@ def event_lora(namespace: object) -> tuple[int | None, str | None]:
 
 
 class EventLog:
-    """Ordered, bounded buffer of events; a disabled log records nothing and costs nothing.
+    """Ordered, bounded buffer of events (`NullEventLog` is the disabled form).
 
     Holds at most `capacity` events (default `EVENT_LOG_CAPACITY`): when full, recording drops the OLDEST event and
     counts it in `dropped` (logged once, as a warning), so a cache whose events nobody
     drains cannot grow without bound. A consumer that sees `dropped` move has missed
     events and must rebuild its view (a reset is the only full resynchronisation).
+
+    `record_from(build, *args)` records the events `build(*args)` returns: a backend
+    hands over how to make its events, so that a disabled log never makes them.
     """
 
-    __slots__ = ("enabled", "capacity", "dropped", "_events")
+    __slots__ = ("capacity", "dropped", "_events")
 
-    def __init__(self, enabled: bool = True, capacity: int | None = None) -> None:
+    #: Whether the log records (a `NullEventLog` does not).
+    enabled = True
+
+    def __init__(self, capacity: int | None = None) -> None:
         if capacity is None:
             capacity = EVENT_LOG_CAPACITY
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
-        self.enabled = enabled
         self.capacity = capacity
         self.dropped = 0
         self._events: deque[KVEvent] = deque(maxlen=capacity)
 
     def record(self, event: KVEvent) -> None:
-        if self.enabled:
-            if len(self._events) == self.capacity:
-                if not self.dropped:
-                    _log.warning(
-                        "KV event log full (%d events, nothing drains it): dropping the oldest; "
-                        "drain_events() regularly, or build the cache with enable_events=False",
-                        self.capacity,
-                    )
-                self.dropped += 1
-            self._events.append(event)
+        if len(self._events) == self.capacity:
+            if not self.dropped:
+                _log.warning(
+                    "KV event log full (%d events, nothing drains it): dropping the oldest; "
+                    "drain_events() regularly, or build the cache with enable_events=False",
+                    self.capacity,
+                )
+            self.dropped += 1
+        self._events.append(event)
+
+    def record_from(self, build: Callable[..., Iterable[KVEvent]], *args: Any) -> None:
+        """Record each event of `build(*args)`, in order."""
+        for event in build(*args):
+            self.record(event)
 
     def drain(self) -> list[KVEvent]:
         """Events since the last drain, oldest first; the log is left empty."""
@@ -167,3 +180,30 @@ class EventLog:
 
     def __len__(self) -> int:
         return len(self._events)
+
+
+class NullEventLog:
+    """A disabled `EventLog`: records nothing, never calls a `record_from` builder, and
+    costs one call per recording site."""
+
+    __slots__ = ()
+
+    enabled = False
+    dropped = 0
+
+    def record(self, event: KVEvent) -> None:
+        pass
+
+    def record_from(self, build: Callable[..., Iterable[KVEvent]], *args: Any) -> None:
+        pass
+
+    def drain(self) -> list[KVEvent]:
+        return []
+
+    def __len__(self) -> int:
+        return 0
+
+
+def event_log(enabled: bool, capacity: int | None = None) -> EventLog | NullEventLog:
+    """A cache's log: an `EventLog` when `enable_events` is set, else the `NullEventLog`."""
+    return EventLog(capacity) if enabled else NullEventLog()

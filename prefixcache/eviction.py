@@ -2,8 +2,7 @@
 
 Owns the `EvictionPolicy` strategy (one method: map a candidate to a sortable
 priority; the LOWEST priority is evicted first), the built-in policies, each a few
-lines, named in `BUILTIN_POLICIES` for `eviction:` in YAML, and `GhostTable`, the reference of
-the native memory of evicted content that history-aware policies read.
+lines, named in `BUILTIN_POLICIES` for `eviction:` in YAML.
 
 A candidate is anything with the attributes of `Candidate`:
 - `radix`: an unlocked tree LEAF (a run of pages). Evicting it frees all its blocks;
@@ -28,8 +27,6 @@ Recency and creation are logical clocks (counters), so replays are reproducible.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 __all__ = [
@@ -45,11 +42,6 @@ __all__ = [
     "SLRU",
     "TLRU",
     "BUILTIN_POLICIES",
-    "CandidateRecord",
-    "GhostTable",
-    "mix64",
-    "chain_page_key",
-    "namespace_key",
 ]
 
 
@@ -71,9 +63,12 @@ class Candidate(Protocol):
     | `history_len` | deepest `cached_prefix_len` its branch ever reached | 0 |
 
     With history (a policy with `history > 0`), content evicted and computed again
-    continues its `use_count` from a bounded `GhostTable` of evicted content.
+    continues its `use_count` from a bounded ghost table of evicted content
+    (csrc/ghost_table.h).
     """
 
+    # `_C.CANDIDATE_FIELDS` in its order (csrc/eviction_order.h defines them; a test holds the two equal).
+    num_tokens: int
     last_access_time: int
     creation_time: int
     hit_count: int
@@ -81,35 +76,8 @@ class Candidate(Protocol):
     use_count: int
     last_use: int
     request_tokens: int
-    num_tokens: int
     cached_prefix_len: int
     history_len: int
-
-
-@dataclass(frozen=True)
-class CandidateRecord:
-    """A `Candidate` as plain data: what the Python reference models (`PyRadixTree`,
-    `PyBlockEvictor`) hand a policy, as the native code hands `_C.EvictionCandidate`."""
-
-    id: int = 0
-    num_tokens: int = 0
-    last_access_time: int = 0
-    creation_time: int = 0
-    hit_count: int = 0
-    priority: int = 0
-    use_count: int = 0
-    last_use: int = 0
-    request_tokens: int = 0
-    cached_prefix_len: int = 0
-    history_len: int = 0
-
-    @property
-    def node(self) -> int:
-        return self.id
-
-    @property
-    def block(self) -> int:
-        return self.id
 
 
 class EvictionPolicy(ABC):
@@ -256,67 +224,3 @@ BUILTIN_POLICIES: dict[str, type[EvictionPolicy]] = {
 """The built-in policies by name: what `prefixcache.registry` resolves an `eviction:` name to
 when no policy is registered under it."""
 
-
-# --------------------------------------------------------------------------- history
-
-
-class GhostTable:
-    """Bounded memory of evicted content: key -> use count at eviction, for at most
-    `capacity` keys, the oldest put forgotten first (re-putting moves a key to the
-    back). The reference of csrc/ghost_table.h, entry for entry."""
-
-    def __init__(self, capacity: int = 0) -> None:
-        self.capacity = max(0, capacity)
-        self._uses: OrderedDict[int, int] = OrderedDict()
-
-    @property
-    def enabled(self) -> bool:
-        return self.capacity > 0
-
-    def __len__(self) -> int:
-        return len(self._uses)
-
-    def put(self, key: int, uses: int) -> None:
-        if not self.capacity:
-            return
-        self._uses.pop(key, None)
-        self._uses[key] = uses
-        while len(self._uses) > self.capacity:
-            self._uses.popitem(last=False)
-
-    def take(self, key: int) -> int:
-        return self._uses.pop(key, 0)
-
-    def clear(self) -> None:
-        self._uses.clear()
-
-
-_M64 = (1 << 64) - 1
-
-
-def mix64(x: int) -> int:
-    """splitmix64's finalizer (csrc/ghost_table.h)."""
-    x ^= x >> 30
-    x = (x * 0xBF58476D1CE4E5B9) & _M64
-    x ^= x >> 27
-    x = (x * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
-
-
-def chain_page_key(parent: int, tokens: list[int]) -> int:
-    """A radix page's 64-bit content key: FNV-1a over its 32-bit tokens from the parent's key."""
-    h = parent ^ 0xCBF29CE484222325
-    for t in tokens:
-        h = ((h ^ (t & 0xFFFFFFFF)) * 0x100000001B3) & _M64
-    return mix64(h)
-
-
-def namespace_key(namespace: str | None) -> int:
-    """The content key a namespace's pages chain from."""
-    if namespace is None:
-        return mix64(0x9E3779B97F4A7C15)
-    data = namespace.encode()
-    h = mix64(0x51AFD7ED558CCD ^ len(data))
-    for c in data:
-        h = mix64(h ^ c)
-    return h

@@ -141,5 +141,7 @@ def exact_key(namespace: Namespace) -> str | None:
 def exact_bytes(namespace: Namespace) -> bytes:
     """`exact_key` as bytes (None is b"", any other key b"\\x01" + its UTF-8), for
     native code that compares namespaces byte for byte (`BlockContents`)."""
+    if namespace is None:  # most requests: answered without a call, once per admission
+        return b""
     key = exact_key(namespace)
     return b"" if key is None else b"\x01" + key.encode("utf-8")

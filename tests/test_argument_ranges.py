@@ -14,10 +14,8 @@ from __future__ import annotations
 import pytest
 
 import prefixcache
-from prefixcache.block_evictor import BlockEvictor
-from prefixcache.block_pool import BlockPool
+from prefixcache._C import BlockEvictor, BlockPool, RadixTree
 from prefixcache.config import CacheConfig
-from prefixcache.radix_tree import RadixTree
 
 np = pytest.importorskip("numpy")
 

@@ -3,16 +3,17 @@ against its Python model under random operations, and what each policy evicts.""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
+from reference.block_evictor import PyBlockEvictor
+from reference.block_pool import PyBlockPool
 
-from prefixcache.block_evictor import BlockEvictor, CallbackBlockEvictor, PyBlockEvictor
-from prefixcache.block_pool import BlockPool, InvariantError, PyBlockPool
-from prefixcache.eviction import GSLRU, LFU
+from prefixcache._C import CANDIDATE_FIELDS, BlockEvictor, BlockPool, CallbackBlockEvictor, InvariantError
+from prefixcache.eviction import GSLRU, LFU, Candidate
 
 N = 10
-FIELDS = ("last_access_time", "creation_time", "hit_count", "priority", "use_count", "last_use", "request_tokens")
 
 
 def small_gslru():
@@ -90,7 +91,9 @@ class Twins:
         for attr in ("clock", "traffic", "num_candidates", "ghost_size"):
             assert getattr(native, attr) == getattr(model, attr), attr
         for b in range(N):
-            assert [getattr(native.candidate(b), f) for f in FIELDS] == [getattr(model.candidate(b), f) for f in FIELDS]
+            assert [getattr(native.candidate(b), f) for f in CANDIDATE_FIELDS] == [
+                getattr(model.candidate(b), f) for f in CANDIDATE_FIELDS
+            ]
         assert self.pools[0].free_queue() == self.pools[1].free_queue()
         assert [self.pools[0].key(b) for b in range(N)] == [self.pools[1].key(b) for b in range(N)]
         for ev in self.evictors:
@@ -171,3 +174,16 @@ def test_bad_arguments():
     pool.cache(0, b"x" * 8)
     with pytest.raises(ValueError, match="needs a pool that holds no key"):
         BlockEvictor(pool, 4, "lfu")
+
+
+def test_candidate_fields_are_the_native_definition():
+    """csrc/eviction_order.h defines the fields once: the native candidate exposes exactly
+    them, `Candidate` spells them in that order, and the twins' records carry them."""
+    from reference.candidate import CandidateRecord
+
+    assert tuple(Candidate.__annotations__) == CANDIDATE_FIELDS
+    pool = BlockPool(2)
+    native = BlockEvictor(pool, 4, "lfu").candidate(1)
+    exposed = {name for name in dir(native) if not name.startswith("_")}
+    assert exposed == {"node", "block", *CANDIDATE_FIELDS}
+    assert [f.name for f in dataclasses.fields(CandidateRecord)] == ["id", *CANDIDATE_FIELDS]

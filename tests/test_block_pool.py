@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from reference.block_pool import PyBlockPool
 
-from prefixcache.block_pool import BlockPool, InvariantError, PyBlockPool
+from prefixcache._C import BlockPool, InvariantError
 
 POOLS = [BlockPool, PyBlockPool]
 

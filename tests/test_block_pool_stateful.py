@@ -10,8 +10,9 @@ from __future__ import annotations
 import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from reference.block_pool import PyBlockPool
 
-from prefixcache.block_pool import BlockPool, PyBlockPool
+from prefixcache._C import BlockPool
 
 N = 8
 KEYS = [bytes([k]) * 4 for k in range(5)]

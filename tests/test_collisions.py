@@ -21,6 +21,7 @@ import pytest
 
 import prefixcache
 from prefixcache import hashing
+from prefixcache._C import BlockContents
 from prefixcache.backends.hash import HashCache
 from prefixcache.config import CacheConfig, HashConfig
 from prefixcache.stress import stress
@@ -160,7 +161,7 @@ def test_sha256_trusts_its_hash_and_builds_no_verifier(monkeypatch):
 
 def test_verify_hits_option():
     cache = prefixcache.build_cache(CacheConfig(block_size=4, num_blocks=16, options={"verify_hits": "always"}))
-    assert cache._contents is not None  # sha256 with verification on request
+    assert type(cache._verifier) is BlockContents  # sha256 with verification on request
     assert run(cache, "a", list(range(9))).num_cached_tokens == 0
     assert run(cache, "b", list(range(9))).num_cached_tokens == 8
     cache.check_invariants()
@@ -174,7 +175,7 @@ def test_check_invariants_notices_a_cached_block_whose_record_lies():
     cache.commit("r", 9)
     cache.check_invariants()
     first = cache.block_table("r")[0]
-    cache._contents.record(-1, [first], [7, 7, 7, 7], 0, b"")  # as if first held other tokens
+    cache._verifier.record(-1, [first], [7, 7, 7, 7], 0, b"")  # as if first held other tokens
     with pytest.raises(prefixcache.InvariantError, match=f"cached block {first} \\(#0\\) does not hold exactly"):
         cache.check_invariants()
 
@@ -270,6 +271,26 @@ def test_the_built_in_partial_path_proves_what_a_hook_offers(collide, via):
         assert cache.stats().verify_failures == failures + refuted
         cache.check_invariants()
         cache.release(i)
+    cache.check_invariants()
+
+
+class FirstBlockPartial(HashCache):
+    """A hook with a bug: it offers the prompt's first cached block, a hit itself."""
+
+    partial_hits = True
+
+    def partial_hit(self, tokens, namespace, digests, num_hit_blocks, limit):
+        return (self.pool.lookup(digests[: self.digest_size]), 1) if num_hit_blocks else None
+
+
+def test_under_a_trusted_hash_a_hit_block_offered_as_source_is_an_error():
+    """Nothing is verified under SHA-256, so a hit block offered as the next position's
+    source can only be the hook's mistake: ValueError, and nothing changes."""
+    cache = FirstBlockPartial(prefixcache.BlockPool(32), CacheConfig(block_size=4, num_blocks=32))
+    a = run(cache, "a", [1, 2, 3, 4, 5, 6, 7, 8, 9]).block_table
+    with pytest.raises(ValueError, match=f"block {a[0]}, is one of the hit blocks"):
+        cache.admit("b", [1, 2, 3, 4, 9, 9, 9, 9, 9])
+    assert cache.stats().verify_failures == 0
     cache.check_invariants()
 
 

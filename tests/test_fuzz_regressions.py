@@ -7,14 +7,15 @@ test_fuzz_harnesses.py); these tests say what was wrong and what is right now.
 from __future__ import annotations
 
 import pytest
+from reference.block_pool import PyBlockPool
+from reference.radix_tree import PyRadixTree
 
 import prefixcache
 from prefixcache.block_contents import BlockContents, PyBlockContents
-from prefixcache.block_pool import BlockPool, PyBlockPool
+from prefixcache._C import BlockPool, RadixTree
 from prefixcache.config import CacheConfig, ConfigError, HashConfig
 from prefixcache.config_checks import load_config
 from prefixcache.hashing import chain_hashes, reference_chain_hashes
-from prefixcache.radix_tree import PyRadixTree, RadixTree
 
 HUGE = 2**70
 

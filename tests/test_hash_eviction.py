@@ -12,9 +12,11 @@ import pytest
 
 import prefixcache
 from prefixcache import CacheConfig
+from prefixcache._C import BlockEvictor, CallbackBlockEvictor
 from prefixcache.backends.hash import HashCache
 from prefixcache.eviction import LRU
 from prefixcache.events import BlockRemoved
+from prefixcache.evictors import FreeQueueEvictor
 
 BS = 4
 
@@ -38,8 +40,9 @@ def serve(cache, rid, tokens, priority=0):
 
 
 def test_lru_is_the_free_queue_with_no_evictor():
-    assert make(8)._evictor is None
-    assert make(8, "lfu")._evictor is not None
+    assert type(make(8)._evictor) is FreeQueueEvictor
+    assert type(make(8, "lfu")._evictor) is BlockEvictor
+    assert type(make(8, f"{__name__}:PythonLRU")._evictor) is CallbackBlockEvictor
 
 
 def test_python_lru_replays_exactly_like_the_native_free_queue():
@@ -125,7 +128,6 @@ def test_a_raising_python_policy_leaves_release_undone():
 
     cache = HashCache(prefixcache.BlockPool(8), CacheConfig(block_size=BS, num_blocks=8, eviction="lru"))
     cache.policy = Raises()
-    from prefixcache._C import CallbackBlockEvictor
 
     cache._evictor = CallbackBlockEvictor(cache.pool, BS, cache.policy.priority, 0)
     cache.admit("r", list(range(9)))

@@ -16,10 +16,8 @@ import operator
 import pytest
 
 import prefixcache
-from prefixcache._C import BlockContents, chain_digests, token_array, token_list
-from prefixcache.block_pool import BlockPool
+from prefixcache._C import BlockContents, BlockPool, chain_digests, RadixTree, token_array, token_list
 from prefixcache.config import CacheConfig, HashConfig
-from prefixcache.radix_tree import RadixTree
 
 HARMS = {
     "clear": lambda lst: lst.clear(),

@@ -132,8 +132,8 @@ class CachesPartlyComputedBlocks(HashCache):
 class ForgetsBlockRemoved(HashCache):
     """Publishes no BlockRemoved: a consumer keeps routing to evicted blocks."""
 
-    def _record_removed(self, hashes):
-        pass
+    def _removed_events(self, hashes):
+        return []
 
 
 class StoresWithoutParent(HashCache):

@@ -8,7 +8,15 @@ import pytest
 
 import prefixcache
 from prefixcache.config import CacheConfig
-from prefixcache.events import FULL_ATTENTION, AllBlocksCleared, BlockRemoved, BlockStored, EventLog
+from prefixcache.events import (
+    FULL_ATTENTION,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventLog,
+    NullEventLog,
+    event_log,
+)
 from prefixcache.isolation import Isolation, LoRA
 
 
@@ -76,3 +84,20 @@ def test_a_cache_nobody_drains_stays_bounded_and_says_so(backend, monkeypatch):
     assert len(cache.drain_events()) == 4
     assert stats.events_dropped == (12 if backend == "radix" else 6) - 4  # radix: one event per page
     assert make(backend, enable_events=False).stats().events_dropped == 0
+
+
+def test_a_disabled_log_is_the_null_log_and_never_builds_events():
+    built = []
+
+    def build(*hashes):
+        built.append(hashes)
+        return [BlockRemoved((h,)) for h in hashes]
+
+    off, on = event_log(False), event_log(True, capacity=4)
+    assert type(off) is NullEventLog and type(on) is EventLog and on.capacity == 4
+    off.record(AllBlocksCleared())
+    off.record_from(build, b"a", b"b")
+    assert (built, off.drain(), len(off), off.dropped, off.enabled) == ([], [], 0, 0, False)
+    on.record_from(build, b"a", b"b")
+    assert built == [(b"a", b"b")] and on.drain() == [BlockRemoved((b"a",)), BlockRemoved((b"b",))]
+    assert on.enabled

@@ -51,6 +51,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "prefixcache.hashing",
             "prefixcache.isolation",
             "prefixcache.block_contents",
+            "prefixcache.evictors",
             "prefixcache.events",
             "prefixcache.event_wire",
             "prefixcache.event_subscriber",
@@ -61,10 +62,6 @@ LAYERS: list[tuple[str, list[str]]] = [
             "prefixcache._attention_cuda",
             "prefixcache.testing",
             "prefixcache.stress",
-            # Python twins of native pieces, used by tests only
-            "prefixcache.block_pool",
-            "prefixcache.radix_tree",
-            "prefixcache.block_evictor",
         ],
     ),
     ("facade", ["prefixcache"]),

@@ -12,11 +12,12 @@ benchmarks/bench_namespaces.py's.
 from __future__ import annotations
 
 import pytest
+from reference.block_pool import PyBlockPool
+from reference.radix_tree import PyRadixTree
 
 import prefixcache
-from prefixcache.block_pool import BlockPool, PyBlockPool
+from prefixcache._C import BlockPool, RadixTree
 from prefixcache.config import CacheConfig
-from prefixcache.radix_tree import PyRadixTree, RadixTree
 
 
 def radix(num_blocks=16, block_size=1):

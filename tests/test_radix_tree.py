@@ -11,9 +11,10 @@ from __future__ import annotations
 from array import array
 
 import pytest
+from reference.block_pool import PyBlockPool
+from reference.radix_tree import PyRadixTree
 
-from prefixcache.block_pool import BlockPool, PyBlockPool
-from prefixcache.radix_tree import InvariantError, PyRadixTree, RadixTree
+from prefixcache._C import BlockPool, InvariantError, RadixTree
 
 TREES = {"native": (RadixTree, BlockPool), "python": (PyRadixTree, PyBlockPool)}
 

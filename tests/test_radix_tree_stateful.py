@@ -18,19 +18,20 @@ import random
 import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from reference.block_pool import PyBlockPool
+from reference.radix_tree import NATIVE_ORDERS, PyRadixTree
 
-from prefixcache.block_pool import BlockPool, PyBlockPool
-from prefixcache.radix_tree import NATIVE_ORDERS, PyRadixTree, RadixTree
+from prefixcache._C import CANDIDATE_FIELDS, BlockPool, RadixTree
 
 NUM_BLOCKS = 24
 NAMESPACES = [None, "a", "b"]
 # None: the custom Python policy below, passed per evict() call; "kept": the same policy
 # given to the tree, which keeps its keys in the leaf order.
 EVICTIONS = [*NATIVE_ORDERS, None, "kept"]
+# A node's shape, then every candidate field but its size (csrc/eviction_order.h's stamps).
 NODE_FIELDS = (
-    "id", "parent", "namespace", "tokens", "block_ids", "lock_ref",
-    "last_access_time", "creation_time", "hit_count", "priority", "children",
-    "use_count", "last_use", "request_tokens", "cached_prefix_len", "history_len",
+    "id", "parent", "namespace", "tokens", "block_ids", "lock_ref", "children",
+    *(f for f in CANDIDATE_FIELDS if f != "num_tokens"),
 )  # fmt: skip
 # gslru at this scale: a little protection, a strong size penalty, a ghost smaller
 # than the pool so that history is both remembered and forgotten. The custom Python

@@ -18,11 +18,9 @@ import pytest
 import prefixcache
 from prefixcache.backends.hash import HashCache
 from prefixcache.backends.radix import RadixCache
-from prefixcache.block_pool import BlockPool
 from prefixcache.config import CacheConfig, HashConfig
 from prefixcache.eviction import EvictionPolicy
-from prefixcache.radix_tree import RadixTree
-from prefixcache._C import CallbackBlockEvictor
+from prefixcache._C import BlockPool, CallbackBlockEvictor, RadixTree
 
 REFUSED = "never re-entered"
 

@@ -13,8 +13,8 @@ policy, none for a native one. Before an allocation of n blocks, `make_room(n)` 
 victims by key until n free blocks hold no hash; the pool's `evict_blocks` uncaches
 them and moves them to the front of the free queue, which then allocates exactly them.
 
-`BlockEvictor` (native order) and `CallbackBlockEvictor` (a Python priority function)
-are the native classes; `PyBlockEvictor` is the same semantics in plain Python, and
+The native classes are `BlockEvictor` (native order) and `CallbackBlockEvictor` (a
+Python priority function); `PyBlockEvictor` is the same semantics in plain Python, and
 tests drive both with the same operations and require identical results.
 
 Must never: decide hits, hash, or reuse a block itself; change anything when a call
@@ -32,10 +32,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from prefixcache._C import BlockEvictor, CallbackBlockEvictor, InvariantError
-from prefixcache.eviction import CandidateRecord, GhostTable
+from prefixcache._C import InvariantError
 
-__all__ = ["BlockEvictor", "CallbackBlockEvictor", "PyBlockEvictor", "ghost_key"]
+from .candidate import CandidateRecord
+from .ghost_table import GhostTable
+
+__all__ = ["PyBlockEvictor", "ghost_key"]
 
 
 def ghost_key(block_hash: bytes) -> int:

@@ -1,10 +1,9 @@
 """The block pool: the readable reference for `prefixcache._C.BlockPool`.
 
 Owns the fixed set of KV blocks every strategy shares: per-block reference counts,
-the free queue, and the key -> blocks index of cached blocks. `BlockPool` (re-exported
-here from the native core) is what backends use; `PyBlockPool` is the same semantics in
-plain Python, written the way vLLM's `FreeKVCacheBlockQueue` is (block objects linked
-by prev/next pointers). Tests drive both with the same operations and require identical
+the free queue, and the key -> blocks index of cached blocks. The native `BlockPool`
+is what backends use; `PyBlockPool` is the same semantics in plain Python, written the
+way vLLM's `FreeKVCacheBlockQueue` is (block objects linked by prev/next pointers). Tests drive both with the same operations and require identical
 results; the pool benchmark measures one against the other.
 
 Must never: hash, match or choose what to evict. A pool does not know what a key means
@@ -22,9 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from prefixcache._C import BlockPool, InvariantError
+from prefixcache._C import InvariantError
 
-__all__ = ["BlockPool", "InvariantError", "PyBlockPool"]
+__all__ = ["PyBlockPool"]
 
 
 class _Block:

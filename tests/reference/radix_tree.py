@@ -4,8 +4,8 @@ Owns SGLang's RadixAttention prefix tree (`mem_cache/radix_cache.py`, v0.5.23) o
 block pool: token runs and the blocks that store them, one pool reference per block
 held, lock refs that protect the paths of live requests, exact evictable / protected
 sizes (TOKENS), a logical clock, and eviction of unlocked leaves by policy priority.
-`RadixTree` (re-exported here from the native core) is what the `radix` backend uses;
-`PyRadixTree` is the same semantics in plain Python, written the way SGLang's tree is.
+The native `RadixTree` is what the `radix` backend uses; `PyRadixTree` is the same
+semantics in plain Python, written the way SGLang's tree is.
 Tests drive both with the same operations and require identical results.
 
 Must never: allocate blocks, hash, record events, or know about requests. The caller
@@ -75,7 +75,7 @@ The contract both trees keep:
   prefix `start`, and 1 for the insert that creates it), `last_use` (traffic at the
   latest insert through it) and `request_tokens` (that insert's length). With
   `ghost_capacity > 0`, pages have 64-bit content keys chained from the namespace
-  (`prefixcache.eviction.chain_page_key`): an evicted leaf leaves its use count under
+  (`chain_page_key`, in ghost_table.py): an evicted leaf leaves its use count under
   each page's key in a `GhostTable`, and a new leaf starts at 1 + the largest count its
   pages left, so content that comes back is known to be reused.
 
@@ -92,11 +92,13 @@ from collections.abc import Callable, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefixcache._C import InvariantError, RadixTree, int32_array
-from prefixcache.eviction import CandidateRecord, GhostTable, chain_page_key, namespace_key
+from prefixcache._C import InvariantError, int32_array
 from prefixcache.registry import resolve_eviction_policy
 
-__all__ = ["RadixTree", "PyRadixTree", "RadixMatch", "RadixInsert", "NodeInfo", "Candidate"]
+from .candidate import CandidateRecord
+from .ghost_table import GhostTable, chain_page_key, namespace_key
+
+__all__ = ["NATIVE_ORDERS", "PyRadixTree", "RadixMatch", "RadixInsert", "NodeInfo", "Candidate"]
 
 NATIVE_ORDERS = ("lru", "lfu", "fifo", "mru", "filo", "priority", "gslru", "slru", "tlru")
 
