@@ -36,7 +36,7 @@ import os
 import pickle
 from collections.abc import Callable, Sequence
 from functools import cache, lru_cache
-from typing import Any
+from typing import Any, cast
 
 import cbor2
 import xxhash
@@ -230,9 +230,23 @@ def _native_chain(
     return _native_chain_digests(tokens, block_size, algorithm, parent, first, later, packed=packed)
 
 
-def _reference_tokens(tokens: Sequence[int]) -> Sequence[int]:
-    # The reference hashes Python ints (a numpy scalar pickles differently).
-    return tokens if isinstance(tokens, (list, tuple)) else token_list(tokens, "tokens")
+def _chain(
+    tokens: Sequence[int],
+    block_size: int,
+    algorithm: str,
+    parent: bytes,
+    extra_keys: tuple | None,
+    later_extra_keys: tuple | None,
+    packed: bool,
+) -> list[bytes] | bytes:
+    """The chain in one native call, else the reference's (on Python ints: a numpy
+    scalar pickles differently), as a list or, `packed`, one bytes."""
+    out = _native_chain(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys, packed)
+    if out is not None:
+        return out
+    ids = tokens if isinstance(tokens, (list, tuple)) else token_list(tokens, "tokens")
+    chain = reference_chain_hashes(ids, block_size, algorithm, parent, extra_keys, later_extra_keys)
+    return b"".join(chain) if packed else chain
 
 
 def chain_hashes(
@@ -247,11 +261,7 @@ def chain_hashes(
 
     `tokens` is typically a whole prompt, so the C++ side sees every block at once.
     """
-    out = _native_chain(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys, packed=False)
-    if out is None:
-        tokens = _reference_tokens(tokens)
-        return reference_chain_hashes(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys)
-    return out
+    return cast(list[bytes], _chain(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys, packed=False))
 
 
 def chain_digests(
@@ -265,11 +275,7 @@ def chain_digests(
     """`chain_hashes` packed back to back in one bytes, as the pool's `*_packed`
     methods take them: a prompt's chain is then one object, not one per block. This
     is the per-request hot path of the `hash` backend."""
-    out = _native_chain(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys, packed=True)
-    if out is None:
-        tokens = _reference_tokens(tokens)
-        return b"".join(reference_chain_hashes(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys))
-    return out
+    return cast(bytes, _chain(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys, packed=True))
 
 
 def block_hashes(
