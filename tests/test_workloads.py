@@ -272,10 +272,10 @@ def test_every_generator_names_a_bad_int_parameter_the_same_way(name):
 
 def test_synthetic_trace_parameters_are_checked_by_the_same_rules():
     for params, message in (
-        (dict(num_records=-1), "num_records must be an int >= 0, got -1"),
-        (dict(block_size=1), "block_size must be an int >= 2, got 1"),
-        (dict(reuse_probability=1.5), r"reuse_probability must be in \[0, 1\], got 1.5"),
-        (dict(aligned_probability="x"), r"aligned_probability must be in \[0, 1\], got 'x'"),
+        ({"num_records": -1}, "num_records must be an int >= 0, got -1"),
+        ({"block_size": 1}, "block_size must be an int >= 2, got 1"),
+        ({"reuse_probability": 1.5}, r"reuse_probability must be in \[0, 1\], got 1.5"),
+        ({"aligned_probability": "x"}, r"aligned_probability must be in \[0, 1\], got 'x'"),
     ):
         with pytest.raises(ValueError, match=message):
             synthetic_records(**params)
