@@ -204,32 +204,6 @@ def _pickled_extra(extra_keys: tuple) -> bytes:
 _PICKLE_ALGORITHMS = ("sha256", "xxhash")
 
 
-def _native_chain(
-    tokens: Sequence[int],
-    block_size: int,
-    algorithm: str,
-    parent: bytes,
-    extra_keys: tuple | None,
-    later_extra_keys: tuple | None,
-    packed: bool,
-) -> list[bytes] | bytes | None:
-    """The native chain, or None where it does not apply (a token id beyond int64, or a
-    pickle link that would not fit one pickle frame)."""
-    if hash_function(algorithm) is not _NATIVE.get(algorithm):  # also: ValueError naming the allowed ones
-        return None
-    # Extra keys are encoded only if a block carries them, as the reference does (an
-    # unencodable key on a block that does not exist is no error).
-    num_blocks = len(tokens) // block_size if block_size >= 1 else 0
-    encode = _pickled_extra if algorithm in _PICKLE_ALGORITHMS else _cbor
-    first = None if extra_keys is None or num_blocks < 1 else encode(extra_keys)
-    later = None if later_extra_keys is None or num_blocks < 2 else encode(later_extra_keys)
-    if algorithm in _PICKLE_ALGORITHMS and num_blocks:
-        extra = max(len(first or b""), len(later or b""))
-        if 16 + max(len(parent), 32) + 10 * block_size + extra + 16 > MAX_PICKLE_LINK:
-            return None  # beyond one pickle frame: pickle splits frames, the reference follows it
-    return _native_chain_digests(tokens, block_size, algorithm, parent, first, later, packed=packed)
-
-
 def _chain(
     tokens: Sequence[int],
     block_size: int,
@@ -239,11 +213,25 @@ def _chain(
     later_extra_keys: tuple | None,
     packed: bool,
 ) -> list[bytes] | bytes:
-    """The chain in one native call, else the reference's (on Python ints: a numpy
-    scalar pickles differently), as a list or, `packed`, one bytes."""
-    out = _native_chain(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys, packed)
-    if out is not None:
-        return out
+    """The chain as a list or, `packed`, one bytes: in one native call, else (a token id
+    beyond int64, or a pickle link that would not fit one pickle frame) the reference's,
+    on Python ints (a numpy scalar pickles differently)."""
+    if hash_function(algorithm) is _NATIVE.get(algorithm):  # also: ValueError naming the allowed ones
+        # Extra keys are encoded only if a block carries them, as the reference does (an
+        # unencodable key on a block that does not exist is no error).
+        num_blocks = len(tokens) // block_size if block_size >= 1 else 0
+        encode = _pickled_extra if algorithm in _PICKLE_ALGORITHMS else _cbor
+        first = None if extra_keys is None or num_blocks < 1 else encode(extra_keys)
+        later = None if later_extra_keys is None or num_blocks < 2 else encode(later_extra_keys)
+        extra = max(len(first or b""), len(later or b""))
+        # Beyond one pickle frame pickle splits frames; the reference follows it.
+        fits = algorithm not in _PICKLE_ALGORITHMS or not num_blocks or (
+            16 + max(len(parent), 32) + 10 * block_size + extra + 16 <= MAX_PICKLE_LINK
+        )
+        if fits:
+            out = _native_chain_digests(tokens, block_size, algorithm, parent, first, later, packed=packed)
+            if out is not None:  # None: an id beyond int64
+                return out
     ids = tokens if isinstance(tokens, (list, tuple)) else token_list(tokens, "tokens")
     chain = reference_chain_hashes(ids, block_size, algorithm, parent, extra_keys, later_extra_keys)
     return b"".join(chain) if packed else chain

@@ -138,7 +138,8 @@ def _tiny_engine(tmp_path: Path) -> tuple[Path, Path]:
     """(an engine file on the tiny model, whose tokens are bytes, at block_size 4; two prompts:
     the second arrives after the first is computed and repeats its 28 tokens, then more)."""
     config = tmp_path / "engine.yaml"
-    config.write_text("cache: {backend: hash, block_size: 4, num_blocks: 64}\nengine: {model: tiny, max_tokens: 2, seed: 0}\n")
+    config.write_text("cache: {backend: hash, block_size: 4, num_blocks: 64}\n"
+                      "engine: {model: tiny, max_tokens: 2, seed: 0}\n")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "hello there, how are you, ok"}\n'
                        '{"prompt": "hello there, how are you, ok then", "arrival_s": 0.05}\n')
@@ -188,7 +189,8 @@ def test_generate_prints_every_format_on_the_tiny_model(tmp_path, capsys):
     assert "| request | prompt | cached | computed |" in out and "| prefill tokens saved (cache hits) | 24 |" in out
     assert main(base) == 0  # the default: tables that fit the terminal
     out = capsys.readouterr().out
-    assert "### line-2 (length, 2 tokens)" in out and "prefill tokens saved (cache hits)" in out and "| request |" not in out
+    assert "### line-2 (length, 2 tokens)" in out and "prefill tokens saved (cache hits)" in out
+    assert "| request |" not in out
 
 
 def test_serve_takes_overrides_checked_before_the_model_loads(capsys, monkeypatch):
