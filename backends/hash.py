@@ -91,12 +91,11 @@ name in `lora_name` and, untagged, in `extra_keys`.
 
 from __future__ import annotations
 
-from array import array
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from prefixcache._C import BlockContents, BlockPool, InvariantError, extend_tokens
+from prefixcache._C import BlockContents, BlockPool, InvariantError
 from prefixcache.block_contents import TrustingVerifier
 from prefixcache.config import CacheConfig
 from prefixcache.events import (
@@ -112,9 +111,17 @@ from prefixcache.events import (
 from prefixcache.evictors import block_evictor
 from prefixcache.hashing import CRYPTOGRAPHIC, chain_digests, namespace_extra_keys, none_hash
 from prefixcache.isolation import exact_bytes
-from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded, token_buffer
+from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded
 from prefixcache.registry import register_backend, resolve_eviction_policy
-from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_priority, check_tokens
+from prefixcache.requests import (
+    BlockwiseAppend,
+    Request,
+    RequestTable,
+    check_count,
+    check_namespace,
+    check_priority,
+    check_tokens,
+)
 from prefixcache.stats import CacheStats, StatsCounter
 
 __all__ = ["HashCache", "HashRequest", "VERIFY_HITS"]
@@ -157,7 +164,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 @register_backend("hash")
-class HashCache(PrefixCache):
+class HashCache(BlockwiseAppend, PrefixCache):
     """vLLM V1 automatic prefix caching on a `BlockPool` (see the module docstring)."""
 
     option_defaults = {"verify_hits": "auto"}
@@ -263,30 +270,7 @@ class HashCache(PrefixCache):
             self._stats.verify_failures += 1
         return Admission(BlockIds(table), num_hit_tokens, copies)
 
-    @guarded
-    def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
-        # Called once per decoded token: kept to the bare arithmetic.
-        request = self._requests.get(request_id)
-        held = request.tokens
-        before = len(held)
-        # Checked here, in C++, so a bad id never reaches commit; appended in the same call.
-        if not isinstance(held, array) or extend_tokens(held, tokens) is None:
-            # Ids beyond int64 (CBOR bignums): the request keeps its ids as ints from now on.
-            new = token_buffer(tokens)
-            if isinstance(held, array):
-                held = request.tokens = held.tolist()
-            held.extend(new)
-        bs = self.block_size
-        num_new = (len(held) + bs - 1) // bs - len(request.block_table)
-        new_blocks: list[int] = []
-        if num_new > 0:
-            if num_new > self.pool.num_free:
-                del held[before:]
-                self._stats.rejected += 1
-                return None
-            new_blocks = self._take(num_new, self._evictor.make_room(num_new))
-            request.block_table.extend(new_blocks)
-        return new_blocks
+    append = guarded(BlockwiseAppend.append)
 
     @guarded
     def commit(self, request_id: Hashable, num_computed_tokens: int) -> None:
@@ -487,6 +471,11 @@ class HashCache(PrefixCache):
     def _digest(self, request: HashRequest, i: int) -> bytes:
         """The hash of the request's block i."""
         return bytes(request.digests[i * self._digest_size : (i + 1) * self._digest_size])
+
+    def _allocate_if_free(self, n: int) -> list[int] | None:
+        """n fresh blocks once the evictor made room, or None when fewer than n are free
+        (a refused append)."""
+        return None if n > self.pool.num_free else self._take(n, self._evictor.make_room(n))
 
     def _take(self, n: int, removed: Sequence[bytes]) -> list[int]:
         """n fresh blocks, once the evictor made room for them (a policy's victims, whose

@@ -36,7 +36,7 @@ BlockPool::BlockPool(int64_t num_blocks) : num_blocks_(checked_size(num_blocks))
   ref_.assign(num_blocks_, 0);
   prev_.assign(num_blocks_ + 2, -1);
   next_.assign(num_blocks_ + 2, -1);
-  seen_.assign(num_blocks_, 0);
+  repeats_ = RepeatFinder(static_cast<size_t>(num_blocks_));
   // The queue starts in id order: block 0 is reused first.
   int32_t prev = head_;
   for (int32_t b = 0; b < num_blocks_; ++b) {
@@ -59,16 +59,7 @@ int32_t BlockPool::check_id(int64_t id, const char* what) const {
 
 void BlockPool::check_unique(const std::vector<int64_t>& ids, const char* what) const {
   for (int64_t id : ids) check_id(id, what);
-  std::optional<int64_t> dup;
-  for (int64_t id : ids) {
-    if (seen_[id]) {
-      dup = id;
-      break;
-    }
-    seen_[id] = 1;
-  }
-  for (int64_t id : ids) seen_[id] = 0;
-  if (dup) {
+  if (std::optional<int64_t> dup = repeats_.first_repeat(ids)) {
     throw std::invalid_argument(std::string(what) + ": " + block_str(*dup) +
                                 " appears more than once in one call");
   }

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "key_index.h"
+#include "repeat_finder.h"
 
 namespace prefixcache {
 
@@ -131,8 +132,7 @@ class BlockPool {
   // allocate(); the strings are reused so steady-state allocation is free.
   std::vector<std::string> last_removed_;
   size_t num_last_removed_ = 0;
-  // Scratch for check_unique(); one flag per block, always left all-false.
-  mutable std::vector<uint8_t> seen_;
+  RepeatFinder repeats_;  // check_unique()'s scratch, one flag per block
 };
 
 }  // namespace prefixcache

@@ -56,7 +56,7 @@ RadixTree::RadixTree(BlockPool& pool, int64_t page_size, std::optional<EvictionO
   if (ghost_capacity < 0) throw std::invalid_argument("ghost_capacity must be >= 0, got " + std::to_string(ghost_capacity));
   if (page_size < 1) throw std::invalid_argument("page_size must be >= 1, got " + std::to_string(page_size));
   in_tree_.assign(pool.num_blocks(), 0);
-  seen_.assign(pool.num_blocks(), 0);
+  repeats_ = RepeatFinder(static_cast<size_t>(pool.num_blocks()));
 }
 
 // ---------------------------------------------------------------- look-up
@@ -241,17 +241,7 @@ void RadixTree::check_insert(const Walk& w, const MatchResult& present, std::spa
     }
     adopted.push_back(b);
   }
-  std::optional<int32_t> repeated;
-  auto& seen = seen_;
-  for (int32_t b : adopted) {
-    if (seen[b]) {
-      repeated = b;
-      break;
-    }
-    seen[b] = 1;
-  }
-  for (int32_t b : adopted) seen[b] = 0;
-  if (repeated) {
+  if (std::optional<int64_t> repeated = repeats_.first_repeat(adopted)) {
     throw std::invalid_argument(std::string(what) + ": block " + std::to_string(*repeated) + " appears more than once");
   }
 }

@@ -91,6 +91,7 @@
 #include "call_flag.h"
 #include "eviction_order.h"
 #include "ghost_table.h"
+#include "repeat_finder.h"
 
 namespace prefixcache {
 
@@ -394,7 +395,7 @@ class RadixTree {
   std::vector<int64_t> dirty_;
   std::unordered_set<RadixNode*> pending_;  // nodes holding a PathStamp (all locked)
   std::vector<uint8_t> in_tree_;  // per pool block: 1 if a node holds it
-  mutable std::vector<uint8_t> seen_;  // scratch for insert's duplicate check, left all-zero
+  RepeatFinder repeats_;  // insert's duplicate check, one flag per pool block
   int64_t evictable_size_ = 0;
   int64_t protected_size_ = 0;
   int64_t clock_ = 0;

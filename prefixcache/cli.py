@@ -15,7 +15,8 @@ library functions and shows their results; none holds logic of its own. One shap
     prefixcache generate [CONFIG] --prompts FILE.jsonl
                                               run prompts through the engine (default: the
                                               shipped engine.yaml; `--config FILE` is a
-                                              deprecated alias of CONFIG)
+                                              deprecated alias of CONFIG, `--json` of
+                                              `--format json`)
     prefixcache serve [CONFIG] [--host 127.0.0.1] [--port 8000]
                                               an OpenAI-compatible server over the engine,
                                               KV events on ZeroMQ, Prometheus /metrics
@@ -30,10 +31,10 @@ library functions and shows their results; none holds logic of its own. One shap
                                               routed by a prefixcache router or Ray's own
 
 Overrides (`--set`, and `--seed`/`--backend`/`--block-size` as its shortcuts:
-`prefixcache.overrides`) apply to validate, ab, sweep, cluster and serve; `--format` to the
-commands that print a results table (ab, sweep, cluster). `--out` is checked, created
-and cleared of an old PNG before the work starts; results are rewritten whole as each
-arm (ab), capacity (sweep) or run (cluster: a router or the shared cache at one size)
+`prefixcache.overrides`) apply to validate, ab, sweep, generate, cluster and serve;
+`--format` to the commands that print a results table (ab, sweep, generate, cluster).
+`--out` is checked, created and cleared of an old PNG before the work starts; results
+are rewritten whole as each arm (ab), capacity (sweep) or run (cluster: a router or the shared cache at one size)
 finishes, so Ctrl-C keeps those and exits 130 with one line. A workload with no requests is refused before any replay. See docs/cli.md.
 
 Every command takes `--no-import` (the same as PREFIXCACHE_NO_IMPORT=1, which it sets for
@@ -51,7 +52,6 @@ import argparse
 import difflib
 import importlib.resources
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -92,11 +92,6 @@ def _shipped(name: str, instead: str) -> Path:
                           "(an editable install from before it was package data: pip install -e . again); "
                           f"or pass a config: {instead}")
     return Path(str(resource))
-
-
-def _console() -> Console:
-    # A pipe or a test gets the terminal's width if it has one, else wide enough for the table.
-    return Console(width=shutil.get_terminal_size((160, 24)).columns)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -168,21 +163,18 @@ class _Reporter:
 
     def __init__(self, fmt: str = "table") -> None:
         self.fmt = fmt
-        self.console = _console()
+        from prefixcache.tables import terminal_console
+
+        self.console = terminal_console()
         self.notes = self.console if fmt == "table" else Console(stderr=True, width=self.console.width)
 
     def note(self, text: str) -> None:
         self.notes.print(text, highlight=False, soft_wrap=True)
 
     def show(self, table: Any) -> None:
-        from prefixcache.tables import render, width_of
+        from prefixcache.tables import write
 
-        out = render(table, self.fmt, self.console.width)
-        if isinstance(out, str):
-            sys.stdout.write(out)
-            sys.stdout.flush()
-        else:  # wider than the terminal only if its never-dropped columns are: printed whole
-            self.console.print(out, width=max(self.console.width, width_of(out)), crop=False)
+        write(table, self.fmt, self.console)
 
     @contextmanager
     def progress(self) -> Iterator[Callable[[str, int, int], None]]:
@@ -371,8 +363,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if args.config_flag is not None and args.config is not None:
         raise ConfigError("--config", "give the config once: as CONFIG (the --config flag is deprecated)")
+    if args.json and args.format not in ("table", "json"):
+        raise ConfigError("--json", f"is --format json; it cannot go with --format {args.format}")
     path = args.config or args.config_flag or str(_shipped(DEFAULT_ENGINE_CONFIG, "prefixcache generate CONFIG"))
-    code = generate(path, args.prompts, as_json=args.json)
+    from prefixcache.engine.config import parse_serving_config  # the schema: no torch
+
+    config = parse_serving_config(_data(path, args), _source(path, args))  # overrides applied, checked first
+    code = generate(path, args.prompts, fmt="json" if args.json else args.format, config=config)
     if args.config_flag is not None:  # after the run: an error stays the one line it is
         print("note: --config is deprecated; pass the config as the first argument: "
               "prefixcache generate CONFIG --prompts FILE", file=sys.stderr)
@@ -548,12 +545,13 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--trace", help="replay this Mooncake JSONL trace instead of the config's workload")
     sw.set_defaults(func=cmd_sweep)
 
-    gen = command("generate", "run prompts (JSONL) through the engine; completions and metrics")
+    gen = command("generate", "run prompts (JSONL) through the engine; completions and metrics", experiment, table)
     gen.add_argument("config", nargs="?", help=f"YAML with cache: and engine: sections "
                                                f"(default: the shipped {DEFAULT_ENGINE_CONFIG})")
     gen.add_argument("--config", dest="config_flag", metavar="CONFIG", help="deprecated: the same as CONFIG")
     gen.add_argument("--prompts", required=True, help='JSONL: {"prompt": str} or {"messages": [...]}, optional "namespace", "max_tokens"')
-    gen.add_argument("--json", action="store_true", help="one JSON object per completion instead of text")
+    gen.add_argument("--json", action="store_true", help="the same as --format json: one JSON object per request "
+                                                         "and line (completion, token counts, TTFT)")
     gen.set_defaults(func=cmd_generate)
 
     srv = command("serve", "serve the engine over an OpenAI-compatible HTTP API (KV events, metrics)", experiment)

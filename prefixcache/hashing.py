@@ -36,7 +36,7 @@ import os
 import pickle
 from collections.abc import Callable, Sequence
 from functools import cache, lru_cache
-from typing import Any
+from typing import Any, cast
 
 import cbor2
 import xxhash
@@ -203,7 +203,7 @@ def _pickled_extra(extra_keys: tuple) -> bytes:
 _PICKLE_ALGORITHMS = ("sha256", "xxhash")
 
 
-def _native_chain(
+def _chain(
     tokens: Sequence[int],
     block_size: int,
     algorithm: str,
@@ -211,27 +211,29 @@ def _native_chain(
     extra_keys: tuple | None,
     later_extra_keys: tuple | None,
     packed: bool,
-) -> list[bytes] | bytes | None:
-    """The native chain, or None where it does not apply (a token id beyond int64, or a
-    pickle link that would not fit one pickle frame)."""
-    if hash_function(algorithm) is not _NATIVE.get(algorithm):  # also: ValueError naming the allowed ones
-        return None
-    # Extra keys are encoded only if a block carries them, as the reference does (an
-    # unencodable key on a block that does not exist is no error).
-    num_blocks = len(tokens) // block_size if block_size >= 1 else 0
-    encode = _pickled_extra if algorithm in _PICKLE_ALGORITHMS else _cbor
-    first = None if extra_keys is None or num_blocks < 1 else encode(extra_keys)
-    later = None if later_extra_keys is None or num_blocks < 2 else encode(later_extra_keys)
-    if algorithm in _PICKLE_ALGORITHMS and num_blocks:
+) -> list[bytes] | bytes:
+    """The chain as a list or, `packed`, one bytes: in one native call, else (a token id
+    beyond int64, or a pickle link that would not fit one pickle frame) the reference's,
+    on Python ints (a numpy scalar pickles differently)."""
+    if hash_function(algorithm) is _NATIVE.get(algorithm):  # also: ValueError naming the allowed ones
+        # Extra keys are encoded only if a block carries them, as the reference does (an
+        # unencodable key on a block that does not exist is no error).
+        num_blocks = len(tokens) // block_size if block_size >= 1 else 0
+        encode = _pickled_extra if algorithm in _PICKLE_ALGORITHMS else _cbor
+        first = None if extra_keys is None or num_blocks < 1 else encode(extra_keys)
+        later = None if later_extra_keys is None or num_blocks < 2 else encode(later_extra_keys)
         extra = max(len(first or b""), len(later or b""))
-        if 16 + max(len(parent), 32) + 10 * block_size + extra + 16 > MAX_PICKLE_LINK:
-            return None  # beyond one pickle frame: pickle splits frames, the reference follows it
-    return _native_chain_digests(tokens, block_size, algorithm, parent, first, later, packed=packed)
-
-
-def _reference_tokens(tokens: Sequence[int]) -> Sequence[int]:
-    # The reference hashes Python ints (a numpy scalar pickles differently).
-    return tokens if isinstance(tokens, (list, tuple)) else token_list(tokens, "tokens")
+        # Beyond one pickle frame pickle splits frames; the reference follows it.
+        fits = algorithm not in _PICKLE_ALGORITHMS or not num_blocks or (
+            16 + max(len(parent), 32) + 10 * block_size + extra + 16 <= MAX_PICKLE_LINK
+        )
+        if fits:
+            out = _native_chain_digests(tokens, block_size, algorithm, parent, first, later, packed=packed)
+            if out is not None:  # None: an id beyond int64
+                return out
+    ids = tokens if isinstance(tokens, (list, tuple)) else token_list(tokens, "tokens")
+    chain = reference_chain_hashes(ids, block_size, algorithm, parent, extra_keys, later_extra_keys)
+    return b"".join(chain) if packed else chain
 
 
 def chain_hashes(
@@ -246,11 +248,7 @@ def chain_hashes(
 
     `tokens` is typically a whole prompt, so the C++ side sees every block at once.
     """
-    out = _native_chain(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys, packed=False)
-    if out is None:
-        tokens = _reference_tokens(tokens)
-        return reference_chain_hashes(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys)
-    return out
+    return cast(list[bytes], _chain(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys, packed=False))
 
 
 def chain_digests(
@@ -264,11 +262,7 @@ def chain_digests(
     """`chain_hashes` packed back to back in one bytes, as the pool's `*_packed`
     methods take them: a prompt's chain is then one object, not one per block. This
     is the per-request hot path of the `hash` backend."""
-    out = _native_chain(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys, packed=True)
-    if out is None:
-        tokens = _reference_tokens(tokens)
-        return b"".join(reference_chain_hashes(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys))
-    return out
+    return cast(bytes, _chain(tokens, block_size, algorithm, parent, extra_keys, later_extra_keys, packed=True))
 
 
 def block_hashes(

@@ -1,24 +1,39 @@
 """Per-request bookkeeping that every backend needs, kept in one place.
 
-Owns `Request` (a live request's tokens, namespace, block table and committed length)
-and `RequestTable` (live requests by id, with the protocol's error rules: admitting a
-live id is a `ValueError`; an unknown or released id is a `KeyError`). Backends subclass
-`Request` to add their own fields (block hashes, locked tree node).
+Owns `Request` (a live request's tokens, namespace, block table and committed length),
+`RequestTable` (live requests by id, with the protocol's error rules: admitting a live
+id is a `ValueError`; an unknown or released id is a `KeyError`) and `BlockwiseAppend`
+(the `append` of a cache whose tables grow a block as the tokens cross into it, and that
+refuses what its allocator cannot give: `hash`, and the engine's no-cache baseline).
+Backends subclass `Request` to add their own fields (block hashes, locked tree node).
 
-Must never: touch the pool, hash, or decide what is cached.
+Must never: touch the pool (an append asks the cache's allocator), hash, or decide what
+is cached.
 """
 
 from __future__ import annotations
 
 import operator
+from abc import ABC, abstractmethod
+from array import array
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
+from prefixcache._C import extend_tokens
 from prefixcache.isolation import check_namespace
 from prefixcache.protocol import Namespace, token_buffer
 
-__all__ = ["PRIORITY_RANGE", "Request", "RequestTable", "check_count", "check_namespace", "check_priority", "check_tokens"]
+__all__ = [
+    "PRIORITY_RANGE",
+    "BlockwiseAppend",
+    "Request",
+    "RequestTable",
+    "check_count",
+    "check_namespace",
+    "check_priority",
+    "check_tokens",
+]
 
 T = TypeVar("T", bound=Sequence[int])
 
@@ -82,10 +97,6 @@ class Request:
     num_cached_tokens: int = 0  # prefix hit at admission
     num_computed: int = 0  # tokens whose KV is written (commit)
 
-    def blocks_short(self, num_new_tokens: int, block_size: int) -> int:
-        """BLOCKS the table lacks to hold `num_new_tokens` more tokens (0 if none)."""
-        return max(0, -(-(len(self.tokens) + num_new_tokens) // block_size) - len(self.block_table))
-
     def check_commit(self, num_computed_tokens: int) -> int:
         """Validate a commit: an int (numpy integers accepted) in [num_computed,
         len(tokens)]; returns it as an exact int."""
@@ -135,3 +146,47 @@ class RequestTable(Generic[R]):
 
     def __contains__(self, request_id: Hashable) -> bool:
         return request_id in self._live
+
+
+class BlockwiseAppend(ABC):
+    """`append` for a cache with `_requests` (a `RequestTable`), `block_size` and `_stats`
+    (a `StatsCounter`): the tokens go through the one converter (csrc/token_ids.h, empty
+    allowed), then `_allocate_if_free(n)` gives the n BLOCKS the table lacks. When it
+    gives None the append is refused: None, the tokens taken back, `rejected` counted;
+    when it raises (a Python eviction policy) the tokens are taken back too."""
+
+    _requests: RequestTable[Any]
+    block_size: int
+    _stats: Any
+
+    @abstractmethod
+    def _allocate_if_free(self, num_blocks: int) -> list[int] | None:
+        """`num_blocks` fresh blocks, or None (nothing changed) if there is no room."""
+
+    def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
+        # Called once per decoded token: the bare arithmetic, in one Python frame.
+        request = self._requests.get(request_id)
+        held = request.tokens
+        before = len(held)
+        # Checked here, in C++, so a bad id never reaches commit; appended in the same call.
+        if not isinstance(held, array) or extend_tokens(held, tokens) is None:
+            # Ids beyond int64 (CBOR bignums): the request keeps its ids as ints from now on.
+            new = token_buffer(tokens)
+            if isinstance(held, array):
+                held = request.tokens = held.tolist()
+            held.extend(new)  # type: ignore[attr-defined]
+        bs = self.block_size
+        num_new = (len(held) + bs - 1) // bs - len(request.block_table)
+        if num_new <= 0:
+            return []
+        try:
+            blocks = self._allocate_if_free(num_new)
+        except BaseException:
+            del held[before:]  # type: ignore[attr-defined]
+            raise
+        if blocks is None:
+            del held[before:]  # type: ignore[attr-defined]
+            self._stats.rejected += 1
+            return None
+        request.block_table.extend(blocks)
+        return blocks

@@ -1,7 +1,8 @@
 """A results table as data, and its four renderings: a terminal table that fits a width,
 Markdown, JSON and CSV.
 
-Owns `Column`, `Table` and `render`. The reports (`prefixcache.ab_report`,
+Owns `Column`, `Table`, `render`, and `write` (a rendering to stdout, through the
+terminal's `rich` console for `table`). The reports (`prefixcache.ab_report`,
 `prefixcache.cluster.report`) say what the columns are; this module only lays them out.
 Must never: compute a number, or cut one. A cell is never truncated: when the table is
 wider than the terminal, whole columns are dropped, lowest `keep` first (the rightmost
@@ -16,13 +17,16 @@ import csv
 import io
 import json
 import math
+import shutil
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import rich.table
+from rich.console import Console
 
-__all__ = ["Column", "Table", "FORMATS", "render", "fit", "width_of"]
+__all__ = ["Column", "Table", "FORMATS", "render", "write", "terminal_console", "fit", "width_of"]
 
 FORMATS = ("table", "markdown", "json", "csv")
 """What `--format` accepts: `table` (fits the terminal), `markdown` (every column), and the
@@ -157,3 +161,20 @@ def render(table: Table, fmt: str, width: int) -> str | rich.table.Table:
             writer.writerow({k: " ".join(map(str, v)) if isinstance(v, list) else v for k, v in record.items()})
         return buffer.getvalue()
     raise ValueError(f"unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
+
+
+def terminal_console() -> Console:
+    """A console on stdout as wide as the terminal; a pipe or a test gets the terminal's
+    width if it has one, else one wide enough for the tables."""
+    return Console(width=shutil.get_terminal_size((160, 24)).columns)
+
+
+def write(table: Table, fmt: str, console: Console) -> None:
+    """`table` as `fmt` on stdout: text as it is, a terminal table through `console`
+    (wider than the console only if its never-dropped columns are: then printed whole)."""
+    out = render(table, fmt, console.width)
+    if isinstance(out, str):
+        sys.stdout.write(out)
+        sys.stdout.flush()
+    else:
+        console.print(out, width=max(console.width, width_of(out)), crop=False)

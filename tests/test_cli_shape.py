@@ -4,6 +4,8 @@ overrides validated exactly as the file is."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import sys
 from pathlib import Path
@@ -125,11 +127,70 @@ def test_generate_takes_the_config_positionally_and_the_old_flag_still_works(tmp
     import prefixcache.engine.cli
 
     seen = []
-    monkeypatch.setattr(prefixcache.engine.cli, "generate", lambda path, prompts, as_json: seen.append(path) or 0)
+    monkeypatch.setattr(prefixcache.engine.cli, "generate", lambda path, prompts, **kw: seen.append(path) or 0)
     assert main(["generate", "--config", str(config), "--prompts", str(prompts)]) == 0
     assert "note: --config is deprecated; pass the config as the first argument" in capsys.readouterr().err
     assert main(["generate", "--prompts", str(prompts)]) == 0
     assert seen == [str(config), str(_shipped("engine.yaml", ""))]  # no CONFIG: the shipped engine.yaml
+
+
+def _tiny_engine(tmp_path: Path) -> tuple[Path, Path]:
+    """(an engine file on the tiny model, whose tokens are bytes, at block_size 4; two prompts:
+    the second arrives after the first is computed and repeats its 28 tokens, then more)."""
+    config = tmp_path / "engine.yaml"
+    config.write_text("cache: {backend: hash, block_size: 4, num_blocks: 64}\n"
+                      "engine: {model: tiny, max_tokens: 2, seed: 0}\n")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hello there, how are you, ok"}\n'
+                       '{"prompt": "hello there, how are you, ok then", "arrival_s": 0.05}\n')
+    return config, prompts
+
+
+def test_generate_takes_overrides_checked_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    import prefixcache.engine.cli
+
+    config, prompts = _tiny_engine(tmp_path)
+    seen = []
+    monkeypatch.setattr(prefixcache.engine.cli, "generate", lambda path, prompts, **kw: seen.append(kw) or 0)
+    for args, message in (
+        (["--set", "cache.block_size=0"], "(with command-line overrides): cache.block_size: must be an integer >= 1"),
+        (["--set", "engine.max_tokns=3"], "engine.max_tokns: unknown key"),
+        (["--block-size", "-4"], "cache.block_size: must be an integer >= 1, got -4"),
+        (["--json", "--format", "csv"], "error: --json: is --format json; it cannot go with --format csv"),
+    ):
+        assert main(["generate", str(config), "--prompts", str(prompts), *args]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+    assert not seen  # refused before the engine (and torch's model) is touched
+    assert main(["generate", str(config), "--prompts", str(prompts), "--set", "engine.max_tokens=5",
+                 "--backend", "radix", "--seed", "9", "--format", "markdown"]) == 0
+    assert seen[0]["fmt"] == "markdown" and seen[0]["config"].cache.backend == "radix"
+    assert seen[0]["config"].engine.max_tokens == 5 and seen[0]["config"].engine.seed == 9
+    assert main(["generate", str(config), "--prompts", str(prompts), "--json"]) == 0
+    assert seen[1]["fmt"] == "json"
+
+
+def test_generate_prints_every_format_on_the_tiny_model(tmp_path, capsys):
+    config, prompts = _tiny_engine(tmp_path)
+    base = ["generate", str(config), "--prompts", str(prompts), "--set", "cache.block_size=8"]
+    assert main([*base, "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["request_id"] for r in rows] == ["line-1", "line-2"]
+    assert set(rows[0]) >= {"text", "token_ids", "cached_tokens", "computed_prompt_tokens", "ttft_s"}
+    assert [int(r["cached_tokens"]) for r in rows] == [0, 24]  # 28 shared tokens in whole blocks of 8 (--set)
+    assert all(len(r["token_ids"].split()) == int(r["output_tokens"]) == 2 for r in rows)
+    assert main([*base, "--format", "json"]) == 0
+    objects = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [o["cached_tokens"] for o in objects] == [0, 24]
+    assert [o["token_ids"] for o in objects] == [[int(t) for t in r["token_ids"].split()] for r in rows]
+    assert main([*base, "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "### line-1 (length, 2 tokens)" in out and "**Requests (model tiny, cache hash, block_size 8)**" in out
+    assert "| request | prompt | cached | computed |" in out and "| prefill tokens saved (cache hits) | 24 |" in out
+    assert main(base) == 0  # the default: tables that fit the terminal
+    out = capsys.readouterr().out
+    assert "### line-2 (length, 2 tokens)" in out and "prefill tokens saved (cache hits)" in out
+    assert "| request |" not in out
 
 
 def test_serve_takes_overrides_checked_before_the_model_loads(capsys, monkeypatch):

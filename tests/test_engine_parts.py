@@ -355,7 +355,7 @@ def test_generate_command_on_the_tiny_model(tmp_path, capsys):
         json.dumps({"prompt": "hello there"}) + "\n\n"
         + json.dumps({"messages": [{"role": "user", "content": "hi"}], "namespace": "b", "max_tokens": 2}) + "\n"
     )
-    assert main(["generate", "--config", str(config), "--prompts", str(prompts)]) == 0
+    assert main(["generate", "--config", str(config), "--prompts", str(prompts), "--format", "markdown"]) == 0
     out = capsys.readouterr().out
     assert "### line-1 (length, 3 tokens)" in out and "### line-3 (length, 2 tokens)" in out
     assert "| request | prompt | cached |" in out and "| prefill tokens computed |" in out

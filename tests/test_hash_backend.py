@@ -468,3 +468,24 @@ def test_numpy_ids_are_ints():
         assert type(cache._requests.get("b").tokens[-1]) is int  # hashed as Python ints, as vLLM does
         cache.release("b")
     cache.check_invariants()
+
+
+def test_an_append_whose_allocation_raises_keeps_the_tokens_it_had():
+    class Failing(HashCache):
+        armed = False
+
+        def _allocate(self, n):
+            if self.armed:
+                raise RuntimeError("allocator bug")  # as a raising Python eviction policy would
+            return super()._allocate(n)
+
+    cache = Failing(prefixcache.BlockPool(8), CacheConfig(block_size=BS, num_blocks=8))
+    cache.admit("r", list(range(BS)))
+    cache.armed = True
+    with pytest.raises(RuntimeError, match="allocator bug"):
+        cache.append("r", [7, 8])  # the 17th token needs a new block
+    cache.check_invariants()  # one block for the BS tokens it still has
+    cache.armed = False
+    assert len(cache.append("r", [7])) == 1 and len(cache.block_table("r")) == 2
+    cache.commit("r", BS + 1)
+    cache.check_invariants()

@@ -3,6 +3,7 @@ Mooncake traces (small generated ones, never the real files), save/load."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import random
@@ -254,6 +255,30 @@ def test_poisson_arrivals_are_ordered_and_at_the_requested_rate():
 def test_bad_parameters_name_the_field(name, params, message):
     with pytest.raises(ValueError, match=message):
         generate(name, **params)
+
+
+@pytest.mark.parametrize("name", sorted(GENERATORS))
+def test_every_generator_names_a_bad_int_parameter_the_same_way(name):
+    """Each generator's own parameter name, never a helper's, and the rule it broke."""
+    params = [p for p in inspect.signature(GENERATORS[name].make).parameters if p not in ("seed", "request_rate")]
+    assert params
+    for param in params:
+        for bad in (-1, 2.5, True):
+            with pytest.raises(ValueError, match=rf"^{param} must be an int >= [01], got {bad!r}$"):
+                generate(name, **{param: bad})
+    with pytest.raises(ValueError, match="request_rate must be a positive number"):
+        GENERATORS[name].make(request_rate=-1.0)
+
+
+def test_synthetic_trace_parameters_are_checked_by_the_same_rules():
+    for params, message in (
+        ({"num_records": -1}, "num_records must be an int >= 0, got -1"),
+        ({"block_size": 1}, "block_size must be an int >= 2, got 1"),
+        ({"reuse_probability": 1.5}, r"reuse_probability must be in \[0, 1\], got 1.5"),
+        ({"aligned_probability": "x"}, r"aligned_probability must be in \[0, 1\], got 'x'"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            synthetic_records(**params)
 
 
 def test_request_and_workload_validation():

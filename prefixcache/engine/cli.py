@@ -4,9 +4,9 @@ Owns reading the prompts file (one JSON object a line: {"prompt": str} or
 {"messages": [{"role", "content"}, ...]}, optional "namespace", "max_tokens" and
 "arrival_s", the SECONDS after the start at which the request arrives) into
 `GenerationRequest`s and their arrival offsets, and printing completions, the per-request
-metrics table and the run's totals (or, with `as_json`, one JSON object per request with
-its TTFT and cached tokens). Errors in the file name the line and the field
-(`ConfigError`, exit 2).
+metrics table and the run's totals, in any `--format` (`json`: one JSON object per
+request with its TTFT and cached tokens, as `--json` always printed). Errors in the file
+name the line and the field (`ConfigError`, exit 2).
 
 Importing it sets OMP_WAIT_POLICY=PASSIVE unless the environment already sets one: the
 engine's torch uses OpenMP, which reads that variable once, when torch loads (the engine
@@ -21,16 +21,18 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see the module docstring
 
 from prefixcache.config import ConfigError  # noqa: E402 (after the OpenMP setting)
-from prefixcache.engine.config import load_serving_config  # noqa: E402
+from prefixcache.engine.config import ServingConfig, load_serving_config  # noqa: E402
 from prefixcache.engine.engine import Engine, GenerationRequest, RequestOutput  # noqa: E402
 from prefixcache.engine.loader import load_model  # noqa: E402
 from prefixcache.engine.metrics import request_table, run_summary  # noqa: E402
+from prefixcache.tables import FORMATS, Column, Table, render, terminal_console, write  # noqa: E402
 
 __all__ = ["Prompts", "read_prompts", "read_prompts_file", "request_json", "generate"]
 
@@ -121,9 +123,33 @@ def request_json(output: RequestOutput) -> dict:
     }
 
 
-def generate(config_path: str | Path, prompts_path: str | Path, *, as_json: bool = False) -> int:
-    """Run the prompts; print completions, then the metrics tables. Returns the exit code."""
-    config = load_serving_config(config_path)
+def _records(outputs: list[RequestOutput]) -> Table:
+    """Every request as `request_json` gives it, one row each (for --format csv)."""
+    rows = tuple(request_json(o) for o in outputs)
+    columns = tuple(Column(key, key) for key in (rows[0] if rows else ()))
+    return Table(title="Requests", columns=columns, rows=rows)
+
+
+def generate(
+    config_path: str | Path,
+    prompts_path: str | Path,
+    *,
+    fmt: str = "table",
+    as_json: bool = False,
+    config: ServingConfig | None = None,
+) -> int:
+    """Run the prompts and print them in `fmt` (one of `prefixcache.tables.FORMATS`):
+    `table` and `markdown` print each completion, then the per-request metrics and the
+    run's totals as tables; `json` one JSON object per request and line (`request_json`;
+    `as_json` is the same); `csv` a header, then those objects' fields a row each.
+    `config` is the file already loaded (with command-line overrides), else it is read
+    from `config_path`. Returns the exit code."""
+    if as_json:
+        fmt = "json"
+    if fmt not in FORMATS:
+        raise ConfigError("--format", f"unknown format {fmt!r}; allowed values: {', '.join(FORMATS)}")
+    if config is None:
+        config = load_serving_config(config_path)
     prompts = read_prompts_file(prompts_path)
     ec = config.engine
     try:  # the config names a model that exists; this is whether it loads
@@ -135,16 +161,19 @@ def generate(config_path: str | Path, prompts_path: str | Path, *, as_json: bool
         outputs = engine.generate(prompts.requests, arrival_offsets_s=prompts.arrival_offsets_s)
     except ValueError as err:  # a request that can never run (too long for the pool or context)
         raise ConfigError("", str(err), str(prompts_path)) from None
-    mode = f"{config.cache.backend}" if config.engine.prefix_caching else "no cache"
-    for o in outputs:
-        if as_json:
+    if fmt == "json":
+        for o in outputs:
             print(json.dumps(request_json(o)))
-        else:
+    elif fmt == "csv":
+        sys.stdout.write(render(_records(outputs), "csv", 0))
+    else:
+        console = terminal_console()
+        for o in outputs:
             print(f"### {o.request_id} ({o.finish_reason}, {len(o.token_ids)} tokens)\n{o.text}\n")
-    if not as_json:
-        print(f"## Requests (model {config.engine.model}, cache {mode}, block_size {config.cache.block_size})")
-        print(request_table([o.request_id for o in outputs], [o.metrics for o in outputs]))
-        print("\n## Run")
-        print(run_summary(engine.stats()))
+        mode = f"{config.cache.backend}" if config.engine.prefix_caching else "no cache"
+        title = f"Requests (model {config.engine.model}, cache {mode}, block_size {config.cache.block_size})"
+        write(request_table([o.request_id for o in outputs], [o.metrics for o in outputs], title), fmt, console)
+        print()
+        write(run_summary(engine.stats()), fmt, console)
     engine.check_invariants()
     return 0

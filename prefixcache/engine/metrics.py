@@ -2,8 +2,9 @@
 
 Owns `RequestMetrics` (one request: cached tokens, prefill tokens computed, TTFT, time
 per output token), `RunStats` (one run: prefill tokens computed vs saved, cache stats,
-time inside cache calls), `percentile`, and the plain-text tables the CLI and the
-benchmark print. Times are SECONDS from `time.perf_counter()`.
+time inside cache calls), `percentile`, the tables `prefixcache generate` prints (as
+`prefixcache.tables.Table`s, in any --format) and the plain-text one the benchmark
+prints. Times are SECONDS from `time.perf_counter()`.
 
 Must never: time anything itself or decide what a hit is; the scheduler and the cache do.
 """
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prefixcache.stats import CacheStats
+from prefixcache.tables import Column, Table
 
 __all__ = ["RequestMetrics", "RunStats", "percentile", "format_table", "request_table", "run_summary"]
 
@@ -90,57 +92,68 @@ def percentile(values: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def _cell(v: object) -> str:
+    if isinstance(v, float):
+        return "-" if math.isnan(v) else f"{v:.3f}"
+    return "-" if v is None else str(v)
+
+
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A Markdown table (also readable in a terminal); floats with 3 decimals."""
-
-    def cell(v: object) -> str:
-        if isinstance(v, float):
-            return "-" if math.isnan(v) else f"{v:.3f}"
-        return "-" if v is None else str(v)
-
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def request_table(ids: Sequence[str], metrics: Sequence[RequestMetrics]) -> str:
+_REQUEST_COLUMNS = (
+    Column("request", "request", keep=None, left=True),
+    Column("prompt_tokens", "prompt", keep=5),
+    Column("cached_tokens", "cached", keep=None),
+    Column("computed_prompt_tokens", "computed", keep=4),
+    Column("output_tokens", "output", keep=3),
+    Column("ttft_ms", "TTFT ms", keep=2),
+    Column("tpot_ms", "TPOT ms", keep=1),
+    Column("preemptions", "preempted", keep=0),
+)
+
+
+def request_table(ids: Sequence[str], metrics: Sequence[RequestMetrics], title: str = "Requests") -> Table:
     """One row per request: tokens, cached, computed, TTFT, TPOT (ms), preemptions."""
     rows = []
     for rid, m in zip(ids, metrics):
         ttft, tpot = m.ttft_s, m.tpot_s
         rows.append(
-            [
-                rid,
-                m.prompt_tokens,
-                m.cached_tokens,
-                m.computed_prompt_tokens,
-                m.output_tokens,
-                None if ttft is None else round(ttft * 1000, 1),
-                None if tpot is None else round(tpot * 1000, 1),
-                m.preemptions,
-            ]
+            {
+                "request": rid,
+                "prompt_tokens": m.prompt_tokens,
+                "cached_tokens": m.cached_tokens,
+                "computed_prompt_tokens": m.computed_prompt_tokens,
+                "output_tokens": m.output_tokens,
+                "ttft_ms": None if ttft is None else round(ttft * 1000, 1),
+                "tpot_ms": None if tpot is None else round(tpot * 1000, 1),
+                "preemptions": m.preemptions,
+            }
         )
-    return format_table(
-        ["request", "prompt", "cached", "computed", "output", "TTFT ms", "TPOT ms", "preempted"], rows
-    )
+    return Table(title=title, columns=_REQUEST_COLUMNS, rows=tuple(rows))
 
 
-def run_summary(stats: RunStats) -> str:
+def run_summary(stats: RunStats) -> Table:
     """The run's totals as a two-column table."""
     c = stats.cache
     rows = [
-        ["requests", stats.requests],
-        ["prompt tokens", stats.prompt_tokens],
-        ["prefill tokens computed", stats.prefill_tokens_computed],
-        ["prefill tokens saved (cache hits)", stats.prefill_tokens_saved],
-        ["output tokens", stats.output_tokens],
-        ["steps", stats.steps],
-        ["preemptions", stats.preemptions],
-        ["wall time s", round(stats.wall_s, 3)],
-        ["time in cache calls ms", round(stats.cache_s * 1000, 3)],
-        ["output tokens/s", round(stats.output_tokens_per_s, 2)],
-        ["cache hit rate", round(c.hit_rate, 4)],
-        ["cache evictions (blocks)", c.evictions],
-        ["cache refusals", c.rejected],
+        ("requests", stats.requests),
+        ("prompt tokens", stats.prompt_tokens),
+        ("prefill tokens computed", stats.prefill_tokens_computed),
+        ("prefill tokens saved (cache hits)", stats.prefill_tokens_saved),
+        ("output tokens", stats.output_tokens),
+        ("steps", stats.steps),
+        ("preemptions", stats.preemptions),
+        ("wall time s", round(stats.wall_s, 3)),
+        ("time in cache calls ms", round(stats.cache_s * 1000, 3)),
+        ("output tokens/s", round(stats.output_tokens_per_s, 2)),
+        ("cache hit rate", round(c.hit_rate, 4)),
+        ("cache evictions (blocks)", c.evictions),
+        ("cache refusals", c.rejected),
     ]
-    return format_table(["run", "value"], rows)
+    columns = (Column("run", "run", keep=None, left=True), Column("value", "value", _cell, keep=None))
+    return Table(title="Run", columns=columns, rows=tuple({"run": k, "value": v} for k, v in rows))

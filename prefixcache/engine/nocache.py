@@ -21,13 +21,13 @@ from collections.abc import Hashable, Sequence
 from prefixcache._C import BlockPool, InvariantError
 from prefixcache.config import CacheConfig
 from prefixcache.protocol import Admission, Match, Namespace, PrefixCache
-from prefixcache.requests import Request, RequestTable, check_namespace, check_tokens
+from prefixcache.requests import BlockwiseAppend, Request, RequestTable, check_namespace, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
 
 __all__ = ["NoPrefixCache"]
 
 
-class NoPrefixCache(PrefixCache):
+class NoPrefixCache(BlockwiseAppend, PrefixCache):
     """Allocate on admit/append, free on release, never hit (see the module docstring)."""
 
     name = "none"
@@ -50,24 +50,12 @@ class NoPrefixCache(PrefixCache):
         if blocks is None:
             self._stats.rejected += 1
             return None
-        self._requests.add(Request(request_id, list(toks), namespace, blocks))
+        self._requests.add(Request(request_id, toks, namespace, blocks))
         self._stats.record_query(len(toks), 0)
         return Admission(tuple(blocks), 0)
 
-    def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
-        req = self._requests.get(request_id)
-        new = check_tokens(tokens, allow_empty=True)
-        needed = req.blocks_short(len(new), self.block_size)
-        blocks: list[int] = []
-        if needed > 0:
-            got = self.pool.allocate(needed)
-            if got is None:
-                self._stats.rejected += 1
-                return None
-            blocks = got
-        req.tokens.extend(new)
-        req.block_table.extend(blocks)
-        return blocks
+    def _allocate_if_free(self, num_blocks: int) -> list[int] | None:
+        return self.pool.allocate(num_blocks)
 
     def commit(self, request_id: Hashable, num_computed_tokens: int) -> None:
         req = self._requests.get(request_id)

@@ -1,15 +1,41 @@
 """Input checks shared by the workload layer: every bad value is a `ValueError` that names
 the parameter (or file:line) and what is allowed.
 
+Owns the declarative parameter rules of the generators: a parameter annotated
+`Positive`, `NonNegative`, `Annotated[int, AtLeast(n)]`, `Probability` or `Rate` is
+checked by `checked_params`, in signature order, before the generator's body runs, so
+every generator words a bad argument the same way. A rule that relates two parameters
+stays in the generator.
+
 Must never: coerce a bad value into a good one (a float count, a bool as an int).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import math
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
 
-__all__ = ["check_int", "check_rate", "parse_json_object", "MAX_REQUESTS", "MAX_PROMPT_TOKENS"]
+__all__ = [
+    "check_int",
+    "check_rate",
+    "checked_params",
+    "parse_json_object",
+    "AtLeast",
+    "InUnitInterval",
+    "PositiveRate",
+    "Positive",
+    "NonNegative",
+    "Probability",
+    "Rate",
+    "MAX_REQUESTS",
+    "MAX_PROMPT_TOKENS",
+]
 
 MAX_REQUESTS = 1_000_000
 """The most requests a workload may hold, generated or read from a trace: about 0.7 GB
@@ -34,6 +60,69 @@ def check_rate(request_rate: object) -> float | None:
     if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r <= 0:
         raise ValueError(f"request_rate must be a positive number of requests per second or None, got {r!r}")
     return float(r)
+
+
+@dataclass(frozen=True)
+class AtLeast:
+    """Rule: an int >= `minimum` (never a bool)."""
+
+    minimum: int
+
+    def check(self, name: str, value: object) -> None:
+        check_int(name, value, self.minimum)
+
+
+@dataclass(frozen=True)
+class InUnitInterval:
+    """Rule: a number in [0, 1] (never a bool)."""
+
+    def check(self, name: str, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+
+
+@dataclass(frozen=True)
+class PositiveRate:
+    """Rule: None or a positive finite number of requests per second (`check_rate`)."""
+
+    def check(self, name: str, value: object) -> None:
+        check_rate(value)
+
+
+Positive = Annotated[int, AtLeast(1)]
+"""An int >= 1: a count, or a length in TOKENS that may not be empty."""
+NonNegative = Annotated[int, AtLeast(0)]
+"""An int >= 0: a length in TOKENS that may be empty."""
+Probability = Annotated[float, InUnitInterval()]
+Rate = Annotated[float | None, PositiveRate()]
+"""`request_rate`: requests per SECOND, or None (all arrive at 0)."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def checked_params(fn: F) -> F:
+    """`fn` with each parameter whose annotation carries a rule (`AtLeast`,
+    `InUnitInterval`, `PositiveRate`) checked, in signature order, before `fn` runs; a
+    bad one is a ValueError naming it and what is allowed. The signature is `fn`'s
+    (`inspect.signature` sees through the wrapper)."""
+    signature = inspect.signature(fn)
+    hints = typing.get_type_hints(fn, include_extras=True)
+    rules = [
+        (name, rule)
+        for name in signature.parameters
+        for rule in getattr(hints.get(name), "__metadata__", ())
+        if hasattr(rule, "check")
+    ]
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        for name, rule in rules:
+            rule.check(name, bound.arguments[name])
+        return fn(*args, **kwargs)
+
+    return typing.cast(F, wrapper)
 
 
 def parse_json_object(where: str, line: str) -> dict:

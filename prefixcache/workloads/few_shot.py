@@ -25,28 +25,26 @@ import random
 from functools import partial
 
 from prefixcache.workloads.build import assemble
-from prefixcache.workloads.checks import check_int
+from prefixcache.workloads.checks import NonNegative, Positive, Rate, checked_params
 from prefixcache.workloads.shared_prefix import grouped_prefix_hit_ratio, grouped_prefix_items
 from prefixcache.workloads.workload import Workload
 
 __all__ = ["few_shot", "few_shot_hit_ratio"]
 
 
+@checked_params
 def few_shot(
-    num_tasks: int = 4,
-    queries_per_task: int = 128,
-    instruction_len: int = 50,
-    examples_len: int = 1500,
-    query_len: int = 40,
-    label_len: int = 2,
+    num_tasks: Positive = 4,
+    queries_per_task: Positive = 128,
+    instruction_len: NonNegative = 50,
+    examples_len: NonNegative = 1500,
+    query_len: Positive = 40,
+    label_len: NonNegative = 2,
     *,
     seed: int = 0,
-    request_rate: float | None = None,
+    request_rate: Rate = None,
 ) -> Workload:
     """Few-shot classification. Lengths in TOKENS; `request_rate` in requests/s."""
-    check_int("instruction_len", instruction_len, 0)
-    check_int("examples_len", examples_len, 0)
-    check_int("query_len", query_len, 1)
     rng = random.Random(seed)
     items = grouped_prefix_items(
         rng, num_groups=num_tasks, prompts_per_group=queries_per_task, instruction_len=instruction_len,

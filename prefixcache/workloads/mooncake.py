@@ -35,9 +35,20 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 from prefixcache.config import short_repr
-from prefixcache.workloads.checks import MAX_PROMPT_TOKENS, MAX_REQUESTS, check_int, parse_json_object
+from prefixcache.workloads.checks import (
+    MAX_PROMPT_TOKENS,
+    MAX_REQUESTS,
+    AtLeast,
+    NonNegative,
+    Positive,
+    Probability,
+    check_int,
+    checked_params,
+    parse_json_object,
+)
 from prefixcache.workloads.tokens import TokenRuns
 from prefixcache.workloads.workload import Request, Workload
 
@@ -241,16 +252,17 @@ def workload_to_records(workload: Workload, *, block_size: int = MOONCAKE_BLOCK_
     return out
 
 
+@checked_params
 def synthetic_records(
-    num_records: int = 200,
+    num_records: NonNegative = 200,
     *,
     seed: int = 0,
-    max_new_blocks: int = 8,
-    reuse_probability: float = 0.7,
-    max_gap_ms: int = 100,
-    max_output: int = 600,
-    aligned_probability: float = 0.1,
-    block_size: int = MOONCAKE_BLOCK_SIZE,
+    max_new_blocks: Positive = 8,
+    reuse_probability: Probability = 0.7,
+    max_gap_ms: NonNegative = 100,
+    max_output: NonNegative = 600,
+    aligned_probability: Probability = 0.1,
+    block_size: Annotated[int, AtLeast(2)] = MOONCAKE_BLOCK_SIZE,
 ) -> list[MooncakeRecord]:
     """A small Mooncake-format trace with prefix sharing, for tests.
 
@@ -258,12 +270,6 @@ def synthetic_records(
     earlier record, then adds 1..`max_new_blocks` fresh blocks whose last one is full with
     `aligned_probability` (the length is then a multiple of the block size) and else holds
     1..`block_size - 1` tokens."""
-    check_int("num_records", num_records, 0)
-    check_int("max_new_blocks", max_new_blocks, 1)
-    check_int("block_size", block_size, 2)
-    for name, value in (("reuse_probability", reuse_probability), ("aligned_probability", aligned_probability)):
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"{name} must be in [0, 1], got {value!r}")
     rng = random.Random(seed)
     next_id, t = 0, 0
     full_chains: list[tuple[int, ...]] = []

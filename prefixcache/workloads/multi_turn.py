@@ -28,29 +28,25 @@ import random
 from functools import partial
 
 from prefixcache.workloads.build import Item, assemble, interleave, whole_blocks
-from prefixcache.workloads.checks import check_int
+from prefixcache.workloads.checks import NonNegative, Positive, Rate, checked_params
 from prefixcache.workloads.tokens import TokenSource
 from prefixcache.workloads.workload import Workload
 
 __all__ = ["multi_turn", "multi_turn_hit_ratio"]
 
 
+@checked_params
 def multi_turn(
-    num_conversations: int = 64,
-    turns: int = 8,
-    system_prompt_len: int = 256,
-    question_len: int = 60,
-    answer_len: int = 200,
+    num_conversations: Positive = 64,
+    turns: Positive = 8,
+    system_prompt_len: NonNegative = 256,
+    question_len: Positive = 60,
+    answer_len: NonNegative = 200,
     *,
     seed: int = 0,
-    request_rate: float | None = None,
+    request_rate: Rate = None,
 ) -> Workload:
     """Multi-turn chat. Lengths in TOKENS; `request_rate` in requests/s."""
-    check_int("num_conversations", num_conversations, 1)
-    check_int("turns", turns, 1)
-    check_int("system_prompt_len", system_prompt_len, 0)
-    check_int("question_len", question_len, 1)
-    check_int("answer_len", answer_len, 0)
     rng, src = random.Random(seed), TokenSource()
     system = src.fresh(system_prompt_len)
     conversations: list[list[Item]] = []

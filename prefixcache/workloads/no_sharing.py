@@ -11,25 +11,23 @@ from __future__ import annotations
 import random
 
 from prefixcache.workloads.build import assemble
-from prefixcache.workloads.checks import check_int
+from prefixcache.workloads.checks import NonNegative, Positive, Rate, checked_params
 from prefixcache.workloads.tokens import TokenSource
 from prefixcache.workloads.workload import Workload
 
 __all__ = ["no_sharing", "no_sharing_hit_ratio"]
 
 
+@checked_params
 def no_sharing(
-    num_requests: int = 256,
-    prompt_len: int = 1000,
-    output_len: int = 100,
+    num_requests: Positive = 256,
+    prompt_len: Positive = 1000,
+    output_len: NonNegative = 100,
     *,
     seed: int = 0,
-    request_rate: float | None = None,
+    request_rate: Rate = None,
 ) -> Workload:
     """Unrelated requests. Lengths in TOKENS; `request_rate` in requests/s."""
-    check_int("num_requests", num_requests, 1)
-    check_int("prompt_len", prompt_len, 1)
-    check_int("output_len", output_len, 0)
     src = TokenSource()
     items = [(src.fresh(prompt_len), src.fresh(output_len), f"request{i}") for i in range(num_requests)]
     params = {"num_requests": num_requests, "prompt_len": prompt_len, "output_len": output_len, "seed": seed}

@@ -24,28 +24,25 @@ import random
 from functools import partial
 
 from prefixcache.workloads.build import Item, assemble, whole_blocks
-from prefixcache.workloads.checks import check_int
+from prefixcache.workloads.checks import NonNegative, Positive, Rate, checked_params
 from prefixcache.workloads.tokens import TokenSource
 from prefixcache.workloads.workload import Workload
 
 __all__ = ["parallel_sampling", "parallel_sampling_hit_ratio"]
 
 
+@checked_params
 def parallel_sampling(
-    num_prompts: int = 128,
-    n: int = 8,
-    prompt_len: int = 1000,
-    output_len: int = 200,
+    num_prompts: Positive = 128,
+    n: Positive = 8,
+    prompt_len: Positive = 1000,
+    output_len: NonNegative = 200,
     *,
     seed: int = 0,
-    request_rate: float | None = None,
+    request_rate: Rate = None,
 ) -> Workload:
     """n samples per prompt. Lengths in TOKENS; `request_rate` in requests/s (the seed
     only drives arrival times: the structure has no other randomness)."""
-    check_int("num_prompts", num_prompts, 1)
-    check_int("n", n, 1)
-    check_int("prompt_len", prompt_len, 1)
-    check_int("output_len", output_len, 0)
     src = TokenSource()
     items: list[Item] = []
     for p in range(num_prompts):

@@ -30,33 +30,27 @@ import random
 from functools import partial
 
 from prefixcache.workloads.build import assemble, whole_blocks
-from prefixcache.workloads.checks import check_int
+from prefixcache.workloads.checks import NonNegative, Positive, Rate, checked_params
 from prefixcache.workloads.tokens import TokenSource
 from prefixcache.workloads.workload import Workload
 
 __all__ = ["rag", "rag_hit_ratio"]
 
 
+@checked_params
 def rag(
-    num_requests: int = 512,
-    instruction_len: int = 300,
-    num_documents: int = 64,
-    docs_per_request: int = 3,
-    document_len: int = 700,
-    question_len: int = 50,
-    output_len: int = 100,
+    num_requests: Positive = 512,
+    instruction_len: NonNegative = 300,
+    num_documents: Positive = 64,
+    docs_per_request: NonNegative = 3,
+    document_len: Positive = 700,
+    question_len: Positive = 50,
+    output_len: NonNegative = 100,
     *,
     seed: int = 0,
-    request_rate: float | None = None,
+    request_rate: Rate = None,
 ) -> Workload:
     """RAG prompts over a document pool. Lengths in TOKENS; `request_rate` in requests/s."""
-    check_int("num_requests", num_requests, 1)
-    check_int("instruction_len", instruction_len, 0)
-    check_int("num_documents", num_documents, 1)
-    check_int("docs_per_request", docs_per_request, 0)
-    check_int("document_len", document_len, 1)
-    check_int("question_len", question_len, 1)
-    check_int("output_len", output_len, 0)
     if docs_per_request > num_documents:
         raise ValueError(f"docs_per_request={docs_per_request} must be <= num_documents={num_documents}")
     rng, src = random.Random(seed), TokenSource()

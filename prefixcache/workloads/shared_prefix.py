@@ -29,7 +29,7 @@ import random
 from functools import partial
 
 from prefixcache.workloads.build import Item, assemble, whole_blocks
-from prefixcache.workloads.checks import check_int
+from prefixcache.workloads.checks import NonNegative, Positive, Rate, checked_params
 from prefixcache.workloads.tokens import TokenSource
 from prefixcache.workloads.workload import Workload
 
@@ -46,21 +46,19 @@ def grouped_prefix_hit_ratio(
     return hits / (g * m * (i + s + q))
 
 
+@checked_params
 def grouped_prefix_items(
     rng: random.Random,
     *,
-    num_groups: int,
-    prompts_per_group: int,
-    instruction_len: int,
-    group_prompt_len: int,
-    query_len: int,
-    output_len: int,
+    num_groups: Positive,
+    prompts_per_group: Positive,
+    instruction_len: NonNegative,
+    group_prompt_len: NonNegative,
+    query_len: Positive,
+    output_len: NonNegative,
 ) -> list[Item]:
     """Instruction (shared by all) + group prompt (shared in a group) + fresh query, with a
     fresh output; shuffled with `rng`. Lengths in TOKENS."""
-    check_int("num_groups", num_groups, 1)
-    check_int("prompts_per_group", prompts_per_group, 1)
-    check_int("output_len", output_len, 0)
     src = TokenSource()
     instruction = src.fresh(instruction_len)
     items: list[Item] = []
@@ -72,20 +70,19 @@ def grouped_prefix_items(
     return items
 
 
+@checked_params
 def shared_prefix(
-    num_groups: int = 64,
-    prompts_per_group: int = 16,
-    system_prompt_len: int = 2048,
-    question_len: int = 128,
-    output_len: int = 256,
+    num_groups: Positive = 64,
+    prompts_per_group: Positive = 16,
+    system_prompt_len: NonNegative = 2048,
+    question_len: Positive = 128,
+    output_len: NonNegative = 256,
     *,
     seed: int = 0,
-    request_rate: float | None = None,
+    request_rate: Rate = None,
 ) -> Workload:
     """SGLang's generated-shared-prefix workload. Lengths in TOKENS; `request_rate` in
     requests/s (None: all arrive at 0)."""
-    check_int("system_prompt_len", system_prompt_len, 0)
-    check_int("question_len", question_len, 1)
     rng = random.Random(seed)
     items = grouped_prefix_items(
         rng, num_groups=num_groups, prompts_per_group=prompts_per_group, instruction_len=0,

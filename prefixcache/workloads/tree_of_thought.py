@@ -30,30 +30,26 @@ import random
 from functools import partial
 
 from prefixcache.workloads.build import Item, assemble, interleave, whole_blocks
-from prefixcache.workloads.checks import check_int
+from prefixcache.workloads.checks import NonNegative, Positive, Rate, checked_params
 from prefixcache.workloads.tokens import TokenSource
 from prefixcache.workloads.workload import Workload
 
 __all__ = ["tree_of_thought", "tree_of_thought_hit_ratio"]
 
 
+@checked_params
 def tree_of_thought(
-    num_problems: int = 16,
-    problem_len: int = 500,
-    branching: int = 3,
-    depth: int = 3,
-    thought_len: int = 100,
+    num_problems: Positive = 16,
+    problem_len: Positive = 500,
+    branching: Positive = 3,
+    depth: Positive = 3,
+    thought_len: NonNegative = 100,
     *,
     seed: int = 0,
-    request_rate: float | None = None,
+    request_rate: Rate = None,
 ) -> Workload:
     """Tree-of-thought search. Lengths in TOKENS; `request_rate` in requests/s;
     `branching**1 + ... + branching**depth` requests per problem."""
-    check_int("num_problems", num_problems, 1)
-    check_int("problem_len", problem_len, 1)
-    check_int("branching", branching, 1)
-    check_int("depth", depth, 1)
-    check_int("thought_len", thought_len, 0)
     rng, src = random.Random(seed), TokenSource()
     problems: list[list[Item]] = []
     for p in range(num_problems):
