@@ -474,10 +474,10 @@ def test_an_append_whose_allocation_raises_keeps_the_tokens_it_had():
     class Failing(HashCache):
         armed = False
 
-        def _allocate(self, n):
+        def _take(self, n, removed):
             if self.armed:
                 raise RuntimeError("allocator bug")  # as a raising Python eviction policy would
-            return super()._allocate(n)
+            return super()._take(n, removed)
 
     cache = Failing(prefixcache.BlockPool(8), CacheConfig(block_size=BS, num_blocks=8))
     cache.admit("r", list(range(BS)))

@@ -238,7 +238,9 @@ async def _stream(client: httpx.AsyncClient, url: str, prompt: list[int], max_to
 def test_a_killed_replica_leaves_the_index_its_requests_end_cleanly_and_routing_recovers(cluster):
     shared = head(3)
     victim = cache_on_one_replica(cluster, shared + [1])
-    max_tokens, n = 60, 6  # long enough to be in flight when the replica dies; 1 runs at once, the rest wait
+    # Long enough that two stay in flight there for seconds, so the poll below (every 0.1 s, an HTTP
+    # round trip each) cannot miss them on a fast machine; 1 runs at once, the rest wait.
+    max_tokens, n = 240, 6
 
     async def run() -> list[dict]:
         async with httpx.AsyncClient(timeout=DEADLINE_S) as client:

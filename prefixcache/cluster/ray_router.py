@@ -29,11 +29,15 @@ What the adapter does, and nothing else:
   replica's load, and the router hears where it went.
 
 Load, as this adapter counts it: every request routed and not completed, per replica.
-`running_tokens` = prompt + max_tokens, `num_requests`, `active_blocks` = ceil((prompt +
-max_tokens) / block_size), `prefill_tokens` = the prompt tokens the index did not hold
-on the replica when the request was routed (the whole prompt without an index). The
-router does not see a request's first token, so a request counts as prefilling until it
-completes; `queued_tokens` stays 0 (Ray's replica queue is not visible here).
+`running_tokens` = prompt + max_tokens, `num_requests`, `prefill_tokens` = the prompt
+tokens the index did not hold on the replica when the request was routed (the whole
+prompt without an index), `active_blocks` = the distinct full prompt blocks of those
+requests (no output blocks). The last are Dynamo's `ActiveSequences`, kept as the cluster
+simulation keeps them: a `KVIndex` with one copy of each request's prompt blocks, which
+routers read as `RouterContext.active` (so `kv_events` charges a replica only for the
+prompt blocks not already active there). The router does not see a request's first
+token, so a request counts as prefilling until it completes; `queued_tokens` stays 0
+(Ray's replica queue is not visible here).
 
 Threads: Ray calls every hook on the router's event loop; the feed applies events from
 its own thread (index calls hold the GIL; the feed's lock orders a removal after any
@@ -50,7 +54,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -117,7 +120,7 @@ class _InFlight:
     replica: str
     tokens: int
     prefill_tokens: int
-    blocks: int
+    digests: list[bytes]  # its full prompt blocks, in the active sequences while it runs
 
 
 @dataclass
@@ -125,7 +128,6 @@ class _Load:
     tokens: int = 0
     requests: int = 0
     prefill_tokens: int = 0
-    blocks: int = 0
     routed: int = 0  # requests routed here, ever
 
 
@@ -156,8 +158,10 @@ class PrefixCacheRequestRouter(RequestRouter):
         self.feed = (EventFeed(self.index.apply, on_lost=self._on_lost, resync_s=resync_s,
                                replay_timeout_s=replay_timeout_s)
                      if self.index is not None else None)
+        # Touched only on the router's event loop (Ray's hooks), unlike the index.
+        self.active = KVIndex()
         context = RouterContext(block_size, capacity_tokens or 1024 * block_size, self.index, random.Random(seed),
-                                time.monotonic)
+                                time.monotonic, self.active)
         self.router: Router = spec.build(context)
         self._loads: dict[str, _Load] = {}
         self._in_flight: dict[str, _InFlight] = {}
@@ -183,6 +187,7 @@ class PrefixCacheRequestRouter(RequestRouter):
     def _add(self, replica: RunningReplica) -> None:
         uid = replica.replica_id.unique_id
         self._loads[uid] = _Load()
+        self.active.add_replica(uid)
         if self.index is not None:
             self.index.add_replica(uid)
             stream = ReplicaStream.from_metadata(replica.replica_metadata)
@@ -201,6 +206,7 @@ class PrefixCacheRequestRouter(RequestRouter):
         del self._loads[uid]
         for rid in [rid for rid, f in self._in_flight.items() if f.replica == uid]:
             del self._in_flight[rid]
+        self.active.remove_replica(uid)
         if self.index is not None:
             assert self.feed is not None
             self.feed.remove(uid)  # nothing of it is applied after this returns
@@ -238,7 +244,7 @@ class PrefixCacheRequestRouter(RequestRouter):
         cached = 0
         if self.index is not None and uid in self.index:
             cached = min(self.index.longest_prefix(request.hashes).get(uid, 0) * block, prompt)
-        flight = _InFlight(uid, tokens, prompt - cached, math.ceil(tokens / block))
+        flight = _InFlight(uid, tokens, prompt - cached, request.hashes.digests())
         old = self._in_flight.pop(rid, None)  # a retried request routed again
         if old is not None:
             self._unload(old)
@@ -246,8 +252,9 @@ class PrefixCacheRequestRouter(RequestRouter):
         load.tokens += flight.tokens
         load.requests += 1
         load.prefill_tokens += flight.prefill_tokens
-        load.blocks += flight.blocks
         load.routed += 1
+        if flight.digests:
+            self.active.store(uid, flight.digests)
         self.router.on_request_routed(request, uid)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
@@ -264,7 +271,8 @@ class PrefixCacheRequestRouter(RequestRouter):
             load.tokens -= flight.tokens
             load.requests -= 1
             load.prefill_tokens -= flight.prefill_tokens
-            load.blocks -= flight.blocks
+            if flight.digests and flight.replica in self.active:
+                self.active.remove(flight.replica, flight.digests)
 
     def _routing_request(self, pending: PendingRequest, call: RoutedCall) -> RoutingRequest:
         rid = pending.metadata.internal_request_id
@@ -285,7 +293,7 @@ class PrefixCacheRequestRouter(RequestRouter):
                 candidates.running_tokens[i] = load.tokens
                 candidates.num_requests[i] = load.requests
                 candidates.prefill_tokens[i] = load.prefill_tokens
-                candidates.active_blocks[i] = load.blocks
+                candidates.active_blocks[i] = self.active.blocks(uid)
         return candidates
 
     # -- what the ingress reports ----------------------------------------------------------
@@ -295,7 +303,8 @@ class PrefixCacheRequestRouter(RequestRouter):
         streams = self.feed.stats() if self.feed is not None else {}
         replicas = {}
         for uid, load in self._loads.items():
-            row: dict[str, Any] = {"in_flight": load.requests, "load_tokens": load.tokens, "routed": load.routed}
+            row: dict[str, Any] = {"in_flight": load.requests, "load_tokens": load.tokens, "routed": load.routed,
+                                   "active_blocks": self.active.blocks(uid)}
             if self.index is not None and uid in self.index:
                 row["blocks"] = self.index.blocks(uid)
             if uid in streams:
