@@ -59,10 +59,16 @@ def build_cache(config: CacheConfig, pool: BlockPool | None = None) -> PrefixCac
     ConfigError, naming the field, if `config` names what does not resolve or fit
     (`check_cache_config`)."""
     check_cache_config(config)
-    cls = resolve_backend(config.backend)
-    return cls(pool if pool is not None else BlockPool(config.num_blocks), config)
+    return _build_checked(config, pool)
 
 
 def load_cache(path: str | Path) -> PrefixCache:
-    """Build the cache described by the `cache:` section of a YAML file."""
-    return build_cache(load_config(path))
+    """Build the cache described by the `cache:` section of a YAML file (checked once,
+    by `load_config`, so its warnings show once)."""
+    return _build_checked(load_config(path))
+
+
+def _build_checked(config: CacheConfig, pool: BlockPool | None = None) -> PrefixCache:
+    """`build_cache` for a config `check_cache_config` has passed already."""
+    cls = resolve_backend(config.backend)
+    return cls(pool if pool is not None else BlockPool(config.num_blocks), config)

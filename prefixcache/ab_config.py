@@ -18,7 +18,8 @@ replay or build a cache (`prefixcache.ab` does both).
       radix/1: {backend: radix, block_size: 1}
 
 Loading checks everything but the generator's parameter values (`WorkloadSpec.build`
-does, when the workload is made): arms' backends and their options, that a trace
+does, when the workload is made): arms' backends and their options (`check_ab_config`,
+once the dataclasses, which check their own fields only, are made), that a trace
 path names a file, that every arm's pool fits the native pool (`capacity_tokens //
 block_size` blocks, for each sweep capacity too), and, without generating anything,
 that a generator makes at most `MAX_REQUESTS` requests. `ABConfig.build_workload`
@@ -53,8 +54,8 @@ from prefixcache.workloads.catalog import num_requests, too_many_requests
 from prefixcache.workloads.checks import MAX_REQUESTS
 from prefixcache.workloads.mooncake import MOONCAKE_BLOCK_SIZE
 
-__all__ = ["ABConfig", "WorkloadSpec", "MooncakeSpec", "load_ab_config", "parse_ab_config", "is_ab_mapping",
-           "parse_tokens"]
+__all__ = ["ABConfig", "WorkloadSpec", "MooncakeSpec", "load_ab_config", "parse_ab_config", "check_ab_config",
+           "is_ab_mapping", "parse_tokens"]
 
 ARM_NAME = re.compile(r"[A-Za-z0-9_.:/+-]+")
 
@@ -179,10 +180,6 @@ class ABConfig:
                 raise ConfigError(
                     f"arms.{key_text(name)}", "an arm name is letters, digits and _ . : / + - (e.g. 'radix/16')"
                 )
-            try:
-                check_cache_config(cache)
-            except ConfigError as err:
-                raise err.within(f"arms.{name}") from None
             if cache.block_size > self.capacity_tokens:
                 raise ConfigError(
                     f"arms.{name}.block_size",
@@ -287,11 +284,22 @@ def parse_ab_config(data: Any, source: str | None = None, *, check_trace: bool =
             quiet = {n: {"enable_events": False, **a} if isinstance(a, Mapping) else a for n, a in arms.items()}
             data = {**data, "arms": quiet}
         config = from_mapping(ABConfig, data)
+        check_ab_config(config)
         if check_trace:
             _check_trace_exists(config.workload.mooncake)
         return config
     except ConfigError as err:
         raise err.within("", source) from None
+
+
+def check_ab_config(config: ABConfig) -> None:
+    """ConfigError (path `arms.<name>.<key>`) unless every arm names a backend and an
+    eviction policy that resolve and options that suit its backend (`check_cache_config`)."""
+    for name, cache in config.arms.items():
+        try:
+            check_cache_config(cache)
+        except ConfigError as err:
+            raise err.within(f"arms.{name}") from None
 
 
 def _check_trace_exists(spec: MooncakeSpec | None) -> None:

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from prefixcache.cluster.config import ClusterConfig, RouterSpec, parse_cluster_config
+from prefixcache.cluster.registry import resolve_router_spec
 from prefixcache.cluster.router import Router
 from prefixcache.cluster.service_model import ServiceModel
 from prefixcache.cluster.simulate import SHARED, run_cluster, simulate, simulate_shared
@@ -198,4 +199,5 @@ def test_config_errors_name_the_key_and_what_is_allowed(changes, path, words):
 def test_service_model_refuses_negative_costs():
     with pytest.raises(ValueError, match="prefill_token_s"):
         ServiceModel(prefill_token_s=-1.0)
-    assert RouterSpec("kv_events", {"temperature": 0.5}).parsed.temperature == 0.5
+    spec = RouterSpec("kv_events", {"temperature": 0.5})
+    assert resolve_router_spec(spec.router, spec.options).parsed.temperature == 0.5

@@ -6,7 +6,7 @@ Layer: above the experiment layer (it replays `prefixcache.workloads` through re
     kv_index        KVIndex: block hash -> replicas holding it, fed by KV events
     prompt_hashes   a request's chained block hashes under the replicas' hash config
     router          the Router interface (Ray Serve's RequestRouter shape) and its inputs
-    registry        routers by name, entry point or "module:Class"
+    registry        routers by name, entry point or "module:Class"; a router spec resolved
     routers/        the built-in routers: round_robin, power_of_two, approx_tree,
                     prefix_affinity, kv_events
     routed_prefixes a router-side predicted cache (the approximate trees)
@@ -23,7 +23,13 @@ from __future__ import annotations
 
 from prefixcache.cluster.kv_index import KVIndex, ReplicaId, block_hash_int
 from prefixcache.cluster.prompt_hashes import PromptHasher, PromptHashes
-from prefixcache.cluster.registry import available_routers, register_router, resolve_router
+from prefixcache.cluster.registry import (
+    ResolvedRouter,
+    available_routers,
+    register_router,
+    resolve_router,
+    resolve_router_spec,
+)
 from prefixcache.cluster.router import (
     Candidates,
     Ranked,
@@ -49,5 +55,7 @@ __all__ = [
     "pick_replica",
     "register_router",
     "resolve_router",
+    "resolve_router_spec",
+    "ResolvedRouter",
     "available_routers",
 ]

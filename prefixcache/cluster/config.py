@@ -3,9 +3,11 @@
 Owns `ClusterConfig` (one workload, the replicas' cache and capacity, the replica
 counts to try, the service model, the routers) and `RouterSpec` (a router by name with
 its options), parsed by `prefixcache.config.from_mapping`, so every mistake is a
-`ConfigError` naming the file, the key path and what is allowed; a router's options
-are checked against its class's `Options` at load. Must never: run a simulation or
-build a cache (`prefixcache.cluster.simulate` does both).
+`ConfigError` naming the file, the key path and what is allowed. The dataclasses check
+their own fields only; `parse_cluster_config` then checks what they name: the cache
+(`prefixcache.config_checks.check_cache_config`) and every router, resolved with its
+options checked against its class's `Options` (`prefixcache.cluster.registry`). Must
+never: run a simulation or build a cache (`prefixcache.cluster.simulate` does both).
 
     workload:                        # as in ab.yaml: a generator, or a Mooncake trace
       generator: multi_turn
@@ -40,14 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from prefixcache.ab_config import ARM_NAME, MooncakeSpec, WorkloadSpec, _check_trace_exists
-from prefixcache.cluster.registry import resolve_router
-from prefixcache.cluster.router import Router, RouterContext
+from prefixcache.cluster.registry import resolve_router_spec
 from prefixcache.cluster.service_model import ServiceModel
 from prefixcache.config import CacheConfig, ConfigError, from_mapping, load_yaml, to_plain
 from prefixcache.config_checks import check_cache_config
 
 __all__ = ["ClusterConfig", "RouterSpec", "REFERENCE_ROUTER", "load_cluster_config", "parse_cluster_config",
-           "is_cluster_mapping"]
+           "check_cluster_config", "is_cluster_mapping"]
 
 REFERENCE_ROUTER = "round_robin"
 
@@ -55,22 +56,17 @@ REFERENCE_ROUTER = "round_robin"
 @dataclass(frozen=True)
 class RouterSpec:
     """One router arm: `router` is a registered name, an entry-point name or
-    "package.module:ClassName"; `options` are its class's `Options` keys."""
+    "package.module:ClassName"; `options` are its class's `Options` keys. Plain data:
+    `prefixcache.cluster.registry.resolve_router_spec` finds the class and parses the
+    options."""
 
     router: str
     options: Mapping[str, Any] = field(default_factory=dict)
-    cls: type[Router] = field(init=False, repr=False, compare=False)
-    parsed: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        cls = resolve_router(self.router)
-        object.__setattr__(self, "cls", cls)
-        object.__setattr__(self, "parsed", cls.parse_options(self.options, "options"))
+        if not isinstance(self.options, Mapping):
+            raise ConfigError("options", f"must be a mapping, got {type(self.options).__name__}")
         object.__setattr__(self, "options", types.MappingProxyType(dict(self.options)))
-
-    def build(self, context: RouterContext) -> Router:
-        """A fresh router of this spec."""
-        return self.cls(context, self.parsed)
 
 
 @dataclass(frozen=True)
@@ -88,10 +84,6 @@ class ClusterConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        try:
-            check_cache_config(self.cache)
-        except ConfigError as err:
-            raise err.within("cache") from None
         if self.capacity_tokens < self.cache.block_size:
             raise ConfigError(
                 "capacity_tokens",
@@ -136,8 +128,10 @@ class ClusterConfig:
         """The config as plain dicts and lists (for YAML and JSON), every router's
         options resolved to their values."""
         out = to_plain(self)
-        out["routers"] = {label: {"router": s.router, "options": s.cls.option_values(s.parsed)}
-                          for label, s in self.routers.items()}
+        out["routers"] = {
+            label: {"router": s.router, "options": resolve_router_spec(s.router, s.options).option_values()}
+            for label, s in self.routers.items()
+        }
         return out
 
     def with_trace(self, path: str | Path) -> ClusterConfig:
@@ -149,6 +143,21 @@ class ClusterConfig:
     def with_replicas(self, replicas: tuple[int, ...]) -> ClusterConfig:
         """The same experiment at other cluster sizes."""
         return dataclasses.replace(self, replicas=tuple(replicas))
+
+
+def check_cluster_config(config: ClusterConfig) -> None:
+    """ConfigError (path `cache.<key>`, `routers.<label>.router` or
+    `routers.<label>.options.<key>`) unless the cache names what resolves
+    (`check_cache_config`) and every router resolves with options its class takes."""
+    try:
+        check_cache_config(config.cache)
+    except ConfigError as err:
+        raise err.within("cache") from None
+    for label, spec in config.routers.items():
+        try:
+            resolve_router_spec(spec.router, spec.options)
+        except ConfigError as err:
+            raise err.within(f"routers.{label}") from None
 
 
 def is_cluster_mapping(data: Mapping[str, Any]) -> bool:
@@ -179,6 +188,7 @@ def parse_cluster_config(data: Any, source: str | None = None, *, check_trace: b
         elif routers is None:
             raise ConfigError("routers", "missing required key: label -> {router: name, options: {...}}")
         config = from_mapping(ClusterConfig, data)
+        check_cluster_config(config)
         if check_trace:
             _check_trace_exists(config.workload.mooncake)
         return config

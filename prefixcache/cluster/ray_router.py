@@ -10,7 +10,7 @@ KV events are and which hash chain they use.
 
 What the adapter does, and nothing else:
 
-- `initialize_state`: builds the router (`RouterSpec`), a `PromptHasher` of the
+- `initialize_state`: builds the router (`resolve_router_spec`), a `PromptHasher` of the
   replicas' hash config, and, for a router that reads it (`needs_index`), a `KVIndex`
   and an `EventFeed` with `on_batch=index.apply` (a stream with an unrecoverable gap
   clears that replica in the index);
@@ -62,11 +62,11 @@ from typing import Any, Protocol
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from prefixcache.cluster.config import RouterSpec
 from prefixcache.cluster.event_feed import EventFeed
 from prefixcache.cluster.kv_index import KVIndex
 from prefixcache.cluster.live_routers import register
 from prefixcache.cluster.prompt_hashes import PromptHasher
+from prefixcache.cluster.registry import resolve_router_spec
 from prefixcache.cluster.router import Candidates, Router, RouterContext, RoutingRequest
 from prefixcache.config import HashConfig
 from prefixcache.hashing import resolve_seed
@@ -150,7 +150,7 @@ class PrefixCacheRequestRouter(RequestRouter):
         """`router` / `options`: the router spec; the hash config is the replicas' (a
         None seed is resolved here as in a replica: pass the replicas' own); TOKENS per
         block; `capacity_tokens`: one replica's cache (default 1,024 blocks)."""
-        spec = RouterSpec(router, dict(options or {}))
+        spec = resolve_router_spec(router, dict(options or {}))
         self.spec = spec
         self.hasher = PromptHasher(block_size, HashConfig(hash_algorithm, hash_seed))
         self.hash_config = (block_size, hash_algorithm, resolve_seed(hash_algorithm, hash_seed))
@@ -310,7 +310,7 @@ class PrefixCacheRequestRouter(RequestRouter):
             if uid in streams:
                 row["stream"] = asdict(streams[uid])
             replicas[uid] = row
-        out: dict[str, Any] = {"router": self.spec.router, "options": self.spec.cls.option_values(self.spec.parsed),
+        out: dict[str, Any] = {"router": self.spec.router, "options": self.spec.option_values(),
                                "deployment": self._deployment_id.name, "replicas": replicas,
                                "departed": list(self._departed)}
         if self.index is not None:

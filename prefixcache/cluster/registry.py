@@ -8,6 +8,11 @@ plugin declares its router); or, for any spec containing ":", a
 rules, the decorator and the import-path resolution are `prefixcache.registry`'s own,
 reused here, so a router plugin is declared exactly like a backend plugin.
 
+Also `resolve_router_spec`: a router name with its options resolved to the class and
+the options parsed by its `Options` (a `ResolvedRouter`). A config's `RouterSpec` is
+plain data; the cluster loaders resolve every one here (so a bad name or option is
+reported at load time), and so does whatever builds routers from a spec.
+
 Must never: build a router (the cluster simulation and a deployment do), or import a
 router module other than the built-ins' before it is asked for.
 """
@@ -15,14 +20,16 @@ router module other than the built-ins' before it is asked for.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from prefixcache.cluster.router import Router
+from prefixcache.cluster.router import Router, RouterContext
 from prefixcache.errors import ConfigError
 from prefixcache.registry import _entry_point_names, _import_path, _registrar
 
-__all__ = ["ROUTER_GROUP", "register_router", "resolve_router", "available_routers", "check_router_name"]
+__all__ = ["ROUTER_GROUP", "register_router", "resolve_router", "available_routers", "check_router_name",
+           "ResolvedRouter", "resolve_router_spec"]
 
 ROUTER_GROUP = "prefixcache.routers"
 _BUILTIN_MODULE = "prefixcache.cluster.routers"
@@ -73,3 +80,28 @@ def resolve_router(spec: str) -> type[Router]:
 def check_router_name(spec: str) -> None:
     """ConfigError (path `router`) unless `spec` names a router."""
     resolve_router(spec)
+
+
+@dataclass(frozen=True)
+class ResolvedRouter:
+    """A router spec resolved: `router` as given, the class it names and its options
+    parsed by that class (`Router.parse_options`)."""
+
+    router: str
+    cls: type[Router]
+    parsed: Any
+
+    def build(self, context: RouterContext) -> Router:
+        """A fresh router of this spec."""
+        return self.cls(context, self.parsed)
+
+    def option_values(self) -> dict[str, Any]:
+        """The parsed options as a plain dict, defaults included (for reports)."""
+        return self.cls.option_values(self.parsed)
+
+
+def resolve_router_spec(router: str, options: Mapping[str, Any] | None = None) -> ResolvedRouter:
+    """`router` (a name or 'module:Class' path) resolved and `options` parsed by its
+    class; ConfigError with path `router` or `options.<key>` otherwise."""
+    cls = resolve_router(router)
+    return ResolvedRouter(router, cls, cls.parse_options(options, "options"))

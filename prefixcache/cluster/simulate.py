@@ -71,6 +71,7 @@ from prefixcache.ab import Progress, describe_workload, percentile, write_csv
 from prefixcache.cluster.config import ClusterConfig, RouterSpec
 from prefixcache.cluster.kv_index import KVIndex
 from prefixcache.cluster.prompt_hashes import PromptHasher, PromptHashes
+from prefixcache.cluster.registry import resolve_router_spec
 from prefixcache.cluster.router import Candidates, Router, RouterContext, RoutingRequest, pick_replica
 from prefixcache.cluster.service_model import ServiceModel
 from prefixcache.config import CacheConfig
@@ -431,14 +432,17 @@ def simulate(
     *,
     progress: Progress | None = None,
 ) -> RunResult:
-    """Replay `workload` through `num_replicas` replicas routed by `spec` (module docstring)."""
+    """Replay `workload` through `num_replicas` replicas routed by `spec` (module
+    docstring); ConfigError (path `router` or `options.<key>`) for a spec that does not
+    resolve (`resolve_router_spec`)."""
     t0 = time.perf_counter()
+    resolved = resolve_router_spec(spec.router, spec.options)
     sim = _Simulation(workload, config.cache, config.service, num_replicas, commit_outputs=config.commit_outputs,
-                      speedup=config.arrival_speedup, with_index=spec.cls.needs_index,
+                      speedup=config.arrival_speedup, with_index=resolved.cls.needs_index,
                       slots=config.service.max_concurrent)
     context = RouterContext(config.block_size, config.capacity_tokens, sim.index, random.Random(config.seed),
                             lambda: sim.now, sim.active)
-    router: Router = spec.build(context)
+    router: Router = resolved.build(context)
     for rid in range(num_replicas):
         router.on_replica_added(rid)
     hasher = PromptHasher.of(config.cache)

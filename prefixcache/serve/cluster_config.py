@@ -4,6 +4,8 @@ cluster around them.
 Owns `ClusterServeConfig`: the serve file's sections (`cache:`, `engine:`, `kv_events:`,
 each replica's, as `prefixcache serve` reads them) plus `cluster:` (`RayClusterConfig`),
 validated once at load, so a mistake names the file, the key path and what is allowed.
+`RayClusterConfig` checks its own fields; the loader checks the router it names
+(`check_ray_cluster_config`).
 Example (configs/cluster_serve.yaml)::
 
     cache:  {backend: hash, block_size: 16, num_blocks: 1024}
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefixcache.cluster.config import RouterSpec
+from prefixcache.cluster.registry import resolve_router_spec
 from prefixcache.config import ConfigError, from_mapping, load_yaml, to_plain
 from prefixcache.engine.config import check_sections
 from prefixcache.hashing import resolve_seed
@@ -42,7 +44,7 @@ from prefixcache.serve.config import SECTIONS as SERVE_SECTIONS
 from prefixcache.serve.config import ServeConfig, parse_serve_config
 
 __all__ = ["RayClusterConfig", "ClusterServeConfig", "RAY_ROUTERS", "parse_cluster_serve_config",
-           "load_cluster_serve_config", "with_proxy_address", "check_proxy_address_free",
+           "check_ray_cluster_config", "load_cluster_serve_config", "with_proxy_address", "check_proxy_address_free",
            "is_cluster_serve_mapping"]
 
 SECTIONS = (*SERVE_SECTIONS, "cluster")
@@ -109,17 +111,6 @@ class RayClusterConfig:
             raise ConfigError("port", f"must be an integer in [1, 65535], got {self.port!r}")
         if not isinstance(self.options, Mapping):
             raise ConfigError("options", f"must be a mapping, got {type(self.options).__name__}")
-        if self.router in RAY_ROUTERS:
-            allowed = RAY_ROUTER_OPTIONS[self.router]
-            for key in self.options:
-                if key not in allowed:
-                    hint = f"it takes {', '.join(allowed)}" if allowed else "it takes none"
-                    raise ConfigError(f"options.{key}", f"is not an option of {self.router} ({hint})")
-        else:
-            try:
-                RouterSpec(self.router, self.options)
-            except ConfigError as err:
-                raise ConfigError(err.path, f"{err.message} (or one of Ray's: {', '.join(RAY_ROUTERS)})") from None
         object.__setattr__(self, "options", types.MappingProxyType(dict(self.options)))
 
     @property
@@ -143,6 +134,23 @@ class ClusterServeConfig:
         return {**serving, "kv_events": to_plain(self.serve.kv_events), "cluster": to_plain(self.cluster)}
 
 
+def check_ray_cluster_config(cluster: RayClusterConfig) -> None:
+    """ConfigError (path `router` or `options.<key>`, relative to the `cluster:` section)
+    unless `router` is one of Ray's routers given options it takes, or a prefixcache
+    router that resolves with options its class takes (`resolve_router_spec`)."""
+    if cluster.router in RAY_ROUTERS:
+        allowed = RAY_ROUTER_OPTIONS[cluster.router]
+        for key in cluster.options:
+            if key not in allowed:
+                hint = f"it takes {', '.join(allowed)}" if allowed else "it takes none"
+                raise ConfigError(f"options.{key}", f"is not an option of {cluster.router} ({hint})")
+        return
+    try:
+        resolve_router_spec(cluster.router, cluster.options)
+    except ConfigError as err:
+        raise ConfigError(err.path, f"{err.message} (or one of Ray's: {', '.join(RAY_ROUTERS)})") from None
+
+
 def is_cluster_serve_mapping(data: Mapping[str, Any]) -> bool:
     """Whether a YAML file's top level is a `cluster serve` file (it has `cluster:`)."""
     return "cluster" in data
@@ -153,6 +161,10 @@ def parse_cluster_serve_config(data: Any, source: str | None = None) -> ClusterS
     check_sections(data, SECTIONS, source)
     try:
         cluster = from_mapping(RayClusterConfig, data.get("cluster"), "cluster")
+        try:
+            check_ray_cluster_config(cluster)
+        except ConfigError as err:
+            raise err.within("cluster") from None
         events = data.get("kv_events") or {}
         if not isinstance(events, Mapping):
             raise ConfigError("kv_events", f"must be a mapping, got {type(events).__name__}")
