@@ -145,14 +145,14 @@ def lock_cost(repeat: int, num_requests: int) -> None:
     for _ in range(repeat):
         for backend, cls in classes.items():
             for shape, run in shapes.items():
-                for guarded in (True, False):  # alternating, within each round
+                for locked in (True, False):  # alternating, within each round
                     config = CacheConfig(backend=backend, block_size=16, num_blocks=4096, enable_events=False)
-                    klass = cls if guarded else unguarded(cls)
+                    klass = cls if locked else unguarded(cls)
                     cache = klass(BlockPool(config.num_blocks), config)
                     started = time.perf_counter()
                     run(cache, reqs)
                     us = (time.perf_counter() - started) / len(reqs) * 1e6
-                    key = (backend, shape, guarded)
+                    key = (backend, shape, locked)
                     best[key] = min(best.get(key, float("inf")), us)
     print("\n| backend | request shape | µs with the lock | µs without | ratio | target <= 1.03 |")
     print("|---|---|---:|---:|---:|---|")
@@ -243,7 +243,7 @@ def hammer(cache: PrefixCache, *, threads: int = 8, ops: int = 1000, seed: int =
 
 
 def soak(ops: int, threads: int) -> None:
-    print(f"\n| arm | threads x calls | seconds | calls/s | result |")
+    print("\n| arm | threads x calls | seconds | calls/s | result |")
     print("|---|---|---:|---:|---|")
     for name, (backend, eviction) in ARMS.items():
         cache = build_cache(CacheConfig(backend=backend, block_size=4, num_blocks=96, eviction=eviction))

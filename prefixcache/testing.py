@@ -920,13 +920,13 @@ def rule_bad_tokens_are_refused(make: CacheFactory, bs: int) -> None:
             _expect(TypeError, "bad input", call, f"{name}({bad!r})", "tokens")
     for bad, i in BAD_TOKEN_IDS:
         tail = [*prompt, *bad]  # the bad id after the hashed blocks, where only a check finds it
-        for name, call, field in (
+        for name, call, where in (
             ("match", lambda: cache.match(bad), f"tokens[{i}]"),
             ("admit", lambda: cache.admit("s", bad), f"tokens[{i}]"),
             ("admit", lambda: cache.admit("s", tail), f"tokens[{len(prompt) + i}]"),
             ("append", lambda: cache.append("r", bad), f"tokens[{i}]"),
         ):
-            _expect(TypeError, "bad input", call, f"{name} of {bad!r}", field)
+            _expect(TypeError, "bad input", call, f"{name} of {bad!r}", where)
     if checked.state() != before:
         _violate("bad input", "a refused token argument", "changed the pool or a block table")
     checked.commit("r", len(prompt))  # the request is intact
