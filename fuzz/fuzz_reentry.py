@@ -13,7 +13,12 @@ of its own.
 Every call from inside must be refused with RuntimeError and change nothing (the pool
 is read before and after it). An outer call whose callback raised the first time it
 ran must raise that error and leave the pool, the block tables and the stats as they
-were (a `blocks_cached` hook is told after the fact: its commit stands). After every
+were (a `blocks_cached` hook is told after the fact: its commit stands), with one
+exception that docs/concurrency.md states: a `radix` eviction keeps its Python policy's
+leaves ranked, so it can evict a leaf ranked earlier before it first calls the policy
+(for the parent that leaf leaves behind); what it evicted before the failing call stays
+evicted. There the block tables, every block's reference count and the stats but
+`evictions` must be as they were. After every
 call `check_invariants()` passes; at the end every request is released, everything
 evicts and no block stays pinned. Under ASan (tests/test_fuzz_harnesses.py in
 .ci/sanitize) the native trees' and evictors' loops are watched for use after free.
@@ -22,6 +27,8 @@ evicts and no block stays pinned. Under ASan (tests/test_fuzz_harnesses.py in
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from harness import main
 from reader import Reader
@@ -209,6 +216,15 @@ def state(cache, live) -> tuple:
     return (pool_state(cache.pool), {rid: tuple(cache.block_table(rid)) for rid in live}, cache.stats())
 
 
+def state_but_evictions(cache, live) -> tuple:
+    """`state` less what evicting unpinned cached blocks changes (the free queue, the
+    cached count, the tree's own references and the `evictions` counter): the block
+    tables, the reference counts of the blocks in them, and the other stats."""
+    tables = {rid: tuple(cache.block_table(rid)) for rid in live}
+    held = sorted({b for table in tables.values() for b in table})
+    return (tables, [cache.pool.ref_count(b) for b in held], dataclasses.replace(cache.stats(), evictions=0))
+
+
 def make(r: Reader):
     backend = r.choice(("hash", "hash-xxhash", "radix"))
     kind = r.choice(KINDS)
@@ -257,6 +273,7 @@ def test_one_input(data: bytes) -> None:
             rid = request_id()
             CALLBACK.armed = False
             before = state(cache, live)
+            before_evictions = state_but_evictions(cache, live)
             CALLBACK.arm(fixed=kind == "request id")
             committing = None
             try:
@@ -291,6 +308,12 @@ def test_one_input(data: bytes) -> None:
                 assert CALLBACK.calls, "an outer call raised though no callback ran"
                 if kind == "blocks_cached" and committing is not None:
                     live[rid][1] = committing  # told after the fact: the commit stands
+                elif CALLBACK.first_raised and isinstance(cache, RadixCache) and kind in ("policy", "key"):
+                    assert state_but_evictions(cache, live) == before_evictions, (
+                        "a call whose policy raised at once changed more than what it had evicted")
+                    refs = [cache.pool.ref_count(b) for b in range(cache.pool.num_blocks)]
+                    assert all(now in (then, 0) for then, now in zip(before[0][1], refs)), (
+                        "a block's reference count moved other than by its eviction")
                 elif CALLBACK.first_raised:
                     assert state(cache, live) == before, "a call whose callback raised at once changed the cache"
             CALLBACK.armed = False
