@@ -1,6 +1,6 @@
 """Run every fuzz harness for a bounded time, or replay saved inputs.
 
-    python fuzz/run.py                        # each harness 30 s (CI: --seconds 10); --jobs N runs N at once
+    python fuzz/run.py                        # each harness 30 s (CI: --seconds 10 --seed 1); --jobs N runs N at once
     python fuzz/run.py --seconds 3600         # the long run: an hour each
     python fuzz/run.py --only fuzz_backends --seconds 600
     python fuzz/run.py --replay fuzz/artifacts/crash-...   # without atheris, with a traceback
@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 HARNESSES = sorted(p.stem for p in HERE.glob("fuzz_*.py"))
 
 
-def run(name: str, seconds: int, artifacts: Path) -> tuple[bool, str]:
+def run(name: str, seconds: int, artifacts: Path, seed: int | None = None) -> tuple[bool, str]:
     with tempfile.TemporaryDirectory(prefix=f"{name}-corpus-") as corpus:
         seeds = HERE / "regressions" / name
         cmd = [
@@ -45,6 +45,7 @@ def run(name: str, seconds: int, artifacts: Path) -> tuple[bool, str]:
             "-timeout=20",
             f"-artifact_prefix={artifacts}/{name}-",
             "-print_final_stats=1",
+            *([f"-seed={seed}"] if seed is not None else []),
         ]
         started = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
@@ -82,18 +83,24 @@ def main() -> int:
     parser.add_argument("--artifacts", type=Path, default=HERE / "artifacts", help="where failing inputs go")
     parser.add_argument("--replay", nargs="+", metavar="FILE", help="replay inputs instead of fuzzing")
     parser.add_argument("--jobs", type=int, default=1, help="harnesses run at once (each is one process)")
+    parser.add_argument("--seed", type=int, help="libFuzzer's random seed (default: a new one each run); CI fixes "
+                        "it, so a run that passed here replays the same search there, and a new finding comes "
+                        "from a change, not from the draw")
     args = parser.parse_args()
     if args.replay:
         return replay(args.replay)
     args.artifacts.mkdir(parents=True, exist_ok=True)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.seed is not None and args.seed < 1:
+        parser.error(f"--seed must be >= 1 (libFuzzer reads 0 as 'draw one'), got {args.seed}")
     names = args.only or HARNESSES
-    print(f"# fuzz: {len(names)} harnesses, {args.seconds} s each, {args.jobs} at once; command: {' '.join(sys.argv)}")
+    print(f"# fuzz: {len(names)} harnesses, {args.seconds} s each, {args.jobs} at once, seed "
+          f"{args.seed if args.seed is not None else 'drawn'}; command: {' '.join(sys.argv)}")
     failed = 0
     # Threads only wait on the harness processes; lines print in harness order.
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for ok, line in pool.map(lambda name: run(name, args.seconds, args.artifacts.resolve()), names):
+        for ok, line in pool.map(lambda name: run(name, args.seconds, args.artifacts.resolve(), args.seed), names):
             print(line, flush=True)
             failed += not ok
     print(f"# {failed} harness(es) failed" if failed else "# every harness passed")
