@@ -355,14 +355,15 @@ class HashCache(BlockwiseAppend, PrefixCache):
                     f"{who}: {r.num_cached_blocks} cached blocks, {r.num_computed} computed tokens, "
                     f"{num_hashed} hashes"
                 )
-            if r.num_cached_blocks:
+            proved = self._verifier.verify_table(table[: r.num_cached_blocks], r.tokens, r.namespace_bytes)
+            if proved < r.num_cached_blocks:
                 # Blocks from the first id beyond int64 on are recorded as unprovable: never hit.
+                # Only a shortfall pays for finding them (a trusting verifier proves every block).
                 cached_tokens = r.tokens[: r.num_cached_blocks * bs]
                 provable = next(
                     (pos // bs for pos, t in enumerate(cached_tokens) if not _INT64[0] <= t <= _INT64[1]),
                     r.num_cached_blocks,
                 )
-                proved = self._verifier.verify_table(table[: r.num_cached_blocks], r.tokens, r.namespace_bytes)
                 if proved < provable:
                     raise InvariantError(
                         f"{who}: cached block {table[proved]} (#{proved}) does not hold exactly the request's "
