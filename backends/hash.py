@@ -108,7 +108,7 @@ from prefixcache.events import (
     event_log,
     event_lora,
 )
-from prefixcache.evictors import block_evictor
+from prefixcache.evictors import FreeQueueEvictor, block_evictor
 from prefixcache.hashing import CRYPTOGRAPHIC, chain_digests, namespace_extra_keys, none_hash
 from prefixcache.isolation import exact_bytes
 from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded
@@ -185,6 +185,15 @@ class HashCache(BlockwiseAppend, PrefixCache):
         self._verifier = BlockContents(pool, self.block_size) if verify == "always" else TrustingVerifier(pool)
         self._requests: RequestTable[HashRequest] = RequestTable()
         self._events = event_log(config.enable_events)
+        # Where allocating is the pool's allocation alone (the free-queue evictor, no
+        # events, the built-in allocation), a decode step's fresh block is taken natively.
+        if (
+            isinstance(self._evictor, FreeQueueEvictor)
+            and not self._events.enabled
+            and type(self)._allocate_if_free is HashCache._allocate_if_free
+            and type(self)._take is HashCache._take
+        ):
+            self._append_pool = pool
         self._stats = StatsCounter()
         # `evictions` is the pool's count since the last reset (the pool is ours alone),
         # read when stats are asked for rather than bumped on every allocation.

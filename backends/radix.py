@@ -76,7 +76,7 @@ from array import array
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from prefixcache._C import BlockPool, InvariantError, RadixTree, extend_tokens
+from prefixcache._C import BlockPool, InvariantError, RadixTree, append_step
 from prefixcache.config import CacheConfig
 from prefixcache.events import (
     FULL_ATTENTION,
@@ -217,34 +217,24 @@ class RadixCache(PrefixCache):
     @guarded
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         req = self._requests.get(request_id)
-        held = req.tokens
-        before = len(held)
-        n = extend_tokens(held, tokens)  # the one converter (check_tokens' rule), empty allowed
-        tried = False
-        if n == 1:
-            # A decode step, once per generated token: _grow's two common outcomes inline
-            # (a block is free and no page starts; the new page allocated), the rest there.
-            table = req.block_table
-            needed = -(-(before + 1) // self.block_size) - len(table)
-            if needed <= 0:
-                if self.pool.num_free:
-                    return []
-            else:
-                blocks = self.pool.allocate(needed)
-                if blocks is not None:
-                    table.extend(blocks)
-                    return blocks
-                tried = True
+        # A decode step (one token), once per generated token: its common outcomes (a
+        # block is free and no page starts; the new page allocated) in one native call;
+        # SGLang makes a page of room at every decode step, so one block must be free.
+        held = req.tokens  # an array('i'): ids beyond int32 are the converter's ValueError
+        step = append_step(held, tokens, req.block_table, self.block_size, self.pool, 1, 1)
+        if type(step) is list:
+            return step
+        n = step  # the ids are in; the blocks they need, the general way
+        before = len(held) - n
         try:
-            return self._grow(req, before, n, tried)
+            return self._grow(req, before, n)
         except BaseException:  # a Python policy raised: the request keeps the tokens it had
             del held[before:]
             raise
 
-    def _grow(self, req: _RadixRequest, before: int, n: int, tried: bool = False) -> list[int] | None:
+    def _grow(self, req: _RadixRequest, before: int, n: int) -> list[int] | None:
         """Blocks for a request's `n` new TOKENS (already in req.tokens after `before`),
-        with the room SGLang's scheduler asks for; None (tokens removed) if they do not fit.
-        `tried`: a decode step's allocation already failed (append's fast path)."""
+        with the room SGLang's scheduler asks for; None (tokens removed) if they do not fit."""
         bs = self.block_size
         needed = -(-(before + n) // bs) - len(req.block_table)
         if n == 1:
@@ -255,7 +245,7 @@ class RadixCache(PrefixCache):
                 if self.pool.num_free == 0:
                     self._make_room(bs)
                 return []
-            blocks = None if tried else self.pool.allocate(needed)
+            blocks = self.pool.allocate(needed)
             if blocks is not None:
                 req.block_table.extend(blocks)
                 return blocks

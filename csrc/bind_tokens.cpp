@@ -104,58 +104,6 @@ PyObject* token_array_fastcall(PyObject*, PyObject* const* args, Py_ssize_t narg
   return nullptr;
 }
 
-// extend_tokens(buffer, tokens, what="tokens"): the ids of `tokens` appended to an
-// array('i') or array('q') the caller owns (a request's tokens), read by the one
-// converter and appended in one copy; returns how many. A decode step's one id costs
-// no intermediate array. Refused input leaves `buffer` unchanged; an id beyond int64
-// for an array('q') gives None (unchanged: the caller keeps such ids in a list).
-PyObject* extend_tokens_fastcall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs < 2 || nargs > 3 || (nargs == 3 && !PyUnicode_Check(args[2]))) {
-    PyErr_SetString(PyExc_TypeError, "extend_tokens takes (buffer, tokens, what: str = 'tokens'), positionally");
-    return nullptr;
-  }
-  try {
-    const char* what = nargs == 3 ? PyUnicode_AsUTF8(args[2]) : "tokens";
-    if (what == nullptr) throw py::error_already_set();
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_FORMAT) != 0) {
-      PyErr_Clear();
-      throw py::type_error(std::string("extend_tokens: buffer must be an array('i') or array('q'), got ") +
-                           Py_TYPE(args[0])->tp_name);
-    }
-    const Py_ssize_t itemsize = view.itemsize;
-    const bool ints = view.format != nullptr && (view.format[0] == 'i' || view.format[0] == 'q' || view.format[0] == 'l');
-    PyBuffer_Release(&view);  // frombytes resizes it: no export may be held
-    if (!ints || (itemsize != 4 && itemsize != 8)) {
-      throw py::type_error(std::string("extend_tokens: buffer must be an array('i') or array('q'), got ") +
-                           Py_TYPE(args[0])->tp_name);
-    }
-    auto append = [&](const void* data, size_t bytes) {
-      if (bytes == 0) return;
-      static PyObject* frombytes = PyUnicode_InternFromString("frombytes");
-      auto mv = py::reinterpret_steal<py::object>(
-          PyMemoryView_FromMemory(static_cast<char*>(const_cast<void*>(data)), static_cast<Py_ssize_t>(bytes), PyBUF_READ));
-      if (!mv) throw py::error_already_set();
-      auto done = py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(args[0], frombytes, mv.ptr()));
-      if (!done) throw py::error_already_set();
-    };
-    if (itemsize == 4) {
-      TokenIds<int32_t> ids = read_token_ids<int32_t>(args[1], what);
-      append(ids.ids.data(), ids.ids.size() * 4);
-      return PyLong_FromSize_t(ids.ids.size());
-    }
-    TokenIds<int64_t> ids = read_token_ids<int64_t>(args[1], what);
-    if (!ids.complete()) Py_RETURN_NONE;
-    append(ids.ids.data(), ids.ids.size() * 8);
-    return PyLong_FromSize_t(ids.ids.size());
-  } catch (py::error_already_set& e) {
-    e.restore();
-  } catch (const py::builtin_exception& e) {
-    e.set_error();
-  }
-  return nullptr;
-}
-
 // The concatenation of range(start, stop) for each (start, stop) in `runs`, as an int
 // array of `itemsize` bytes: a workload's TokenRuns expanded without a Python int per id.
 py::object expand_runs(py::handle runs, int itemsize) {
@@ -214,20 +162,11 @@ of integers (numpy int arrays, array.array, an integer memoryview) or sequence o
 included; bytes, bytearray and str are not token ids.
 )doc"};
 
-PyMethodDef extend_tokens_def = {"extend_tokens",
-                                 reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(extend_tokens_fastcall)),
-                                 METH_FASTCALL, R"doc(extend_tokens(buffer, tokens, what='tokens')
-
-Append the ids of `tokens` (read as token_array reads them) to `buffer`, an array('i')
-or array('q'); return how many. ValueError naming an id beyond int32 for array('i');
-None, with `buffer` unchanged, for an id beyond int64 with array('q'). Refused input
-leaves `buffer` unchanged.
-)doc"};
 
 }  // namespace
 
 void bind_tokens(py::module_& m) {
-  for (PyMethodDef* def : {&token_list_def, &token_array_def, &extend_tokens_def}) {
+  for (PyMethodDef* def : {&token_list_def, &token_array_def}) {
     auto fn = py::reinterpret_steal<py::object>(PyCFunction_NewEx(def, nullptr, m.attr("__name__").ptr()));
     if (!fn) throw py::error_already_set();
     m.add_object(def->ml_name, fn);

@@ -89,21 +89,29 @@ std::optional<std::vector<int32_t>> BlockPool::allocate(int64_t n) {
   num_last_removed_ = 0;
   std::vector<int32_t> out;
   out.reserve(n);
-  for (int64_t i = 0; i < n; ++i) {
-    int32_t b = next_[head_];
-    unlink(b);
-    if (index_.has_key(b)) {
-      // Lazy eviction: a freed block keeps its key until it is reused here.
-      if (num_last_removed_ == last_removed_.size()) last_removed_.emplace_back();
-      last_removed_[num_last_removed_++].assign(index_.key(b));
-      index_.erase(b);
-      ++num_evicted_;
-    }
-    ref_[b] = 1;
-    out.push_back(b);
-  }
-  num_free_ -= static_cast<int32_t>(n);
+  for (int64_t i = 0; i < n; ++i) out.push_back(take_front());
   return out;
+}
+
+int32_t BlockPool::allocate_one() {
+  if (num_free_ == 0) return -1;
+  num_last_removed_ = 0;
+  return take_front();
+}
+
+int32_t BlockPool::take_front() {
+  int32_t b = next_[head_];
+  unlink(b);
+  if (index_.has_key(b)) {
+    // Lazy eviction: a freed block keeps its key until it is reused here.
+    if (num_last_removed_ == last_removed_.size()) last_removed_.emplace_back();
+    last_removed_[num_last_removed_++].assign(index_.key(b));
+    index_.erase(b);
+    ++num_evicted_;
+  }
+  ref_[b] = 1;
+  --num_free_;
+  return b;
 }
 
 void BlockPool::free(const std::vector<int64_t>& ids) {

@@ -56,6 +56,8 @@ class BlockPool {
   // block that still held a key loses it (the key is listed by
   // last_removed()). Returns nullopt, changing nothing, if fewer than n are free.
   std::optional<std::vector<int32_t>> allocate(int64_t n);
+  // allocate(1) without a vector (a decode step's block): the block, or -1 if none is free.
+  int32_t allocate_one();
   // Drops one reference from each block. Blocks that reach zero go back to the
   // queue: keyless ones to the FRONT (keeping the given order), keyed ones to
   // the TAIL (in the given order). Callers free a request's blocks in reverse
@@ -115,6 +117,8 @@ class BlockPool {
   int32_t check_id(int64_t id, const char* what) const;
   void check_unique(const std::vector<int64_t>& ids, const char* what) const;
   void unlink(int32_t b);
+  // The front of the free queue, taken with ref 1 (its key dropped); one must be free.
+  int32_t take_front();
   void link_before(int32_t b, int32_t next);
   void drop_key(int32_t b);
   void check_cacheable(int32_t b, std::string_view key) const;

@@ -20,7 +20,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from prefixcache._C import extend_tokens
+from prefixcache._C import BlockPool, append_step
 from prefixcache.isolation import check_namespace
 from prefixcache.protocol import Namespace, token_buffer
 
@@ -112,11 +112,21 @@ class Request:
 R = TypeVar("R", bound=Request)
 
 
+class _Live(dict):
+    """Live requests by id: a look-up of an id not live is the protocol's KeyError."""
+
+    def __missing__(self, request_id: Hashable) -> None:
+        raise KeyError(f"unknown or released request {request_id!r}")
+
+
 class RequestTable(Generic[R]):
     """Live requests by id."""
 
     def __init__(self) -> None:
-        self._live: dict[Hashable, R] = {}
+        self._live: dict[Hashable, R] = _Live()
+        #: get(request_id): the live request; KeyError naming the id if it is not live.
+        #: The dict's own look-up: every protocol call makes one.
+        self.get: Callable[[Hashable], R] = self._live.__getitem__
 
     def check_new(self, request_id: Hashable) -> None:
         if request_id in self._live:
@@ -126,12 +136,6 @@ class RequestTable(Generic[R]):
         self.check_new(request.request_id)
         self._live[request.request_id] = request
         return request
-
-    def get(self, request_id: Hashable) -> R:
-        try:
-            return self._live[request_id]
-        except KeyError:
-            raise KeyError(f"unknown or released request {request_id!r}") from None
 
     def pop(self, request_id: Hashable) -> R:
         request = self.get(request_id)
@@ -158,23 +162,32 @@ class BlockwiseAppend(ABC):
     _requests: RequestTable[Any]
     block_size: int
     _stats: Any
+    #: The pool an append may take fresh blocks from itself, in its native step, when
+    #: `_allocate_if_free` would be nothing but the pool's allocation (no policy to ask,
+    #: no event to record); None: every block goes through `_allocate_if_free`.
+    _append_pool: BlockPool | None = None
 
     @abstractmethod
     def _allocate_if_free(self, num_blocks: int) -> list[int] | None:
         """`num_blocks` fresh blocks, or None (nothing changed) if there is no room."""
 
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
-        # Called once per decoded token: the bare arithmetic, in one Python frame.
         request = self._requests.get(request_id)
         held = request.tokens
-        before = len(held)
-        # Checked here, in C++, so a bad id never reaches commit; appended in the same call.
-        if not isinstance(held, array) or extend_tokens(held, tokens) is None:
+        # Once per decoded token: one native call appends the ids (checked by the one
+        # converter, so a bad id never reaches commit) and is all of it if no block is needed.
+        step = append_step(held, tokens, request.block_table, self.block_size, self._append_pool, 0, 0)
+        if type(step) is list:
+            return step
+        if step is None:
             # Ids beyond int64 (CBOR bignums): the request keeps its ids as ints from now on.
+            before = len(held)
             new = token_buffer(tokens)
             if isinstance(held, array):
                 held = request.tokens = held.tolist()
             held.extend(new)  # type: ignore[attr-defined]
+        else:
+            before = len(held) - step
         bs = self.block_size
         num_new = (len(held) + bs - 1) // bs - len(request.block_table)
         if num_new <= 0:
