@@ -2,6 +2,7 @@
 #include "hashing.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -136,6 +137,45 @@ const CompressFn best_compress = [] {
   return static_cast<CompressFn>(compress_portable);
 }();
 
+// `v` stored big-endian at p.
+template <class U>
+void store_big_endian(uint8_t* p, U v) {
+  if constexpr (std::endian::native == std::endian::little) {
+    if constexpr (sizeof(U) == 2) v = __builtin_bswap16(v);
+    if constexpr (sizeof(U) == 4) v = __builtin_bswap32(v);
+    if constexpr (sizeof(U) == 8) v = __builtin_bswap64(v);
+  }
+  std::memcpy(p, &v, sizeof v);
+}
+
+// SHA-256's padding (0x80, zeros, the length in bits) takes at most this many bytes.
+constexpr size_t kSha256Padding = 72;
+
+// The digest of the bytes written from the state: big-endian words.
+Digest digest_of(const uint32_t* state) {
+  Digest out;
+  for (int i = 0; i < 8; ++i) {
+    out[4 * i] = static_cast<uint8_t>(state[i] >> 24);
+    out[4 * i + 1] = static_cast<uint8_t>(state[i] >> 16);
+    out[4 * i + 2] = static_cast<uint8_t>(state[i] >> 8);
+    out[4 * i + 3] = static_cast<uint8_t>(state[i]);
+  }
+  return out;
+}
+
+// SHA-256 of data[0, n), padding it in place: the buffer holds n + kSha256Padding bytes
+// (what follows the message is overwritten). A chain's link is hashed with no copy.
+Digest sha256_padding_in_place(uint8_t* data, size_t n) {
+  const size_t total = (n + 9 + 63) / 64 * 64;
+  data[n] = 0x80;
+  std::memset(data + n + 1, 0, total - n - 9);
+  store_big_endian(data + total - 8, static_cast<uint64_t>(n) * 8);
+  uint32_t state[8];
+  std::memcpy(state, kInitialState, sizeof state);
+  best_compress(state, data, total / 64);
+  return digest_of(state);
+}
+
 Digest sha256_with(CompressFn compress, std::string_view data) {
   uint32_t state[8];
   std::memcpy(state, kInitialState, sizeof state);
@@ -153,18 +193,8 @@ Digest sha256_with(CompressFn compress, std::string_view data) {
   uint64_t bits = static_cast<uint64_t>(data.size()) * 8;
   for (int i = 0; i < 8; ++i) tail[tail_size - 1 - i] = static_cast<uint8_t>(bits >> (8 * i));
   compress(state, tail, tail_size / 64);
-
-  Digest out;
-  for (int i = 0; i < 8; ++i) {
-    out[4 * i] = static_cast<uint8_t>(state[i] >> 24);
-    out[4 * i + 1] = static_cast<uint8_t>(state[i] >> 16);
-    out[4 * i + 2] = static_cast<uint8_t>(state[i] >> 8);
-    out[4 * i + 3] = static_cast<uint8_t>(state[i]);
-  }
-  return out;
+  return digest_of(state);
 }
-
-// ---------------------------------------------------------------- CBOR
 
 // ---------------------------------------------------------------- pickle
 
@@ -244,18 +274,52 @@ size_t pickle_link(uint8_t* out, std::string_view parent, std::span<const int64_
   return static_cast<size_t>(p - out);
 }
 
-void cbor_link(CborWriter& link, std::string_view parent, std::span<const int64_t> tokens,
-               const std::optional<std::string_view>& extra) {
-  link.clear();
-  link.array_header(3);
-  link.byte_string(parent);
-  link.array_header(tokens.size());
-  for (int64_t token : tokens) link.integer(token);
-  if (extra) {
-    link.raw(*extra);
-  } else {
-    link.null();
+// A CBOR head (major type `type`, pre-shifted, and argument `arg`) in its shortest form
+// at p; returns the end. Written through a pointer into a buffer sized for the whole
+// link, one store per width: per token, so no per-byte loop or capacity check.
+uint8_t* cbor_head(uint8_t* p, uint8_t type, uint64_t arg) {
+  if (arg < 24) {
+    *p = type | static_cast<uint8_t>(arg);
+    return p + 1;
   }
+  if (arg <= 0xff) {
+    p[0] = type | 24;
+    p[1] = static_cast<uint8_t>(arg);
+    return p + 2;
+  }
+  if (arg <= 0xffff) {
+    p[0] = type | 25;
+    store_big_endian(p + 1, static_cast<uint16_t>(arg));
+    return p + 3;
+  }
+  if (arg <= 0xffffffffULL) {
+    p[0] = type | 26;
+    store_big_endian(p + 1, static_cast<uint32_t>(arg));
+    return p + 5;
+  }
+  p[0] = type | 27;
+  store_big_endian(p + 1, arg);
+  return p + 9;
+}
+
+// cbor2.dumps((parent, tuple(tokens), extra), canonical=True) into `out`, which holds
+// at least link_size_bound(...) bytes; returns its length. Integers: major type 0 for
+// v >= 0, major type 1 carrying -1 - v (~v in two's complement) for v < 0.
+size_t cbor_link(uint8_t* out, std::string_view parent, std::span<const int64_t> tokens,
+                 const std::optional<std::string_view>& extra) {
+  uint8_t* p = cbor_head(out, 4 << 5, 3);
+  p = cbor_head(p, 2 << 5, parent.size());
+  std::memcpy(p, parent.data(), parent.size());
+  p += parent.size();
+  p = cbor_head(p, 4 << 5, tokens.size());
+  for (int64_t t : tokens) p = t >= 0 ? cbor_head(p, 0, static_cast<uint64_t>(t)) : cbor_head(p, 1 << 5, ~static_cast<uint64_t>(t));
+  if (extra) {
+    std::memcpy(p, extra->data(), extra->size());
+    p += extra->size();
+  } else {
+    *p++ = 0xf6;  // null
+  }
+  return static_cast<size_t>(p - out);
 }
 
 }  // namespace
@@ -300,30 +364,18 @@ void chain_digests(HashAlgorithm algorithm, std::string_view parent, std::span<c
   const bool sha = ds == 32;
   const size_t start = out.size();
   out.resize(start + num_blocks * ds);
-  CborWriter cbor;
-  std::vector<uint8_t> encoded;
   const size_t extra_size = std::max(first_extra ? first_extra->size() : 0, later_extra ? later_extra->size() : 0);
-  const size_t bound = link_size_bound(std::max(parent.size(), ds), bs, extra_size);
-  if (pickle) {
-    encoded.resize(bound);
-  } else {
-    cbor.reserve(bound);
-  }
+  // One buffer for every link, with room after it for SHA-256's padding.
+  std::vector<uint8_t> encoded(link_size_bound(std::max(parent.size(), ds), bs, extra_size) + kSha256Padding);
   std::string_view prev = parent;
   for (size_t b = 0; b < num_blocks; ++b) {
     const auto block = tokens.subspan(b * bs, bs);
     const std::optional<std::string_view>& extra = b == 0 ? first_extra : later_extra;
-    std::string_view link;
-    if (pickle) {
-      const size_t n = pickle_link(encoded.data(), prev, block, extra);
-      link = std::string_view(reinterpret_cast<const char*>(encoded.data()), n);
-    } else {
-      cbor_link(cbor, prev, block, extra);
-      link = cbor.bytes();
-    }
+    const size_t n = pickle ? pickle_link(encoded.data(), prev, block, extra) : cbor_link(encoded.data(), prev, block, extra);
+    const std::string_view link(reinterpret_cast<const char*>(encoded.data()), n);
     char* digest = out.data() + start + b * ds;
     if (sha) {
-      const Digest d = sha256(link);
+      const Digest d = sha256_padding_in_place(encoded.data(), n);
       std::memcpy(digest, d.data(), ds);
     } else {
       const auto d = xxh3_128(link);
@@ -338,21 +390,6 @@ Digest sha256(std::string_view data) { return sha256_with(best_compress, data); 
 Digest sha256_portable(std::string_view data) { return sha256_with(compress_portable, data); }
 
 bool sha256_uses_cpu_extensions() { return best_compress != compress_portable; }
-
-void CborWriter::reserve(size_t n) {
-  if (buf_.size() < n) buf_.resize(n);
-}
-
-void CborWriter::append(const uint8_t* data, size_t n) {
-  ensure(n);
-  std::memcpy(buf_.data() + size_, data, n);
-  size_ += n;
-}
-
-void CborWriter::byte_string(std::string_view bytes) {
-  head(2, bytes.size());
-  raw(bytes);
-}
 
 std::vector<Digest> sha256_cbor_chain(std::string_view parent, std::span<const int64_t> tokens,
                                       int64_t block_size, std::optional<std::string_view> first_extra_cbor,

@@ -56,53 +56,6 @@ Digest sha256_portable(std::string_view data);
 // Whether sha256() uses the x86 SHA extensions on this machine.
 bool sha256_uses_cpu_extensions();
 
-// Appends canonical (RFC 8949 core deterministic) CBOR to a byte buffer: every
-// length and integer in its shortest form, as cbor2's canonical mode writes.
-class CborWriter {
- public:
-  void array_header(uint64_t length) { head(4, length); }
-  void byte_string(std::string_view bytes);
-  // Major type 0 for v >= 0; major type 1 carrying -1 - v for v < 0, which is
-  // ~v in two's complement (no overflow at INT64_MIN).
-  void integer(int64_t v) { v >= 0 ? head(0, static_cast<uint64_t>(v)) : head(1, ~static_cast<uint64_t>(v)); }
-  void null() { put(0xf6); }
-  // Already-encoded CBOR, copied verbatim.
-  void raw(std::string_view cbor) { append(reinterpret_cast<const uint8_t*>(cbor.data()), cbor.size()); }
-
-  void clear() { size_ = 0; }
-  void reserve(size_t n);
-  std::string_view bytes() const { return {reinterpret_cast<const char*>(buf_.data()), size_}; }
-
- private:
-  // A head is the major type in the top 3 bits and the argument: inline below
-  // 24, else big-endian in the 1, 2, 4 or 8 bytes that follow (additional
-  // information 24, 25, 26, 27). Per token, so it writes in place.
-  void head(uint8_t major, uint64_t arg) {
-    ensure(9);
-    uint8_t* p = buf_.data() + size_;
-    const uint8_t type = static_cast<uint8_t>(major << 5);
-    int width = arg < 24 ? 0 : arg <= 0xff ? 1 : arg <= 0xffff ? 2 : arg <= 0xffffffffULL ? 4 : 8;
-    if (width == 0) {
-      p[0] = type | static_cast<uint8_t>(arg);
-    } else {
-      p[0] = type | static_cast<uint8_t>(width == 1 ? 24 : width == 2 ? 25 : width == 4 ? 26 : 27);
-      for (int i = 0; i < width; ++i) p[width - i] = static_cast<uint8_t>(arg >> (8 * i));
-    }
-    size_ += 1 + width;
-  }
-  void put(uint8_t byte) {
-    ensure(1);
-    buf_[size_++] = byte;
-  }
-  void ensure(size_t n) {
-    if (size_ + n > buf_.size()) buf_.resize(std::max(2 * buf_.size(), size_ + n));
-  }
-  void append(const uint8_t* data, size_t n);
-
-  std::vector<uint8_t> buf_;  // capacity; the first size_ bytes are the encoding
-  size_t size_ = 0;
-};
-
 // XXH3-128 of `data`, in the canonical (big-endian) byte order python-xxhash's
 // xxh3_128_digest returns.
 std::array<uint8_t, 16> xxh3_128(std::string_view data);
