@@ -512,16 +512,23 @@ class HashCache(BlockwiseAppend, PrefixCache):
         """Index blocks [num_cached_blocks, num_full_blocks) of the request's table."""
         start, bs, ds = request.num_cached_blocks, self.block_size, self._digest_size
         num_hashed = len(request.digests) // ds
+        keys = None
         if num_hashed < num_full_blocks:  # blocks completed by append
-            request.digests += chain_digests(
+            later = namespace_extra_keys(request.namespace, first_block=False)
+            new = chain_digests(
                 request.tokens[num_hashed * bs : num_full_blocks * bs],
                 bs,
                 self._algorithm,
                 bytes(request.digests[-ds:]) if num_hashed else self._none_hash,
-                namespace_extra_keys(request.namespace, first_block=not num_hashed),
-                namespace_extra_keys(request.namespace, first_block=False),
+                later if num_hashed else namespace_extra_keys(request.namespace),
+                later,
             )
-        blocks, keys = request.block_table[start:num_full_blocks], bytes(request.digests[start * ds : num_full_blocks * ds])
+            request.digests += new
+            if num_hashed == start:  # a decode step's commit: the new hashes are the keys
+                keys = new
+        if keys is None:
+            keys = bytes(request.digests[start * ds : num_full_blocks * ds])
+        blocks = request.block_table[start:num_full_blocks]
         # Recorded first: it validates the tokens (all or nothing), and blocks without a
         # key are never looked up, so recording them early is harmless.
         parent = request.block_table[start - 1] if start else -1
