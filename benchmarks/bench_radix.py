@@ -122,25 +122,20 @@ class OursArm:
         config = CacheConfig(backend="radix", block_size=page_size, num_blocks=num_blocks, eviction=eviction,
                              enable_events=False)  # fmt: skip
         self.cache = build_cache(config)
-        self._computed: dict = {}
 
     def admit(self, rid, prompt: array):
         adm = self.cache.admit(rid, prompt)
-        if adm is None:
-            return None
-        self._computed[rid] = len(prompt)
-        return adm.num_cached_tokens
+        return None if adm is None else adm.num_cached_tokens
 
-    def prefilled(self, rid, sampled: int) -> None:
-        self.cache.commit(rid, self._computed[rid])
+    def prefilled(self, rid, prompt_len: int, sampled: int) -> None:
+        self.cache.commit(rid, prompt_len)
 
     def decoded(self, rid, fed: int, sampled: int) -> None:
         if self.cache.append(rid, [fed]) is None:
             raise RuntimeError(f"request {rid}: no room to decode")
-        self._computed[rid] += 1
 
-    def finish(self, rid) -> None:
-        self.cache.commit(rid, self._computed.pop(rid))
+    def finish(self, rid, computed: int) -> None:
+        self.cache.commit(rid, computed)
         self.cache.release(rid)
 
 
@@ -153,14 +148,14 @@ class TheirsArm:
     def admit(self, rid, prompt: array):
         return self.arm.admit(rid, prompt)
 
-    def prefilled(self, rid, sampled: int) -> None:
+    def prefilled(self, rid, prompt_len: int, sampled: int) -> None:
         self.arm.prefilled(rid, sampled)
 
     def decoded(self, rid, fed: int, sampled: int) -> None:
         self.arm.decode(rid, sampled)
 
-    def finish(self, rid) -> None:
-        self.arm.release(rid)
+    def finish(self, rid, computed: int) -> None:
+        self.arm.release(rid)  # SGLang's request knows what it computed, as its scheduler's does
 
 
 def replay(arm, workload: Workload) -> tuple[list[int | None], list[float]]:
@@ -178,10 +173,10 @@ def replay(arm, workload: Workload) -> tuple[list[int | None], list[float]]:
         t0 = clock()
         hit = arm.admit(rid, prompt)
         if hit is not None:
-            arm.prefilled(rid, out[0])
+            arm.prefilled(rid, len(prompt), out[0])
             for i in range(1, len(out)):
                 arm.decoded(rid, out[i - 1], out[i])
-            arm.finish(rid)
+            arm.finish(rid, len(prompt) + len(out) - 1)
         seconds.append(clock() - t0)
         hits.append(hit)
     return hits, seconds

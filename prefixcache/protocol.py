@@ -117,7 +117,7 @@ class BlockIds(array):
                 ids = token_array(ids, "ids", 4)
             except (TypeError, ValueError):
                 pass
-        return super().__new__(cls, "i", ids)
+        return array.__new__(cls, "i", ids)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, array):
