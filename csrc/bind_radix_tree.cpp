@@ -54,6 +54,47 @@ std::vector<int32_t> int32_ids(py::handle obj, const char* what) {
   return read_token_ids<int32_t>(obj, what, tokens ? nullptr : kIds).ids;
 }
 
+// The token ids of one tree call. A C-contiguous int32 buffer (a request's own
+// array('i'), a memoryview of one) is read in place, its export held for the call so
+// it cannot be resized, when the tree runs no Python code meanwhile (no Python policy
+// whose keys it drops) and, as every tree call, holds the GIL: nothing can change the
+// ids while they are read. Anything else is read by the one converter into a copy.
+class TreeTokens {
+ public:
+  TreeTokens(const RadixTree& tree, py::handle obj) {
+    if (!tree.has_ranker() && !PyList_Check(obj.ptr()) && PyObject_CheckBuffer(obj.ptr()) &&
+        !PyBytes_Check(obj.ptr()) && !PyByteArray_Check(obj.ptr())) {
+      if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
+        std::string_view f(view_.format != nullptr ? view_.format : "B");
+        if (!f.empty() && (f[0] == '@' || f[0] == '=' || f[0] == '<')) f.remove_prefix(1);
+        if (view_.ndim == 1 && view_.itemsize == 4 && (f == "i" || f == "l")) {
+          held_ = true;
+          return;
+        }
+        PyBuffer_Release(&view_);
+      } else {
+        PyErr_Clear();
+      }
+    }
+    copy_ = int32_ids(obj, "tokens");
+  }
+  ~TreeTokens() {
+    if (held_) PyBuffer_Release(&view_);
+  }
+  TreeTokens(const TreeTokens&) = delete;
+  TreeTokens& operator=(const TreeTokens&) = delete;
+
+  TokenSpan span() const {
+    if (held_) return TokenSpan(static_cast<const int32_t*>(view_.buf), static_cast<size_t>(view_.shape[0]));
+    return TokenSpan(copy_);
+  }
+
+ private:
+  Py_buffer view_{};
+  bool held_ = false;
+  std::vector<int32_t> copy_;
+};
+
 Namespace to_namespace(py::handle obj) {
   if (obj.is_none()) return std::nullopt;
   if (!py::isinstance<py::str>(obj)) {
@@ -107,16 +148,16 @@ InsertResult insert(RadixTree& tree, py::handle tokens, py::handle blocks, py::h
   const int64_t priority = checked_int64(priority_arg, "priority");
   const int64_t start = saturated_int64(start_arg, "start");  // beyond int64: out of range either way
   const int64_t inserted = saturated_int64(inserted_arg, "inserted");
-  const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
+  const TreeTokens toks(tree, tokens);
   Namespace name = to_namespace(ns);
-  return with_blocks(blocks, [&](std::span<int32_t> ids) { return tree.insert(toks, ids, name, priority, start, inserted); });
+  return with_blocks(blocks, [&](std::span<int32_t> ids) { return tree.insert(toks.span(), ids, name, priority, start, inserted); });
 }
 
 InsertResult extend(RadixTree& tree, py::handle node_arg, py::handle tokens, py::handle blocks, py::handle priority_arg) {
   const int64_t priority = checked_int64(priority_arg, "priority");
-  const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
+  const TreeTokens toks(tree, tokens);
   return with_saturated_int64(node_arg, "node", [&](int64_t node) {
-    return with_blocks(blocks, [&](std::span<int32_t> ids) { return tree.extend(node, toks, ids, priority); });
+    return with_blocks(blocks, [&](std::span<int32_t> ids) { return tree.extend(node, toks.span(), ids, priority); });
   });
 }
 
@@ -243,16 +284,16 @@ the use counts of evicted content (0: none). Not thread-safe.
       .def(
           "match",
           [](const RadixTree& t, py::handle tokens, py::handle ns) {
-            const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
-            return t.match(toks, to_namespace(ns));
+            const TreeTokens toks(t, tokens);
+            return t.match(toks.span(), to_namespace(ns));
           },
           py::arg("tokens"), py::arg("namespace") = py::none(),
           "Pure look-up of the longest cached whole-page prefix; changes nothing.")
       .def(
           "match_prefix",
           [](RadixTree& t, py::handle tokens, py::handle ns) {
-            const std::vector<int32_t> toks = int32_ids(tokens, "tokens");
-            return t.match_prefix(toks, to_namespace(ns));
+            const TreeTokens toks(t, tokens);
+            return t.match_prefix(toks.span(), to_namespace(ns));
           },
           py::arg("tokens"), py::arg("namespace") = py::none(),
           "SGLang match_prefix: splits at the match's end, refreshes recency, counts a hit.")

@@ -307,6 +307,9 @@ class RadixTree {
   int64_t protected_size() const { return protected_size_; }
   int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size()); }  // roots included
   int64_t clock() const { return clock_; }
+  // Whether the tree's leaves are ranked by a LeafRanker (a Python policy in the
+  // binding): then dropping a key may run the caller's code in the middle of any call.
+  bool has_ranker() const { return ranker_ != nullptr; }
   int64_t traffic() const { return traffic_; }
   const GhostTable& ghost() const { return ghost_; }
   std::optional<int64_t> root(const Namespace& ns) const;
