@@ -95,7 +95,7 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from prefixcache._C import BlockContents, BlockPool, InvariantError
+from prefixcache._C import BlockContents, BlockPool, InvariantError, commit_blocks
 from prefixcache.block_contents import TrustingVerifier
 from prefixcache.config import CacheConfig
 from prefixcache.events import (
@@ -109,7 +109,7 @@ from prefixcache.events import (
     event_lora,
 )
 from prefixcache.evictors import FreeQueueEvictor, block_evictor
-from prefixcache.hashing import CRYPTOGRAPHIC, chain_digests, namespace_extra_keys, none_hash
+from prefixcache.hashing import CRYPTOGRAPHIC, chain_digests, namespace_extra_keys, native_chain, none_hash
 from prefixcache.isolation import exact_bytes
 from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded
 from prefixcache.registry import register_backend, resolve_eviction_policy
@@ -186,14 +186,18 @@ class HashCache(BlockwiseAppend, PrefixCache):
         self._requests: RequestTable[HashRequest] = RequestTable()
         self._events = event_log(config.enable_events)
         # Where allocating is the pool's allocation alone (the free-queue evictor, no
-        # events, the built-in allocation), a decode step's fresh block is taken natively.
-        if (
-            isinstance(self._evictor, FreeQueueEvictor)
-            and not self._events.enabled
-            and type(self)._allocate_if_free is HashCache._allocate_if_free
-            and type(self)._take is HashCache._take
-        ):
+        # events, the built-in allocation), a decode step's fresh block is taken natively;
+        # where caching a block is also the chain and the pool's index alone (no hit
+        # verification, a native chain, no hook), a commit is one native call.
+        plain = isinstance(self._evictor, FreeQueueEvictor) and not self._events.enabled
+        if plain and type(self)._allocate_if_free is HashCache._allocate_if_free and type(self)._take is HashCache._take:
             self._append_pool = pool
+        self._commit_natively = (
+            plain
+            and isinstance(self._verifier, TrustingVerifier)
+            and native_chain(self._algorithm, self.block_size)
+            and type(self).blocks_cached is HashCache.blocks_cached
+        )
         self._stats = StatsCounter()
         # `evictions` is the pool's count since the last reset (the pool is ours alone),
         # read when stats are asked for rather than bumped on every allocation.
@@ -511,6 +515,14 @@ class HashCache(BlockwiseAppend, PrefixCache):
     def _cache_full_blocks(self, request: HashRequest, num_full_blocks: int) -> None:
         """Index blocks [num_cached_blocks, num_full_blocks) of the request's table."""
         start, bs, ds = request.num_cached_blocks, self.block_size, self._digest_size
+        if self._commit_natively and request.namespace is None:
+            # The chain, the pool's keys and nothing else: one native call (False: ids
+            # beyond int64, kept in a list, which only the Python chain hashes).
+            table = request.block_table
+            if commit_blocks(self.pool, request.digests, request.tokens, table, start, num_full_blocks, bs,
+                             self._algorithm, self._none_hash):  # fmt: skip
+                request.num_cached_blocks = num_full_blocks
+                return
         num_hashed = len(request.digests) // ds
         keys = None
         if num_hashed < num_full_blocks:  # blocks completed by append

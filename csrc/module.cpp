@@ -15,7 +15,7 @@ void bind_tokens(py::module_& m);
 void bind_kv_index(py::module_& m);
 void bind_kv_router_cost(py::module_& m);
 void bind_call_guard(py::module_& m);
-void bind_append_step(py::module_& m);
+void bind_decode_step(py::module_& m);
 }  // namespace prefixcache
 
 PYBIND11_MODULE(_C, m) {
@@ -30,5 +30,5 @@ PYBIND11_MODULE(_C, m) {
   prefixcache::bind_kv_index(m);
   prefixcache::bind_kv_router_cost(m);
   prefixcache::bind_call_guard(m);
-  prefixcache::bind_append_step(m);
+  prefixcache::bind_decode_step(m);
 }

@@ -40,10 +40,28 @@ inline void append_ids(PyObject* array, const void* data, size_t bytes) {
 }
 
 // One id (an exact int the caller range-checked for the array's width) appended.
+// An array.array (the buffers backends keep) is called through array.append itself,
+// found once: a decode step's one id then costs no method look-up.
 inline void append_id(PyObject* array, PyObject* id) {
-  static PyObject* append = PyUnicode_InternFromString("append");
-  auto done = pybind11::reinterpret_steal<pybind11::object>(PyObject_CallMethodOneArg(array, append, id));
-  if (!done) throw pybind11::error_already_set();
+  static PyObject* const array_type = [] {
+    PyObject* module = PyImport_ImportModule("array");
+    PyObject* type = module != nullptr ? PyObject_GetAttrString(module, "array") : nullptr;
+    Py_XDECREF(module);
+    PyErr_Clear();
+    return type;  // kept for the process; nullptr: always look the method up
+  }();
+  static PyObject* const array_append =
+      array_type != nullptr ? PyObject_GetAttrString(array_type, "append") : nullptr;
+  PyObject* done;
+  if (array_append != nullptr && Py_IS_TYPE(array, reinterpret_cast<PyTypeObject*>(array_type))) {
+    PyObject* call[] = {array, id};
+    done = PyObject_Vectorcall(array_append, call, 2, nullptr);
+  } else {
+    static PyObject* append = PyUnicode_InternFromString("append");
+    done = PyObject_CallMethodOneArg(array, append, id);
+  }
+  if (done == nullptr) throw pybind11::error_already_set();
+  Py_DECREF(done);
 }
 
 }  // namespace prefixcache

@@ -237,6 +237,14 @@ def _chain(
     return b"".join(chain) if packed else chain
 
 
+def native_chain(algorithm: str, block_size: int) -> bool:
+    """Whether `chain_digests` of `algorithm` at `block_size` TOKENS, without extra keys,
+    is the native chain (the algorithm is not replaced at run time, and a pickle link
+    of that block fits one frame): what a caller hashing natively itself may rely on."""
+    fits = algorithm not in _PICKLE_ALGORITHMS or 16 + 32 + 10 * block_size + 16 <= MAX_PICKLE_LINK
+    return hash_function(algorithm) is _NATIVE.get(algorithm) and block_size >= 1 and fits
+
+
 def chain_hashes(
     tokens: Sequence[int],
     block_size: int,
