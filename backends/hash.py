@@ -95,7 +95,7 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from prefixcache._C import BlockContents, BlockPool, InvariantError, commit_blocks
+from prefixcache._C import BlockContents, BlockPool, InvariantError, append_step, commit_blocks
 from prefixcache.block_contents import TrustingVerifier
 from prefixcache.config import CacheConfig
 from prefixcache.events import (
@@ -169,6 +169,13 @@ class HashCache(BlockwiseAppend, PrefixCache):
 
     option_defaults = {"verify_hits": "auto"}
     option_choices = {"verify_hits": VERIFY_HITS}
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        # A subclass with its own commit or append: the fused call inlines ours and must
+        # not bypass theirs, so it gets the protocol's default (the two calls).
+        if {"commit", "append"} & vars(cls).keys() and "commit_and_append" not in vars(cls):
+            cls.commit_and_append = PrefixCache.commit_and_append  # type: ignore[method-assign]
 
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)
@@ -284,6 +291,28 @@ class HashCache(BlockwiseAppend, PrefixCache):
         return Admission(BlockIds(table), num_hit_tokens, copies)
 
     append = guarded(BlockwiseAppend.append)
+
+    @guarded
+    def commit_and_append(
+        self, request_id: Hashable, num_computed_tokens: int, tokens: Sequence[int]
+    ) -> list[int] | None:
+        """`commit` then `append` (the protocol's default), in one guarded call: a decode
+        step's common outcomes (no block filled; no block needed, or a free one) inline."""
+        request = self._requests.get(request_id)
+        n = num_computed_tokens
+        if (
+            type(n) is int
+            and request.num_computed <= n <= len(request.tokens)
+            and n // self.block_size == request.num_cached_blocks
+            and request.copy_source is None
+        ):
+            request.num_computed = n  # no block filled, no copy source to unpin
+        else:
+            HashCache.commit.__wrapped__(self, request_id, n)  # type: ignore[attr-defined]
+        step = append_step(request.tokens, tokens, request.block_table, self.block_size, self._append_pool, 0, 0)
+        if type(step) is list:
+            return step
+        return self._append_rest(request, tokens, step)
 
     @guarded
     def commit(self, request_id: Hashable, num_computed_tokens: int) -> None:

@@ -17,7 +17,10 @@ Both caches see the same calls: a request is admitted (prefix lookup + allocatio
 "no room" the oldest live request is released and admission retried), its prompt
 committed, then `output_len - 1` decode steps each append one token and commit it (the
 last sampled token is never fed back), and it is released once `--concurrency` newer
-requests are live. Events are off on both sides (vLLM's default).
+requests are live. A decode step is one call on each side, as an engine makes it: ours
+`commit_and_append` (commit what the last step computed, append the token fed back),
+vLLM's `allocate_slots` (cache the full blocks, allocate the new slot) after the
+request's `append_output_token_ids`. Events are off on both sides (vLLM's default).
 """
 
 from __future__ import annotations
@@ -127,8 +130,10 @@ def replay_ours(reqs: list[Req], num_blocks: int, concurrency: int, record: bool
         n = len(req.prompt)
         cache.commit(i, n)
         t1 = clock()
+        # A step commits what the previous one computed and appends the token it feeds
+        # back (the same calls, in the same order, as append-then-commit per token).
         for token in req.output[:-1]:
-            new_blocks = cache.append(i, [token])
+            new_blocks = cache.commit_and_append(i, n, [token])
             while new_blocks is None and live:
                 trace.refused += 1
                 cache.release(live.popleft())
@@ -136,7 +141,7 @@ def replay_ours(reqs: list[Req], num_blocks: int, concurrency: int, record: bool
             if new_blocks is None:
                 break  # alone in the pool and out of room: the request stops here
             n += 1
-            cache.commit(i, n)
+        cache.commit(i, n)  # the last fed token's KV
         t2 = clock()
         live.append(i)
         if len(live) > concurrency:
@@ -282,7 +287,7 @@ def main() -> int:
           f"concurrency {args.concurrency}, best of {args.repeat}")
     print(f"# command: {' '.join(sys.argv)}")
     print("# prompt tokens, hit tokens: means per request; µs/request: hashing + admit + the prompt's "
-          "commit + release; µs/decode step: append + commit of one token")
+          "commit + release; µs/decode step: one token appended and committed (ours: commit_and_append)")
     columns = ["workload", "requests", "prompt tokens", "hit tokens", "hit rate", "evicted blocks", "refused",
                "ours µs/request", "ours µs/decode step"]
     if core:

@@ -22,6 +22,8 @@ Rules every implementation obeys (the conformance kit tests each one):
    `match`/`admit` calls. A block computed twice (same content) is handled as the
    reference system does: `hash` indexes both copies (vLLM), `radix` frees the
    request's copy (SGLang).
+   `commit_and_append(r, n, tokens)` is `commit(r, n)` then `append(r, tokens)`, in one
+   call where a backend offers it (an engine's decode step makes both).
 5. `release` caches the request's full computed blocks, unpins everything, and frees
    what is not cached (partial tail blocks, duplicates). Releasing twice, or an unknown
    id, raises `KeyError`.
@@ -323,6 +325,18 @@ class PrefixCache(ABC):
     def commit(self, request_id: Hashable, num_computed_tokens: int) -> None:
         """The KV of `tokens[:num_computed_tokens]` is written; its full blocks become
         hittable. `num_computed_tokens` never decreases and is at most the token count."""
+
+    def commit_and_append(
+        self, request_id: Hashable, num_computed_tokens: int, tokens: Sequence[int]
+    ) -> list[int] | None:
+        """A decode step's two calls in one: `commit(request_id, num_computed_tokens)`
+        (the KV of `tokens[:num_computed_tokens]` is written), then `append(request_id,
+        tokens)` (the tokens sampled next); returns what `append` returns. A refused
+        append (None) leaves the commit done. vLLM's `allocate_slots` likewise caches a
+        step's full blocks and allocates its new slots in one call. This default makes
+        the two calls; `hash` does both in one guarded call."""
+        self.commit(request_id, num_computed_tokens)
+        return self.append(request_id, tokens)
 
     @abstractmethod
     def release(self, request_id: Hashable) -> None:

@@ -173,12 +173,17 @@ class BlockwiseAppend(ABC):
 
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         request = self._requests.get(request_id)
-        held = request.tokens
         # Once per decoded token: one native call appends the ids (checked by the one
         # converter, so a bad id never reaches commit) and is all of it if no block is needed.
-        step = append_step(held, tokens, request.block_table, self.block_size, self._append_pool, 0, 0)
+        step = append_step(request.tokens, tokens, request.block_table, self.block_size, self._append_pool, 0, 0)
         if type(step) is list:
             return step
+        return self._append_rest(request, tokens, step)
+
+    def _append_rest(self, request: Any, tokens: Sequence[int], step: int | None) -> list[int] | None:
+        """`append` once `append_step` declined with `step`: the ids it appended (an
+        int), or None (it appended nothing: ids beyond int64, or a list of ids)."""
+        held = request.tokens
         if step is None:
             # Ids beyond int64 (CBOR bignums): the request keeps its ids as ints from now on.
             before = len(held)

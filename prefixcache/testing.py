@@ -100,6 +100,8 @@ RULES: dict[str, str] = {
     "events": "KV events announce what match finds: every block a hit uses was stored (chained by parent "
     "hash, with the request's tokens) and not removed since; nothing is left once everything is evicted",
     "invariants": "check_invariants() holds after every call",
+    "commit_and_append": "commit_and_append(r, n, tokens) is commit(r, n) then append(r, tokens); a refused "
+    "append leaves the commit done",
     "valid calls": "a call with valid arguments returns its answer; it never raises",
 }
 """The rules the kit checks, by the name every failure message starts with."""
@@ -963,6 +965,43 @@ def _numpy_tokens_are_ints(make: CacheFactory, bs: int) -> None:
         _violate("bad input", "numpy token ids", f"behave differently from a list: {results}")
 
 
+def rule_commit_and_append_is_both_calls(make: CacheFactory, bs: int) -> None:
+    """`commit_and_append(r, n, tokens)` against `commit(r, n)` then `append(r, tokens)` on
+    a twin cache, decoding until the pool refuses: the same answers, block tables, stats
+    and hits, and the refused step's commit done (its blocks hittable)."""
+    fused, split = make(bs, 6), make(bs, 6)
+    prompt = list(range(1, 2 * bs + 2))
+    for cache in (fused, split):
+        if cache.admit("r", prompt) is None:
+            _violate("valid calls", "admit of 3 blocks into 6 free", "it was refused")
+    tokens, n = list(prompt), len(prompt)
+    for step in range(8 * bs):
+        new = [5000 + step]
+        what = f"commit_and_append of request 'r' to {n} tokens, then {new}"
+        got = fused.commit_and_append("r", n, new)
+        split.commit("r", n)
+        want = split.append("r", new)
+        if (got is None) != (want is None) or list(fused.block_table("r")) != list(split.block_table("r")):
+            _violate("commit_and_append", what, f"returned {got} and table {list(fused.block_table('r'))}; the two "
+                     f"calls gave {want} and {list(split.block_table('r'))}")  # fmt: skip
+        if got is None:
+            break
+        tokens += new
+        n += 1
+    else:
+        _violate("rule 2", f"{8 * bs} appended tokens into 6 blocks", "no append was refused")
+    probe = [*tokens, 1]
+    hits = fused.match(probe).num_tokens, split.match(probe).num_tokens
+    if hits[0] != hits[1] or hits[0] < n // bs * bs:
+        _violate("commit_and_append", "match after a refused step", f"hits {hits}: the commit of {n} tokens "
+                 "was not done as commit() does it")  # fmt: skip
+    if fused.stats() != split.stats():
+        _violate("commit_and_append", "the decode", f"stats {fused.stats()} differ from the two calls' {split.stats()}")
+    for cache in (fused, split):
+        cache.release("r")
+        cache.check_invariants()
+
+
 RULE_CHECKS: tuple[Callable[[CacheFactory, int], None], ...] = (
     rule_admit_hit_is_capped_whole_blocks,
     rule_hits_are_causal,
@@ -974,6 +1013,7 @@ RULE_CHECKS: tuple[Callable[[CacheFactory, int], None], ...] = (
     rule_reset_refuses_while_live,
     rule_events_agree_with_match,
     rule_bad_tokens_are_refused,
+    rule_commit_and_append_is_both_calls,
 )
 
 

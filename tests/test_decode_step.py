@@ -141,3 +141,23 @@ def test_hash_commit_natively_equals_the_python_path(algorithm):
         cache.check_invariants()
     keys = [[c.pool.key(b) for b in range(48)] for c in caches]
     assert keys[0] == keys[1]
+
+
+def test_a_subclass_commit_is_not_bypassed_by_the_fused_call():
+    from prefixcache.backends.hash import HashCache
+    from prefixcache.protocol import guarded
+
+    class Counting(HashCache):
+        commits = 0
+
+        @guarded
+        def commit(self, request_id, num_computed_tokens):
+            type(self).commits += 1
+            return HashCache.commit.__wrapped__(self, request_id, num_computed_tokens)
+
+    cache = Counting(BlockPool(8), CacheConfig(backend="hash", block_size=4, num_blocks=8))
+    cache.admit("r", [1, 2, 3, 4, 5])
+    assert cache.commit_and_append("r", 5, [6]) == [] and Counting.commits == 1
+    assert len(cache.block_table("r")) == 2
+    cache.release("r")
+    cache.check_invariants()
