@@ -15,7 +15,7 @@
 // then the blocks keyed in the pool (all or nothing), in one call.
 //
 // Never does: evict, record events or stats, or decide what is cached. Errors are the
-// converter's or the pool's, raised before anything changed.
+// converter's or the pool's, raised before the pool or the table changed.
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
@@ -37,10 +37,10 @@ namespace py = pybind11;
 namespace prefixcache {
 namespace {
 
-// The ids of a token argument, read for a buffer of `itemsize` bytes per id: `count`
-// of them at `data`. A single exact int (a decode step) is read without a vector.
+// The ids of a token argument, read for a buffer of `itemsize` bytes per id: `count` of
+// them. A single exact int in range (a decode step's) is kept as the object itself, read
+// without a vector; anything else goes through the one converter.
 struct NewIds {
-  int64_t one = 0;
   PyObject* one_object = nullptr;  // the exact int itself, borrowed from the argument
   TokenIds<int32_t> narrow;
   TokenIds<int64_t> wide;
@@ -54,7 +54,6 @@ struct NewIds {
         int overflow = 0;
         const long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
         if (overflow == 0 && !(v == -1 && PyErr_Occurred()) && (itemsize == 8 || (v >= INT32_MIN && v <= INT32_MAX))) {
-          one = v;
           one_object = item;
           count = 1;
           return;
@@ -244,12 +243,14 @@ PyObject* commit_blocks_fastcall(PyObject*, PyObject* const* args, Py_ssize_t na
     // Keys: the digests the request has from `start`, then the ones just chained.
     std::string keys(PyByteArray_AS_STRING(digests) + start * ds, PyByteArray_AS_STRING(digests) + std::min(num_hashed, stop) * ds);
     keys += chained;
-    pool.cache_many_packed(ids, keys, static_cast<int64_t>(ds));  // all or nothing; throws first
     if (!chained.empty()) {
+      // The request's hashes first, as the Python path grows them: they are its chain
+      // whether or not the pool then takes the keys.
       const Py_ssize_t had = PyByteArray_GET_SIZE(digests);
       if (PyByteArray_Resize(digests, had + static_cast<Py_ssize_t>(chained.size())) != 0) throw py::error_already_set();
       std::memcpy(PyByteArray_AS_STRING(digests) + had, chained.data(), chained.size());
     }
+    pool.cache_many_packed(ids, keys, static_cast<int64_t>(ds));  // all or nothing
     Py_RETURN_TRUE;
   } catch (py::error_already_set& e) {
     e.restore();
@@ -275,8 +276,10 @@ blocks it lacks up to `stop` (from its last digest, or `root` for block 0; no ex
 keys: a request without a namespace), over `tokens` (the request's array('q'), read
 in place), then `pool` keys table[start:stop] with digests[start:stop] (all or
 nothing). `block_size` in TOKENS. True when done; False, nothing changed, if `tokens`
-is not such an array (the caller caches the general way). Errors (a block not in use
-or already keyed, too few tokens) are raised before anything changed.
+is not such an array (the caller caches the general way). Bad arguments (too few
+tokens or digests) raise before anything changed; a block the pool refuses (not in
+use, already keyed) raises with the pool unchanged and `digests` grown by the chain,
+as the Python path leaves them.
 )doc"};
 
 }  // namespace

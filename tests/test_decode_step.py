@@ -82,12 +82,14 @@ def test_commit_blocks_errors_change_nothing():
     tokens = array("q", range(8))
     root = none_hash("sha256_cbor")
     digests = bytearray()
-    pool.free([table[1]])  # a free block cannot be keyed
-    with pytest.raises(ValueError):
-        commit_blocks(pool, digests, tokens, table, 0, 2, 4, "sha256_cbor", root)
-    assert digests == bytearray() and pool.key(table[0]) is None
     with pytest.raises(ValueError, match="fewer full blocks"):
         commit_blocks(pool, digests, tokens[:6], table, 0, 2, 4, "sha256_cbor", root)
+    assert digests == bytearray()
+    pool.free([table[1]])  # a free block cannot be keyed: the pool refuses, all or nothing
+    with pytest.raises(ValueError):
+        commit_blocks(pool, digests, tokens, table, 0, 2, 4, "sha256_cbor", root)
+    assert pool.key(table[0]) is None and pool.num_cached == 0
+    assert bytes(digests) == chain_digests(tokens, 4, "sha256_cbor", root)  # the chain, as Python grows it
     with pytest.raises(ValueError, match="allowed values"):
         commit_blocks(pool, digests, tokens, table, 0, 1, 4, "md5", root)
     assert commit_blocks(pool, digests, list(tokens), table, 0, 1, 4, "sha256_cbor", root) is False
