@@ -91,6 +91,7 @@ name in `lora_name` and, untagged, in `extra_keys`.
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -123,6 +124,7 @@ from prefixcache.requests import (
     check_tokens,
 )
 from prefixcache.stats import CacheStats, StatsCounter
+from prefixcache.tiers import DEVICE, Tiers, token_block_ids
 
 __all__ = ["HashCache", "HashRequest", "VERIFY_HITS"]
 
@@ -150,6 +152,8 @@ class HashRequest(Request):
                        request until its first commit or its release (else None)
     namespace_bytes:   `isolation.exact_bytes(namespace)`, what hit verification
                        compares
+    depth:             with tiers: the chain depth its blocks are cached with
+                       (`Tiers.admitted`)
     """
 
     digests: bytearray = None  # type: ignore[assignment]
@@ -157,6 +161,7 @@ class HashRequest(Request):
     priority: int = 0
     copy_source: int | None = None
     namespace_bytes: bytes = b""
+    depth: int = 0
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -192,11 +197,14 @@ class HashCache(BlockwiseAppend, PrefixCache):
         self._verifier = BlockContents(pool, self.block_size) if verify == "always" else TrustingVerifier(pool)
         self._requests: RequestTable[HashRequest] = RequestTable()
         self._events = event_log(config.enable_events)
+        #: The lower tiers (`cache.tiers`), or None: blocks keyed by their chained hash, as
+        #: vLLM's offloading connector keys them (docs/tiers.md).
+        self.tiers = Tiers(config, pool.num_blocks, self._digest_size, self._events) if config.tiers else None
         # Where allocating is the pool's allocation alone (the free-queue evictor, no
-        # events, the built-in allocation), a decode step's fresh block is taken natively;
-        # where caching a block is also the chain and the pool's index alone (no hit
-        # verification, a native chain, no hook), a commit is one native call.
-        plain = isinstance(self._evictor, FreeQueueEvictor) and not self._events.enabled
+        # events, the built-in allocation, no tier to tell), a decode step's fresh block is
+        # taken natively; where caching a block is also the chain and the pool's index
+        # alone (no hit verification, a native chain, no hook), a commit is one native call.
+        plain = isinstance(self._evictor, FreeQueueEvictor) and not self._events.enabled and self.tiers is None
         if plain and type(self)._allocate_if_free is HashCache._allocate_if_free and type(self)._take is HashCache._take:
             self._append_pool = pool
         self._commit_natively = (
@@ -221,6 +229,8 @@ class HashCache(BlockwiseAppend, PrefixCache):
         digests = self._prompt_digests(tokens, namespace)
         namespace_bytes = exact_bytes(namespace)
         hits, _ = self._verifier.lookup_chain(digests, self._digest_size, tokens, namespace_bytes)
+        if self.tiers is not None:
+            return self._tiered_match(tokens, namespace, digests, hits)
         partial = None
         if self._trims or self.partial_hits:
             hits, partial, _ = self._usable(tokens, namespace, namespace_bytes, digests, hits, len(tokens))
@@ -249,6 +259,8 @@ class HashCache(BlockwiseAppend, PrefixCache):
         capped = digests if len(tokens) % bs else digests[:-ds]
         namespace_bytes = exact_bytes(namespace)
         hits, refuted = self._verifier.lookup_chain(capped, ds, tokens, namespace_bytes)
+        if self.tiers is not None:
+            return self._tiered_admit(request_id, tokens, namespace, priority, digests, capped, hits, refuted)
         partial = None
         if self._trims or self.partial_hits:  # only a subclass with a hook pays for it
             hits, partial, refuted_partial = self._usable(
@@ -356,6 +368,8 @@ class HashCache(BlockwiseAppend, PrefixCache):
         num_blocks = check_count(num_blocks, "num_blocks")
         removed = self._evictor.evict(num_blocks)
         self._record_removed(removed)
+        if self.tiers is not None and removed:
+            self.tiers.evicted_keys(removed, self.pool)  # their KV is intact: demote it
         return len(removed)
 
     @guarded
@@ -364,6 +378,8 @@ class HashCache(BlockwiseAppend, PrefixCache):
             return False
         self.pool.uncache_all()
         self._evictor.reset()
+        if self.tiers is not None:
+            self.tiers.reset()
         self._stats.reset()
         self._evicted_at_reset = self.pool.num_evicted
         self._events.record(AllBlocksCleared())
@@ -373,11 +389,15 @@ class HashCache(BlockwiseAppend, PrefixCache):
     def stats(self) -> CacheStats:
         self._stats.evictions = self.pool.num_evicted - self._evicted_at_reset
         self._stats.events_dropped = self._events.dropped
-        return self._stats.snapshot()
+        return self._stats.snapshot(self.tiers.stats() if self.tiers is not None else ())
 
     @guarded
     def drain_events(self) -> list[KVEvent]:
         return self._events.drain()
+
+    @guarded
+    def drain_transfers(self) -> list[tuple[int, int, int, int]]:
+        return self.tiers.drain_transfers() if self.tiers is not None else []
 
     @guarded
     def check_invariants(self) -> None:
@@ -430,8 +450,106 @@ class HashCache(BlockwiseAppend, PrefixCache):
         if self.pool.num_pinned != len(refs):
             raise InvariantError(f"{self.pool.num_pinned} blocks pinned but live tables hold {len(refs)}")
         self._verifier.check_invariants()
+        if self.tiers is not None:
+            self.tiers.check_invariants(self.pool)
         if self._stats.hits > self._stats.queries:
             raise InvariantError(f"stats: {self._stats.hits} hit tokens > {self._stats.queries} queried")
+
+    # -- lower tiers (docs/tiers.md) ----------------------------------------------------
+    def _tiered_match(self, tokens: array, namespace: Namespace, digests: bytes, hits: list[int]) -> Match:
+        """`match` with tiers: the device hit, then the chain through every tier."""
+        ds, bs = self._digest_size, self.block_size
+        found = [(DEVICE, b) for b in hits]
+        found += self.tiers.chain(self.pool, digests, len(hits), len(digests) // ds)
+        if self._trims:
+            keep = self.checked_usable_hit(tokens, len(found) * bs, namespace)
+            del found[keep // bs :]
+        return Match(len(found) * bs, tuple(b for _, b in found), tuple(t for t, _ in found))
+
+    def _tiered_admit(
+        self,
+        request_id: Hashable,
+        tokens: array,
+        namespace: Namespace,
+        priority: int,
+        digests: bytes,
+        capped: bytes,
+        hits: list[int],
+        refuted: bool,
+    ) -> Admission | None:
+        """`admit` with tiers (rules T1-T3): the chain through every tier, cut where the
+        cost model says computing is cheaper or a disk block fails its checksum; the
+        lower-tier blocks kept become loads into fresh device blocks, keyed at once (the
+        engine runs the loads before any forward pass, so a hit on them is sound)."""
+        tiers, pool, ds, bs = self.tiers, self.pool, self._digest_size, self.block_size
+        found = [(DEVICE, b) for b in hits]
+        found += tiers.chain(pool, capped, len(hits), len(capped) // ds)
+        if self._trims:
+            keep = self.checked_usable_hit(tokens[: len(tokens) - 1], len(found) * bs, namespace)
+            del found[keep // bs :]
+        lead = len(hits)  # the device run: free to use, never cut
+        rest = found[lead:]
+        use = tiers.plan(rest, lead, len(tokens))
+        ok = tiers.verified(rest[:use])
+        if ok < use:
+            use = tiers.plan(rest[:ok], lead, len(tokens))
+        kept = found[: lead + use]
+        pinned = [b for t, b in kept if t == DEVICE]
+        sources = [(t, b) for t, b in kept if t != DEVICE]
+        num_new = _ceil_div(len(tokens), bs) - len(pinned)
+        if num_new + (pool.count_free(pinned) if pinned else 0) > pool.num_free:
+            self._stats.rejected += 1
+            self._last_refused = (request_id, namespace, tokens, digests)
+            return None
+        self._last_refused = None
+        tiers.pin(sources)  # a demotion caused by the allocation below must not reuse them
+        try:
+            removed = self._evictor.make_room(num_new, pinned)
+            self._evictor.admit(pinned, len(tokens) // bs * bs, priority)
+        except BaseException:
+            tiers.unpin(sources)
+            raise
+        fresh = iter(self._take(num_new, removed))
+        table: list[int] = []
+        loaded: list[int] = []  # positions in the table of the loaded blocks
+        for t, b in kept:
+            if t == DEVICE:
+                table.append(b)
+            else:
+                loaded.append(len(table))
+                table.append(next(fresh))
+        table.extend(fresh)
+        tiers.load(sources, [table[i] for i in loaded])
+        num_hit = len(kept) * bs
+        request = HashRequest(
+            request_id,
+            tokens,
+            namespace,
+            block_table=table,
+            num_cached_tokens=num_hit,
+            num_computed=num_hit,
+            digests=bytearray(digests),
+            num_cached_blocks=len(kept),
+            priority=priority,
+            namespace_bytes=exact_bytes(namespace),
+        )
+        for i in loaded:  # hittable from now on: the engine loads before it computes
+            block, key = table[i], digests[i * ds : (i + 1) * ds]
+            self._verifier.record(table[i - 1] if i else -1, [block], tokens, i * bs, request.namespace_bytes)
+            pool.cache_many_packed([block], key, ds)
+            self._evictor.cached([block], key, ds, priority)
+            self._events.record_from(self._stored_events, request, i, i + 1)
+        request.depth = tiers.admitted(len(tokens) // bs * bs, table[: len(kept)], len(tokens) // bs * bs)
+        self._requests.add(request)
+        self._stats.record_query(len(tokens), num_hit)
+        if refuted:
+            self._stats.verify_failures += 1
+        tiers.count_hit(found[lead:], use)
+        tier_hits = [0] * (tiers.num_tiers + 1)
+        for t, _ in kept:
+            tier_hits[t + 1] += bs
+        loads = tuple((t, b, table[i]) for (t, b), i in zip(sources, loaded, strict=True))
+        return Admission(BlockIds(table), num_hit, (), loads, tuple(tier_hits), (len(found) - len(kept)) * bs)
 
     # -- extension hooks (docs/extending.md) -------------------------------------------
     def partial_hit(
@@ -527,6 +645,8 @@ class HashCache(BlockwiseAppend, PrefixCache):
         blocks = self.pool.allocate(n)
         assert blocks is not None, "caller checked the pool has room"
         self._events.record_from(self._allocation_events, removed)
+        if self.tiers is not None:
+            self.tiers.evicted(blocks)  # what reuse evicted goes down (its KV is intact until computed over)
         return blocks
 
     def _record_removed(self, hashes: Sequence[bytes]) -> None:
@@ -578,6 +698,12 @@ class HashCache(BlockwiseAppend, PrefixCache):
         self._evictor.cached(blocks, keys, ds, request.priority)
         request.num_cached_blocks = num_full_blocks
         self._events.record_from(self._stored_events, request, start, num_full_blocks)
+        if self.tiers is not None:
+            ids = token_block_ids(request.tokens, start * bs, num_full_blocks * bs)
+            if ids is not None:  # ids beyond int64 stay on the device (a tier keeps int64 ids)
+                parent_key = self._digest(request, start - 1) if start else None
+                self.tiers.cached(blocks, keys, parent_key, ids, request.depth, len(request.tokens) // bs * bs,
+                                  request.namespace)  # fmt: skip
 
     def _stored_events(self, request: HashRequest, start: int, stop: int) -> tuple[BlockStored]:
         """The one event a commit records (`record_from` takes events in a collection)."""

@@ -74,7 +74,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prefixcache._C import BlockPool, InvariantError, RadixTree, append_step
 from prefixcache.config import CacheConfig
@@ -88,13 +88,14 @@ from prefixcache.events import (
     event_log,
     event_lora,
 )
-from prefixcache.hashing import block_hashes, namespace_extra_keys
+from prefixcache.hashing import block_hashes, chain_digests, namespace_extra_keys, none_hash
 from prefixcache.isolation import exact_key
 from prefixcache.limits import RADIX_TOKEN_RANGE
 from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded
 from prefixcache.registry import register_backend, resolve_eviction_policy
 from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_priority, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
+from prefixcache.tiers import DEVICE, Tiers
 
 __all__ = ["RadixCache"]
 
@@ -122,6 +123,8 @@ class _RadixRequest(Request):
     inserted_at: int = -1  # the tree's clock right after this request's latest insert
     prompt_len: int = 0  # TOKENS at admission (SGLang's origin_input_ids)
     prompt_split: bool = False  # the prompt was re-inserted with priority + 1 (once is enough)
+    depth: int = 0  # with tiers: the chain depth its pages are cached with (`Tiers.admitted`)
+    loading: list = field(default_factory=list)  # tier slots its hit loads from, kept until the pages are in the tree
 
 
 @register_backend("radix")
@@ -149,13 +152,25 @@ class RadixCache(PrefixCache):
         self._requests: RequestTable[_RadixRequest] = RequestTable()
         self._stats = StatsCounter()
         self._events = event_log(config.enable_events)
-        self._page_hash: dict[int, bytes] = {}  # tree block -> its chained hash (events only)
+        self._page_hash: dict[int, bytes] = {}  # tree block -> its chained hash (events or tiers only)
+        #: The lower tiers (`cache.tiers`), or None. The tree holds the device's pages; a page
+        #: it evicts moves down under its chained hash, and a match that ends in the tree goes
+        #: on through the tiers by the hashes of the pages after it (SGLang HiCache's
+        #: storage tier looks pages up by hash the same way; docs/tiers.md).
+        self.tiers = Tiers(config, pool.num_blocks, len(self._none_hash()), self._events) if config.tiers else None
+        self._hashes_pages = self._events.enabled or self.tiers is not None
 
     # -- look-up -----------------------------------------------------------------------
     @guarded
     def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
         namespace = check_namespace(namespace)
         m = self.tree.match(tokens, exact_key(namespace))
+        if self.tiers is not None:
+            found = [(DEVICE, b) for b in m.block_ids] + self._tier_chain(tokens, m, namespace)
+            if self._trims:
+                keep = self.checked_usable_hit(tokens, len(found) * self.block_size, namespace)
+                del found[keep // self.block_size :]
+            return Match(len(found) * self.block_size, tuple(b for _, b in found), tuple(t for t, _ in found))
         if self._trims:
             keep = self.checked_usable_hit(tokens, m.num_tokens, namespace)
             return Match(keep, tuple(m.block_ids[: keep // self.block_size]))
@@ -181,6 +196,8 @@ class RadixCache(PrefixCache):
         bs = self.block_size
         key = memoryview(toks)[:-1]  # the last prompt token is always computed
         probe = self.tree.match(key, tree_key)
+        if self.tiers is not None:
+            return self._tiered_admit(request_id, toks, namespace, tree_key, priority, key, probe)
         if self._trims:
             keep = self.checked_usable_hit(key, probe.num_tokens, namespace)
             if keep < probe.num_tokens:  # the hit stops earlier: match and lock only that much
@@ -279,6 +296,9 @@ class RadixCache(PrefixCache):
         if tail:
             self.pool.free(tail)  # the unaligned tail and blocks never computed
         self.tree.unlock(req.node)
+        if req.loading:
+            self.tiers.finish_loads(req.loading)
+            req.loading = []
         self._requests.pop(request_id)  # last: until here the request still holds what it held
 
     @guarded
@@ -299,6 +319,8 @@ class RadixCache(PrefixCache):
             return False
         self.tree.reset()
         self._page_hash.clear()
+        if self.tiers is not None:
+            self.tiers.reset()
         self._stats.reset()
         self._events.record(AllBlocksCleared())
         return True
@@ -306,11 +328,15 @@ class RadixCache(PrefixCache):
     @guarded
     def stats(self) -> CacheStats:
         self._stats.events_dropped = self._events.dropped
-        return self._stats.snapshot()
+        return self._stats.snapshot(self.tiers.stats() if self.tiers is not None else ())
 
     @guarded
     def drain_events(self) -> list[KVEvent]:
         return self._events.drain()
+
+    @guarded
+    def drain_transfers(self) -> list[tuple[int, int, int, int]]:
+        return self.tiers.drain_transfers() if self.tiers is not None else []
 
     # -- internals -----------------------------------------------------------------------
     def _room(self, *, protecting: int) -> int:
@@ -349,14 +375,17 @@ class RadixCache(PrefixCache):
             raise
         finally:
             self._stats.evictions += freed
-            self._events.record_from(self._evicted_events)
+            if self._hashes_pages:
+                evicted = self.tree.last_evicted()
+                hashes = [self._page_hash.pop(b) for b in evicted]
+                self._events.record_from(self._evicted_events, hashes)
+                if self.tiers is not None:
+                    self.tiers.evicted(evicted)  # freed, KV intact until reused: moved down
         return freed
 
-    def _evicted_events(self) -> list[BlockRemoved]:
-        """One BlockRemoved per block the latest eviction freed; their hashes are forgotten."""
-        return [
-            BlockRemoved(block_hashes=(self._page_hash.pop(b),), group_idx=_GROUP) for b in self.tree.last_evicted()
-        ]
+    def _evicted_events(self, hashes: list[bytes]) -> list[BlockRemoved]:
+        """One BlockRemoved per page the latest eviction freed."""
+        return [BlockRemoved(block_hashes=(h,), group_idx=_GROUP) for h in hashes]
 
     def _insert(self, req: _RadixRequest, num_computed: int) -> None:
         """SGLang's cache_unfinished_req: hand the computed full pages to the tree, free
@@ -389,6 +418,8 @@ class RadixCache(PrefixCache):
             self.tree.insert(tokens[:prompt], [], req.tree_key, min(req.priority + 1, 2**63 - 1), prompt, prompt)
             req.prompt_split = True
         if result.displaced:
+            if self.tiers is not None:
+                self.tiers.dropped(result.displaced)  # a loaded copy of a page the tree had already
             self.pool.free(result.displaced)
             req.block_table[first:last] = own  # re-pointed to the tree's blocks
         self._record_stored(req, result.prefix_len, aligned)
@@ -396,19 +427,18 @@ class RadixCache(PrefixCache):
         req.node = result.node
         req.protected = aligned
         req.inserted_at = self.tree.clock
+        if req.loading and aligned >= req.num_cached_tokens:  # the loaded pages are the tree's now
+            self.tiers.finish_loads(req.loading)
+            req.loading = []
 
     def _record_stored(self, req: _RadixRequest, start: int, end: int) -> None:
-        """One BlockStored per new page in tokens [start, end), chained to the page before."""
-        if start < end:
-            self._events.record_from(self._stored_events, req, start, end)
-
-    def _stored_events(self, req: _RadixRequest, start: int, end: int) -> list[BlockStored]:
-        """The BlockStored of pages [start, end) (TOKENS), whose hashes it remembers."""
+        """One BlockStored per new page in tokens [start, end), chained to the page before;
+        with tiers, the pages are reported to them too."""
+        if start >= end or not self._hashes_pages:
+            return
         bs = self.block_size
-        out: list[BlockStored] = []
         first = start // bs
         parent = self._page_hash[req.block_table[first - 1]] if first else None
-        lora_id, lora_name = event_lora(req.namespace)
         hashes = block_hashes(
             req.tokens[start:end],
             bs,
@@ -417,9 +447,21 @@ class RadixCache(PrefixCache):
             seed=self.config.hash.seed,
             parent=parent,
         )
+        blocks = req.block_table[first : first + len(hashes)]
+        for block, block_hash in zip(blocks, hashes):
+            self._page_hash[block] = block_hash
+        self._events.record_from(self._stored_events, req, first, parent, hashes)
+        if self.tiers is not None:
+            self.tiers.cached(blocks, b"".join(hashes), parent, req.tokens[start:end], req.depth,
+                              req.prompt_len // bs * bs, req.namespace)  # fmt: skip
+
+    def _stored_events(self, req: _RadixRequest, first: int, parent: bytes | None, hashes: list[bytes]) -> list[BlockStored]:
+        """The BlockStored of the pages from page `first` on, whose hashes are `hashes`."""
+        bs = self.block_size
+        out: list[BlockStored] = []
+        lora_id, lora_name = event_lora(req.namespace)
         for i, block_hash in enumerate(hashes):
             page = first + i
-            self._page_hash[req.block_table[page]] = block_hash
             out.append(
                 BlockStored(
                     block_hashes=(block_hash,),
@@ -435,6 +477,103 @@ class RadixCache(PrefixCache):
             )
             parent = block_hash
         return out
+
+    # -- lower tiers (docs/tiers.md) ------------------------------------------------------
+    def _none_hash(self) -> bytes:
+        """The chain's seed hash (the parent of a namespace's first page)."""
+        return none_hash(self.config.hash.algorithm, self.config.hash.seed)
+
+    def _tier_chain(self, tokens: Sequence[int], device: object, namespace: Namespace) -> list[tuple[int, int]]:
+        """Where the full pages of `tokens` after the device match `device` are in the
+        lower tiers, up to the first held nowhere: looked up by their chained hashes."""
+        bs = self.block_size
+        first, full = device.num_tokens // bs, len(tokens) // bs  # type: ignore[attr-defined]
+        if first >= full:
+            return []
+        parent = self._page_hash[device.block_ids[-1]] if first else None  # type: ignore[attr-defined]
+        digests = chain_digests(
+            tokens[first * bs : full * bs],
+            bs,
+            self.config.hash.algorithm,
+            parent if parent is not None else self._none_hash(),
+            namespace_extra_keys(namespace, first_block=parent is None),
+            namespace_extra_keys(namespace, first_block=False),
+        )
+        return self.tiers.chain(None, digests, 0, full - first)
+
+    def _tiered_admit(
+        self,
+        request_id: Hashable,
+        toks: array,
+        namespace: Namespace,
+        tree_key: str | None,
+        priority: int,
+        key: memoryview,
+        probe: object,
+    ) -> Admission | None:
+        """`admit` with tiers (rules T1-T3): the tree's match, then the pages after it
+        through the tiers, cut by the cost model and the disk verifier; the pages kept
+        are loaded into the request's own fresh blocks, which its commit (or release)
+        inserts into the tree as it inserts computed pages."""
+        tiers, bs = self.tiers, self.block_size
+        rest = self._tier_chain(key, probe, namespace)
+        if self._trims:
+            total = probe.num_tokens + len(rest) * bs  # type: ignore[attr-defined]
+            keep = self.checked_usable_hit(key, total, namespace)
+            if keep < probe.num_tokens:  # type: ignore[attr-defined]
+                key = key[:keep]
+                probe, rest = self.tree.match(key, tree_key), []
+            else:
+                del rest[(keep - probe.num_tokens) // bs :]  # type: ignore[attr-defined]
+        lead = probe.num_tokens // bs  # type: ignore[attr-defined]
+        use = tiers.plan(rest, lead, len(toks))
+        ok = tiers.verified(rest[:use])
+        if ok < use:
+            use = tiers.plan(rest[:ok], lead, len(toks))
+        sources = rest[:use]
+        needed = -(-len(toks) // bs) - lead
+        if needed > self._room(protecting=probe.unlocked_tokens):  # type: ignore[attr-defined]
+            self._stats.rejected += 1
+            return None
+        hit = self.tree.match_prefix(key[: lead * bs], tree_key)
+        self.tree.lock(hit.node)  # before evicting, so the hit cannot be evicted
+        tiers.pin(sources)  # nor can a demotion reuse the slots it loads from
+        try:
+            fresh = self._allocate(needed, self._extend_demand(len(toks) - hit.num_tokens))
+        except BaseException:
+            self.tree.unlock(hit.node)
+            tiers.unpin(sources)
+            raise
+        # The slots stay where they are, pinned, until the request's commit (or release)
+        # puts the loaded pages in the tree: until then the tiers still hold, and announce, them.
+        tiers.load(sources, fresh[:use], promote=False)
+        table = hit.block_ids + fresh
+        num_hit = (lead + use) * bs
+        req = self._requests.add(
+            _RadixRequest(
+                request_id,
+                toks,
+                namespace,
+                table,
+                num_cached_tokens=num_hit,
+                num_computed=num_hit,  # the loaded pages count as computed: release inserts them
+                tree_key=tree_key,
+                node=hit.node,
+                protected=hit.num_tokens,
+                priority=priority,
+                prompt_len=len(toks),
+                loading=sources,
+            )
+        )
+        req.depth = tiers.admitted(len(toks) // bs * bs, table[: lead + use], len(toks) // bs * bs)
+        self._stats.record_query(len(toks), num_hit)
+        tiers.count_hit(rest, use)
+        tier_hits = [0] * (tiers.num_tiers + 1)
+        tier_hits[0] = lead * bs
+        for t, _ in sources:
+            tier_hits[t + 1] += bs
+        loads = tuple((t, slot, dst) for (t, slot), dst in zip(sources, fresh, strict=False))
+        return Admission(BlockIds(table), num_hit, (), loads, tuple(tier_hits), (len(rest) - use) * bs)
 
     # -- invariants ----------------------------------------------------------------------
     def _tree_blocks(self) -> list[int]:
@@ -480,6 +619,15 @@ class RadixCache(PrefixCache):
                 f"{self.pool.num_pinned} blocks pinned but the tree holds {len(tree_blocks)} "
                 f"and live requests {len(private)}"
             )
-        # The page-hash table exists for events: a cache without them hashes nothing.
-        if set(self._page_hash) != (tree_blocks if self._events.enabled else set()):
-            fail("the page-hash table does not cover exactly the tree's blocks (none without events)")
+        # The page-hash table exists for events and tiers: a cache without them hashes nothing.
+        if set(self._page_hash) != (tree_blocks if self._hashes_pages else set()):
+            fail("the page-hash table does not cover exactly the tree's blocks (none without events or tiers)")
+        if self.tiers is not None:
+            self.tiers.check_invariants(None)
+            missing = [b for b in tree_blocks if not self.tiers.native.device_has(b)]
+            if missing:
+                fail(f"tree blocks {sorted(missing)[:8]} are not in the tiers' device mirror")
+            stray = [b for b in range(self.pool.num_blocks) if self.tiers.native.device_has(b)
+                     and b not in tree_blocks and b not in set(private)]  # fmt: skip
+            if stray:
+                fail(f"blocks {stray[:8]} are in the tiers' device mirror but neither the tree's nor a request's")

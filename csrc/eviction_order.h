@@ -21,8 +21,8 @@
 namespace prefixcache {
 
 // lru, lfu, fifo, mru, filo, priority, slru, tlru are SGLang 0.5.23's
-// (mem_cache/evict_policy.py); gslru is ours (eviction.py).
-enum class EvictionOrder { kLru, kLfu, kFifo, kMru, kFilo, kPriority, kGslru, kSlru, kTlru };
+// (mem_cache/evict_policy.py); gslru and chain are ours (eviction.py).
+enum class EvictionOrder { kLru, kLfu, kFifo, kMru, kFilo, kPriority, kGslru, kSlru, kTlru, kChain };
 
 // Parses a policy's `native` name; std::invalid_argument names the allowed values.
 inline EvictionOrder parse_eviction_order(const std::string& name) {
@@ -35,8 +35,10 @@ inline EvictionOrder parse_eviction_order(const std::string& name) {
   if (name == "gslru") return EvictionOrder::kGslru;
   if (name == "slru") return EvictionOrder::kSlru;
   if (name == "tlru") return EvictionOrder::kTlru;
+  if (name == "chain") return EvictionOrder::kChain;
   throw std::invalid_argument("eviction order '" + name +
-                              "' is not native; allowed values: lru, lfu, fifo, mru, filo, priority, gslru, slru, tlru");
+                              "' is not native; allowed values: lru, lfu, fifo, mru, filo, priority, gslru, slru, tlru, "
+                              "chain");
 }
 
 // Parameters of the orders that take some. TOKENS unless said.
@@ -107,6 +109,7 @@ inline NativeKey native_key(EvictionOrder order, const OrderParams& params, cons
     case EvictionOrder::kFilo: return {-c.creation_time, 0};
     case EvictionOrder::kPriority: return {c.priority, c.last_access_time};
     case EvictionOrder::kGslru:
+    case EvictionOrder::kChain:  // gslru's key; a tier makes it leaves-only and counts uses per chain
       if (c.use_count >= 2) return {c.last_use + params.protect_tokens, 0};
       return {c.last_use - params.size_weight * c.request_tokens, 0};
     case EvictionOrder::kSlru: return {c.hit_count >= params.protected_threshold ? 1 : 0, c.last_access_time};

@@ -16,6 +16,7 @@ void bind_kv_index(py::module_& m);
 void bind_kv_router_cost(py::module_& m);
 void bind_call_guard(py::module_& m);
 void bind_decode_step(py::module_& m);
+void bind_tiers(py::module_& m);
 }  // namespace prefixcache
 
 PYBIND11_MODULE(_C, m) {
@@ -31,4 +32,5 @@ PYBIND11_MODULE(_C, m) {
   prefixcache::bind_kv_router_cost(m);
   prefixcache::bind_call_guard(m);
   prefixcache::bind_decode_step(m);
+  prefixcache::bind_tiers(m);
 }

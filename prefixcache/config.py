@@ -46,11 +46,14 @@ import yaml
 
 from prefixcache import limits
 from prefixcache.errors import ConfigError, SecurityWarning, key_text, short_repr
+from prefixcache.tier_config import CostModel, TierConfig
 
 __all__ = [
     "ConfigError",
     "HashConfig",
     "CacheConfig",
+    "TierConfig",
+    "CostModel",
     "HASH_ALGORITHMS",
     "CRYPTOGRAPHIC",
     "from_mapping",
@@ -117,6 +120,10 @@ class CacheConfig:
                    (`option_defaults`), values of their type (or among its
                    `option_choices`); read-only. Checked against the class the
                    backend name resolves to by `prefixcache.config_checks`, not here.
+    tiers:         lower tiers below the device pool (`num_blocks` stays the device
+                   tier), in order: host memory, disk (`prefixcache.tier_config`;
+                   empty: the device pool alone, today's behaviour)
+    cost_model:    what a lower-tier load and a recompute cost (read only with tiers)
     """
 
     backend: str = "hash"
@@ -126,6 +133,8 @@ class CacheConfig:
     eviction: str = "lru"
     enable_events: bool = True
     options: Mapping[str, Any] = field(default_factory=dict)
+    tiers: tuple[TierConfig, ...] = ()
+    cost_model: CostModel = field(default_factory=CostModel)
 
     def __post_init__(self) -> None:
         for name, most, why in (
@@ -152,6 +161,14 @@ class CacheConfig:
                 raise ConfigError("options", f"keys must be strings, got {short_repr(key)}")
         # A frozen dataclass should not hand out a mutable dict.
         object.__setattr__(self, "options", types.MappingProxyType(dict(self.options)))
+        if not isinstance(self.tiers, (tuple, list)) or not all(isinstance(t, TierConfig) for t in self.tiers):
+            raise ConfigError("tiers", f"must be a list of tier mappings, got {short_repr(self.tiers)}")
+        object.__setattr__(self, "tiers", tuple(self.tiers))
+        for i, tier in enumerate(self.tiers):
+            if tier.num_blocks > limits.MAX_NUM_BLOCKS:
+                raise ConfigError(f"tiers[{i}].num_blocks", f"must be at most {limits.MAX_NUM_BLOCKS}, got {tier.num_blocks}")
+        if not isinstance(self.cost_model, CostModel):
+            raise ConfigError("cost_model", f"must be a mapping, got {short_repr(self.cost_model)}")
 
     def replace(self, **changes: Any) -> CacheConfig:
         """A copy with some fields changed (its own fields validated again; what it names is

@@ -17,6 +17,9 @@ imports the module a backend name stands for, never torch).
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,9 +33,10 @@ from prefixcache.config import (
     load_yaml,
     require_section,
 )
-from prefixcache.errors import ConfigError, SecurityWarning
+from prefixcache.errors import ConfigError, SecurityWarning, short_repr
+from prefixcache.tier_file import file_size
 
-__all__ = ["check_cache_config", "load_config", "parse_cache_config"]
+__all__ = ["check_cache_config", "check_tiers", "load_config", "parse_cache_config"]
 
 
 def check_cache_config(config: CacheConfig) -> dict[str, Any]:
@@ -46,6 +50,8 @@ def check_cache_config(config: CacheConfig) -> dict[str, Any]:
         config.options, config.backend
     )
     _check_hit_verification(config, options)
+    if config.tiers:
+        check_tiers(config)
     return options
 
 
@@ -95,3 +101,110 @@ def load_config(source: str | Path) -> CacheConfig:
     return parse_cache_config(
         require_section(data, "cache", str(source)), "cache", str(source)
     )
+
+
+def check_tiers(config: CacheConfig) -> None:
+    """ConfigError (path `tiers[i].<key>`, or `tiers` naming both keys) unless the lower
+    tiers can be built: each tier's eviction policy resolves to one with a native order,
+    the block hash is collision resistant (a tier finds blocks by hash alone), no two
+    tiers share a file, and each DISK path is a regular file (or a new one) in a
+    writable directory, never a symbolic link, whose disk holds the tier once
+    `cost_model.kv_bytes_per_token` says how large a block is. A non-full-attention
+    `layout` (a hybrid model) is refused with tiers."""
+    if config.hash.algorithm not in CRYPTOGRAPHIC:
+        raise ConfigError(
+            "tiers",
+            f"lower tiers find blocks by their chained hash alone; hash.algorithm {config.hash.algorithm} is not "
+            f"collision resistant: use {' or '.join(CRYPTOGRAPHIC)} with cache.tiers",
+        )
+    _check_layout(config)
+    paths: dict[str, int] = {}
+    for i, tier in enumerate(config.tiers):
+        name = tier.eviction or config.eviction
+        try:
+            registry.check_eviction_name(name)
+            policy = registry.resolve_eviction_policy(name)
+        except ConfigError as err:
+            raise ConfigError(f"tiers[{i}].eviction", err.message) from None
+        if policy.native is None:
+            raise ConfigError(
+                f"tiers[{i}].eviction",
+                f"policy {name!r} has no native order; a tier ranks its blocks natively: use one of "
+                f"{', '.join(sorted(p for p in registry.available_eviction_policies() if _native(p)))}"
+                + ("" if tier.eviction else " (the tier takes the cache's eviction unless it names its own)"),
+            )
+        if tier.medium == "DISK":
+            real = os.path.realpath(os.path.abspath(tier.path))
+            if real in paths:
+                raise ConfigError(f"tiers[{i}].path", f"tiers[{paths[real]}] uses the same file")
+            paths[real] = i
+            _check_disk_path(config, i)
+
+
+def _native(name: str) -> bool:
+    try:
+        return registry.resolve_eviction_policy(name).native is not None
+    except ConfigError:
+        return False
+
+
+def _check_layout(config: CacheConfig) -> None:
+    """Tiers move whole full-attention blocks; a hybrid layout (sliding windows, mamba
+    state) is refused with them."""
+    layout = getattr(config, "layout", None)
+    if not layout:
+        return
+    groups = getattr(layout, "groups", layout)
+    kinds = {getattr(g, "kind", "full_attention") for g in groups} if isinstance(groups, (list, tuple)) else set()
+    if kinds - {"full_attention"}:
+        raise ConfigError(
+            "tiers",
+            f"cache.tiers with a cache.layout of {', '.join(sorted(kinds))} groups is not supported: lower tiers "
+            "hold full-attention blocks only (drop cache.tiers, or use a full-attention layout)",
+        )
+
+
+def _check_disk_path(config: CacheConfig, i: int) -> None:
+    """A DISK tier's file: a regular file or a new one, never a link, in a writable
+    directory no other user can swap it in, on a disk with room for it."""
+    tier = config.tiers[i]
+    where = f"tiers[{i}].path"
+    path = Path(tier.path)
+    if path.is_symlink():
+        raise ConfigError(where, f"{tier.path!r} is a symbolic link: refused (a tier never writes through a link)")
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        info = parent.stat()
+    except OSError as err:
+        raise ConfigError(where, f"directory {str(parent)!r}: {err.strerror}") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise ConfigError(where, f"{str(parent)!r} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(where, f"directory {str(parent)!r} is not writable")
+    if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+        raise ConfigError(
+            where, f"directory {str(parent)!r} is writable by anyone without the sticky bit: another user could "
+            "replace the file with a link; use a private directory"
+        )
+    existing = 0
+    if path.exists():
+        try:
+            st = path.stat()
+        except OSError as err:
+            raise ConfigError(where, f"{tier.path!r}: {err.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(where, f"{tier.path!r} is not a regular file")
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise ConfigError(where, f"{tier.path!r} is not readable and writable")
+        existing = st.st_size
+    per_token = config.cost_model.kv_bytes_per_token
+    if per_token is None:
+        return  # the engine checks it with its model's KV size before it writes
+    need = file_size(tier.num_blocks, config.block_size, per_token * config.block_size)
+    free = shutil.disk_usage(parent).free + existing
+    if need > free:
+        raise ConfigError(
+            f"tiers[{i}].num_blocks",
+            f"{tier.num_blocks} blocks of {config.block_size} tokens x {per_token} bytes need {need / 1e9:.3g} GB at "
+            f"{short_repr(tier.path)}; the disk has {free / 1e9:.3g} GB free",
+        )

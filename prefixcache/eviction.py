@@ -39,6 +39,7 @@ __all__ = [
     "FILO",
     "Priority",
     "GSLRU",
+    "Chain",
     "SLRU",
     "TLRU",
     "BUILTIN_POLICIES",
@@ -90,6 +91,10 @@ class EvictionPolicy(ABC):
     #: Size of the ghost table of evicted content, in multiples of the pool's blocks
     #: (0: `use_count` forgets content once it is evicted).
     history: ClassVar[int] = 0
+    #: In a lower tier (`cache.tiers`), only chain tails leave: a block another block of
+    #: the tier extends stays until that one has gone (a radix tree evicts only leaves
+    #: anyway; the hash strategy's device pool ignores it).
+    leaves_only: ClassVar[bool] = False
 
     @abstractmethod
     def priority(self, candidate: Candidate) -> Any:
@@ -218,8 +223,30 @@ class GSLRU(EvictionPolicy):
         return {"protect_tokens": self.protect_tokens, "size_weight": self.size_weight}
 
 
+class Chain(GSLRU):
+    """Our tier policy: gslru's order on a chain's own statistics, and only chain tails leave.
+
+    Prefix-aware: in a lower tier only a block no other block of the tier extends may
+    leave (`leaves_only`), so a tier never keeps a chain's tail while dropping the
+    prefix it needs. Frequency-aware per chain, not per block: a block counts as
+    reused (protected by `protect_tokens` of traffic, as gslru's reused content) when
+    it was hit again, or when the request that computed it continued a chain (its hit
+    ended at a block only that block's own computer had used: a conversation's next
+    turn), because a continued chain is the one that comes back (on the Mooncake
+    conversation trace a first turn is continued 30% of the time, a fourth 59%).
+    One-off content ranks earlier by `size_weight` tokens of traffic per prompt token
+    of its request, as in gslru. On a device pool (no tier) it orders as gslru without
+    its ghost table.
+    """
+
+    name = "chain"
+    native = "chain"
+    history = 0
+    leaves_only = True
+
+
 BUILTIN_POLICIES: dict[str, type[EvictionPolicy]] = {
-    cls.name: cls for cls in (LRU, LFU, FIFO, MRU, FILO, Priority, SLRU, TLRU, GSLRU)
+    cls.name: cls for cls in (LRU, LFU, FIFO, MRU, FILO, Priority, SLRU, TLRU, GSLRU, Chain)
 }
 """The built-in policies by name: what `prefixcache.registry` resolves an `eviction:` name to
 when no policy is registered under it."""

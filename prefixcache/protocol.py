@@ -51,6 +51,35 @@ its `release`, whichever comes first, so nothing can overwrite it before the cop
 `block_ids` ends with the source block. Backends without the flag never return
 copies, and every hit of theirs is whole blocks.
 
+Lower tiers (`cache.tiers`: host memory, disk; docs/tiers.md), for caches built with
+them; without tiers none of this applies and every field below is empty:
+
+T1. A hit may span tiers. `match` and `admit` find the longest prefix cached on ANY tier:
+    the chain of blocks stops at the first block held nowhere, and `Match.num_tokens`
+    counts it all. `Match.tiers[i]` says where block i is (-1: the device pool; t >= 0:
+    `cache.tiers[t]`, the numbering every tier number here uses); `Match.block_ids[i]`
+    is then its device block or its slot in that tier.
+T2. `Admission.loads` lists `(tier, slot, dst_block)` triples (tier as in T1): the
+    engine copies the KV of that slot into the request's own `dst_block` (every layer,
+    K and V) BEFORE it computes anything, as it applies `copies`; `dst_block` is the
+    request's block at that position. The KV it loads is exactly what was stored there:
+    the KV of the same prefix, computed on the device and moved down.
+T3. `admit`'s hit is `match(tokens[:-1])` after `usable_hit`, minus
+    `Admission.declined_tokens`: where the cost model (`cache.cost_model`) says
+    computing the rest of a lower-tier hit is cheaper than loading it, or a disk block
+    failed its checksum, admit starts computing there and says how many tokens it gave
+    up. No admission costs more, modelled, than computing its whole prompt.
+    `Admission.tier_hits` gives the hit's TOKENS per tier (device first).
+T4. Data moves only where `drain_transfers()` says: `(src_tier, src, dst_tier, dst)`
+    quadruples in the order they must run (tier -1 is the device pool, t >= 0 is
+    `cache.tiers[t]`), loads among them. An engine runs every transfer drained before
+    the forward pass that follows; a block is copied down only once the pass that
+    computed it has finished (it is stored when its commit reports it, or when it is
+    evicted, both after that pass). A cache without tiers returns `[]`.
+T5. Rules 1-8 hold as they are for the device pool; `stats().tiers` counts each tier's
+    hits, loads, stores, evictions and bytes written; KV events name each block's
+    medium (`GPU`, `CPU`, `STORAGE`; `locality` LOCAL on a tier's).
+
 Extension hooks: `usable_hit` decides how much of the longest cached prefix a hit
 uses; the built-in backends call it in both `match` and `admit`, so the two agree for
 any override. `option_defaults` declares the `options:` a class accepts (YAML
@@ -88,6 +117,8 @@ __all__ = [
     "Match",
     "Admission",
     "Copy",
+    "Load",
+    "Transfer",
     "CacheStats",
     "KVEvent",
     "BlockStored",
@@ -149,10 +180,13 @@ class BlockIds(array):
 @dataclass(frozen=True)
 class Match:
     """A look-up result: the first `num_tokens` tokens are cached in `block_ids`
-    (token i in slot i % block_size of block_ids[i // block_size])."""
+    (token i in slot i % block_size of block_ids[i // block_size]). With lower tiers,
+    `tiers[i]` is where block i is (-1: the device pool; t >= 0: `cache.tiers[t]`, and
+    block_ids[i] is its slot there); empty for a cache without tiers."""
 
     num_tokens: int
     block_ids: Sequence[int]
+    tiers: tuple[int, ...] = ()
 
 
 Copy = tuple[int, int, int]
@@ -160,16 +194,30 @@ Copy = tuple[int, int, int]
 `src_block` into `dst_block` before computing the request (partial hits only)."""
 
 
+Load = tuple[int, int, int]
+"""(tier, slot, dst_block): load the KV of slot `slot` of `cache.tiers[tier]` into the
+request's `dst_block` before computing the request."""
+
+Transfer = tuple[int, int, int, int]
+"""(src_tier, src, dst_tier, dst): copy one block's KV; tier -1 is the device pool, t >= 0
+is `cache.tiers[t]` (`PrefixCache.drain_transfers`)."""
+
+
 @dataclass(frozen=True)
 class Admission:
     """An admitted request: its block table (blocks for the whole prompt, in order) and
     how many leading prompt tokens are already computed (a multiple of the block size,
     except for backends with `partial_hits`). `copies` are KV copies the engine does
-    before computing the request (empty unless the backend has `partial_hits`)."""
+    before computing the request (empty unless the backend has `partial_hits`).
+    With lower tiers: `loads` (rule T2), `tier_hits` (TOKENS of the hit per tier,
+    device first) and `declined_tokens` (rule T3); empty and 0 otherwise."""
 
     block_table: Sequence[int]  # BlockIds in the built-in backends
     num_cached_tokens: int
     copies: tuple[Copy, ...] = ()
+    loads: tuple[Load, ...] = ()
+    tier_hits: tuple[int, ...] = ()
+    declined_tokens: int = 0
 
 
 def as_tokens(tokens: Sequence[int], what: str = "tokens", *, copy: bool = False) -> list[int]:
@@ -364,6 +412,11 @@ class PrefixCache(ABC):
     @abstractmethod
     def drain_events(self) -> list[KVEvent]:
         """KV events since the last drain, oldest first."""
+
+    def drain_transfers(self) -> list[Transfer]:
+        """The block copies recorded since the last drain, in the order an engine runs
+        them, before its next forward pass (rule T4). Default: none (no lower tiers)."""
+        return []
 
     @abstractmethod
     def check_invariants(self) -> None:

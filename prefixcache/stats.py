@@ -11,7 +11,39 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-__all__ = ["CacheStats", "StatsCounter"]
+__all__ = ["CacheStats", "StatsCounter", "TierStats"]
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """Counters of one lower tier (`CacheStats.tiers`), since construction or reset.
+
+    medium:        the tier's medium as events name it (CPU, STORAGE)
+    hit_tokens:    prompt TOKENS admissions found in this tier (loaded or declined)
+    loaded_tokens: of those, TOKENS loaded to the device (the rest were declined by
+                   the cost model, or their block failed its checksum)
+    loads:         BLOCKS loaded from the tier to the device
+    stores:        BLOCKS written into it (demoted, written through, copied)
+    evictions:     BLOCKS it dropped or moved down to make room
+    demotions:     of those, BLOCKS moved down to the next tier
+    refused:       stores refused: no slot could be freed, or the write failed (a full disk)
+    errors:        BLOCKS found bad when read (checksum, truncation): misses, never KV
+    bytes_written: BYTES of KV stored into it (stores x block bytes of the cost model,
+                   or of the engine's model)
+    used_blocks:   BLOCKS it holds now
+    """
+
+    medium: str
+    hit_tokens: int = 0
+    loaded_tokens: int = 0
+    loads: int = 0
+    stores: int = 0
+    evictions: int = 0
+    demotions: int = 0
+    refused: int = 0
+    errors: int = 0
+    bytes_written: int = 0
+    used_blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -30,6 +62,9 @@ class CacheStats:
                 the same way; that block and the rest are computed afresh
     events_dropped: KV events the cache's bounded log dropped because nothing drained
                 it (`events.EventLog`); counted since construction, not reset
+    tiers:      one `TierStats` per lower tier (empty without `cache.tiers`); `hits`
+                counts TOKENS from every tier, the device's are hits - their hit_tokens
+                loaded
     """
 
     requests: int = 0
@@ -39,6 +74,11 @@ class CacheStats:
     rejected: int = 0
     verify_failures: int = 0
     events_dropped: int = 0
+    tiers: tuple[TierStats, ...] = ()
+
+    def __repr__(self) -> str:
+        shown = [f.name for f in fields(self) if f.name != "tiers" or self.tiers]  # no tiers: as it always read
+        return f"CacheStats({', '.join(f'{name}={getattr(self, name)!r}' for name in shown)})"
 
     @property
     def hit_rate(self) -> float:
@@ -46,13 +86,16 @@ class CacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
     def as_dict(self) -> dict[str, float]:
-        return {**asdict(self), "hit_rate": self.hit_rate}
+        out = {**asdict(self), "hit_rate": self.hit_rate}
+        if not self.tiers:  # a cache without tiers reports what it always did
+            del out["tiers"]
+        return out
 
 
 class StatsCounter:
     """Mutable counters behind `CacheStats`; backends bump the fields directly."""
 
-    __slots__ = tuple(f.name for f in fields(CacheStats))
+    __slots__ = tuple(f.name for f in fields(CacheStats) if f.name != "tiers")
 
     def __init__(self) -> None:
         self.reset()
@@ -67,5 +110,5 @@ class StatsCounter:
         self.queries += num_tokens
         self.hits += num_hit_tokens
 
-    def snapshot(self) -> CacheStats:
-        return CacheStats(**{name: getattr(self, name) for name in self.__slots__})
+    def snapshot(self, tiers: tuple[TierStats, ...] = ()) -> CacheStats:
+        return CacheStats(**{name: getattr(self, name) for name in self.__slots__}, tiers=tiers)

@@ -103,6 +103,8 @@ RULES: dict[str, str] = {
     "commit_and_append": "commit_and_append(r, n, tokens) is commit(r, n) then append(r, tokens); a refused "
     "append leaves the commit done",
     "valid calls": "a call with valid arguments returns its answer; it never raises",
+    "tiers": "a hit spans tiers up to the first block held nowhere; admit's hit is match's minus what it "
+    "declines, its loads go into its own hit blocks, and data moves only by the transfers it reports",
 }
 """The rules the kit checks, by the name every failure message starts with."""
 
@@ -192,6 +194,23 @@ class KVShadow:
         self.block_size = block_size
         self.content: list[Content | _Garbage | None] = [None] * num_blocks
         self.held_before: list[Content | _Garbage | None] = [None] * num_blocks
+        #: (tier, slot) -> what that slot of a lower tier holds (rule T2: what was moved there)
+        self.tier_content: dict[tuple[int, int], Content | _Garbage | None] = {}
+
+    def transfer(self, src_tier: int, src: int, dst_tier: int, dst: int) -> None:
+        """The engine copied one block's KV (tier -1: the device pool), as drained from
+        the cache (rule T4): the destination holds exactly what the source held."""
+        held = self.content[src] if src_tier < 0 else self.tier_content.get((src_tier, src))
+        if dst_tier < 0:
+            if self.content[dst] is not None:
+                self.held_before[dst] = self.content[dst]
+            self.content[dst] = held
+        else:
+            self.tier_content[(dst_tier, dst)] = held
+
+    def held(self, tier: int, block: int) -> Content | _Garbage | None:
+        """What a device block (tier -1) or a tier slot holds."""
+        return self.content[block] if tier < 0 else self.tier_content.get((tier, block))
 
     def allocated(self, blocks: Iterable[int]) -> None:
         """`blocks` were handed out fresh: the KV they held will be overwritten."""
@@ -225,14 +244,23 @@ class KVShadow:
         held = self.content[src]
         self.content[dst] = (held[0], held[1][:num_tokens]) if isinstance(held, tuple) else GARBAGE
 
-    def check(self, table: Sequence[int], namespace: Any, tokens: Sequence[int], num_tokens: int, what: str) -> None:
+    def check(
+        self, table: Sequence[int], namespace: Any, tokens: Sequence[int], num_tokens: int, what: str,
+        tiers: Sequence[int] = (),
+    ) -> None:
         """Blocks of `table` covering tokens[:num_tokens] (its whole blocks) hold exactly
-        `namespace` and the request's prefix through each block."""
+        `namespace` and the request's prefix through each block. `tiers[i]` (a match
+        with lower tiers): where block i is, -1 the device, else table[i] is a slot."""
         bs = self.block_size
         for i in range(num_tokens // bs):
-            held = self.content[table[i]]
+            tier = tiers[i] if tiers else -1
+            held = self.held(tier, table[i])
             expected = (namespace, tuple(tokens[: (i + 1) * bs]))
             if held != expected:
+                if tier >= 0:
+                    _violate("rule 6", what, f"block #{i} in slot {table[i]} of tier {tier} holds "
+                             f"{_describe(held, bs)}; the request needs namespace {namespace!r}, "
+                             f"tokens ...{expected[1][i * bs :]} after {i * bs} others")  # fmt: skip
                 self._fail(table[i], i, held, expected, what)
 
     def check_tail(self, block: int, namespace: Any, tokens: Sequence[int], num_tokens: int, what: str) -> None:
@@ -305,13 +333,15 @@ def _describe(held: Any, block_size: int) -> str:
 
 class EventView:
     """What a KV-event consumer (a KV-aware router's index) knows: each block hash
-    announced by `BlockStored` and not since removed, counted per copy (a block computed
-    twice is stored twice and removed once per copy), with the parent hash and tokens
-    it was announced with."""
+    announced by `BlockStored` and not since removed, counted per copy and per medium
+    (a block computed twice is stored twice and removed once per copy; a block demoted
+    to a lower tier is removed from `GPU` and stored on `CPU` or `STORAGE`), with the
+    parent hash and tokens it was announced with."""
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self.count: Counter[Any] = Counter()
+        self.count: Counter[Any] = Counter()  # (medium, hash) -> copies
+        self._total: Counter[Any] = Counter()  # hash -> copies on every medium
         self._contents: dict[Any, set[tuple[Any, tuple[int, ...]]]] = {}
         self._by_content: dict[tuple[Any, tuple[int, ...]], set[Any]] = {}
 
@@ -327,21 +357,28 @@ class EventView:
                 parent = event.parent_block_hash
                 for j, h in enumerate(event.block_hashes):
                     content = (parent, tokens[j * bs : (j + 1) * bs])
-                    self.count[h] += 1
+                    self.count[(event.medium, h)] += 1
+                    self._total[h] += 1
                     self._contents.setdefault(h, set()).add(content)
                     self._by_content.setdefault(content, set()).add(h)
                     parent = h
             elif isinstance(event, BlockRemoved):
                 for h in event.block_hashes:
-                    if self.count[h] <= 0:
-                        _violate("events", what, f"BlockRemoved of hash {h!r}, which no BlockStored holds")
-                    self.count[h] -= 1
-                    if not self.count[h]:
-                        del self.count[h]
+                    key = (event.medium, h)
+                    if self.count[key] <= 0:
+                        _violate("events", what, f"BlockRemoved of hash {h!r} on {event.medium}, which no BlockStored "
+                                 "holds there")  # fmt: skip
+                    self.count[key] -= 1
+                    self._total[h] -= 1
+                    if not self.count[key]:
+                        del self.count[key]
+                    if not self._total[h]:
+                        del self._total[h]
                         for content in self._contents.pop(h):
                             self._by_content[content].discard(h)
             elif isinstance(event, AllBlocksCleared):
                 self.count.clear()
+                self._total.clear()
                 self._contents.clear()
                 self._by_content.clear()
 
@@ -359,8 +396,12 @@ class EventView:
 
     @property
     def num_stored(self) -> int:
-        """Block copies announced and not removed."""
+        """Block copies announced and not removed, on every medium."""
         return sum(self.count.values())
+
+    def num_stored_on(self, medium: str) -> int:
+        """Block copies announced on `medium` (GPU: the device pool) and not removed."""
+        return sum(n for (m, _), n in self.count.items() if m == medium)
 
 
 # --------------------------------------------------------------------- the operation model
@@ -399,8 +440,12 @@ def check_admission(
     block comes with exactly one well-formed copy into the request's own block."""
     bs = cache.block_size
     hit = adm.num_cached_tokens
-    if hit != expected_hit:
-        _violate("rule 1", what, f"admit hit {hit} tokens, match(tokens[:-1]) says {expected_hit}")
+    declined = adm.declined_tokens
+    if not isinstance(declined, int) or declined < 0 or declined % bs or declined > expected_hit:
+        _violate("tiers", what, f"declined_tokens {declined!r} is not whole blocks of the {expected_hit}-token match")
+    if hit != expected_hit - declined:
+        _violate("rule 1", what, f"admit hit {hit} tokens (declining {declined}), match(tokens[:-1]) says {expected_hit}")
+    _check_loads(cache, adm, what)
     if not 0 <= hit <= len(tokens) - 1:
         _violate("rule 1", what, f"hit {hit} tokens of a {len(tokens)}-token prompt")
     if len(adm.block_table) != math.ceil(len(tokens) / bs):
@@ -426,6 +471,27 @@ def check_admission(
         _violate("partial hits", what, f"copies {n} tokens, the hit ends {hit % bs} into its block")
     if src in adm.block_table:
         _violate("partial hits", what, f"copy source {src} is in the request's own table")
+
+
+def _check_loads(cache: PrefixCache, adm: Admission, what: str) -> None:
+    """Rule T2's shape: each load goes into one of the request's own hit blocks, once;
+    a cache without tiers loads nothing and declines nothing."""
+    bs = cache.block_size
+    tiers = getattr(getattr(cache, "config", None), "tiers", ())
+    if not tiers:
+        if adm.loads or adm.declined_tokens or adm.tier_hits:
+            _violate("tiers", what, f"a cache without tiers returned loads {adm.loads}, tier_hits {adm.tier_hits}, "
+                     f"declined {adm.declined_tokens}")  # fmt: skip
+        return
+    hit_blocks = set(adm.block_table[: adm.num_cached_tokens // bs])
+    dsts = [dst for _, _, dst in adm.loads]
+    if len(set(dsts)) != len(dsts) or not set(dsts) <= hit_blocks:
+        _violate("tiers", what, f"loads {adm.loads} must go into distinct blocks of the hit {sorted(hit_blocks)}")
+    for tier, slot, _ in adm.loads:
+        if not 0 <= tier < len(tiers) or not 0 <= slot < tiers[tier].num_blocks:
+            _violate("tiers", what, f"load from slot {slot} of tier {tier}: no such slot")
+    if adm.tier_hits and sum(adm.tier_hits) != adm.num_cached_tokens:
+        _violate("tiers", what, f"tier_hits {adm.tier_hits} do not add up to the hit {adm.num_cached_tokens}")
 
 
 class _What:
@@ -473,12 +539,14 @@ class CheckedCache:
         expected = self._call(what, cache.match, tokens[:-1], namespace=namespace).num_tokens
         before = self.state(recorded=True)
         adm = self._call(what, cache.admit, request_id, tokens, namespace=namespace, **kwargs)
+        moved = self._moved(what)
         if adm is None:
             self.refused += 1
-            if self.state() != before:
-                _violate("rule 2", what, "a refused admit changed the pool or a block table")
+            if self.state() != before or moved:
+                _violate("rule 2", what, "a refused admit changed the pool, a block table, or moved data")
             return None
         check_admission(cache, adm, tokens, expected, what)
+        self._check_not_held(request_id, [dst for _, _, dst in adm.loads], what, "loads into block")
         table = list(adm.block_table)
         if list(cache.block_table(request_id)) != table:
             _violate("tables", what, f"block_table() is {cache.block_table(request_id)}, admit said {table}")
@@ -503,10 +571,11 @@ class CheckedCache:
         what = _What("append to request {!r}", request_id)
         before = self.state(recorded=True)
         added = self._call(what, self.cache.append, request_id, tokens)
+        moved = self._moved(what)
         if added is None:
             self.refused += 1
-            if self.state() != before:
-                _violate("rule 2", what, "a refused append changed the pool or a block table")
+            if self.state() != before or moved:
+                _violate("rule 2", what, "a refused append changed the pool, a block table, or moved data")
             return None
         req.tokens += list(tokens)
         table = list(self.cache.block_table(request_id))
@@ -537,6 +606,7 @@ class CheckedCache:
                 )
         self.shadow.write(table, req.namespace, req.tokens, req.computed, n)
         self._call(what, self.cache.commit, request_id, n)
+        self._moved(what)
         req.computed = n
         # A backend may re-point the table at equal blocks it already had (radix).
         req.table = list(self.cache.block_table(request_id))
@@ -544,6 +614,7 @@ class CheckedCache:
 
     def release(self, request_id: Hashable) -> None:
         self._call(f"release of request {request_id!r}", self.cache.release, request_id)
+        self._moved(f"release of request {request_id!r}")
         del self.live[request_id]
         try:
             self.cache.release(request_id)
@@ -553,6 +624,7 @@ class CheckedCache:
 
     def evict(self, num_blocks: int) -> int:
         freed = self._call(f"evict({num_blocks})", self.cache.evict, num_blocks)
+        self._moved(f"evict({num_blocks})")
         if isinstance(freed, bool) or not isinstance(freed, int) or freed < 0:
             _violate("bad input", f"evict({num_blocks})", f"returned {freed!r}, not a count of blocks")
         return freed
@@ -560,6 +632,9 @@ class CheckedCache:
     def reset(self) -> bool:
         before = self.state()
         ok = self._call("reset()", self.cache.reset)
+        self._moved("reset()")
+        if ok:
+            self.shadow.tier_content.clear()
         if ok is not (not self.live):
             _violate("reset", "reset()", f"returned {ok!r} with {len(self.live)} live requests")
         if not ok and self.state() != before:
@@ -572,13 +647,15 @@ class CheckedCache:
         what = _What("match in namespace {!r}", ns)
         before, stats = self.state(recorded=True), cache.stats()
         m = self._call(what, cache.match, tokens, namespace=namespace)
-        if self.state() != before or cache.stats() != stats:
-            _violate("match is pure", what, "match() changed the pool, a block table or the stats")
+        if self.state() != before or cache.stats() != stats or self._moved(what):
+            _violate("match is pure", what, "match() changed the pool, a block table or the stats, or moved data")
         if len(m.block_ids) != math.ceil(m.num_tokens / bs) or m.num_tokens > len(tokens):
             _violate("rule 1", what, f"{m} for {len(tokens)} tokens")
         if m.num_tokens % bs and not type(cache).partial_hits:
             _violate("partial hits", what, f"match of {m.num_tokens} tokens is not whole blocks")
-        self.shadow.check(m.block_ids, ns, tokens, m.num_tokens, what)
+        if m.tiers and len(m.tiers) != len(m.block_ids):
+            _violate("tiers", what, f"{m}: one tier per block")
+        self.shadow.check(m.block_ids, ns, tokens, m.num_tokens, what, m.tiers)
         if m.num_tokens % bs:
             self.shadow.check_head(m.block_ids[-1], ns, tokens, m.num_tokens, what)
         self._check_announced(tokens, m.num_tokens // bs, what)
@@ -629,14 +706,27 @@ class CheckedCache:
             _violate(
                 "rule 7", "after releasing every request and evicting everything", f"{pool.num_pinned} blocks are pinned"
             )
-        if self.events is not None and self.events.num_stored:
+        on_device = self.events.num_stored_on("GPU") if self.events is not None else 0
+        if on_device:
             _violate(
-                "events", "after every block was evicted", f"the events still announce {self.events.num_stored} "
-                "stored block(s) (a BlockRemoved missing)"
+                "events", "after every block was evicted", f"the events still announce {on_device} "
+                "stored block(s) on the device (a BlockRemoved missing)"
             )
         self.reset()
+        if self.events is not None:
+            self.events.consume(self.cache.drain_events(), "reset()")
+            if self.events.num_stored:
+                _violate("events", "after reset()", f"the events still announce {self.events.num_stored} blocks")
 
     # -- helpers --------------------------------------------------------------------------
+    def _moved(self, what: Any) -> int:
+        """Apply the transfers the last call reported to the shadow, in order (the engine
+        runs them before its next forward pass); returns how many there were."""
+        transfers = self._call(what, self.cache.drain_transfers)
+        for t in transfers:
+            self.shadow.transfer(*t)
+        return len(transfers)
+
     @staticmethod
     def _call(what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """A protocol call with valid arguments: an exception from it is a violation."""
@@ -1002,6 +1092,26 @@ def rule_commit_and_append_is_both_calls(make: CacheFactory, bs: int) -> None:
         cache.check_invariants()
 
 
+def rule_lower_tiers_serve_demoted_kv(make: CacheFactory, bs: int) -> None:
+    """Tiers (rules T1, T2): a prefix evicted from the device and found in a lower tier
+    is matched there, and admit loads exactly the KV that was moved down (the shadow
+    follows every reported transfer), or declines it. Skipped without tiers."""
+    cache = make(bs, 4)
+    if not getattr(getattr(cache, "config", None), "tiers", ()):
+        return
+    checked = CheckedCache(cache)
+    first = list(range(100, 100 + 2 * bs + 1))
+    _run(checked, "first", first)
+    _run(checked, "filler", list(range(1000, 1000 + 4 * bs)))  # every device block reused
+    found = checked.match(first)
+    adm = _run(checked, "again", first)
+    if found.num_tokens >= 2 * bs and adm.num_cached_tokens + adm.declined_tokens < 2 * bs:
+        _violate("tiers", "admit after the prefix moved down", f"match found {found.num_tokens} tokens, admit "
+                 f"hit {adm.num_cached_tokens} and declined {adm.declined_tokens}")  # fmt: skip
+    _run(checked, "again2", first[: 2 * bs] + [7] * bs)  # shares the loaded prefix, now on the device
+    checked.drain()
+
+
 RULE_CHECKS: tuple[Callable[[CacheFactory, int], None], ...] = (
     rule_admit_hit_is_capped_whole_blocks,
     rule_hits_are_causal,
@@ -1014,6 +1124,7 @@ RULE_CHECKS: tuple[Callable[[CacheFactory, int], None], ...] = (
     rule_events_agree_with_match,
     rule_bad_tokens_are_refused,
     rule_commit_and_append_is_both_calls,
+    rule_lower_tiers_serve_demoted_kv,
 )
 
 

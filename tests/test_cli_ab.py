@@ -115,7 +115,7 @@ def test_validate_an_ab_file_prints_resolved_arms_and_the_workload(tmp_path, cap
         (("hash/16: {backend: hash, block_size: 16}", "hash/16: {backend: hash, block_size: 16, num_blocks: 9}"),
          "arms.hash/16.num_blocks: set the pool size once with capacity_tokens"),
         (("radix/1: {backend: radix, block_size: 1}", "radix/1: {backend: radix, block_size: 1, eviction: rand}"),
-         "arms.radix/1.eviction: unknown eviction policy 'rand'; known: fifo, filo, gslru, lfu, lru"),
+         "arms.radix/1.eviction: unknown eviction policy 'rand'; known: chain, fifo, filo, gslru, lfu, lru"),
         (("generator: shared_prefix", "generator: shared"), "workload.generator: unknown generator 'shared'; "
          "allowed values: shared_prefix, few_shot"),
         (("seed: 2}", "sead: 2}"), "workload.params.sead: unknown parameter of generator 'shared_prefix'; "

@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "prefixcache.errors",
             "prefixcache.limits",
+            "prefixcache.tier_config",
             "prefixcache.config",
             "prefixcache.protocol",
             "prefixcache.eviction",
@@ -59,6 +60,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "prefixcache.tables",
             "prefixcache.stats",
             "prefixcache.requests",
+            "prefixcache.tier_file",
+            "prefixcache.tiers",
             "prefixcache.attention",
             "prefixcache._attention_cuda",
             "prefixcache.testing",

@@ -1,0 +1,714 @@
+// TierManager implementation. See tier_manager.h for the semantics and invariants.
+#include "tier_manager.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace prefixcache {
+
+TierManager::Slots::Slots(const TierSpec& s, int64_t /*key_size*/)
+    : spec(s),
+      index(static_cast<int32_t>(s.num_slots)),
+      children_of(static_cast<int32_t>(s.num_slots)),
+      parent(s.num_slots),
+      has_parent(s.num_slots, 0),
+      meta(s.num_slots),
+      pins(s.num_slots, 0),
+      children(s.num_slots, 0),
+      stamp(s.num_slots, 0),
+      created(s.num_slots, 0),
+      version(s.num_slots, 0),
+      free_pos(s.num_slots, -1) {
+  free_slots.reserve(s.num_slots);
+  for (int64_t i = s.num_slots - 1; i >= 0; --i) {  // slot 0 is taken first
+    free_pos[i] = static_cast<int32_t>(free_slots.size());
+    free_slots.push_back(static_cast<int32_t>(i));
+  }
+}
+
+TierManager::TierManager(int64_t num_device_blocks, int64_t block_size, int64_t key_size, std::vector<TierSpec> tiers,
+                         bool keep_tokens, bool record_events)
+    : num_device_blocks_(num_device_blocks),
+      block_size_(block_size),
+      key_size_(key_size),
+      keep_tokens_(keep_tokens),
+      record_events_(record_events),
+      device_(num_device_blocks < 1 || num_device_blocks > kMaxBlocks ? 1 : num_device_blocks) {
+  if (num_device_blocks < 1 || num_device_blocks > kMaxBlocks) {
+    throw std::invalid_argument("num_device_blocks must be in [1, " + std::to_string(kMaxBlocks) + "], got " +
+                                std::to_string(num_device_blocks));
+  }
+  if (block_size < 1) throw std::invalid_argument("block_size must be >= 1, got " + std::to_string(block_size));
+  if (key_size < 1) throw std::invalid_argument("key_size must be >= 1, got " + std::to_string(key_size));
+  if (keep_tokens && block_size > (int64_t{1} << 20)) {
+    throw std::invalid_argument("block_size " + std::to_string(block_size) + " is too large to keep tokens per slot");
+  }
+  for (size_t t = 0; t < tiers.size(); ++t) {
+    const TierSpec& s = tiers[t];
+    if (s.num_slots < 1 || s.num_slots > kMaxBlocks) {
+      throw std::invalid_argument("tiers[" + std::to_string(t) + "].num_blocks must be in [1, " +
+                                  std::to_string(kMaxBlocks) + "], got " + std::to_string(s.num_slots));
+    }
+    if (s.min_hits < 0) {
+      throw std::invalid_argument("tiers[" + std::to_string(t) + "].min_hits must be >= 0, got " +
+                                  std::to_string(s.min_hits));
+    }
+  }
+  tiers_.reserve(tiers.size());
+  for (const TierSpec& s : tiers) {
+    tiers_.emplace_back(s, key_size);
+    tokens_.emplace_back(keep_tokens ? static_cast<size_t>(s.num_slots * block_size) : 0, 0);
+  }
+  if (keep_tokens) device_tokens_.assign(static_cast<size_t>(num_device_blocks * block_size), 0);
+}
+
+TierManager::Slots& TierManager::tier_at(int32_t t) {
+  if (t < 0 || t >= num_tiers()) {
+    throw std::out_of_range("tier " + std::to_string(t) + " is out of range [0, " + std::to_string(num_tiers()) + ")");
+  }
+  return tiers_[t];
+}
+
+const TierManager::Slots& TierManager::tier_at(int32_t t) const {
+  return const_cast<TierManager*>(this)->tier_at(t);
+}
+
+int32_t TierManager::check_slot(const Slots& s, int32_t t, int64_t slot, const char* what) const {
+  if (slot < 0 || slot >= s.spec.num_slots) {
+    throw std::out_of_range(std::string(what) + ": slot " + std::to_string(slot) + " of tier " + std::to_string(t) +
+                            " is out of range [0, " + std::to_string(s.spec.num_slots) + ")");
+  }
+  return static_cast<int32_t>(slot);
+}
+
+int32_t TierManager::check_block(int64_t block, const char* what) const {
+  if (block < 0 || block >= num_device_blocks_) {
+    throw std::out_of_range(std::string(what) + ": block id " + std::to_string(block) + " is out of range [0, " +
+                            std::to_string(num_device_blocks_) + ")");
+  }
+  return static_cast<int32_t>(block);
+}
+
+// ------------------------------------------------------------------ eviction order
+
+bool TierManager::evictable(const Slots& s, int32_t slot) const {
+  return s.index.has_key(slot) && s.pins[slot] == 0 && !(s.spec.leaves_only && s.children[slot] > 0);
+}
+
+bool TierManager::live(const Slots& s, const Slots::Entry& e) const {
+  return s.version[e.slot] == e.version && evictable(s, e.slot);
+}
+
+NativeKey TierManager::key_of(const Slots& s, int32_t slot) const {
+  EvictionCandidate c;
+  const BlockMeta& m = s.meta[slot];
+  c.id = slot;
+  c.num_tokens = block_size_;
+  c.last_access_time = s.stamp[slot];
+  c.creation_time = s.created[slot];
+  c.hit_count = m.hits;
+  c.use_count = s.spec.order == EvictionOrder::kChain ? std::max(m.uses, m.depth + 1) : m.uses;
+  c.last_use = m.last_use;
+  c.request_tokens = m.request_tokens;
+  return native_key(s.spec.order, s.spec.params, c);
+}
+
+namespace {
+// std heaps are max-heaps: "a goes below b" when a leaves later.
+template <class Entry>
+bool later(const Entry& a, const Entry& b) {
+  if (b.key < a.key) return true;
+  if (a.key < b.key) return false;
+  return a.seq > b.seq;
+}
+}  // namespace
+
+void TierManager::push(Slots& s, int32_t slot) {
+  if (!evictable(s, slot)) return;
+  if (s.heap.size() > 2 * static_cast<size_t>(s.spec.num_slots) + 64) compact(s);
+  s.heap.push_back(Slots::Entry{key_of(s, slot), s.next_seq++, slot, ++s.version[slot]});
+  std::push_heap(s.heap.begin(), s.heap.end(), later<Slots::Entry>);
+}
+
+void TierManager::compact(Slots& s) {
+  std::vector<Slots::Entry> kept;
+  for (const Slots::Entry& e : s.heap) {
+    if (live(s, e)) kept.push_back(e);
+  }
+  s.heap.swap(kept);
+  std::make_heap(s.heap.begin(), s.heap.end(), later<Slots::Entry>);
+}
+
+// ------------------------------------------------------------------ movement
+
+void TierManager::record(bool stored, int32_t tier, std::string_view key, const std::string* parent,
+                         const int64_t* tokens, int32_t tag) {
+  if (!record_events_) return;
+  TierRecord r{stored, tier, std::string(key), parent ? *parent : std::string(), parent != nullptr, {}, tag};
+  if (stored && tokens != nullptr) r.tokens.assign(tokens, tokens + block_size_);
+  records_.push_back(std::move(r));
+}
+
+bool TierManager::held_below(int32_t from, std::string_view key) const {
+  for (int32_t t = from + 1; t < num_tiers(); ++t) {
+    if (tiers_[t].index.first(key) >= 0) return true;
+  }
+  return false;
+}
+
+void TierManager::remove_slot(int32_t t, int32_t slot) {
+  Slots& s = tiers_[t];
+  const std::string& key = s.index.key(slot);
+  record(false, t, key, nullptr, nullptr, s.meta[slot].tag);
+  if (s.has_parent[slot]) {
+    int32_t p = s.index.first(s.parent[slot]);
+    if (p >= 0) {
+      --s.children[p];
+      if (s.children[p] == 0 && s.spec.leaves_only) push(s, p);  // a chain tail again
+    }
+    s.children_of.erase(slot);
+    s.has_parent[slot] = 0;
+  }
+  s.index.erase(slot);
+  s.children[slot] = 0;
+  ++s.version[slot];
+}
+
+void TierManager::demote(int32_t from, int32_t src, std::string_view key, const std::string* parent,
+                         const int64_t* tokens, const BlockMeta& meta) {
+  const int32_t next = from + 1;
+  if (next >= num_tiers() || held_below(from, key)) return;
+  const Slots& s = tiers_[next];
+  if (s.spec.write != TierWrite::kOnEvict || meta.hits < s.spec.min_hits) return;  // dropped
+  store(next, from, src, key, parent, tokens, meta);
+}
+
+int32_t TierManager::take_slot(int32_t t) {
+  Slots& s = tiers_[t];
+  if (!s.free_slots.empty()) {
+    int32_t slot = s.free_slots.back();
+    s.free_slots.pop_back();
+    s.free_pos[slot] = -1;
+    return slot;
+  }
+  while (!s.heap.empty()) {
+    std::pop_heap(s.heap.begin(), s.heap.end(), later<Slots::Entry>);
+    Slots::Entry top = s.heap.back();
+    s.heap.pop_back();
+    if (!live(s, top)) continue;
+    const int32_t victim = top.slot;
+    // Copies first: remove_slot drops the key, and demote() stores into the next tier.
+    const std::string key = s.index.key(victim);
+    const bool has_parent = s.has_parent[victim] != 0;
+    const std::string parent = has_parent ? s.parent[victim] : std::string();
+    const BlockMeta meta = s.meta[victim];
+    std::vector<int64_t> tokens;
+    if (keep_tokens_) {
+      const int64_t* at = tokens_[t].data() + static_cast<size_t>(victim) * block_size_;
+      tokens.assign(at, at + block_size_);
+    }
+    remove_slot(t, victim);
+    ++s.counters.evictions;
+    const int64_t stores_below = t + 1 < num_tiers() ? tiers_[t + 1].counters.stores : 0;
+    // The victim's data moves down before the caller's store overwrites its slot.
+    demote(t, victim, key, has_parent ? &parent : nullptr, keep_tokens_ ? tokens.data() : nullptr, meta);
+    if (t + 1 < num_tiers() && tiers_[t + 1].counters.stores > stores_below) ++s.counters.demotions;
+    return victim;
+  }
+  return -1;
+}
+
+int32_t TierManager::store(int32_t t, int32_t src_tier, int32_t src, std::string_view key, const std::string* parent,
+                           const int64_t* tokens, const BlockMeta& meta) {
+  const int32_t slot = take_slot(t);
+  Slots& s = tiers_[t];
+  if (slot < 0) {
+    ++s.counters.refused;
+    return -1;
+  }
+  s.index.insert(slot, key);
+  if (parent != nullptr) {
+    s.parent[slot] = *parent;
+    s.has_parent[slot] = 1;
+    s.children_of.insert(slot, *parent);
+    int32_t p = s.index.first(*parent);
+    if (p >= 0) {
+      if (s.children[p] == 0 && s.spec.leaves_only) ++s.version[p];  // no longer a candidate
+      ++s.children[p];
+    }
+  }
+  int32_t kids = 0;
+  for (int32_t c : s.children_of.holders(key)) kids += s.index.has_key(c) ? 1 : 0;
+  s.children[slot] = kids;
+  s.meta[slot] = meta;
+  s.stamp[slot] = s.created[slot] = ++s.clock;
+  s.pins[slot] = 0;
+  if (keep_tokens_ && tokens != nullptr) {
+    std::copy(tokens, tokens + block_size_, tokens_[t].begin() + static_cast<size_t>(slot) * block_size_);
+  }
+  transfers_.push_back(Transfer{src_tier, src, t, slot});
+  ++s.counters.stores;
+  record(true, t, key, parent, keep_tokens_ ? tokens : nullptr, meta.tag);
+  push(s, slot);
+  return slot;
+}
+
+// ------------------------------------------------------------------ device side
+
+void TierManager::device_cached(const std::vector<int64_t>& blocks, std::string_view keys,
+                                std::optional<std::string_view> parent, const std::vector<int64_t>& tokens,
+                                int64_t depth, int64_t request_tokens, int32_t tag) {
+  const size_t n = blocks.size();
+  if (keys.size() != n * static_cast<size_t>(key_size_)) {
+    throw std::invalid_argument("device_cached: " + std::to_string(n) + " blocks need " + std::to_string(n) +
+                                " keys of " + std::to_string(key_size_) + " bytes, got " +
+                                std::to_string(keys.size()) + " bytes");
+  }
+  if (parent && parent->size() != static_cast<size_t>(key_size_)) {
+    throw std::invalid_argument("device_cached: parent must be " + std::to_string(key_size_) + " bytes, got " +
+                                std::to_string(parent->size()));
+  }
+  if (keep_tokens_ && tokens.size() != n * static_cast<size_t>(block_size_)) {
+    throw std::invalid_argument("device_cached: " + std::to_string(n) + " blocks need " +
+                                std::to_string(n * block_size_) + " token ids, got " + std::to_string(tokens.size()));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    int32_t b = check_block(blocks[i], "device_cached");
+    if (device_.index.has_key(b) && device_.index.key(b) != keys.substr(i * key_size_, key_size_)) {
+      throw std::invalid_argument("device_cached: block " + std::to_string(b) +
+                                  " still holds another key (report its eviction first)");
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t b = static_cast<int32_t>(blocks[i]);
+    std::string_view key = keys.substr(i * key_size_, key_size_);
+    std::optional<std::string_view> up = i ? std::optional<std::string_view>(keys.substr((i - 1) * key_size_, key_size_))
+                                           : parent;
+    if (device_.index.has_key(b)) continue;  // holds this key already (a loaded block)
+    device_.index.insert(b, key);
+    device_.has_parent[b] = up.has_value();
+    if (up) device_.parent[b].assign(up->data(), up->size());
+    device_.meta[b] = BlockMeta{0, 1, depth, traffic_, request_tokens, tag};
+    const int64_t* toks = nullptr;
+    if (keep_tokens_) {
+      std::copy(tokens.begin() + i * block_size_, tokens.begin() + (i + 1) * block_size_,
+                device_tokens_.begin() + static_cast<size_t>(b) * block_size_);
+      toks = device_tokens_.data() + static_cast<size_t>(b) * block_size_;
+    }
+    const std::string* par = up ? &device_.parent[b] : nullptr;
+    for (int32_t t = 0; t < num_tiers(); ++t) {
+      if (tiers_[t].spec.write == TierWrite::kWriteThrough && tiers_[t].index.first(key) < 0) {
+        store(t, kDevice, b, key, par, toks, device_.meta[b]);
+      }
+    }
+  }
+}
+
+int64_t TierManager::admitted(int64_t tokens, const std::vector<int64_t>& blocks, int64_t request_tokens) {
+  if (tokens < 0) throw std::invalid_argument("admitted: tokens must be >= 0, got " + std::to_string(tokens));
+  for (int64_t b : blocks) check_block(b, "admitted");
+  traffic_ += tokens;
+  // The request continues a chain when its hit ends at a block only its computer used:
+  // the chain's tail, not a prefix many requests branch from.
+  int64_t depth = 0;
+  if (!blocks.empty() && device_.index.has_key(static_cast<int32_t>(blocks.back()))) {
+    const BlockMeta& last = device_.meta[blocks.back()];
+    if (last.uses == 1) depth = last.depth + 1;
+  }
+  for (int64_t id : blocks) {
+    const int32_t b = static_cast<int32_t>(id);
+    if (!device_.index.has_key(b)) continue;
+    BlockMeta& m = device_.meta[b];
+    ++m.hits;
+    ++m.uses;
+    m.last_use = traffic_;
+    m.request_tokens = request_tokens;
+    m.depth = std::max(m.depth, depth);
+    std::string_view key = device_.index.key(b);
+    const std::string* par = device_.has_parent[b] ? &device_.parent[b] : nullptr;
+    const int64_t* toks = keep_tokens_ ? device_tokens_.data() + static_cast<size_t>(b) * block_size_ : nullptr;
+    for (int32_t t = 0; t < num_tiers(); ++t) {
+      const Slots& s = tiers_[t];
+      if (s.spec.write == TierWrite::kSelective && m.hits >= s.spec.min_hits && s.index.first(key) < 0) {
+        store(t, kDevice, b, key, par, toks, m);
+      }
+    }
+  }
+  return depth;
+}
+
+void TierManager::device_evicted(const std::vector<int64_t>& blocks) {
+  for (int64_t b : blocks) check_block(b, "device_evicted");
+  std::vector<int64_t> tokens;
+  for (int64_t id : blocks) {
+    const int32_t b = static_cast<int32_t>(id);
+    if (!device_.index.has_key(b)) continue;
+    const std::string key = device_.index.key(b);
+    device_.index.erase(b);
+    if (device_.index.first(key) >= 0) continue;  // another copy is still on the device
+    const BlockMeta meta = device_.meta[b];
+    if (keep_tokens_) {
+      const int64_t* at = device_tokens_.data() + static_cast<size_t>(b) * block_size_;
+      tokens.assign(at, at + block_size_);
+    }
+    const std::string parent = device_.parent[b];
+    demote(kDevice, b, key, device_.has_parent[b] ? &parent : nullptr, keep_tokens_ ? tokens.data() : nullptr, meta);
+  }
+}
+
+void TierManager::device_dropped(const std::vector<int64_t>& blocks) {
+  for (int64_t b : blocks) check_block(b, "device_dropped");
+  for (int64_t b : blocks) {
+    if (device_.index.has_key(static_cast<int32_t>(b))) device_.index.erase(static_cast<int32_t>(b));
+  }
+}
+
+std::vector<int32_t> TierManager::device_holders(std::string_view key) const { return device_.index.holders(key); }
+
+bool TierManager::device_has(int64_t block) const {
+  return device_.index.has_key(check_block(block, "device_has"));
+}
+
+const BlockMeta& TierManager::device_meta(int64_t block) const { return device_.meta[check_block(block, "device_meta")]; }
+
+// ------------------------------------------------------------------ look-up
+
+std::pair<int32_t, int32_t> TierManager::locate(std::string_view key) const {
+  for (int32_t t = 0; t < num_tiers(); ++t) {
+    int32_t slot = tiers_[t].index.first(key);
+    if (slot >= 0) return {t, slot};
+  }
+  return {kNowhere, -1};
+}
+
+std::vector<std::pair<int32_t, int32_t>> TierManager::chain(const BlockPool* pool, std::string_view keys,
+                                                            int64_t start, int64_t stop) const {
+  if (keys.size() % key_size_) {
+    throw std::invalid_argument("chain: keys must be a multiple of " + std::to_string(key_size_) + " bytes, got " +
+                                std::to_string(keys.size()));
+  }
+  const int64_t num_keys = static_cast<int64_t>(keys.size()) / key_size_;
+  if (start < 0 || stop > num_keys || start > stop) {
+    throw std::out_of_range("chain: [" + std::to_string(start) + ", " + std::to_string(stop) +
+                            ") is not a range of the " + std::to_string(num_keys) + " keys");
+  }
+  std::vector<std::pair<int32_t, int32_t>> out;
+  for (int64_t i = start; i < stop; ++i) {
+    std::string_view key = keys.substr(i * key_size_, key_size_);
+    if (pool != nullptr) {
+      std::optional<int32_t> b = pool->lookup(key);
+      if (b) {
+        out.emplace_back(kDevice, *b);
+        continue;
+      }
+    }
+    auto where = locate(key);
+    if (where.first == kNowhere) break;
+    out.push_back(where);
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------ loads
+
+void TierManager::pin(const std::vector<std::pair<int32_t, int32_t>>& slots) {
+  for (const auto& [t, slot] : slots) {
+    const Slots& s = tier_at(t);
+    check_slot(s, t, slot, "pin");
+    if (!s.index.has_key(slot)) throw std::invalid_argument("pin: slot " + std::to_string(slot) + " of tier " +
+                                                            std::to_string(t) + " holds no block");
+  }
+  for (const auto& [t, slot] : slots) {
+    ++tiers_[t].pins[slot];
+    ++tiers_[t].version[slot];
+  }
+}
+
+void TierManager::unpin(const std::vector<std::pair<int32_t, int32_t>>& slots) {
+  for (const auto& [t, slot] : slots) {
+    const Slots& s = tier_at(t);
+    check_slot(s, t, slot, "unpin");
+    if (s.pins[slot] < 1) throw std::invalid_argument("unpin: slot " + std::to_string(slot) + " of tier " +
+                                                      std::to_string(t) + " is not pinned");
+  }
+  for (const auto& [t, slot] : slots) {
+    --tiers_[t].pins[slot];
+    push(tiers_[t], slot);
+  }
+}
+
+void TierManager::promote_slot(int32_t t, int32_t slot) {
+  Slots& s = tiers_[t];
+  --s.pins[slot];
+  if (s.spec.write == TierWrite::kOnEvict) {
+    if (s.pins[slot] > 0) return;  // another admission loads it too: the last one takes it out
+    remove_slot(t, slot);  // exclusive: the block lives on the device now
+    s.free_pos[slot] = static_cast<int32_t>(s.free_slots.size());
+    s.free_slots.push_back(slot);
+  } else {
+    s.stamp[slot] = ++s.clock;
+    push(s, slot);
+  }
+}
+
+void TierManager::finish_loads(const std::vector<std::pair<int32_t, int32_t>>& sources) {
+  for (const auto& [t, slot] : sources) {
+    const Slots& s = tier_at(t);
+    check_slot(s, t, slot, "finish_loads");
+    if (!s.index.has_key(slot) || s.pins[slot] < 1) {
+      throw std::invalid_argument("finish_loads: slot " + std::to_string(slot) + " of tier " + std::to_string(t) +
+                                  " must hold a block and be pinned");
+    }
+  }
+  for (const auto& [t, slot] : sources) promote_slot(t, slot);
+}
+
+void TierManager::load(const std::vector<std::pair<int32_t, int32_t>>& sources, const std::vector<int64_t>& dst,
+                       bool promote) {
+  if (sources.size() != dst.size()) {
+    throw std::invalid_argument("load: " + std::to_string(sources.size()) + " sources for " +
+                                std::to_string(dst.size()) + " device blocks");
+  }
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const auto& [t, slot] = sources[i];
+    const Slots& s = tier_at(t);
+    check_slot(s, t, slot, "load");
+    if (!s.index.has_key(slot) || s.pins[slot] < 1) {
+      throw std::invalid_argument("load: slot " + std::to_string(slot) + " of tier " + std::to_string(t) +
+                                  " must hold a block and be pinned");
+    }
+    int32_t b = check_block(dst[i], "load");
+    if (device_.index.has_key(b)) {
+      throw std::invalid_argument("load: device block " + std::to_string(b) + " still holds a key");
+    }
+  }
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const auto [t, slot] = sources[i];
+    Slots& s = tiers_[t];
+    const int32_t b = static_cast<int32_t>(dst[i]);
+    transfers_.push_back(Transfer{t, slot, kDevice, b});
+    ++s.counters.loads;
+    std::string_view key = s.index.key(slot);
+    device_.index.insert(b, key);
+    device_.has_parent[b] = s.has_parent[slot];
+    if (s.has_parent[slot]) device_.parent[b] = s.parent[slot];
+    device_.meta[b] = s.meta[slot];
+    if (keep_tokens_) {
+      std::copy(tokens_[t].begin() + static_cast<size_t>(slot) * block_size_,
+                tokens_[t].begin() + static_cast<size_t>(slot + 1) * block_size_,
+                device_tokens_.begin() + static_cast<size_t>(b) * block_size_);
+    }
+    if (promote) promote_slot(t, slot);
+  }
+}
+
+void TierManager::count_hits(int32_t tier, int64_t n) {
+  Slots& s = tier_at(tier);
+  if (n < 0) throw std::invalid_argument("count_hits: n must be >= 0, got " + std::to_string(n));
+  s.counters.hits += n;
+}
+
+// ------------------------------------------------------------------ the engine's side
+
+void TierManager::drop(int32_t tier, int32_t slot, bool failed_write) {
+  Slots& s = tier_at(tier);
+  check_slot(s, tier, slot, "drop");
+  if (!s.index.has_key(slot)) return;  // gone already (a later eviction)
+  if (s.pins[slot] > 0) {
+    throw std::invalid_argument("drop: slot " + std::to_string(slot) + " of tier " + std::to_string(tier) +
+                                " is pinned by an admission in progress");
+  }
+  remove_slot(tier, slot);
+  s.free_pos[slot] = static_cast<int32_t>(s.free_slots.size());
+  s.free_slots.push_back(slot);
+  ++(failed_write ? s.counters.refused : s.counters.errors);
+}
+
+void TierManager::restore(int32_t tier, int32_t slot, std::string_view key, std::optional<std::string_view> parent,
+                          const std::vector<int64_t>& tokens, int64_t hits) {
+  Slots& s = tier_at(tier);
+  check_slot(s, tier, slot, "restore");
+  if (s.index.has_key(slot)) {
+    throw std::invalid_argument("restore: slot " + std::to_string(slot) + " of tier " + std::to_string(tier) +
+                                " already holds a block");
+  }
+  if (key.size() != static_cast<size_t>(key_size_) || (parent && parent->size() != static_cast<size_t>(key_size_))) {
+    throw std::invalid_argument("restore: keys must be " + std::to_string(key_size_) + " bytes");
+  }
+  if (s.index.first(key) >= 0) {
+    throw std::invalid_argument("restore: tier " + std::to_string(tier) + " already holds that key");
+  }
+  if (keep_tokens_ && tokens.size() != static_cast<size_t>(block_size_)) {
+    throw std::invalid_argument("restore: needs " + std::to_string(block_size_) + " token ids, got " +
+                                std::to_string(tokens.size()));
+  }
+  // Out of the free list (swap with its last entry).
+  const int32_t at = s.free_pos[slot];
+  const int32_t last = s.free_slots.back();
+  s.free_slots[at] = last;
+  s.free_pos[last] = at;
+  s.free_slots.pop_back();
+  s.free_pos[slot] = -1;
+  std::string par = parent ? std::string(*parent) : std::string();
+  BlockMeta meta{std::max<int64_t>(hits, 0), std::max<int64_t>(hits, 0) + 1, 0, traffic_, 0, 0};
+  // store() without taking a slot or recording a transfer: the data is already there.
+  s.index.insert(slot, key);
+  if (parent) {
+    s.parent[slot] = par;
+    s.has_parent[slot] = 1;
+    s.children_of.insert(slot, par);
+    int32_t p = s.index.first(par);
+    if (p >= 0) {
+      if (s.children[p] == 0 && s.spec.leaves_only) ++s.version[p];
+      ++s.children[p];
+    }
+  }
+  int32_t kids = 0;
+  for (int32_t c : s.children_of.holders(key)) kids += s.index.has_key(c) ? 1 : 0;
+  s.children[slot] = kids;
+  s.meta[slot] = meta;
+  s.stamp[slot] = s.created[slot] = ++s.clock;
+  if (keep_tokens_) std::copy(tokens.begin(), tokens.end(), tokens_[tier].begin() + static_cast<size_t>(slot) * block_size_);
+  record(true, tier, key, parent ? &par : nullptr, keep_tokens_ ? tokens.data() : nullptr, 0);
+  push(s, slot);
+}
+
+std::string TierManager::slot_key(int32_t tier, int32_t slot) const {
+  const Slots& s = tier_at(tier);
+  check_slot(s, tier, slot, "slot_key");
+  if (!s.index.has_key(slot)) throw std::invalid_argument("slot " + std::to_string(slot) + " of tier " +
+                                                          std::to_string(tier) + " holds no block");
+  return s.index.key(slot);
+}
+
+std::optional<std::string> TierManager::slot_parent(int32_t tier, int32_t slot) const {
+  const Slots& s = tier_at(tier);
+  slot_key(tier, slot);
+  if (!s.has_parent[slot]) return std::nullopt;
+  return s.parent[slot];
+}
+
+std::vector<int64_t> TierManager::slot_tokens(int32_t tier, int32_t slot) const {
+  slot_key(tier, slot);
+  if (!keep_tokens_) return {};
+  const auto& toks = tokens_[tier];
+  return {toks.begin() + static_cast<size_t>(slot) * block_size_, toks.begin() + static_cast<size_t>(slot + 1) * block_size_};
+}
+
+int64_t TierManager::slot_hits(int32_t tier, int32_t slot) const {
+  slot_key(tier, slot);
+  return tiers_[tier].meta[slot].hits;
+}
+
+std::vector<int32_t> TierManager::used_slots(int32_t tier) const {
+  const Slots& s = tier_at(tier);
+  std::vector<int32_t> out;
+  for (int32_t i = 0; i < s.spec.num_slots; ++i) {
+    if (s.index.has_key(i)) out.push_back(i);
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------ logs, reset, checks
+
+std::vector<Transfer> TierManager::drain_transfers() {
+  std::vector<Transfer> out;
+  out.swap(transfers_);
+  return out;
+}
+
+bool TierManager::pending(int32_t tier, int32_t slot) const {
+  check_slot(tier_at(tier), tier, slot, "pending");
+  for (auto it = transfers_.rbegin(); it != transfers_.rend(); ++it) {
+    if (it->dst_tier == tier && it->dst == slot) return true;
+  }
+  return false;
+}
+
+std::vector<TierRecord> TierManager::drain_records() {
+  std::vector<TierRecord> out;
+  out.swap(records_);
+  return out;
+}
+
+void TierManager::reset() {
+  for (Slots& s : tiers_) {
+    for (int32_t pin : s.pins) {
+      if (pin) throw std::invalid_argument("reset: a slot is pinned by an admission in progress");
+    }
+  }
+  for (size_t t = 0; t < tiers_.size(); ++t) {
+    Slots fresh(tiers_[t].spec, key_size_);
+    tiers_[t] = std::move(fresh);
+  }
+  device_ = Device(num_device_blocks_);
+  traffic_ = 0;
+  transfers_.clear();
+  records_.clear();
+}
+
+std::vector<int32_t> TierManager::order(int32_t tier) const {
+  const Slots& s = tier_at(tier);
+  std::vector<Slots::Entry> entries;
+  for (const Slots::Entry& e : s.heap) {
+    if (live(s, e)) entries.push_back(e);
+  }
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return later(b, a); });
+  std::vector<int32_t> out;
+  for (const auto& e : entries) out.push_back(e.slot);
+  return out;
+}
+
+void TierManager::check_invariants(const BlockPool* pool) const {
+  auto fail = [](const std::string& msg) { throw InvariantError("TierManager: " + msg); };
+  for (int32_t t = 0; t < num_tiers(); ++t) {
+    const Slots& s = tiers_[t];
+    s.index.check_invariants();
+    s.children_of.check_invariants();
+    std::vector<int32_t> entries(s.spec.num_slots, 0);
+    for (const Slots::Entry& e : s.heap) {
+      if (live(s, e)) ++entries[e.slot];
+    }
+    int64_t num_free = 0;
+    for (int32_t i = 0; i < s.spec.num_slots; ++i) {
+      const std::string where = "tier " + std::to_string(t) + " slot " + std::to_string(i);
+      if (s.pins[i] < 0) fail(where + " has a negative pin count");
+      if (!s.index.has_key(i)) {
+        ++num_free;
+        if (s.free_pos[i] < 0 || s.free_pos[i] >= static_cast<int32_t>(s.free_slots.size()) ||
+            s.free_slots[s.free_pos[i]] != i) {
+          fail(where + " holds no block but is not in the free list");
+        }
+        if (s.pins[i]) fail(where + " is pinned but holds no block");
+        continue;
+      }
+      if (s.free_pos[i] >= 0) fail(where + " holds a block but is in the free list");
+      if (s.index.first(s.index.key(i)) != i) fail(where + ": its key is held by another slot of the tier");
+      int32_t kids = 0;
+      for (int32_t c : s.children_of.holders(s.index.key(i))) kids += s.index.has_key(c) ? 1 : 0;
+      if (kids != s.children[i]) {
+        fail(where + " counts " + std::to_string(s.children[i]) + " children, the tier holds " + std::to_string(kids));
+      }
+      if (s.has_parent[i] != (s.children_of.has_key(i) ? 1 : 0)) fail(where + ": parent index out of step");
+      if (evictable(s, i) && entries[i] != 1) {
+        fail(where + " may leave but has " + std::to_string(entries[i]) + " live heap entries");
+      }
+    }
+    if (num_free != static_cast<int64_t>(s.free_slots.size())) {
+      fail("tier " + std::to_string(t) + ": " + std::to_string(num_free) + " free slots, the free list holds " +
+           std::to_string(s.free_slots.size()));
+    }
+  }
+  device_.index.check_invariants();
+  if (pool != nullptr) {
+    for (int32_t b = 0; b < num_device_blocks_; ++b) {
+      if (!device_.index.has_key(b)) continue;
+      std::optional<std::string> held = pool->key(b);
+      if (!held || *held != device_.index.key(b)) {
+        fail("device block " + std::to_string(b) + " is in the mirror but the pool does not cache it under that key");
+      }
+    }
+  }
+}
+
+}  // namespace prefixcache

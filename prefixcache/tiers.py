@@ -1,0 +1,296 @@
+"""A cache's lower tiers (host memory, disk) as its strategy uses them.
+
+Owns `Tiers`: the native `TierManager` (csrc/tier_manager.h: slots, eviction orders,
+write policies, the device mirror, the transfer log) built from `cache.tiers`, the cost
+model that decides how much of a lower-tier hit an admission loads (`plan`), the KV
+events of tier residency (vLLM's `BlockStored` / `BlockRemoved` with `medium` CPU or
+STORAGE and `locality` LOCAL, real token ids and the namespace's extra keys), the
+per-tier stats, and the hook a disk tier's reader plugs in (`verifier`: a block whose
+checksum fails is a miss and a counted error, decided before the hit is).
+
+Both built-in strategies use it the same way (docs/tiers.md): they report what the
+device caches (`cached`), hits (`admitted`) and evicts (`evicted`); look a chain up
+(`chain`), cut it with `plan`, and turn what they keep into loads (`pin`, then `load`
+once the device blocks are allocated). A plugin backend does the same through this
+class; nothing here knows which strategy calls it.
+
+The cost model. Loading the lower-tier blocks of a hit's first c blocks costs, per tier
+t used, latency_t + n_t x block_bytes / bandwidth_t; computing the prompt from block c
+on costs (prompt tokens - c x block_size) / prefill_tokens_per_s. `plan` keeps the c
+that minimises the sum (the longest on a tie), never cutting into the hit's leading
+device blocks, which cost nothing: so no admission costs more, modelled, than
+recomputing its whole prompt.
+
+Must never: hold device block references, move data, or decide a device hit.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING
+
+from prefixcache._C import TierManager
+from prefixcache.events import FULL_ATTENTION, BlockRemoved, BlockStored, EventLog, NullEventLog, event_extra_keys, event_lora
+from prefixcache.hashing import namespace_extra_keys
+from prefixcache.registry import resolve_eviction_policy
+from prefixcache.stats import TierStats
+
+if TYPE_CHECKING:
+    from prefixcache._C import BlockPool
+    from prefixcache.config import CacheConfig
+    from prefixcache.protocol import Transfer
+
+__all__ = ["Tiers", "LOCALITY", "DEVICE", "Location", "Verifier"]
+
+LOCALITY = "LOCAL"
+"""The `locality` of every tier event: our tiers are on the publishing machine (vLLM's Locality.LOCAL)."""
+DEVICE = -1
+"""The tier number of the device pool in locations and transfers."""
+
+Location = tuple[int, int]
+"""(tier, id): a device block (tier -1) or a slot of `cache.tiers[tier]`."""
+Verifier = Callable[[int, int, bytes], bool]
+"""verifier(tier, slot, key): whether the block in that slot holds `key` and passes its
+checksum (a disk tier's reader; called during `admit`, before the hit is decided)."""
+
+_GROUP = 0
+
+
+class Tiers:
+    """The lower tiers of one cache (module docstring). `block_bytes` is the KV a block
+    holds in BYTES (the cost model's; the engine sets its model's)."""
+
+    def __init__(
+        self, config: CacheConfig, num_device_blocks: int, key_size: int, events: EventLog | NullEventLog
+    ) -> None:
+        self.config = config
+        self.block_size = config.block_size
+        self.specs = config.tiers
+        self.media = tuple(t.event_medium for t in config.tiers)
+        self.policies = tuple(resolve_eviction_policy(t.eviction or config.eviction)() for t in config.tiers)
+        native_tiers = [
+            (t.num_blocks, t.write, t.hits_to_enter, p.native, p.leaves_only, p.native_params())
+            for t, p in zip(config.tiers, self.policies, strict=True)
+        ]
+        # Token ids travel with blocks for events and for a disk file's records.
+        keep_tokens = events.enabled or any(t.medium == "DISK" for t in config.tiers)
+        self.native = TierManager(num_device_blocks, self.block_size, key_size, native_tiers, keep_tokens, events.enabled)
+        self.keep_tokens = keep_tokens
+        self._events = events
+        self.block_bytes = config.cost_model.bytes_per_token * self.block_size
+        self.prefill_s_per_token = 1.0 / config.cost_model.prefill_tokens_per_s
+        self._load_s = [self.block_bytes / (t.gbps * 1e9) for t in config.tiers]
+        self._latency_s = [t.latency_s for t in config.tiers]
+        self.verifier: Verifier | None = None
+        self._namespaces: list[Hashable] = [None]
+        self._tags: dict[Hashable, int] = {None: 0}
+        n = len(config.tiers)
+        self._hit_tokens = [0] * n
+        self._loaded_tokens = [0] * n
+
+    @property
+    def num_tiers(self) -> int:
+        return len(self.specs)
+
+    # -- the device side --------------------------------------------------------------
+    def tag(self, namespace: Hashable) -> int:
+        """The small int a namespace travels as (for its events' extra keys)."""
+        tag = self._tags.get(namespace)
+        if tag is None:
+            tag = self._tags[namespace] = len(self._namespaces)
+            self._namespaces.append(namespace)
+        return tag
+
+    def cached(
+        self,
+        blocks: Sequence[int],
+        keys: bytes | bytearray,
+        parent: bytes | None,
+        tokens: Sequence[int] | None,
+        depth: int,
+        request_tokens: int,
+        namespace: Hashable,
+    ) -> None:
+        """Device blocks `blocks` now hold the packed chain `keys` after `parent` (None:
+        a chain start), with `tokens` (block_size ids each; None when tokens are not
+        kept). Write-through tiers copy them now."""
+        self.native.device_cached(blocks, keys, parent, tokens if self.keep_tokens else None, depth, request_tokens,
+                                  self.tag(namespace))
+        self.flush_events()
+
+    def admitted(self, num_tokens: int, hit_blocks: Sequence[int], request_tokens: int) -> int:
+        """An admission of `num_tokens` TOKENS (whole blocks) whose hit is the device
+        blocks `hit_blocks` (loaded ones included): hit counts, selective copies; returns
+        the request's chain depth (what its blocks are cached with)."""
+        depth = self.native.admitted(num_tokens, hit_blocks, request_tokens)
+        self.flush_events()
+        return depth
+
+    def evicted(self, blocks: Sequence[int]) -> None:
+        """Device blocks no longer cached, their KV intact until reused: demoted by the
+        tiers' write policies (the engine copies them before the next forward pass)."""
+        self.native.device_evicted(blocks)
+        self.flush_events()
+
+    def dropped(self, blocks: Sequence[int]) -> None:
+        """Device blocks forgotten without demotion (a duplicate a strategy frees)."""
+        self.native.device_dropped(blocks)
+
+    def evicted_keys(self, keys: Sequence[bytes], pool: BlockPool) -> None:
+        """Demote the device blocks that held `keys` and no longer do (an explicit
+        eviction that dropped keys and left the blocks, KV intact, in the free queue)."""
+        blocks = [b for k in keys for b in self.native.device_holders(k) if pool.key(b) != k]
+        if blocks:
+            self.evicted(blocks)
+
+    # -- look-up and the cost model ---------------------------------------------------
+    def chain(self, pool: BlockPool | None, keys: bytes | bytearray, start: int, stop: int) -> list[Location]:
+        """Where blocks start..stop of a packed chain are (`pool` caches: the device;
+        else a tier), up to the first held nowhere."""
+        return self.native.chain(pool, keys, start, stop)
+
+    def plan(self, locations: Sequence[Location], first: int, num_prompt_tokens: int) -> int:
+        """How many blocks of `locations` (the hit's blocks from block `first` of the
+        prompt, on the device or in a tier) an admission uses: the prefix that minimises
+        modelled load time plus compute time of the rest of the prompt of
+        `num_prompt_tokens` TOKENS (module docstring)."""
+        bs = self.block_size
+        best_c, best = 0, (num_prompt_tokens - first * bs) * self.prefill_s_per_token
+        used = [0] * self.num_tiers
+        load = 0.0
+        for c, (tier, _) in enumerate(locations, 1):
+            if tier != DEVICE:
+                if not used[tier]:
+                    load += self._latency_s[tier]
+                used[tier] += 1
+                load += self._load_s[tier]
+            cost = load + (num_prompt_tokens - (first + c) * bs) * self.prefill_s_per_token
+            if cost <= best:
+                best_c, best = c, cost
+        return best_c
+
+    def verified(self, locations: Sequence[Location]) -> int:
+        """How many leading `locations` pass the verifier (none set: all). A slot whose
+        store the engine has not run yet is not loadable (its data is not there); a slot
+        that fails is dropped from its tier and counted as an error."""
+        verify = self.verifier
+        if verify is None:
+            return len(locations)
+        native = self.native
+        for i, (tier, slot) in enumerate(locations):
+            if tier == DEVICE or self.specs[tier].medium != "DISK":
+                continue
+            if native.pending(tier, slot):
+                return i
+            if not verify(tier, slot, native.slot_key(tier, slot)):
+                native.drop(tier, slot, False)
+                self.flush_events()
+                return i
+        return len(locations)
+
+    def count_hit(self, locations: Sequence[Location], loaded: int) -> None:
+        """Count a hit's lower-tier blocks per tier (the first `loaded` of `locations` were loaded)."""
+        bs = self.block_size
+        for i, (tier, _) in enumerate(locations):
+            if tier != DEVICE:
+                self._hit_tokens[tier] += bs
+                if i < loaded:
+                    self._loaded_tokens[tier] += bs
+
+    # -- loads ------------------------------------------------------------------------
+    def pin(self, slots: Sequence[Location]) -> None:
+        """Keep these slots while the admission allocates (a demotion must not reuse them)."""
+        self.native.pin(slots)
+
+    def unpin(self, slots: Sequence[Location]) -> None:
+        self.native.unpin(slots)
+
+    def load(self, sources: Sequence[Location], dst: Sequence[int], *, promote: bool = True) -> None:
+        """Record the loads of pinned `sources` into device blocks `dst` and promote them
+        (out of an on_evict tier, refreshed in an inclusive one); with `promote` false
+        they stay pinned where they are until `finish_loads` (a strategy whose device
+        copy is not hittable yet)."""
+        self.native.load(sources, dst, promote)
+        self.flush_events()
+
+    def finish_loads(self, sources: Sequence[Location]) -> None:
+        """Promote sources a `load(..., promote=False)` kept."""
+        self.native.finish_loads(sources)
+        self.flush_events()
+
+    def drain_transfers(self) -> list[Transfer]:
+        """The transfers since the last drain, in order (`PrefixCache.drain_transfers`)."""
+        flat = self.native.drain_transfers()
+        return [tuple(flat[i : i + 4]) for i in range(0, len(flat), 4)]  # type: ignore[misc]
+
+    def discard_transfers(self) -> int:
+        """Drop the transfers recorded so far (a replay that moves no data); returns how many."""
+        return len(self.native.drain_transfers()) // 4
+
+    # -- events, stats, reset -----------------------------------------------------------
+    def flush_events(self) -> None:
+        """Turn the native residency records into KV events, in order."""
+        if not self._events.enabled:
+            return
+        for stored, tier, key, parent, tokens, tag in self.native.drain_records():
+            medium = self.media[tier]
+            if not stored:
+                self._events.record(BlockRemoved((key,), medium=medium, group_idx=_GROUP, locality=LOCALITY))
+                continue
+            namespace = self._namespaces[tag]
+            lora_id, lora_name = event_lora(namespace)
+            extra = event_extra_keys(namespace_extra_keys(namespace, first_block=parent is None))
+            self._events.record(
+                BlockStored(
+                    block_hashes=(key,),
+                    parent_block_hash=parent,
+                    token_ids=tuple(tokens),
+                    block_size=self.block_size,
+                    lora_id=lora_id,
+                    medium=medium,
+                    lora_name=lora_name,
+                    extra_keys=(extra,),
+                    group_idx=_GROUP,
+                    kv_cache_spec_kind=FULL_ATTENTION,
+                    locality=LOCALITY,
+                )
+            )
+
+    def stats(self) -> tuple[TierStats, ...]:
+        out = []
+        for t, spec in enumerate(self.specs):
+            c = self.native.counters(t)
+            out.append(
+                TierStats(
+                    medium=spec.event_medium,
+                    hit_tokens=self._hit_tokens[t],
+                    loaded_tokens=self._loaded_tokens[t],
+                    loads=c["loads"],
+                    stores=c["stores"],
+                    evictions=c["evictions"],
+                    demotions=c["demotions"],
+                    refused=c["refused"],
+                    errors=c["errors"],
+                    bytes_written=c["stores"] * self.block_bytes,
+                    used_blocks=self.native.num_used(t),
+                )
+            )
+        return tuple(out)
+
+    def reset(self) -> None:
+        """Every tier emptied (a cache reset, which records AllBlocksCleared itself)."""
+        self.native.reset()
+        self._hit_tokens = [0] * self.num_tiers
+        self._loaded_tokens = [0] * self.num_tiers
+
+    def check_invariants(self, pool: BlockPool | None) -> None:
+        self.native.check_invariants(pool)
+
+
+def token_block_ids(tokens: Sequence[int], start: int, stop: int) -> array | None:
+    """tokens[start:stop] as int64 ids (what a tier keeps), or None if one is beyond int64."""
+    try:
+        return array("q", tokens[start:stop])
+    except OverflowError:
+        return None

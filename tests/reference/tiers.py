@@ -1,0 +1,247 @@
+"""Reference model of the memory hierarchy below the device pool, in plain Python.
+
+`PyTierManager` has the semantics of the native `prefixcache._C.TierManager`
+(csrc/tier_manager.h) operation for operation: per tier, slots keyed by a block's
+chained hash with what travels with it (hits, uses, chain depth, last use, parent,
+tokens), pins, an eviction order ranked by the policy's `priority()` (eviction.py; the
+native order mirrors it), ties broken by the order candidates were ranked in,
+leaves-only eviction for a policy that asks for it; the device mirror; the write
+policies (on_evict moves a block down when it leaves the tier above, write_through
+copies at caching, selective after `min_hits` hits); loads that promote; and the
+ordered transfer log. tests/test_tiers_stateful.py drives both with the same random
+operations and requires the same answers, transfers and counters after every step.
+
+It is the readable statement of the rules, not a fast one: every eviction scans the
+tier for its lowest-ranked candidate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prefixcache.eviction import EvictionPolicy
+from tests.reference.candidate import CandidateRecord
+
+DEVICE = -1
+
+
+@dataclass
+class Meta:
+    hits: int = 0
+    uses: int = 0
+    depth: int = 0
+    last_use: int = 0
+    request_tokens: int = 0
+
+
+@dataclass
+class Slot:
+    key: bytes
+    parent: bytes | None
+    meta: Meta
+    stamp: int
+    created: int
+    tokens: tuple[int, ...] = ()
+    pins: int = 0
+    rank: tuple = ()  # (priority, seq) when it was last ranked
+
+
+@dataclass
+class Tier:
+    num_slots: int
+    write: str
+    min_hits: int
+    policy: EvictionPolicy
+    leaves_only: bool
+    slots: dict[int, Slot] = field(default_factory=dict)
+    free: list[int] = field(default_factory=list)
+    clock: int = 0
+    seq: int = 0
+    counters: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(("hits", "loads", "stores", "evictions", "demotions", "refused", "errors"), 0)
+    )
+
+    def __post_init__(self) -> None:
+        self.free = list(range(self.num_slots - 1, -1, -1))
+
+    def slot_of(self, key: bytes) -> int | None:
+        return next((i for i, s in self.slots.items() if s.key == key), None)
+
+    def children(self, key: bytes) -> int:
+        return sum(1 for s in self.slots.values() if s.parent == key)
+
+    def evictable(self, i: int) -> bool:
+        s = self.slots[i]
+        return s.pins == 0 and not (self.leaves_only and self.children(s.key) > 0)
+
+    def rank(self, i: int, block_size: int) -> None:
+        s = self.slots[i]
+        m = s.meta
+        uses = max(m.uses, m.depth + 1) if self.policy.native == "chain" else m.uses
+        c = CandidateRecord(i, block_size, s.stamp, s.created, m.hits, 0, uses, m.last_use, m.request_tokens, 0, 0)
+        self.seq += 1
+        s.rank = (self.policy.priority(c), self.seq)
+
+
+class PyTierManager:
+    def __init__(self, num_device_blocks: int, block_size: int, tiers: list[tuple], keep_tokens: bool = True) -> None:
+        self.block_size = block_size
+        self.keep_tokens = keep_tokens
+        self.tiers = [Tier(n, write, min_hits, policy, leaves) for n, write, min_hits, policy, leaves in tiers]
+        self.device: dict[int, tuple[bytes, bytes | None, Meta, tuple[int, ...]]] = {}
+        self.traffic = 0
+        self.transfers: list[tuple[int, int, int, int]] = []
+
+    # -- helpers -----------------------------------------------------------------------
+    def _push(self, t: int, i: int) -> None:
+        tier = self.tiers[t]
+        if tier.evictable(i):
+            tier.rank(i, self.block_size)
+
+    def _remove(self, t: int, i: int) -> Slot:
+        tier = self.tiers[t]
+        s = tier.slots.pop(i)
+        if s.parent is not None and tier.leaves_only:
+            p = tier.slot_of(s.parent)
+            if p is not None and tier.children(s.parent) == 0:
+                self._push(t, p)
+        return s
+
+    def _take(self, t: int) -> int | None:
+        tier = self.tiers[t]
+        if tier.free:
+            return tier.free.pop()
+        candidates = [i for i in tier.slots if tier.evictable(i)]
+        if not candidates:
+            return None
+        victim = min(candidates, key=lambda i: tier.slots[i].rank)
+        s = self._remove(t, victim)
+        tier.counters["evictions"] += 1
+        below = self.tiers[t + 1].counters["stores"] if t + 1 < len(self.tiers) else 0
+        self._demote(t, victim, s.key, s.parent, s.tokens, s.meta)
+        if t + 1 < len(self.tiers) and self.tiers[t + 1].counters["stores"] > below:
+            tier.counters["demotions"] += 1
+        return victim
+
+    def _held_below(self, t: int, key: bytes) -> bool:
+        return any(tier.slot_of(key) is not None for tier in self.tiers[t + 1 :])
+
+    def _demote(self, t: int, src: int, key: bytes, parent: bytes | None, tokens: tuple, meta: Meta) -> None:
+        nxt = t + 1
+        if nxt >= len(self.tiers) or self._held_below(t, key):
+            return
+        tier = self.tiers[nxt]
+        if tier.write != "on_evict" or meta.hits < tier.min_hits:
+            return
+        self._store(nxt, t, src, key, parent, tokens, meta)
+
+    def _store(self, t: int, src_tier: int, src: int, key: bytes, parent: bytes | None, tokens: tuple, meta: Meta) -> None:
+        i = self._take(t)
+        tier = self.tiers[t]
+        if i is None:
+            tier.counters["refused"] += 1
+            return
+        tier.clock += 1
+        tier.slots[i] = Slot(key, parent, Meta(**vars(meta)), tier.clock, tier.clock, tokens if self.keep_tokens else ())
+        self.transfers.append((src_tier, src, t, i))
+        tier.counters["stores"] += 1
+        self._push(t, i)
+
+    # -- the native API ------------------------------------------------------------------
+    def device_cached(self, blocks: list[int], keys: list[bytes], parent: bytes | None, tokens: list[int],
+                      depth: int, request_tokens: int) -> None:  # fmt: skip
+        bs = self.block_size
+        for j, (b, key) in enumerate(zip(blocks, keys)):
+            up = keys[j - 1] if j else parent
+            if b in self.device:
+                continue
+            toks = tuple(tokens[j * bs : (j + 1) * bs])
+            meta = Meta(0, 1, depth, self.traffic, request_tokens)
+            self.device[b] = (key, up, meta, toks)
+            for t, tier in enumerate(self.tiers):
+                if tier.write == "write_through" and tier.slot_of(key) is None:
+                    self._store(t, DEVICE, b, key, up, toks, meta)
+
+    def admitted(self, tokens: int, blocks: list[int], request_tokens: int) -> int:
+        self.traffic += tokens
+        depth = 0
+        if blocks and blocks[-1] in self.device and self.device[blocks[-1]][2].uses == 1:
+            depth = self.device[blocks[-1]][2].depth + 1
+        for b in blocks:
+            if b not in self.device:
+                continue
+            key, up, m, toks = self.device[b]
+            m.hits += 1
+            m.uses += 1
+            m.last_use = self.traffic
+            m.request_tokens = request_tokens
+            m.depth = max(m.depth, depth)
+            for t, tier in enumerate(self.tiers):
+                if tier.write == "selective" and m.hits >= tier.min_hits and tier.slot_of(key) is None:
+                    self._store(t, DEVICE, b, key, up, toks, m)
+        return depth
+
+    def device_evicted(self, blocks: list[int]) -> None:
+        for b in blocks:
+            if b not in self.device:
+                continue
+            key, up, meta, toks = self.device.pop(b)
+            if any(v[0] == key for v in self.device.values()):
+                continue
+            self._demote(DEVICE, b, key, up, toks, meta)
+
+    def locate(self, key: bytes) -> tuple[int, int] | None:
+        for t, tier in enumerate(self.tiers):
+            i = tier.slot_of(key)
+            if i is not None:
+                return (t, i)
+        return None
+
+    def pin(self, slots: list[tuple[int, int]]) -> None:
+        for t, i in slots:
+            self.tiers[t].slots[i].pins += 1
+
+    def unpin(self, slots: list[tuple[int, int]]) -> None:
+        for t, i in slots:
+            self.tiers[t].slots[i].pins -= 1
+            self._push(t, i)
+
+    def load(self, sources: list[tuple[int, int]], dst: list[int], promote: bool = True) -> None:
+        for (t, i), b in zip(sources, dst):
+            tier = self.tiers[t]
+            s = tier.slots[i]
+            self.transfers.append((t, i, DEVICE, b))
+            tier.counters["loads"] += 1
+            self.device[b] = (s.key, s.parent, Meta(**vars(s.meta)), s.tokens)
+            if promote:
+                self._promote(t, i)
+
+    def finish_loads(self, sources: list[tuple[int, int]]) -> None:
+        for t, i in sources:
+            self._promote(t, i)
+
+    def _promote(self, t: int, i: int) -> None:
+        tier = self.tiers[t]
+        s = tier.slots[i]
+        s.pins -= 1
+        if tier.write == "on_evict":
+            if s.pins > 0:
+                return
+            self._remove(t, i)
+            tier.free.append(i)
+        else:
+            tier.clock += 1
+            s.stamp = tier.clock
+            self._push(t, i)
+
+    def drop(self, t: int, i: int, failed_write: bool) -> None:
+        tier = self.tiers[t]
+        if i not in tier.slots:
+            return
+        self._remove(t, i)
+        tier.free.append(i)
+        tier.counters["refused" if failed_write else "errors"] += 1
+
+    def drain_transfers(self) -> list[tuple[int, int, int, int]]:
+        out, self.transfers = self.transfers, []
+        return out

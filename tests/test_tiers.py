@@ -1,0 +1,224 @@
+"""Lower tiers (`cache.tiers`): configuration, the tier manager under both strategies,
+write policies, the cost model, events, and the kit's tier rules (docs/tiers.md)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import prefixcache
+import prefixcache.testing as kit
+from prefixcache import build_cache
+from prefixcache.backends.hash import HashCache
+from prefixcache.config import CacheConfig, ConfigError, from_mapping
+from prefixcache.config_checks import check_cache_config, parse_cache_config
+from prefixcache.events import BlockRemoved, BlockStored
+from prefixcache.eviction import EvictionPolicy
+from prefixcache.tier_config import TierConfig
+
+BACKENDS = ("hash", "radix")
+
+
+class OldestFirst(EvictionPolicy):
+    """A Python policy (no native order): refused for a tier."""
+
+    def priority(self, candidate):
+        return candidate.creation_time
+
+
+def tiered(backend: str = "hash", block_size: int = 2, num_blocks: int = 4, tiers=({"medium": "CPU", "num_blocks": 4},),
+           **more) -> prefixcache.PrefixCache:  # fmt: skip
+    config = parse_cache_config(
+        {"backend": backend, "block_size": block_size, "num_blocks": num_blocks, "tiers": list(tiers), **more}
+    )
+    return build_cache(config)
+
+
+def run(cache, rid, tokens):
+    adm = cache.admit(rid, tokens)
+    assert adm is not None
+    cache.commit(rid, len(tokens))
+    cache.release(rid)
+    return adm
+
+
+# -------------------------------------------------------------------- configuration
+
+
+@pytest.mark.parametrize(
+    ("tier", "path", "message"),
+    [
+        ({"medium": "GPU", "num_blocks": 4}, "cache.tiers[0].medium", "allowed values: CPU, DISK"),
+        ({"medium": "CPU"}, "cache.tiers[0]", "missing required key(s): num_blocks"),
+        ({"medium": "CPU", "num_blocks": 0}, "cache.tiers[0].num_blocks", "must be an integer >= 1"),
+        ({"medium": "CPU", "num_blocks": 4, "write": "back"}, "cache.tiers[0].write", "on_evict, write_through, selective"),
+        ({"medium": "DISK", "num_blocks": 4}, "cache.tiers[0].path", "a DISK tier needs the path"),
+        ({"medium": "CPU", "num_blocks": 4, "path": "/x"}, "cache.tiers[0].path", "only a DISK tier has a path"),
+        ({"medium": "CPU", "num_blocks": 4, "eviction": "nope"}, "cache.tiers[0].eviction", "unknown eviction policy"),
+        ({"medium": "CPU", "num_blocks": 4, "min_hits": 1, "write": "write_through"}, "cache.tiers[0].min_hits",
+         "write: selective"),
+        ({"medium": "CPU", "num_blocks": 4, "bandwidth_gbps": 0}, "cache.tiers[0].bandwidth_gbps", "> 0"),
+        ({"medium": "CPU", "num_blocks": 4, "wrte": "on_evict"}, "cache.tiers[0].wrte", "did you mean 'write'"),
+    ],
+)
+def test_a_bad_tier_is_refused_naming_its_key(tier, path, message):
+    with pytest.raises(ConfigError) as err:
+        parse_cache_config({"block_size": 4, "num_blocks": 8, "tiers": [tier]})
+    assert str(err.value).startswith(path + ":"), str(err.value)
+    assert message in str(err.value)
+
+
+def test_tiers_need_a_collision_resistant_hash_and_a_native_policy(tmp_path):
+    with pytest.raises(ConfigError, match=r"^cache\.tiers: .*xxhash is not collision resistant"):
+        parse_cache_config({"hash": {"algorithm": "xxhash"}, "tiers": [{"medium": "CPU", "num_blocks": 4}]})
+    with pytest.raises(ConfigError, match=r"tiers\[0\]\.eviction: policy .* has no native order"):
+        parse_cache_config({"tiers": [{"medium": "CPU", "num_blocks": 4, "eviction": "tests.test_tiers:OldestFirst"}]})
+
+
+def test_a_disk_path_must_be_a_private_regular_file_with_room(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"")
+    link = tmp_path / "kv.tier"
+    link.symlink_to(target)
+    disk = {"medium": "DISK", "num_blocks": 4}
+    with pytest.raises(ConfigError, match=r"tiers\[0\]\.path: .*symbolic link"):
+        parse_cache_config({"tiers": [{**disk, "path": str(link)}]})
+    with pytest.raises(ConfigError, match=r"tiers\[0\]\.path: .*not a directory"):
+        parse_cache_config({"tiers": [{**disk, "path": str(target / "x")}]})
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(ConfigError, match=r"tiers\[0\]\.path: .*not a regular file"):
+        parse_cache_config({"tiers": [{**disk, "path": str(tmp_path / "dir")}]})
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(ConfigError, match=r"writable by anyone without the sticky bit"):
+        parse_cache_config({"tiers": [{**disk, "path": str(shared / "kv.tier")}]})
+    ok = str(tmp_path / "ok.tier")
+    with pytest.raises(ConfigError, match=r"tiers\[1\]\.path: tiers\[0\] uses the same file"):
+        parse_cache_config({"tiers": [{**disk, "path": ok}, {**disk, "path": ok}]})
+    huge = {**disk, "path": ok, "num_blocks": 1 << 29}
+    with pytest.raises(ConfigError, match=r"tiers\[0\]\.num_blocks: .* GB free"):
+        parse_cache_config({"block_size": 16, "tiers": [huge], "cost_model": {"kv_bytes_per_token": 1 << 20}})
+    parse_cache_config({"tiers": [{**disk, "path": ok}]})  # fine: a new file in a private directory
+
+
+def test_without_tiers_a_config_and_its_stats_read_as_before():
+    config = CacheConfig()
+    assert config.tiers == () and "tiers" not in repr(build_cache(config).stats())
+    assert build_cache(config).drain_transfers() == []
+
+
+# ------------------------------------------------------------------ semantics, both strategies
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_evicted_prefix_is_demoted_then_loaded_back(backend):
+    cache = tiered(backend)
+    first = [1, 2, 3, 4, 5, 6, 7]
+    run(cache, "a", first)
+    assert cache.drain_transfers() == []  # on_evict: nothing moves until the device evicts
+    run(cache, "b", [11, 12, 13, 14, 15, 16, 17])  # takes every device block: a's three go down
+    stores = cache.drain_transfers()
+    assert sorted(t[:3:2] for t in stores) == [(-1, 0)] * 3
+    m = cache.match(first)
+    assert m.num_tokens == 6 and m.tiers == (0, 0, 0)
+    adm = cache.admit("c", first)
+    assert adm.num_cached_tokens == 6 and adm.tier_hits == (0, 6) and adm.declined_tokens == 0
+    assert [dst for _, _, dst in adm.loads] == list(adm.block_table[:3])
+    moved = cache.drain_transfers()
+    loads = [t for t in moved if t[2] == -1]
+    assert [(t[0], t[1], t[3]) for t in loads] == list(adm.loads)
+    tier = cache.stats().tiers[0]
+    assert (tier.medium, tier.loads, tier.hit_tokens, tier.loaded_tokens) == ("CPU", 3, 6, 6)
+    assert tier.bytes_written == tier.stores * 2 * 131072
+    cache.release("c")
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_slow_tier_is_declined_by_the_cost_model_and_says_so(backend):
+    slow = {"medium": "CPU", "num_blocks": 4, "bandwidth_gbps": 1e-6}  # a block takes ~hours to load
+    cache = tiered(backend, tiers=(slow,))
+    first = [1, 2, 3, 4, 5, 6, 7]
+    run(cache, "a", first)
+    run(cache, "b", [11, 12, 13, 14, 15, 16, 17])
+    assert cache.match(first).num_tokens == 6
+    adm = cache.admit("c", first)
+    assert (adm.num_cached_tokens, adm.declined_tokens, adm.loads) == (0, 6, ())
+    assert cache.stats().tiers[0].hit_tokens == 6 and cache.stats().tiers[0].loaded_tokens == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_write_through_copies_at_commit_and_selective_after_hits(backend):
+    cache = tiered(backend, tiers=({"medium": "CPU", "num_blocks": 8, "write": "write_through"},))
+    cache.admit("a", [1, 2, 3, 4, 5])
+    assert cache.drain_transfers() == []  # nothing is copied before the compute that writes it
+    cache.commit("a", 5)
+    assert [t[:3:2] for t in cache.drain_transfers()] == [(-1, 0), (-1, 0)]
+    cache.release("a")
+    cache = tiered(backend, tiers=({"medium": "CPU", "num_blocks": 8, "write": "selective", "min_hits": 2},))
+    run(cache, "a", [1, 2, 3, 4, 5])
+    run(cache, "b", [1, 2, 3, 4, 5])
+    assert cache.drain_transfers() == []  # one hit so far
+    run(cache, "c", [1, 2, 3, 4, 5])
+    assert len(cache.drain_transfers()) == 2 and cache.stats().tiers[0].stores == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tier_events_name_the_medium_and_carry_real_tokens(backend):
+    cache = tiered(backend, enable_events=True)
+    run(cache, "a", [1, 2, 3, 4, 5])
+    run(cache, "b", [11, 12, 13, 14, 15, 16, 17])
+    events = cache.drain_events()
+    cpu = [e for e in events if getattr(e, "medium", None) == "CPU"]
+    stored = [e for e in cpu if isinstance(e, BlockStored)]
+    assert sorted(e.token_ids for e in stored) == [(1, 2), (3, 4)]
+    assert all(e.locality == "LOCAL" and e.block_size == 2 for e in stored)
+    # Each demotion: a BlockRemoved on the device before the BlockStored on CPU, in one batch.
+    for e in stored:
+        gpu_removed = next(i for i, x in enumerate(events) if isinstance(x, BlockRemoved) and x.medium == "GPU"
+                           and x.block_hashes == e.block_hashes)  # fmt: skip
+        assert gpu_removed < events.index(e)
+
+
+# ----------------------------------------------------------------------------- the kit
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "tiers",
+    [
+        (TierConfig("CPU", 3),),
+        (TierConfig("CPU", 2, eviction="chain"), TierConfig("CPU", 3, write="on_evict", eviction="lfu")),
+        (TierConfig("CPU", 4, write="write_through"),),
+        (TierConfig("CPU", 2, write="selective", min_hits=1), TierConfig("CPU", 3)),
+    ],
+    ids=["cpu", "cpu+cpu-chain", "write-through", "selective+cpu"],
+)
+def test_both_strategies_pass_the_kit_with_tiers(backend, tiers):
+    kit.check_backend(backend, tiers=tiers, enable_events=True, max_examples=25)
+
+
+class _MisloadingHash(HashCache):
+    """Loads the lower-tier blocks of a hit into the request's blocks in reverse order."""
+
+    def drain_transfers(self):
+        out = super().drain_transfers()
+        loads = [t for t in out if t[2] == -1]
+        dsts = [t[3] for t in loads][::-1]
+        fixed = iter(dsts)
+        return [(t[0], t[1], t[2], next(fixed)) if t[2] == -1 else t for t in out]
+
+
+def test_the_kit_catches_a_lower_tier_hit_that_is_not_the_demoted_kv():
+    with pytest.raises(kit.RuleViolation, match="rule 6"):
+        kit.rule_lower_tiers_serve_demoted_kv(
+            lambda bs, n: _MisloadingHash(prefixcache.BlockPool(n), CacheConfig(block_size=bs, num_blocks=n,
+                                          tiers=(TierConfig("CPU", 6),))), 2)  # fmt: skip
+
+
+def test_check_cache_config_checks_tiers_once_more_for_build_cache(tmp_path):
+    config = from_mapping(CacheConfig, {"tiers": [{"medium": "CPU", "num_blocks": 2, "eviction": "nope"}]})
+    with pytest.raises(ConfigError, match=r"^tiers\[0\]\.eviction"):
+        check_cache_config(config)

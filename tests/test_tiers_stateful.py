@@ -1,0 +1,114 @@
+"""The native tier manager against its Python model (tests/reference/tiers.py), driven by
+random device caching, hits, evictions, loads and drops: after every step both hold
+every key in the same tier and slot, record the same transfers in the same order and
+count the same."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from prefixcache._C import TierManager
+from prefixcache.registry import resolve_eviction_policy
+from tests.reference.tiers import PyTierManager
+
+BS = 2
+DEVICE_BLOCKS = 6
+KEYS = [bytes([k, 0, 0, 0]) for k in range(12)]  # a small universe: keys come back
+CONFIGS = [
+    [(3, "on_evict", 0, "lru"), (4, "on_evict", 0, "chain")],
+    [(3, "write_through", 0, "lfu")],
+    [(2, "selective", 1, "lru"), (3, "on_evict", 1, "lru")],
+    [(4, "on_evict", 0, "chain")],
+]
+
+
+class TierMachine(RuleBasedStateMachine):
+    @initialize(config=st.sampled_from(CONFIGS))
+    def start(self, config):
+        policies = [resolve_eviction_policy(name)() for *_, name in config]
+        native = [(n, w, h, p.native, p.leaves_only, p.native_params()) for (n, w, h, _), p in zip(config, policies)]
+        self.native = TierManager(DEVICE_BLOCKS, BS, 4, native, True, False)
+        self.model = PyTierManager(DEVICE_BLOCKS, BS, [(n, w, h, p, p.leaves_only) for (n, w, h, _), p in
+                                                       zip(config, policies)])  # fmt: skip
+
+    def free_blocks(self):
+        return [b for b in range(DEVICE_BLOCKS) if b not in self.model.device]
+
+    @precondition(lambda self: len(self.free_blocks()) > 0)
+    @rule(data=st.data(), depth=st.integers(0, 2), tokens=st.integers(0, 40))
+    def cache(self, data, depth, tokens):
+        free = self.free_blocks()
+        n = data.draw(st.integers(1, min(3, len(free))))
+        blocks = data.draw(st.permutations(free))[:n]
+        start = data.draw(st.integers(0, len(KEYS) - n))
+        keys = KEYS[start : start + n]
+        parent = KEYS[start - 1] if start else None
+        toks = [7 * start + i for i in range(n * BS)]
+        self.native.device_cached(blocks, b"".join(keys), parent, toks, depth, tokens, 0)
+        self.model.device_cached(blocks, keys, parent, toks, depth, tokens)
+
+    @precondition(lambda self: self.model.device)
+    @rule(data=st.data(), tokens=st.integers(0, 40))
+    def hit(self, data, tokens):
+        blocks = data.draw(st.lists(st.sampled_from(sorted(self.model.device)), max_size=3, unique=True))
+        assert self.native.admitted(tokens, blocks, tokens) == self.model.admitted(tokens, blocks, tokens)
+
+    @precondition(lambda self: self.model.device)
+    @rule(data=st.data())
+    def evict(self, data):
+        blocks = data.draw(st.lists(st.sampled_from(sorted(self.model.device)), min_size=1, max_size=3, unique=True))
+        self.native.device_evicted(blocks)
+        self.model.device_evicted(blocks)
+
+    @precondition(lambda self: self.free_blocks())
+    @rule(data=st.data(), promote=st.booleans())
+    def load(self, data, promote):
+        held = [w for w in map(self.model.locate, KEYS) if w is not None]
+        if not held:
+            return
+        sources = data.draw(st.lists(st.sampled_from(held), min_size=1, max_size=min(2, len(self.free_blocks())),
+                                     unique=True))  # fmt: skip
+        dst = self.free_blocks()[: len(sources)]
+        for m in (self.native, self.model):
+            m.pin(sources)
+        if data.draw(st.booleans()):  # an admission that allocates while they are pinned
+            victims = sorted(self.model.device)[:1]
+            self.native.device_evicted(victims)
+            self.model.device_evicted(victims)
+        self.native.load(sources, dst, promote)
+        self.model.load(sources, dst, promote)
+        if not promote:
+            self.native.finish_loads(sources)
+            self.model.finish_loads(sources)
+
+    @rule(data=st.data(), failed=st.booleans())
+    def drop(self, data, failed):
+        held = [w for w in map(self.model.locate, KEYS) if w is not None]
+        if held:
+            t, slot = data.draw(st.sampled_from(held))
+            self.native.drop(t, slot, failed)
+            self.model.drop(t, slot, failed)
+
+    @invariant()
+    def agree(self):
+        if not hasattr(self, "model"):
+            return
+        self.native.check_invariants()
+        assert self.native.drain_transfers().tolist() == [x for t in self.model.drain_transfers() for x in t]
+        for key in KEYS:
+            assert self.native.locate(key) == self.model.locate(key), key
+        for t, tier in enumerate(self.model.tiers):
+            assert self.native.counters(t) == tier.counters
+            assert sorted(self.native.used_slots(t)) == sorted(tier.slots)
+            for slot, s in tier.slots.items():
+                assert tuple(self.native.slot_tokens(t, slot)) == s.tokens
+        for b in range(DEVICE_BLOCKS):
+            assert self.native.device_has(b) == (b in self.model.device)
+
+
+TierMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TestTierManagerAgainstModel = TierMachine.TestCase
