@@ -460,7 +460,7 @@ class HashCache(BlockwiseAppend, PrefixCache):
         """`match` with tiers: the device hit, then the chain through every tier."""
         ds, bs = self._digest_size, self.block_size
         found = [(DEVICE, b) for b in hits]
-        found += self.tiers.chain(self.pool, digests, len(hits), len(digests) // ds)
+        found += self.tiers.chain(self.pool, digests, len(hits), len(digests) // ds)  # fmt: skip
         if self._trims:
             keep = self.checked_usable_hit(tokens, len(found) * bs, namespace)
             del found[keep // bs :]
@@ -482,19 +482,22 @@ class HashCache(BlockwiseAppend, PrefixCache):
         lower-tier blocks kept become loads into fresh device blocks, keyed at once (the
         engine runs the loads before any forward pass, so a hit on them is sound)."""
         tiers, pool, ds, bs = self.tiers, self.pool, self._digest_size, self.block_size
-        found = [(DEVICE, b) for b in hits]
-        found += tiers.chain(pool, capped, len(hits), len(capped) // ds)
-        if self._trims:
-            keep = self.checked_usable_hit(tokens[: len(tokens) - 1], len(found) * bs, namespace)
-            del found[keep // bs :]
         lead = len(hits)  # the device run: free to use, never cut
-        rest = found[lead:]
-        use = tiers.plan(rest, lead, len(tokens))
-        ok = tiers.verified(rest[:use])
-        if ok < use:
-            use = tiers.plan(rest[:ok], lead, len(tokens))
-        kept = found[: lead + use]
-        pinned = [b for t, b in kept if t == DEVICE]
+        rest = tiers.chain(pool, capped, lead, len(capped) // ds)
+        if self._trims:
+            keep = self.checked_usable_hit(tokens[: len(tokens) - 1], (lead + len(rest)) * bs, namespace)
+            if keep < lead * bs:
+                hits, rest = hits[: keep // bs], []
+                lead = len(hits)
+            del rest[keep // bs - lead :]
+        use = 0
+        if rest:
+            use = tiers.plan(rest, lead, len(tokens))
+            ok = tiers.verified(rest[:use])
+            if ok < use:
+                use = tiers.plan(rest[:ok], lead, len(tokens))
+        kept = rest[:use]
+        pinned = hits + [b for t, b in kept if t == DEVICE]
         sources = [(t, b) for t, b in kept if t != DEVICE]
         num_new = _ceil_div(len(tokens), bs) - len(pinned)
         if num_new + (pool.count_free(pinned) if pinned else 0) > pool.num_free:
@@ -510,7 +513,7 @@ class HashCache(BlockwiseAppend, PrefixCache):
             tiers.unpin(sources)
             raise
         fresh = iter(self._take(num_new, removed))
-        table: list[int] = []
+        table = list(hits)
         loaded: list[int] = []  # positions in the table of the loaded blocks
         for t, b in kept:
             if t == DEVICE:
@@ -519,8 +522,9 @@ class HashCache(BlockwiseAppend, PrefixCache):
                 loaded.append(len(table))
                 table.append(next(fresh))
         table.extend(fresh)
-        tiers.load(sources, [table[i] for i in loaded])
-        num_hit = len(kept) * bs
+        if sources:
+            tiers.load(sources, [table[i] for i in loaded])
+        num_hit = (lead + len(kept)) * bs
         request = HashRequest(
             request_id,
             tokens,
@@ -529,7 +533,7 @@ class HashCache(BlockwiseAppend, PrefixCache):
             num_cached_tokens=num_hit,
             num_computed=num_hit,
             digests=bytearray(digests),
-            num_cached_blocks=len(kept),
+            num_cached_blocks=lead + len(kept),
             priority=priority,
             namespace_bytes=exact_bytes(namespace),
         )
@@ -539,17 +543,19 @@ class HashCache(BlockwiseAppend, PrefixCache):
             pool.cache_many_packed([block], key, ds)
             self._evictor.cached([block], key, ds, priority)
             self._events.record_from(self._stored_events, request, i, i + 1)
-        request.depth = tiers.admitted(len(tokens) // bs * bs, table[: len(kept)], len(tokens) // bs * bs)
+        request.depth = tiers.admitted(len(tokens) // bs * bs, table[: lead + len(kept)], len(tokens) // bs * bs)
         self._requests.add(request)
         self._stats.record_query(len(tokens), num_hit)
         if refuted:
             self._stats.verify_failures += 1
-        tiers.count_hit(found[lead:], use)
         tier_hits = [0] * (tiers.num_tiers + 1)
-        for t, _ in kept:
-            tier_hits[t + 1] += bs
+        tier_hits[0] = lead * bs
+        if rest:
+            tiers.count_hit(rest, use)
+            for t, _ in kept:
+                tier_hits[t + 1] += bs
         loads = tuple((t, b, table[i]) for (t, b), i in zip(sources, loaded, strict=True))
-        return Admission(BlockIds(table), num_hit, (), loads, tuple(tier_hits), (len(found) - len(kept)) * bs)
+        return Admission(BlockIds(table), num_hit, (), loads, tuple(tier_hits), (len(rest) - len(kept)) * bs)
 
     # -- extension hooks (docs/extending.md) -------------------------------------------
     def partial_hit(
@@ -699,7 +705,7 @@ class HashCache(BlockwiseAppend, PrefixCache):
         request.num_cached_blocks = num_full_blocks
         self._events.record_from(self._stored_events, request, start, num_full_blocks)
         if self.tiers is not None:
-            ids = token_block_ids(request.tokens, start * bs, num_full_blocks * bs)
+            ids = token_block_ids(request.tokens, start * bs, num_full_blocks * bs) if self.tiers.keep_tokens else ()
             if ids is not None:  # ids beyond int64 stay on the device (a tier keeps int64 ids)
                 parent_key = self._digest(request, start - 1) if start else None
                 self.tiers.cached(blocks, keys, parent_key, ids, request.depth, len(request.tokens) // bs * bs,

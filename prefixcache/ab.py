@@ -60,6 +60,8 @@ from prefixcache import build_cache
 from prefixcache.ab_config import ABConfig
 from prefixcache.config import CacheConfig, from_mapping, to_plain
 from prefixcache.protocol import PrefixCache
+from prefixcache.stats import TierStats
+from prefixcache.tiers import prefill_seconds_saved
 from prefixcache.workloads import BlockPlan, BoundResult, HitCounts, Workload, belady, infinite_cache
 from prefixcache.workloads.tokens import TokenRuns
 from prefixcache.workloads.metrics import HitRatios
@@ -124,6 +126,11 @@ class ArmResult(HitRatios):
     waits:            admissions/appends retried after releasing the oldest live request
     wall_s:           wall time of the whole replay, SECONDS (token conversion included)
     first_eviction:   index of the first request during which the cache evicted (None: never)
+    tiers:            the arm's lower tiers' counters at the end (`CacheStats.tiers`; empty
+                      without `tiers`)
+    prefill_s_saved:  modelled prefill SECONDS the hits saved, loads' time subtracted
+                      (`prefixcache.tiers.prefill_seconds_saved`, the arm's cost_model)
+    declined_tokens:  TOKENS found in lower tiers that admissions recomputed (cost model)
     """
 
     name: str
@@ -137,6 +144,9 @@ class ArmResult(HitRatios):
     waits: int = 0
     wall_s: float = 0.0
     first_eviction: int | None = None
+    tiers: tuple[TierStats, ...] = ()
+    prefill_s_saved: float = 0.0
+    declined_tokens: int = 0
 
     @property
     def block_size(self) -> int:
@@ -188,6 +198,8 @@ class ArmResult(HitRatios):
             "first_eviction": self.first_eviction,
             "hit_tokens": list(self.hits.hit_tokens),
             "bookkeeping_us": list(self.bookkeeping_us),
+            **({"tiers": [dataclasses.asdict(t) for t in self.tiers], "prefill_s_saved": self.prefill_s_saved,
+                "declined_tokens": self.declined_tokens} if self.tiers else {}),
         }
 
     @classmethod
@@ -197,6 +209,8 @@ class ArmResult(HitRatios):
             HitCounts(data["hit_tokens"], prompt_tokens), tuple(data["bookkeeping_us"]),
             data["evicted_blocks"], data["peak_pinned_blocks"], data["events"], tuple(data["rejected"]),
             data["waits"], data["wall_s"], data.get("first_eviction"),
+            tuple(TierStats(**t) for t in data.get("tiers", ())), data.get("prefill_s_saved", 0.0),
+            data.get("declined_tokens", 0),
         )
 
 
@@ -230,6 +244,9 @@ class _Replay:
         self.waits = 0
         self.first_eviction: int | None = None
         self.itemsize = type(cache).token_itemsize
+        self.tiered = bool(cache.config.tiers)
+        self.saved_s = 0.0
+        self.declined = 0
 
     def release(self, j: int) -> None:
         """Release live request j (timed into its bookkeeping); its table stops counting."""
@@ -290,6 +307,9 @@ class _Replay:
             self.release(self.live.popleft())
         admission = self.until_done(i, lambda: cache.admit(i, prompt, namespace=r.namespace))
         self.hits[i] = admission.num_cached_tokens
+        if self.tiered:
+            self.saved_s += prefill_seconds_saved(cache.config, admission)
+            self.declined += admission.declined_tokens
         self.live.append(i)
         self.call(i, cache.commit, i, len(prompt))
         self.until_done(i, cache.append, i, output)
@@ -300,6 +320,8 @@ class _Replay:
         self.peak_pinned = max(self.peak_pinned, len(self.pinned))
         if cache.config.enable_events:
             self.events.update(type(e).__name__ for e in cache.drain_events())
+        if self.tiered:  # no engine moves the data: the replay drains (and drops) what it would move
+            self.call(i, cache.drain_transfers)
         if self.first_eviction is None and cache.stats().evictions:  # untimed; stops once found
             self.first_eviction = i
 
@@ -307,6 +329,7 @@ class _Replay:
         while self.live:
             self.release(self.live.popleft())
         self.events.update(type(e).__name__ for e in self.cache.drain_events())
+        self.cache.drain_transfers()
 
 
 def replay_arm(
@@ -348,10 +371,11 @@ def replay_arm(
     if progress is not None:
         progress(name, n, n)
     prompts = [len(r.prompt) for r in workload.requests]
+    stats = cache.stats()
     return ArmResult(
         name, config, HitCounts(state.hits, prompts), tuple(t / 1000.0 for t in state.ns),
-        cache.stats().evictions, state.peak_pinned, dict(state.events), tuple(rejected), state.waits,
-        time.perf_counter() - t0, state.first_eviction,
+        stats.evictions, state.peak_pinned, dict(state.events), tuple(rejected), state.waits,
+        time.perf_counter() - t0, state.first_eviction, stats.tiers, state.saved_s, state.declined,
     )
 
 
@@ -425,8 +449,10 @@ class ABResult:
         write_csv(requests_path, self.request_rows())
 
     def summary_rows(self) -> list[dict[str, Any]]:
-        """One row per arm, then per bound: what the terminal table and summary CSV show."""
+        """One row per arm, then per bound: what the terminal table and summary CSV show.
+        When an arm has lower tiers every row also has their columns (`tier_columns`)."""
         rows = []
+        depth = max((len(a.tiers) for a in self.arms), default=0)
         for a in self.arms:
             rows.append({
                 "series": a.name, "kind": "arm", "backend": a.config.backend, "block_size": a.block_size,
@@ -435,7 +461,7 @@ class ABResult:
                 "prefill_tokens_saved": a.prefill_tokens_saved, "evicted_blocks": a.evicted_blocks,
                 "evicted_tokens": a.evicted_tokens, "peak_pinned_blocks": a.peak_pinned_blocks,
                 "bookkeeping_us_p50": a.us_p50, "bookkeeping_us_p99": a.us_p99, "events": a.events_total,
-                "rejected": len(a.rejected), "waits": a.waits,
+                "rejected": len(a.rejected), "waits": a.waits, **tier_columns(a, depth),
             })
         for b in self.bounds:
             blocks = b.capacity_blocks
@@ -447,7 +473,7 @@ class ABResult:
                 "prefill_tokens_saved": b.hits.total_hit_tokens, "evicted_blocks": b.evictions,
                 "evicted_tokens": b.evictions * b.block_size, "peak_pinned_blocks": None,
                 "bookkeeping_us_p50": None, "bookkeeping_us_p99": None, "events": None,
-                "rejected": len(b.rejected), "waits": None,
+                "rejected": len(b.rejected), "waits": None, **tier_columns(None, depth),
             })
         return rows
 
@@ -464,6 +490,31 @@ class ABResult:
                 row[f"us:{a.name}"] = a.bookkeeping_us[i]
             rows.append(row)
         return rows
+
+
+def tier_columns(arm: ArmResult | None, depth: int) -> dict[str, Any]:
+    """The tier columns of a summary row (none when no arm has tiers, so a flat A/B reads
+    as it always did): the device's share of the hit, then per tier k its hit ratio
+    (`tier{k}_hit_ratio`), blocks loaded and GB written, and the modelled prefill
+    SECONDS saved and TOKENS declined."""
+    if not depth:
+        return {}
+    out: dict[str, Any] = {}
+    prompt = sum(arm.hits.prompt_tokens) if arm is not None else 0
+    lower = sum(t.loaded_tokens for t in arm.tiers) if arm is not None else 0
+    out["device_hit_ratio"] = (arm.prefill_tokens_saved - lower) / prompt if arm is not None and prompt else None
+    for k in range(depth):
+        t = arm.tiers[k] if arm is not None and k < len(arm.tiers) else None
+        out[f"tier{k}_medium"] = t.medium if t else None
+        out[f"tier{k}_hit_ratio"] = t.loaded_tokens / prompt if t and prompt else (0.0 if arm is not None else None)
+        out[f"tier{k}_loads"] = t.loads if t else (0 if arm is not None else None)
+        out[f"tier{k}_gb_written"] = t.bytes_written / 1e9 if t else (0.0 if arm is not None else None)
+    if arm is not None and not arm.tiers:  # no loads: the hits' compute time, under the same cost model
+        out["prefill_s_saved"] = arm.prefill_tokens_saved / arm.config.cost_model.prefill_tokens_per_s
+    else:
+        out["prefill_s_saved"] = arm.prefill_s_saved if arm is not None else None
+    out["declined_tokens"] = arm.declined_tokens if arm is not None else None
+    return out
 
 
 def describe_workload(workload: Workload, block_sizes: Sequence[int]) -> dict[str, Any]:

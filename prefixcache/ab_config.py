@@ -30,6 +30,10 @@ Capacity is given once, in TOKENS, because arms may differ in block size: an arm
 block size B gets `num_blocks = capacity_tokens // B` blocks, so every arm holds the
 same number of tokens (exactly, when capacity_tokens is a multiple of every B; else
 each arm gets the whole blocks that fit). Setting `num_blocks` in an arm is an error.
+An arm with lower tiers (`tiers: [{medium: CPU, num_blocks: ...}]`, docs/tiers.md) holds
+the same capacity in all: its tiers' blocks count toward it and the device pool gets the
+rest, so a tiered arm and a flat one compare at equal total capacity (`with_split` sets
+the device / host division for `prefixcache sweep --device-tokens --host-tokens`).
 
 KV events: an arm records them only when it says `enable_events: true` (the A/B then
 counts them by type); by default it records none, since nothing else reads them.
@@ -193,8 +197,24 @@ class ABConfig:
                         key, f"{capacity} TOKENS is {capacity // cache.block_size} blocks of arm {name!r} (block_size "
                         f"{cache.block_size}); a pool holds at most {limits.MAX_NUM_BLOCKS} blocks"
                     )
-            arms[name] = cache.replace(num_blocks=self.capacity_tokens // cache.block_size)
+            arms[name] = cache.replace(num_blocks=self._device_blocks(name, cache, self.capacity_tokens))
+            for i, capacity in enumerate(self.sweep_capacities):
+                self._device_blocks(name, cache, capacity, f"sweep_capacities[{i}]")
         object.__setattr__(self, "arms", types.MappingProxyType(arms))
+
+    @staticmethod
+    def _device_blocks(name: str, cache: CacheConfig, capacity_tokens: int, key: str = "capacity_tokens") -> int:
+        """The device pool of arm `name` at `capacity_tokens` in all: its lower tiers
+        (`cache.tiers`, BLOCKS each) count toward the capacity, the device gets the rest.
+        ConfigError if the tiers leave it no block."""
+        total = capacity_tokens // cache.block_size
+        lower = sum(t.num_blocks for t in cache.tiers)
+        if cache.tiers and total - lower < 1:
+            raise ConfigError(
+                f"arms.{name}.tiers", f"the tiers hold {lower} blocks; {key}={capacity_tokens} is {total} blocks of "
+                f"{cache.block_size} in all, which leaves the device none"
+            )
+        return total - lower
 
     def token_limit(self) -> tuple[int, str] | None:
         """The largest token id every arm's backend stores, and the arm that sets it
@@ -244,6 +264,18 @@ class ABConfig:
     def with_capacity(self, capacity_tokens: int) -> ABConfig:
         """The same experiment at another pool size (TOKENS)."""
         return dataclasses.replace(self, capacity_tokens=capacity_tokens)
+
+    def with_split(self, device_tokens: int, host_tokens: int) -> ABConfig:
+        """The same experiment at `device_tokens + host_tokens` TOKENS in all: an arm with
+        tiers holds `host_tokens` in its first tier and the rest on the device (its other
+        tiers as they are); an arm without tiers holds all of it on the device."""
+        arms = {}
+        for name, cache in self.arms.items():
+            if cache.tiers:
+                first = dataclasses.replace(cache.tiers[0], num_blocks=max(1, host_tokens // cache.block_size))
+                cache = cache.replace(tiers=(first, *cache.tiers[1:]))
+            arms[name] = cache
+        return dataclasses.replace(self, capacity_tokens=device_tokens + host_tokens, arms=arms, sweep_capacities=())
 
     def with_trace(self, path: str | Path) -> ABConfig:
         """The same arms on the Mooncake trace at `path` (the file's other trace

@@ -211,6 +211,7 @@ class TierFile:
         return Record(key[:ks], parent[:ks] if has_parent else None, self._tokens.unpack(toks), hits, bytes(kv))
 
     def slots_in_file(self) -> int:
-        """Slots whose records the file's length covers."""
+        """Slots whose records the file's length reaches (the last record's padding is
+        never written, so a whole record may end before its slot does)."""
         length = os.fstat(self.fd).st_size
-        return max(0, (length - HEADER_SIZE) // self.record_size)
+        return max(0, -(-(length - HEADER_SIZE) // self.record_size))

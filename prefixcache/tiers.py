@@ -39,9 +39,9 @@ from prefixcache.stats import TierStats
 if TYPE_CHECKING:
     from prefixcache._C import BlockPool
     from prefixcache.config import CacheConfig
-    from prefixcache.protocol import Transfer
+    from prefixcache.protocol import Admission, Transfer
 
-__all__ = ["Tiers", "LOCALITY", "DEVICE", "Location", "Verifier"]
+__all__ = ["Tiers", "LOCALITY", "DEVICE", "Location", "Verifier", "prefill_seconds_saved"]
 
 LOCALITY = "LOCAL"
 """The `locality` of every tier event: our tiers are on the publishing machine (vLLM's Locality.LOCAL)."""
@@ -92,6 +92,13 @@ class Tiers:
     @property
     def num_tiers(self) -> int:
         return len(self.specs)
+
+    def set_block_bytes(self, block_bytes: int) -> None:
+        """The KV BYTES a block really holds (an engine's model), unless the cost model
+        names `kv_bytes_per_token`: what loads cost and what `bytes_written` counts."""
+        if self.config.cost_model.kv_bytes_per_token is None:
+            self.block_bytes = block_bytes
+            self._load_s = [block_bytes / (t.gbps * 1e9) for t in self.specs]
 
     # -- the device side --------------------------------------------------------------
     def tag(self, namespace: Hashable) -> int:
@@ -221,8 +228,8 @@ class Tiers:
 
     def drain_transfers(self) -> list[Transfer]:
         """The transfers since the last drain, in order (`PrefixCache.drain_transfers`)."""
-        flat = self.native.drain_transfers()
-        return [tuple(flat[i : i + 4]) for i in range(0, len(flat), 4)]  # type: ignore[misc]
+        flat = iter(self.native.drain_transfers())
+        return list(zip(flat, flat, flat, flat))
 
     def discard_transfers(self) -> int:
         """Drop the transfers recorded so far (a replay that moves no data); returns how many."""
@@ -288,9 +295,31 @@ class Tiers:
         self.native.check_invariants(pool)
 
 
-def token_block_ids(tokens: Sequence[int], start: int, stop: int) -> array | None:
-    """tokens[start:stop] as int64 ids (what a tier keeps), or None if one is beyond int64."""
+def prefill_seconds_saved(config: CacheConfig, admission: Admission) -> float:
+    """SECONDS of prefill an admission saves under `config.cost_model`: its hit's compute
+    time, less the time its loads take (each tier's latency once, plus its blocks'
+    bytes over its bandwidth). Never negative for a hit the cost model chose."""
+    cost = config.cost_model
+    saved = admission.num_cached_tokens / cost.prefill_tokens_per_s
+    if not admission.loads:
+        return saved
+    block_bytes = cost.bytes_per_token * config.block_size
+    per_tier: dict[int, int] = {}
+    for tier, _, _ in admission.loads:
+        per_tier[tier] = per_tier.get(tier, 0) + 1
+    for tier, n in per_tier.items():
+        spec = config.tiers[tier]
+        saved -= spec.latency_s + n * block_bytes / (spec.gbps * 1e9)
+    return saved
+
+
+def token_block_ids(tokens: Sequence[int], start: int, stop: int) -> Sequence[int] | None:
+    """tokens[start:stop] as int64 ids (what a tier keeps), or None if one is beyond int64
+    (a request's `array('q')` slices as it is; a list of ints is checked)."""
+    part = tokens[start:stop]
+    if isinstance(part, array):
+        return part
     try:
-        return array("q", tokens[start:stop])
+        return array("q", part)
     except OverflowError:
         return None

@@ -222,3 +222,21 @@ def test_check_cache_config_checks_tiers_once_more_for_build_cache(tmp_path):
     config = from_mapping(CacheConfig, {"tiers": [{"medium": "CPU", "num_blocks": 2, "eviction": "nope"}]})
     with pytest.raises(ConfigError, match=r"^tiers\[0\]\.eviction"):
         check_cache_config(config)
+
+
+def test_a_tier_file_records_what_wrote_it_and_refuses_another(tmp_path):
+    from prefixcache.tier_file import FileIdentity, TierFile
+
+    path = tmp_path / "kv.tier"
+    mine = FileIdentity("model-a layers=2", 4, 64, "sha256_cbor", 8)
+    f = TierFile.open(path, mine, 32)
+    f.write(3, b"k" * 32, None, (1, 2, 3, 4), 2, bytes(range(64)))
+    assert f.read(3).kv == bytes(range(64)) and f.read(3).parent is None and f.read(2) is None
+    f.close()
+    for name, other in (("model", "model-b layers=2"), ("block_size", 8), ("algorithm", "sha256")):
+        changed = FileIdentity(**{**vars(mine), name: other})
+        with pytest.raises(ConfigError, match=rf"written with {name} .*refused"):
+            TierFile.open(path, changed, 32)
+    (tmp_path / "junk").write_bytes(b"not a tier file" * 400)
+    with pytest.raises(ConfigError, match="is not a prefixcache tier file"):
+        TierFile.open(tmp_path / "junk", mine, 32)

@@ -32,8 +32,10 @@ from pathlib import Path
 import torch
 
 from prefixcache import BlockPool, build_cache
+from prefixcache.config import ConfigError
 from prefixcache.engine.batch import SeqChunk
 from prefixcache.engine.config import ServingConfig, load_serving_config
+from prefixcache.engine.kv_tiers import KVTiers
 from prefixcache.engine.loader import LoadedModel, load_model
 from prefixcache.engine.metrics import RequestMetrics, RunStats
 from prefixcache.engine.model import LlamaModel
@@ -43,6 +45,7 @@ from prefixcache.engine.scheduler import Scheduled, Scheduler, Sequence as Seq
 from prefixcache.events import KVEvent
 from prefixcache.protocol import PrefixCache, as_tokens
 from prefixcache.requests import check_namespace
+from prefixcache.tiers import Tiers
 
 __all__ = ["Engine", "GenerationRequest", "RequestOutput", "StepOutput", "EventSink"]
 
@@ -121,6 +124,14 @@ class Engine:
         self.cache: PrefixCache = build_cache(cc, pool) if ec.prefix_caching else NoPrefixCache(pool, cc)
         self.model = LlamaModel(self.loaded.weights, attention_impl=ec.attention)
         self.model.allocate_kv(cc.num_blocks, cc.block_size)
+        #: The data of the cache's lower tiers (`cache.tiers`): host pools, disk files.
+        self.kv_tiers: KVTiers | None = None
+        if cc.tiers and ec.prefix_caching:
+            tiers = getattr(self.cache, "tiers", None)
+            if not isinstance(tiers, Tiers):
+                raise ConfigError("cache.tiers", f"backend {cc.backend!r} exposes no `tiers` (prefixcache.tiers.Tiers): "
+                                  "the engine cannot move its blocks between tiers")  # fmt: skip
+            self.kv_tiers = KVTiers(cc, tiers, self.model.kv, ec.model)
         self.scheduler = Scheduler(
             self.cache, max_num_batched_tokens=ec.max_num_batched_tokens, max_num_seqs=ec.max_num_seqs
         )
@@ -223,6 +234,17 @@ class Engine:
         self._publish_events()
         return done
 
+    def _run_transfers(self) -> None:
+        if self.kv_tiers is not None:
+            self.kv_tiers.run(self.cache.drain_transfers())
+
+    def close(self) -> None:
+        """Run the transfers still recorded and close the disk tiers' files (their blocks
+        stay, for an engine started on them again)."""
+        if self.kv_tiers is not None:
+            self._run_transfers()
+            self.kv_tiers.close()
+
     def _publish_events(self) -> None:
         if self._event_sink is not None:
             events = self.cache.drain_events()
@@ -247,6 +269,9 @@ class Engine:
                     f"{len(self.scheduler.running)} running, {self.cache.pool.num_free} free blocks"
                 )
             return StepOutput((), ())
+        # Lower tiers: blocks move (stores down, loads up) in the order the cache recorded,
+        # before anything reads or overwrites them in this pass.
+        self._run_transfers()
         # A partial-hit backend (Admission.copies) reuses the head of a cached block by
         # copying it into the request's own block; the copy must land before this pass.
         self.model.copy_blocks(self.scheduler.take_copies())
@@ -256,6 +281,7 @@ class Engine:
         ]
         logits = self.model.forward(self.model.plan(chunks))
         self.scheduler.computed(work)
+        self._run_transfers()  # what the commits wrote through, copied down now that it is computed
         sampling = [w for w in work if w.samples]
         finished = self._sample(sampling, logits)
         self._steps += 1

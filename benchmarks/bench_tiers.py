@@ -1,0 +1,183 @@
+"""Lower tiers on the Mooncake conversation trace (block 512, prompts only): capacity,
+write policies, tier eviction policies, disk bytes, and what the bookkeeping costs.
+
+Every figure is a replay through the A/B runner (`prefixcache.ab.replay_arm`) of the
+trace, next to the infinite-cache ceiling and Belady at the same total capacity
+(`prefixcache.workloads`), measured in one run on this machine. Sections:
+
+  capacity  flat 3M tokens vs device 1M + host 2M (on_evict; write_through beside it),
+            both strategies, the same policy (LRU); device 3M + host 30M vs the ceiling.
+            Targets: tiered on_evict within 0.01 of flat 3M; 3M + 30M >= 0.95 x ceiling.
+  policy    device 1M + host 2M under lru, gslru and chain (ours) on the host tier,
+            against Belady at 3M. Target: >= 0.25.
+  disk      device 1M + host 2M + disk 8M: a write_through disk against on_evict disks
+            with min_hits 0, 1, 2 (Dynamo's frequency filter). Target: <= 25% of
+            write_through's bytes written for <= 0.01 hit-ratio loss.
+  cost      the replay with a host tier against the same replay without (wall time, one
+            run each, side by side), and the tier manager alone per block moved
+            (a device -> host demotion with a host eviction, and a load back).
+            Targets: <= 1.5x; <= 1 us per block moved.
+
+    python benchmarks/bench_tiers.py --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
+        [--sections capacity policy disk cost]
+
+Never commit the trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_model  # noqa: E402
+
+from prefixcache.ab import ArmResult, replay_arm
+from prefixcache.config import CacheConfig
+from prefixcache.tier_config import TierConfig
+from prefixcache.workloads import BlockPlan, belady, infinite_cache, read_mooncake
+
+B = 512
+M = 1_000_000
+
+
+def blocks(tokens: int) -> int:
+    return tokens // B
+
+
+def arm(backend: str, device_tokens: int, *tiers: TierConfig, eviction: str = "lru") -> CacheConfig:
+    return CacheConfig(backend=backend, block_size=B, num_blocks=blocks(device_tokens), eviction=eviction,
+                       enable_events=False, tiers=tuple(tiers))  # fmt: skip
+
+
+def host(tokens: int, **kw: object) -> TierConfig:
+    return TierConfig("CPU", blocks(tokens), **kw)  # type: ignore[arg-type]
+
+
+def load() -> str:
+    return "load " + " ".join(open("/proc/loadavg").read().split()[:3])
+
+
+def row(name: str, r: ArmResult, extra: str = "") -> None:
+    tiers = " ".join(f"{t.medium}: hit {t.loaded_tokens / sum(r.hits.prompt_tokens):.4f} "
+                     f"loads {t.loads:,} written {t.bytes_written / 1e12:.2f} TB" for t in r.tiers)  # fmt: skip
+    print(f"  {name:<34} {r.hit_ratio:.4f} / {r.last_half_hit_ratio:.4f}  {r.wall_s:6.1f} s  {tiers} {extra}",
+          flush=True)
+
+
+def capacity(workload, plan) -> None:
+    ceiling = infinite_cache(plan)
+    print(f"\n== capacity ({load()}); ceiling {ceiling.hit_ratio:.4f}, Belady at 3M "
+          f"{belady(plan, blocks(3 * M)).hit_ratio:.4f} (whole trace / last 50%)")
+    for backend in ("hash", "radix"):
+        flat = replay_arm(workload, "flat", arm(backend, 3 * M))
+        row(f"{backend} flat 3M", flat)
+        tiered = replay_arm(workload, "tiered", arm(backend, 1 * M, host(2 * M)))
+        gap = flat.hit_ratio - tiered.hit_ratio
+        row(f"{backend} device 1M + host 2M on_evict", tiered,
+            f"| vs flat {-gap:+.4f} -> {'ok' if abs(gap) <= 0.01 else 'NOT within 0.01'}")
+        through = replay_arm(workload, "write_through", arm(backend, 1 * M, host(2 * M, write="write_through")))
+        row(f"{backend} device 1M + host 2M write_through", through, f"| vs flat {through.hit_ratio - flat.hit_ratio:+.4f}")
+        big = replay_arm(workload, "big", arm(backend, 3 * M, host(30 * M)))
+        share = big.hit_ratio / ceiling.hit_ratio
+        row(f"{backend} device 3M + host 30M", big, f"| {share:.3f} of the ceiling -> {'ok' if share >= 0.95 else 'NOT >= 0.95'}")
+
+
+def policy(workload, plan) -> None:
+    b = belady(plan, blocks(3 * M))
+    print(f"\n== tier eviction at device 1M + host 2M ({load()}); Belady at 3M {b.hit_ratio:.4f}; target >= 0.25")
+    for backend in ("hash", "radix"):
+        for dev, tier in (("lru", "lru"), ("lru", "gslru"), ("lru", "chain"), ("gslru", "gslru"), ("gslru", "chain"),
+                          ("chain", "chain")):  # fmt: skip
+            r = replay_arm(workload, f"{dev}/{tier}", arm(backend, 1 * M, host(2 * M, eviction=tier), eviction=dev))
+            row(f"{backend} device {dev}, host {tier}", r, "" if r.hit_ratio >= 0.25 else "| below 0.25")
+
+
+def disk(workload, plan, path: Path) -> None:
+    print(f"\n== disk below device 1M + host 2M: 8M tokens ({load()}); target <= 25% of write_through's bytes for "
+          "<= 0.01 loss")
+    results = {}
+    for name, d in (("write_through", TierConfig("DISK", blocks(8 * M), write="write_through", path=str(path))),
+                    ("on_evict", TierConfig("DISK", blocks(8 * M), path=str(path))),
+                    ("on_evict min_hits 1", TierConfig("DISK", blocks(8 * M), path=str(path), min_hits=1)),
+                    ("on_evict min_hits 2", TierConfig("DISK", blocks(8 * M), path=str(path), min_hits=2))):  # fmt: skip
+        r = results[name] = replay_arm(workload, name, arm("hash", 1 * M, host(2 * M), d))
+        base = results["write_through"]
+        ratio = r.tiers[1].bytes_written / base.tiers[1].bytes_written
+        loss = base.hit_ratio - r.hit_ratio
+        verdict = "ok" if ratio <= 0.25 and loss <= 0.01 else "not both"
+        row(f"hash disk {name}", r, f"| disk bytes {ratio:.1%} of write_through, loss {loss:+.4f} -> {verdict}")
+
+
+def cost(workload) -> None:
+    print(f"\n== cost ({load()})")
+    for backend in ("hash", "radix"):
+        flat = replay_arm(workload, "flat", arm(backend, 3 * M))
+        tiered = replay_arm(workload, "tiered", arm(backend, 1 * M, host(2 * M)))
+        ratio = tiered.wall_s / flat.wall_s
+        moved = sum(t.stores + t.loads for t in tiered.tiers)
+        print(f"  {backend}: flat 3M {flat.wall_s:.1f} s, device 1M + host 2M {tiered.wall_s:.1f} s -> {ratio:.2f}x "
+              f"({'ok' if ratio <= 1.5 else 'NOT within 1.5x'}); {moved:,} blocks moved; bookkeeping p50 "
+              f"{flat.us_p50:.0f} -> {tiered.us_p50:.0f} us a request", flush=True)
+    from prefixcache._C import TierManager
+
+    n, per = 20_000, 20
+    keys = [os.urandom(32 * per) for _ in range(n)]
+    root = os.urandom(32)
+    manager = TierManager(2000, B, 32, [(4000, "on_evict", 0, "lru", False, {})], False, False)
+    ids = list(range(per))
+    t0 = time.perf_counter()
+    for k in keys:  # each round: 20 blocks cached, then evicted (demoted, evicting 20 host blocks)
+        manager.device_cached(ids, k, root, None, 0, 0, 0)
+        manager.device_evicted(ids)
+        manager.drain_transfers()
+    demote = (time.perf_counter() - t0) / (n * per) * 1e6
+    slots = [(0, s) for s in range(per)]
+    t0 = time.perf_counter()
+    for k in keys[:2000]:
+        manager.device_dropped(ids)
+        manager.device_cached(ids, k, root, None, 0, 0, 0)
+        manager.device_evicted(ids)
+        where = [manager.locate(k[i * 32 : (i + 1) * 32]) for i in range(per)]
+        manager.pin(where)
+        manager.load(where, ids)
+        manager.drain_transfers()
+    del slots
+    round_trip = (time.perf_counter() - t0) / (2000 * per) * 1e6
+    print(f"  tier manager alone: {demote:.2f} us per block demoted (with a host eviction), {round_trip:.2f} us per "
+          f"block demoted and loaded back (Python calls included) -> {'ok' if demote <= 1.0 else 'NOT <= 1 us'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trace", type=Path, required=True, help="the Mooncake conversation trace (JSONL)")
+    parser.add_argument("--sections", nargs="+", default=["capacity", "policy", "disk", "cost"],
+                        choices=["capacity", "policy", "disk", "cost"])  # fmt: skip
+    parser.add_argument("--disk-path", type=Path, default=Path("/tmp/prefixcache-bench.tier"),
+                        help="a DISK tier's path (only named: the replay writes no file)")
+    args = parser.parse_args()
+    print(f"# tiers benchmark, {time.strftime('%Y-%m-%d %H:%M')}: {cpu_model()}, Python {platform.python_version()}, "
+          f"{load()}")
+    print(f"# command: python {shlex.join(sys.argv)}")
+    t0 = time.perf_counter()
+    workload = read_mooncake(args.trace, block_size=B, outputs=False)
+    plan = BlockPlan.of(workload, B)
+    for section in args.sections:
+        if section == "capacity":
+            capacity(workload, plan)
+        elif section == "policy":
+            policy(workload, plan)
+        elif section == "disk":
+            disk(workload, plan, args.disk_path)
+        else:
+            cost(workload)
+    print(f"\n# {time.perf_counter() - t0:.0f} s in all, {load()}")
+
+
+if __name__ == "__main__":
+    main()
