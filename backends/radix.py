@@ -125,6 +125,8 @@ class _RadixRequest(Request):
     prompt_split: bool = False  # the prompt was re-inserted with priority + 1 (once is enough)
     depth: int = 0  # with tiers: the chain depth its pages are cached with (`Tiers.admitted`)
     loading: list = field(default_factory=list)  # tier slots its hit loads from, kept until the pages are in the tree
+    digests: bytes = b""  # with tiers: chained hashes of its prompt's pages from page `digests_from` on
+    digests_from: int = 0
 
 
 @register_backend("radix")
@@ -157,7 +159,9 @@ class RadixCache(PrefixCache):
         #: it evicts moves down under its chained hash, and a match that ends in the tree goes
         #: on through the tiers by the hashes of the pages after it (SGLang HiCache's
         #: storage tier looks pages up by hash the same way; docs/tiers.md).
-        self.tiers = Tiers(config, pool.num_blocks, len(self._none_hash()), self._events) if config.tiers else None
+        self._seed_hash = self._none_hash()
+        self._digest_size = len(self._seed_hash)
+        self.tiers = Tiers(config, pool.num_blocks, self._digest_size, self._events) if config.tiers else None
         self._hashes_pages = self._events.enabled or self.tiers is not None
 
     # -- look-up -----------------------------------------------------------------------
@@ -166,7 +170,7 @@ class RadixCache(PrefixCache):
         namespace = check_namespace(namespace)
         m = self.tree.match(tokens, exact_key(namespace))
         if self.tiers is not None:
-            found = [(DEVICE, b) for b in m.block_ids] + self._tier_chain(tokens, m, namespace)
+            found = [(DEVICE, b) for b in m.block_ids] + self._tier_chain(tokens, m, namespace)[0]
             if self._trims:
                 keep = self.checked_usable_hit(tokens, len(found) * self.block_size, namespace)
                 del found[keep // self.block_size :]
@@ -439,14 +443,7 @@ class RadixCache(PrefixCache):
         bs = self.block_size
         first = start // bs
         parent = self._page_hash[req.block_table[first - 1]] if first else None
-        hashes = block_hashes(
-            req.tokens[start:end],
-            bs,
-            self.config.hash.algorithm,
-            namespace=req.namespace,
-            seed=self.config.hash.seed,
-            parent=parent,
-        )
+        hashes = self._page_hashes(req, first, end // bs, parent)
         blocks = req.block_table[first : first + len(hashes)]
         for block, block_hash in zip(blocks, hashes):
             self._page_hash[block] = block_hash
@@ -454,6 +451,26 @@ class RadixCache(PrefixCache):
         if self.tiers is not None:
             self.tiers.cached(blocks, b"".join(hashes), parent, req.tokens[start:end], req.depth,
                               req.prompt_len // bs * bs, req.namespace)  # fmt: skip
+
+    def _page_hashes(self, req: _RadixRequest, first: int, last: int, parent: bytes | None) -> list[bytes]:
+        """The chained hashes of pages [first, last) of a request, after `parent`: the ones
+        its admission computed for the tiers' look-up, the rest hashed now."""
+        ds = self._digest_size
+        known: list[bytes] = []
+        if req.digests and req.digests_from <= first:
+            stop = min(last, req.digests_from + len(req.digests) // ds)
+            known = [req.digests[(p - req.digests_from) * ds : (p - req.digests_from + 1) * ds] for p in range(first, stop)]
+        if first + len(known) >= last:
+            return known
+        bs = self.block_size
+        return known + block_hashes(
+            req.tokens[(first + len(known)) * bs : last * bs],
+            bs,
+            self.config.hash.algorithm,
+            namespace=req.namespace,
+            seed=self.config.hash.seed,
+            parent=known[-1] if known else parent,
+        )
 
     def _stored_events(self, req: _RadixRequest, first: int, parent: bytes | None, hashes: list[bytes]) -> list[BlockStored]:
         """The BlockStored of the pages from page `first` on, whose hashes are `hashes`."""
@@ -483,23 +500,26 @@ class RadixCache(PrefixCache):
         """The chain's seed hash (the parent of a namespace's first page)."""
         return none_hash(self.config.hash.algorithm, self.config.hash.seed)
 
-    def _tier_chain(self, tokens: Sequence[int], device: object, namespace: Namespace) -> list[tuple[int, int]]:
+    def _tier_chain(
+        self, tokens: Sequence[int], device: object, namespace: Namespace
+    ) -> tuple[list[tuple[int, int]], bytes]:
         """Where the full pages of `tokens` after the device match `device` are in the
-        lower tiers, up to the first held nowhere: looked up by their chained hashes."""
+        lower tiers, up to the first held nowhere, looked up by their chained hashes; and
+        those hashes, packed (an admission keeps them for its insert)."""
         bs = self.block_size
         first, full = device.num_tokens // bs, len(tokens) // bs  # type: ignore[attr-defined]
         if first >= full:
-            return []
+            return [], b""
         parent = self._page_hash[device.block_ids[-1]] if first else None  # type: ignore[attr-defined]
         digests = chain_digests(
             tokens[first * bs : full * bs],
             bs,
             self.config.hash.algorithm,
-            parent if parent is not None else self._none_hash(),
+            parent if parent is not None else self._seed_hash,
             namespace_extra_keys(namespace, first_block=parent is None),
             namespace_extra_keys(namespace, first_block=False),
         )
-        return self.tiers.chain(None, digests, 0, full - first)
+        return self.tiers.chain(None, digests, 0, full - first), digests
 
     def _tiered_admit(
         self,
@@ -516,13 +536,13 @@ class RadixCache(PrefixCache):
         are loaded into the request's own fresh blocks, which its commit (or release)
         inserts into the tree as it inserts computed pages."""
         tiers, bs = self.tiers, self.block_size
-        rest = self._tier_chain(key, probe, namespace)
+        rest, digests = self._tier_chain(key, probe, namespace)
         if self._trims:
             total = probe.num_tokens + len(rest) * bs  # type: ignore[attr-defined]
             keep = self.checked_usable_hit(key, total, namespace)
             if keep < probe.num_tokens:  # type: ignore[attr-defined]
                 key = key[:keep]
-                probe, rest = self.tree.match(key, tree_key), []
+                probe, rest, digests = self.tree.match(key, tree_key), [], b""
             else:
                 del rest[(keep - probe.num_tokens) // bs :]  # type: ignore[attr-defined]
         lead = probe.num_tokens // bs  # type: ignore[attr-defined]
@@ -563,6 +583,8 @@ class RadixCache(PrefixCache):
                 priority=priority,
                 prompt_len=len(toks),
                 loading=sources,
+                digests=digests,
+                digests_from=lead,
             )
         )
         req.depth = tiers.admitted(len(toks) // bs * bs, table[: lead + use], len(toks) // bs * bs)

@@ -18,7 +18,12 @@ Semantics (as vLLM publishes events, docs/serving.md "KV events on the wire"):
 - `AllBlocksCleared` drops the replica's blocks; `remove_replica` drops them and the
   replica;
 - only events of `medium` (default "GPU"; an event's medium None counts as any) are
-  applied, the others counted in `counters["skipped"]`.
+  applied, the others counted in `counters["skipped"]`;
+- per-tier residency (`lower_media`, e.g. ("CPU", "STORAGE") for replicas with
+  `cache.tiers`): the index also keeps, per lower medium, which replicas hold each block
+  there, and a union of every medium, so `tiered_prefix` says how long a prefix each
+  replica holds on ANY medium and how many of its blocks are on the device and on each
+  lower medium (a router weighs a lower-tier block by what loading it costs).
 
 Replicas are any hashable ids (ints in a simulation, Ray Serve replica ids in a
 deployment); the index numbers them densely for the native table and reuses the number
@@ -45,9 +50,13 @@ BlockHashes = Sequence[int | bytes] | PromptHashes
 class KVIndex:
     """Block hash -> replicas holding it, fed by KV events (see the module docstring)."""
 
-    def __init__(self, *, medium: str | None = MEDIUM_GPU) -> None:
+    def __init__(self, *, medium: str | None = MEDIUM_GPU, lower_media: Sequence[str] = ()) -> None:
         self.medium = medium
+        self.lower_media = tuple(lower_media)
         self._native = _NativeKvIndex()
+        # Per-tier residency: one index per lower medium, and one of every medium.
+        self._lower = {m: _NativeKvIndex() for m in self.lower_media}
+        self._any = _NativeKvIndex() if self.lower_media else None
         self._slot: dict[ReplicaId, int] = {}
         self._keys: list[ReplicaId | None] = []  # slot -> replica (None: free)
         self._free: list[int] = []  # free slots, the last freed reused first
@@ -74,7 +83,8 @@ class KVIndex:
             slot = len(self._keys)
             if slot >= _NativeKvIndex.max_replicas:
                 raise ValueError(f"the index tracks at most {_NativeKvIndex.max_replicas} replicas")
-            self._native.add_replica(slot)
+            for native in self._natives():
+                native.add_replica(slot)
             self._keys.append(None)
         self._slot[replica] = slot
         self._keys[slot] = replica
@@ -84,7 +94,8 @@ class KVIndex:
         the BLOCKS it held. KeyError if it is not tracked."""
         slot = self._slot_of(replica)
         blocks = self._native.blocks(slot)
-        self._native.clear(slot)
+        for native in self._natives():
+            native.clear(slot)
         del self._slot[replica]
         self._keys[slot] = None
         self._free.append(slot)
@@ -103,19 +114,36 @@ class KVIndex:
         block hash that is neither int nor bytes) raises TypeError and applies nothing."""
         if not isinstance(events, (list, tuple)):
             events = list(events)
-        self._native.apply(self._slot_of(replica), events, self.medium)
+        slot = self._slot_of(replica)
+        self._native.apply(slot, events, self.medium)
+        for medium, native in self._lower.items():
+            native.apply(slot, events, medium)
+        if self._any is not None:
+            self._any.apply(slot, events, None)
 
     def store(self, replica: ReplicaId, hashes: Sequence[int | bytes]) -> None:
-        """`replica` holds one more copy of each hash (a BlockStored without an event)."""
-        self._native.store(self._slot_of(replica), hashes)
+        """`replica` holds one more copy of each hash on `medium` (a BlockStored without an event)."""
+        slot = self._slot_of(replica)
+        self._native.store(slot, hashes)
+        if self._any is not None:
+            self._any.store(slot, hashes)
 
     def remove(self, replica: ReplicaId, hashes: Sequence[int | bytes]) -> None:
-        """`replica` dropped one copy of each hash (a BlockRemoved without an event)."""
-        self._native.remove(self._slot_of(replica), hashes)
+        """`replica` dropped one copy of each hash on `medium` (a BlockRemoved without an event)."""
+        slot = self._slot_of(replica)
+        self._native.remove(slot, hashes)
+        if self._any is not None:
+            self._any.remove(slot, hashes)
 
     def clear(self, replica: ReplicaId) -> None:
         """`replica` holds nothing (an AllBlocksCleared without an event)."""
-        self._native.clear(self._slot_of(replica))
+        slot = self._slot_of(replica)
+        for native in self._natives():
+            native.clear(slot)
+
+    def _natives(self) -> list[_NativeKvIndex]:
+        out = [self._native, *self._lower.values()]
+        return out + [self._any] if self._any is not None else out
 
     # -- queries -------------------------------------------------------------------
     def longest_prefix(self, hashes: BlockHashes) -> dict[ReplicaId, int]:
@@ -127,6 +155,46 @@ class KVIndex:
             depths = self._native.longest_prefix(hashes)
         keys = self._keys
         return {keys[slot]: depth for slot, depth in depths.items()}
+
+    def tiered_prefix(self, hashes: BlockHashes) -> dict[ReplicaId, tuple[int, ...]]:
+        """{replica: BLOCKS per medium} for every replica holding the chain's first block
+        on some medium: of the longest leading run of `hashes` it holds on ANY medium,
+        how many blocks are on `medium` (the device) first, then on each of `lower_media`
+        in order. A block held on several media counts on the first of them. Without
+        `lower_media`, the device's `longest_prefix` as 1-tuples."""
+        if self._any is None:
+            return {r: (d,) for r, d in self.longest_prefix(hashes).items()}
+        if isinstance(hashes, PromptHashes):
+            depths = self._any.longest_prefix_packed(hashes.packed, hashes.digest_size)
+            hashes = hashes.digests()
+        else:
+            depths = self._any.longest_prefix(hashes)
+        keys, out = self._keys, {}
+        lower = list(self._lower.values())
+        for slot, depth in depths.items():
+            counts = [0] * (1 + len(lower))
+            for h in hashes[:depth]:
+                if self._native.copies_of(h, slot):
+                    counts[0] += 1
+                    continue
+                for k, native in enumerate(lower, 1):
+                    if native.copies_of(h, slot):
+                        counts[k] += 1
+                        break
+            out[keys[slot]] = tuple(counts)
+        return out
+
+    def held_on(self, medium: str, replica: ReplicaId) -> tuple[int, int]:
+        """(distinct BLOCKS, copies) `replica` holds on one of `lower_media`, or on the
+        index's own `medium`."""
+        native = self._native if medium == self.medium else self._lower[medium]
+        slot = self._slot_of(replica)
+        return native.blocks(slot), native.copies(slot)
+
+    def holds_on(self, medium: str, block_hash: int | bytes, replica: ReplicaId) -> int:
+        """Copies of one block hash `replica` holds on `medium` (the index's own, or a lower one)."""
+        native = self._native if medium == self.medium else self._lower[medium]
+        return native.copies_of(block_hash, self._slot_of(replica))
 
     def blocks(self, replica: ReplicaId) -> int:
         """Distinct BLOCKS `replica` holds."""

@@ -234,7 +234,7 @@ class _Simulation:
         self.loads = Candidates(range(num_replicas))
         self.index: KVIndex | None = None
         if with_index:
-            self.index = KVIndex()
+            self.index = KVIndex(lower_media=tuple(t.event_medium for t in cache.tiers))  # per-tier residency
             for i in range(num_replicas):
                 self.index.add_replica(i)
         # Dynamo's active sequences (its router's `ActiveSequences`): per replica, the
