@@ -160,18 +160,34 @@ void TierManager::remove_slot(int32_t t, int32_t slot) {
   Slots& s = tiers_[t];
   const std::string& key = s.index.key(slot);
   record(false, t, key, nullptr, nullptr, s.meta[slot].tag);
-  if (s.has_parent[slot]) {
+  if (s.has_parent[slot] && s.spec.leaves_only) {
     int32_t p = s.index.first(s.parent[slot]);
     if (p >= 0) {
       --s.children[p];
-      if (s.children[p] == 0 && s.spec.leaves_only) push(s, p);  // a chain tail again
+      if (s.children[p] == 0) push(s, p);  // a chain tail again
     }
     s.children_of.erase(slot);
-    s.has_parent[slot] = 0;
   }
+  s.has_parent[slot] = 0;
   s.index.erase(slot);
   s.children[slot] = 0;
   ++s.version[slot];
+}
+
+void TierManager::link_children(Slots& s, int32_t slot) {
+  // Only a leaves-only tier needs to know which of its slots extend which.
+  if (!s.spec.leaves_only) return;
+  if (s.has_parent[slot]) {
+    s.children_of.insert(slot, s.parent[slot]);
+    int32_t p = s.index.first(s.parent[slot]);
+    if (p >= 0) {
+      if (s.children[p] == 0) ++s.version[p];  // no longer a candidate
+      ++s.children[p];
+    }
+  }
+  int32_t kids = 0;
+  for (int32_t c : s.children_of.holders(s.index.key(slot))) kids += s.index.has_key(c) ? 1 : 0;
+  s.children[slot] = kids;
 }
 
 void TierManager::demote(int32_t from, int32_t src, std::string_view key, const std::string* parent,
@@ -197,21 +213,17 @@ int32_t TierManager::take_slot(int32_t t) {
     s.heap.pop_back();
     if (!live(s, top)) continue;
     const int32_t victim = top.slot;
-    // Copies first: remove_slot drops the key, and demote() stores into the next tier.
-    const std::string key = s.index.key(victim);
+    // remove_slot drops the key from the index but leaves the slot's key, parent and
+    // tokens in place until the slot is written again (by the caller, after this), so
+    // demote() reads them where they are.
     const bool has_parent = s.has_parent[victim] != 0;
-    const std::string parent = has_parent ? s.parent[victim] : std::string();
     const BlockMeta meta = s.meta[victim];
-    std::vector<int64_t> tokens;
-    if (keep_tokens_) {
-      const int64_t* at = tokens_[t].data() + static_cast<size_t>(victim) * block_size_;
-      tokens.assign(at, at + block_size_);
-    }
     remove_slot(t, victim);
     ++s.counters.evictions;
     const int64_t stores_below = t + 1 < num_tiers() ? tiers_[t + 1].counters.stores : 0;
     // The victim's data moves down before the caller's store overwrites its slot.
-    demote(t, victim, key, has_parent ? &parent : nullptr, keep_tokens_ ? tokens.data() : nullptr, meta);
+    const int64_t* tokens = keep_tokens_ ? tokens_[t].data() + static_cast<size_t>(victim) * block_size_ : nullptr;
+    demote(t, victim, s.index.key(victim), has_parent ? &s.parent[victim] : nullptr, tokens, meta);
     if (t + 1 < num_tiers() && tiers_[t + 1].counters.stores > stores_below) ++s.counters.demotions;
     return victim;
   }
@@ -228,18 +240,10 @@ int32_t TierManager::store(int32_t t, int32_t src_tier, int32_t src, std::string
   }
   s.index.insert(slot, key);
   if (parent != nullptr) {
-    s.parent[slot] = *parent;
+    s.parent[slot].assign(parent->data(), parent->size());
     s.has_parent[slot] = 1;
-    s.children_of.insert(slot, *parent);
-    int32_t p = s.index.first(*parent);
-    if (p >= 0) {
-      if (s.children[p] == 0 && s.spec.leaves_only) ++s.version[p];  // no longer a candidate
-      ++s.children[p];
-    }
   }
-  int32_t kids = 0;
-  for (int32_t c : s.children_of.holders(key)) kids += s.index.has_key(c) ? 1 : 0;
-  s.children[slot] = kids;
+  link_children(s, slot);
   s.meta[slot] = meta;
   s.stamp[slot] = s.created[slot] = ++s.clock;
   s.pins[slot] = 0;
@@ -339,20 +343,16 @@ int64_t TierManager::admitted(int64_t tokens, const std::vector<int64_t>& blocks
 
 void TierManager::device_evicted(const std::vector<int64_t>& blocks) {
   for (int64_t b : blocks) check_block(b, "device_evicted");
-  std::vector<int64_t> tokens;
   for (int64_t id : blocks) {
     const int32_t b = static_cast<int32_t>(id);
     if (!device_.index.has_key(b)) continue;
-    const std::string key = device_.index.key(b);
+    // erase() leaves the block's key, parent and tokens in place until the block is cached
+    // again, which cannot happen during this call: demote() reads them there.
     device_.index.erase(b);
+    std::string_view key = device_.index.key(b);
     if (device_.index.first(key) >= 0) continue;  // another copy is still on the device
-    const BlockMeta meta = device_.meta[b];
-    if (keep_tokens_) {
-      const int64_t* at = device_tokens_.data() + static_cast<size_t>(b) * block_size_;
-      tokens.assign(at, at + block_size_);
-    }
-    const std::string parent = device_.parent[b];
-    demote(kDevice, b, key, device_.has_parent[b] ? &parent : nullptr, keep_tokens_ ? tokens.data() : nullptr, meta);
+    const int64_t* toks = keep_tokens_ ? device_tokens_.data() + static_cast<size_t>(b) * block_size_ : nullptr;
+    demote(kDevice, b, key, device_.has_parent[b] ? &device_.parent[b] : nullptr, toks, device_.meta[b]);
   }
 }
 
@@ -556,16 +556,8 @@ void TierManager::restore(int32_t tier, int32_t slot, std::string_view key, std:
   if (parent) {
     s.parent[slot] = par;
     s.has_parent[slot] = 1;
-    s.children_of.insert(slot, par);
-    int32_t p = s.index.first(par);
-    if (p >= 0) {
-      if (s.children[p] == 0 && s.spec.leaves_only) ++s.version[p];
-      ++s.children[p];
-    }
   }
-  int32_t kids = 0;
-  for (int32_t c : s.children_of.holders(key)) kids += s.index.has_key(c) ? 1 : 0;
-  s.children[slot] = kids;
+  link_children(s, slot);
   s.meta[slot] = meta;
   s.stamp[slot] = s.created[slot] = ++s.clock;
   if (keep_tokens_) std::copy(tokens.begin(), tokens.end(), tokens_[tier].begin() + static_cast<size_t>(slot) * block_size_);
@@ -684,12 +676,15 @@ void TierManager::check_invariants(const BlockPool* pool) const {
       }
       if (s.free_pos[i] >= 0) fail(where + " holds a block but is in the free list");
       if (s.index.first(s.index.key(i)) != i) fail(where + ": its key is held by another slot of the tier");
-      int32_t kids = 0;
-      for (int32_t c : s.children_of.holders(s.index.key(i))) kids += s.index.has_key(c) ? 1 : 0;
-      if (kids != s.children[i]) {
-        fail(where + " counts " + std::to_string(s.children[i]) + " children, the tier holds " + std::to_string(kids));
+      if (s.spec.leaves_only) {
+        int32_t kids = 0;
+        for (int32_t c : s.children_of.holders(s.index.key(i))) kids += s.index.has_key(c) ? 1 : 0;
+        if (kids != s.children[i]) {
+          fail(where + " counts " + std::to_string(s.children[i]) + " children, the tier holds " +
+               std::to_string(kids));
+        }
+        if (s.has_parent[i] != (s.children_of.has_key(i) ? 1 : 0)) fail(where + ": parent index out of step");
       }
-      if (s.has_parent[i] != (s.children_of.has_key(i) ? 1 : 0)) fail(where + ": parent index out of step");
       if (evictable(s, i) && entries[i] != 1) {
         fail(where + " may leave but has " + std::to_string(entries[i]) + " live heap entries");
       }

@@ -250,6 +250,8 @@ class TierManager {
   int32_t store(int32_t t, int32_t src_tier, int32_t src, std::string_view key, const std::string* parent,
                 const int64_t* tokens, const BlockMeta& meta);
   void remove_slot(int32_t t, int32_t slot);
+  // A leaves-only tier's child counts, once `slot` holds its key and parent.
+  void link_children(Slots& s, int32_t slot);
   // Unpin a loaded slot, and take it out of an on_evict tier (or refresh it in an inclusive one).
   void promote_slot(int32_t t, int32_t slot);
   // Where a block leaving tier t (-1: the device) goes, by the rules above.

@@ -76,6 +76,7 @@ __all__ = [
     "replay_arm",
     "run_ab",
     "sweep",
+    "sweep_split",
     "check_capacities",
     "percentile",
     "bound_name",
@@ -571,6 +572,8 @@ class SweepPoint:
     last_half_hit_ratio: float
     evicted_blocks: int
     rejected: int
+    device_tokens: int | None = None  # a split sweep (`sweep_split`): the arm's device pool, TOKENS
+    host_tokens: int | None = None  # and its first lower tier, TOKENS (None: no tier)
 
 
 @dataclass(frozen=True)
@@ -589,7 +592,11 @@ class SweepResult:
         return out
 
     def rows(self) -> list[dict[str, Any]]:
-        return [dataclasses.asdict(p) for p in self.points]
+        rows = [dataclasses.asdict(p) for p in self.points]
+        if not any(p.device_tokens is not None for p in self.points):  # a plain sweep reads as it always did
+            for row in rows:
+                del row["device_tokens"], row["host_tokens"]
+        return rows
 
     def to_dict(self) -> dict[str, Any]:
         return {"workload": dict(self.workload), "capacities": list(self.capacities), "points": self.rows()}
@@ -608,6 +615,53 @@ def _points(result: ABResult) -> list[SweepPoint]:
                    row["last_half_hit_ratio"], row["evicted_blocks"], row["rejected"])
         for row in result.summary_rows()
     ]
+
+
+def sweep_split(
+    config: ABConfig,
+    device_capacities: Sequence[int],
+    host_capacities: Sequence[int],
+    workload: Workload | None = None,
+    *,
+    progress: Progress | None = None,
+    on_capacity: Callable[[SweepResult], None] | None = None,
+) -> SweepResult:
+    """The A/B over a grid of device x host capacities (TOKENS): at each pair, arms with
+    tiers hold `device` on the device and `host` in their first tier (`ABConfig.with_split`),
+    arms without hold `device + host` on the device, and the bounds are at that total.
+    Points carry `capacity_tokens` = the total (what the plot's x axis is), a tiered arm's
+    series is named `<arm> host=<host>`, and a flat arm or bound appears once per total."""
+    check_capacities(config, device_capacities)
+    if not host_capacities or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in host_capacities):
+        raise ValueError("a split sweep needs host capacities, ints of TOKENS >= 1")
+    if workload is None:
+        workload = config.workload.build()
+    refs = ReferenceBounds(workload, config.block_sizes)
+    described = describe_workload(workload, config.block_sizes)
+    points: list[SweepPoint] = []
+    seen: set[tuple[str, int]] = set()
+    totals: list[int] = []
+    for device in device_capacities:
+        for host in host_capacities:
+            split = config.with_split(device, host)
+            labelled = None
+            if progress is not None:
+                def labelled(label: str, done: int, total: int, _d: int = device, _h: int = host) -> None:
+                    progress(f"{label} @ {_d:,}+{_h:,}", done, total)
+            result = run_ab(split, workload, progress=labelled, bounds_cache=refs)
+            total = device + host
+            totals.append(total)
+            for p in _points(result):
+                cache = split.arms.get(p.series)
+                if cache is not None and cache.tiers:
+                    points.append(dataclasses.replace(p, series=f"{p.series} host={host:,}", device_tokens=device,
+                                                      host_tokens=host))  # fmt: skip
+                elif (p.series, total) not in seen:
+                    seen.add((p.series, total))
+                    points.append(dataclasses.replace(p, device_tokens=total if p.kind == "arm" else None))
+            if on_capacity is not None:
+                on_capacity(SweepResult(described, tuple(sorted(set(totals))), tuple(points)))
+    return SweepResult(described, tuple(sorted(set(totals))), tuple(points))
 
 
 def check_capacities(config: ABConfig, capacities: Sequence[int]) -> None:

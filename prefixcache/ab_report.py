@@ -65,6 +65,24 @@ _AB_COLUMNS = (
 )
 
 
+def _tier_columns(rows: Sequence[dict[str, Any]]) -> tuple[Column, ...]:
+    """The lower tiers' columns of an A/B whose arms have tiers (none otherwise): the
+    device's share of the hit ratio, each tier's share, its loads and GB written, and the
+    modelled prefill seconds saved."""
+    if not rows or "device_hit_ratio" not in rows[0]:
+        return ()
+    out = [Column("device_hit_ratio", "device hit", _fixed(4), keep=4)]
+    k = 0
+    while f"tier{k}_hit_ratio" in rows[0]:
+        medium = next((r[f"tier{k}_medium"] for r in rows if r.get(f"tier{k}_medium")), f"tier {k}")
+        out += [Column(f"tier{k}_hit_ratio", f"{medium} hit", _fixed(4), keep=4),
+                Column(f"tier{k}_loads", f"{medium} loads", _count, keep=2),
+                Column(f"tier{k}_gb_written", f"{medium} GB written", _fixed(1), keep=3)]
+        k += 1
+    out.append(Column("prefill_s_saved", "prefill s saved", _fixed(1), keep=3))
+    return tuple(out)
+
+
 def ab_table(result: ABResult) -> Table:
     """One row per arm, then the bounds (dimmed), with the workload in the title.
     `rejected` and `waits` appear only when some series has any."""
@@ -75,7 +93,7 @@ def ab_table(result: ABResult) -> Table:
     return Table(
         title=f"A/B on {w['name']}: {w['requests']:,} requests, {w['prompt_tokens']:,} prompt tokens, "
         f"pool {result.capacity_tokens:,} tokens, max_concurrent {result.max_concurrent}",
-        columns=tuple(c for c in _AB_COLUMNS if c.key not in hidden),
+        columns=tuple(c for c in _AB_COLUMNS if c.key not in hidden) + _tier_columns(rows),
         rows=tuple(rows),
         caption=f"analytic ceiling {analytic}" if analytic else None,
         dim=frozenset(k for k, r in enumerate(rows) if r["kind"] == "bound"),
@@ -246,7 +264,8 @@ def sweep_figure(result: SweepResult, marks: Sequence[tuple[str, float, float]] 
                            gid=EVICTION_ONSET, label=f"{name} evicts at <= {onset.capacity_tokens:,} tok")
             arm_index += 1
         panel.set_xscale("log")
-        panel.set_xlabel("pool capacity (tokens)")
+        split = any(p.device_tokens is not None for p in result.points)
+        panel.set_xlabel("total capacity: device + lower tiers (tokens)" if split else "pool capacity (tokens)")
         panel.set_title(f"{heading} (ring: largest capacity that still evicts)")
         panel.grid(True, alpha=0.3)
     seen: dict[float, int] = {}  # labels at one capacity are stacked, not overprinted

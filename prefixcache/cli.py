@@ -10,7 +10,7 @@ library functions and shows their results; none holds logic of its own. One shap
                                               loader the other commands use; print the resolved values
     prefixcache ab [CONFIG] [--trace PATH]    A/B the arms of CONFIG (default: the shipped
                                               configs/ab.yaml): table, JSON, CSV, PNG
-    prefixcache sweep [CONFIG] [--capacities N ...] [--trace PATH]
+    prefixcache sweep [CONFIG] [--capacities N ... | --device-tokens N ... --host-tokens N ...] [--trace PATH]
                                               hit ratio vs capacity: table, CSV, JSON, PNG
     prefixcache generate [CONFIG] --prompts FILE.jsonl
                                               run prompts through the engine (default: the
@@ -324,16 +324,19 @@ def cmd_ab(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from prefixcache.ab import check_capacities, sweep
+    from prefixcache.ab import check_capacities, sweep, sweep_split
     from prefixcache.ab_report import plot_sweep, sweep_table
 
     reporter = _Reporter(args.format)
     config, path = _load(args)
+    split = args.device_tokens is not None or args.host_tokens is not None
+    if split and (args.device_tokens is None or args.host_tokens is None or args.capacities):
+        raise ConfigError("--device-tokens", "a split sweep takes --device-tokens and --host-tokens (and no --capacities)")
     capacities = tuple(args.capacities) if args.capacities else config.sweep_capacities_or_default()
     try:
-        check_capacities(config, capacities)
+        check_capacities(config, tuple(args.device_tokens) if split else capacities)
     except ValueError as err:
-        raise ConfigError("--capacities", str(err)) from None
+        raise ConfigError("--device-tokens" if split else "--capacities", str(err)) from None
     workload = _workload(config, path)
     outputs = args.outputs = _Outputs(args.out, ("sweep.json", "sweep.csv"), "sweep.png")
 
@@ -344,7 +347,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                         f" in {outputs.folder / 'sweep.json'}")
 
     with reporter.progress() as progress:
-        result = sweep(config, capacities, workload, progress=progress, on_capacity=save)
+        if split:
+            result = sweep_split(config, args.device_tokens, args.host_tokens, workload, progress=progress,
+                                 on_capacity=save)  # fmt: skip
+        else:
+            result = sweep(config, capacities, workload, progress=progress, on_capacity=save)
     reporter.show(sweep_table(result))
     reporter.note(f"wrote {outputs.folder / 'sweep.json'}, {outputs.folder / 'sweep.csv'}")
     _plot(reporter, lambda: plot_sweep(result, outputs.png), outputs.png)
@@ -541,6 +548,10 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("config", nargs="?", help=f"A/B YAML (default: the shipped {DEFAULT_AB_CONFIG})")
     sw.add_argument("--capacities", type=_capacity, nargs="+",
                     help="pool sizes in TOKENS, e.g. 4096 1e5 (default: the config's sweep_capacities)")
+    sw.add_argument("--device-tokens", type=_capacity, nargs="+",
+                    help="a split sweep: device pool sizes in TOKENS; each with every --host-tokens for the first "
+                         "tier of the arms that have tiers (flat arms get the total)")
+    sw.add_argument("--host-tokens", type=_capacity, nargs="+", help="a split sweep: first-tier sizes in TOKENS")
     sw.add_argument("--out", default="out/sweep", help="folder for sweep.json, sweep.csv, sweep.png")
     sw.add_argument("--trace", help="replay this Mooncake JSONL trace instead of the config's workload")
     sw.set_defaults(func=cmd_sweep)

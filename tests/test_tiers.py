@@ -240,3 +240,37 @@ def test_a_tier_file_records_what_wrote_it_and_refuses_another(tmp_path):
     (tmp_path / "junk").write_bytes(b"not a tier file" * 400)
     with pytest.raises(ConfigError, match="is not a prefixcache tier file"):
         TierFile.open(tmp_path / "junk", mine, 32)
+
+
+def test_an_ab_with_tiers_compares_at_equal_total_capacity_and_sweeps_device_by_host(tmp_path):
+    from prefixcache.ab import run_ab, sweep_split
+    from prefixcache.ab_config import parse_ab_config
+
+    config = parse_ab_config({
+        "workload": {"generator": "multi_turn", "params": {"num_conversations": 6, "turns": 3, "seed": 1}},
+        "capacity_tokens": 2048,
+        "arms": {"flat": {"backend": "hash", "block_size": 16},
+                 "host": {"backend": "hash", "block_size": 16, "tiers": [{"medium": "CPU", "num_blocks": 64}]}},
+    })  # fmt: skip
+    assert (config.arms["flat"].num_blocks, config.arms["host"].num_blocks) == (128, 64)
+    result = run_ab(config)
+    rows = {r["series"]: r for r in result.summary_rows()}
+    assert rows["host"]["tier0_medium"] == "CPU" and rows["host"]["tier0_loads"] > 0
+    assert rows["flat"]["tier0_loads"] == 0 and rows["host"]["prefill_s_saved"] > 0
+    again = type(result).from_dict(result.to_dict())
+    assert again.arm("host").tiers == result.arm("host").tiers
+    swept = sweep_split(config, [512, 1024], [256, 1024])
+    series = {p.series for p in swept.points}
+    assert {"flat", "host host=256", "host host=1,024"} <= series
+    assert sorted(swept.capacities) == [768, 1280, 1536, 2048]
+    assert all(p.device_tokens + p.host_tokens == p.capacity_tokens for p in swept.points if p.host_tokens)
+    with pytest.raises(ConfigError, match=r"arms\.host\.tiers: the tiers hold 64 blocks"):
+        parse_ab_config({**config_mapping(), "capacity_tokens": 1024})
+
+
+def config_mapping():
+    return {
+        "workload": {"generator": "multi_turn", "params": {"num_conversations": 6, "turns": 3, "seed": 1}},
+        "capacity_tokens": 2048,
+        "arms": {"host": {"backend": "hash", "block_size": 16, "tiers": [{"medium": "CPU", "num_blocks": 64}]}},
+    }
