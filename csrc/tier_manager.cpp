@@ -149,13 +149,6 @@ void TierManager::record(bool stored, int32_t tier, std::string_view key, const 
   records_.push_back(std::move(r));
 }
 
-bool TierManager::held_below(int32_t from, std::string_view key) const {
-  for (int32_t t = from + 1; t < num_tiers(); ++t) {
-    if (tiers_[t].index.first(key) >= 0) return true;
-  }
-  return false;
-}
-
 void TierManager::remove_slot(int32_t t, int32_t slot) {
   Slots& s = tiers_[t];
   const std::string& key = s.index.key(slot);
@@ -193,7 +186,9 @@ void TierManager::link_children(Slots& s, int32_t slot) {
 void TierManager::demote(int32_t from, int32_t src, std::string_view key, const std::string* parent,
                          const int64_t* tokens, const BlockMeta& meta) {
   const int32_t next = from + 1;
-  if (next >= num_tiers() || held_below(from, key)) return;
+  // The next tier only: an inclusive tier further down may hold a copy (written through),
+  // which does not make this one hold it.
+  if (next >= num_tiers() || tiers_[next].index.first(key) >= 0) return;
   const Slots& s = tiers_[next];
   if (s.spec.write != TierWrite::kOnEvict || meta.hits < s.spec.min_hits) return;  // dropped
   store(next, from, src, key, parent, tokens, meta);

@@ -19,8 +19,8 @@
 // Semantics (docs/tiers.md):
 //   * A block evicted from the device goes to tier 0 if tier 0 writes `on_evict`
 //     and the block has at least `min_hits` hits; a block evicted from tier i goes
-//     to tier i + 1 under the same rule. Otherwise it is dropped. A block some tier
-//     already holds is never stored twice.
+//     to tier i + 1 under the same rule. Otherwise it is dropped. A tier never holds
+//     a block twice (an inclusive tier below may hold another copy).
 //   * `write_through` tiers receive a copy of every block the device caches;
 //     `selective` tiers a copy of a device block once it has `min_hits` hits
 //     (SGLang's write_through_selective).
@@ -257,7 +257,6 @@ class TierManager {
   // Where a block leaving tier t (-1: the device) goes, by the rules above.
   void demote(int32_t from, int32_t src, std::string_view key, const std::string* parent, const int64_t* tokens,
               const BlockMeta& meta);
-  bool held_below(int32_t from, std::string_view key) const;
   void record(bool stored, int32_t tier, std::string_view key, const std::string* parent, const int64_t* tokens,
               int32_t tag);
   void compact(Slots& s);

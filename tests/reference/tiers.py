@@ -123,12 +123,9 @@ class PyTierManager:
             tier.counters["demotions"] += 1
         return victim
 
-    def _held_below(self, t: int, key: bytes) -> bool:
-        return any(tier.slot_of(key) is not None for tier in self.tiers[t + 1 :])
-
     def _demote(self, t: int, src: int, key: bytes, parent: bytes | None, tokens: tuple, meta: Meta) -> None:
         nxt = t + 1
-        if nxt >= len(self.tiers) or self._held_below(t, key):
+        if nxt >= len(self.tiers) or self.tiers[nxt].slot_of(key) is not None:
             return
         tier = self.tiers[nxt]
         if tier.write != "on_evict" or meta.hits < tier.min_hits:
