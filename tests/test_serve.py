@@ -144,7 +144,19 @@ BAD = [
     ("an image part", "/v1/chat/completions",
      {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
      "messages[0].content[0]"),
-    ("a negative seed", "/v1/completions", {"prompt": "x", "seed": -1}, 400, "seed"),
+    ("a seed past int64", "/v1/completions", {"prompt": "x", "seed": 2**63}, 400, "seed"),
+    # vLLM 0.33's SamplingParams: temperature in [0, 2] and finite
+    ("temperature above 2", "/v1/completions", {"prompt": "x", "temperature": 2.5}, 400, "temperature"),
+    ("temperature infinite", "/v1/completions", b'{"prompt": "x", "temperature": 1e999}', 400, "temperature"),
+    ("temperature NaN", "/v1/completions", b'{"prompt": "x", "temperature": NaN}', 400, "temperature"),
+    # lone UTF-16 surrogates: valid JSON escapes, no Unicode text (a 500 before)
+    ("a surrogate in a text prompt", "/v1/completions", b'{"prompt": "a\\ud800b"}', 400, "prompt"),
+    ("a surrogate in a prompt list", "/v1/completions", b'{"prompt": ["\\ud800"]}', 400, "prompt[0]"),
+    ("a surrogate in model", "/v1/completions", b'{"model": "\\ud800", "prompt": "x"}', 400, "model"),
+    ("a surrogate in a message", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "\\udfff"}]}', 400, "messages[0].content"),
+    ("a surrogate in a key", "/v1/completions", b'{"prompt": "x", "\\ud800": 1}', 400, "\\ud800"),
+    ("JSON nested too deeply", "/v1/completions", b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, None),
 ]
 
 
