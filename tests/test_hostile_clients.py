@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -117,6 +118,7 @@ def metric(replica, name: str, **labels: str) -> float:
     raise AssertionError(f"no sample {name} {labels}")
 
 
+@pytest.mark.filterwarnings("ignore:a temperature below 0.01 is raised")
 def test_a_poisoned_request_among_live_streams_fails_alone(tiny):
     """A temperature of 1e-300 divided the logits into nan and failed the whole batch (8 of
     8 streams got a 500). Now it is clamped as vLLM clamps it and served; and a request
@@ -305,30 +307,27 @@ def test_idle_and_slow_connections_are_closed_after_the_header_deadline(tiny):
         assert metric(replica, "prefixcache:refusals_total", reason="header_timeout") == 10
 
 
-def test_a_slow_socket_flood_past_the_open_file_limit_does_not_lock_out_the_others(tmp_path):
+@pytest.fixture(scope="module")
+def server_process(tmp_path_factory):
+    """`prefixcache --no-import serve` in a process of its own, with an open-file limit of
+    256, a 2 s header deadline and a chat template that loops for good (120 s allowed):
+    the slow-socket flood runs against it, then SIGTERM stops it (the last test)."""
+    config = ("cache: {backend: hash, block_size: 4, num_blocks: 256}\n"
+              "engine:\n  model: tiny\n  num_threads: 1\n  chat_template: >-\n"
+              "    {% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}\n"
+              "server: {header_timeout_s: 2, chat_template_timeout_s: 120}\n")
+    with _serve_process(tmp_path_factory.mktemp("serve"), config, fd_limit=256) as server:
+        yield server
+
+
+def test_a_slow_socket_flood_past_the_open_file_limit_does_not_lock_out_the_others(server_process):
     """300 sockets that never finish their headers, against a server process whose
     open-file limit is 256: it could not accept /health at all (it waited in the backlog
     until the flood left). Now it keeps a slot free by closing the oldest connection that
     has not asked yet, and the header deadline closes the rest."""
-    config = tmp_path / "serve.yaml"
-    config.write_text("cache: {backend: hash, block_size: 4, num_blocks: 256}\n"
-                      "engine: {model: tiny, num_threads: 1}\n"
-                      "server: {header_timeout_s: 2}\n")
-    port = _free_port()
-    limit = 256
-
-    def low_fd_limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-
-    code = "import sys; from prefixcache.cli import main; sys.exit(main(sys.argv[1:]))"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", code, "serve", str(config), "--port", str(port)],
-                            preexec_fn=low_fd_limit, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
+    _, base, port = server_process
     flood: list[socket.socket] = []
     try:
-        wait_until(lambda: _healthy(base) or proc.poll() is not None, "the server to start", 90)
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
         with others_are_served(base, fresh_connections=True):
             for _ in range(300):
                 s = socket.create_connection(("127.0.0.1", port), timeout=DEADLINE_S)
@@ -346,12 +345,55 @@ def test_a_slow_socket_flood_past_the_open_file_limit_does_not_lock_out_the_othe
     finally:
         for s in flood:
             s.close()
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
+
+
+def test_sigterm_stops_the_server_while_a_chat_template_renders(server_process):
+    """A config's chat template with nested loops froze the event loop on the first chat
+    request, and SIGTERM could not stop the process (SIGKILL was needed). Rendering now
+    runs in a daemon worker thread: the server shuts down at once, mid-render."""
+    proc, base, _ = server_process
+
+    def chat() -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(base + "/v1/chat/completions", timeout=30,
+                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+
+    threading.Thread(target=chat, daemon=True).start()
+    time.sleep(1.0)  # rendering
+    assert _healthy(base)  # the event loop is free while it renders
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.perf_counter()
+    proc.wait(15)
+    assert time.perf_counter() - t0 < 10
+
+
+@contextlib.contextmanager
+def _serve_process(tmp_path, config: str, *, fd_limit: int | None = None):
+    """`prefixcache serve` in a process of its own on a free loopback port, started and
+    healthy; killed if it is still running at the end."""
+    path = tmp_path / "serve.yaml"
+    path.write_text(config)
+    port = _free_port()
+
+    def limit_fds() -> None:
+        if fd_limit is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    code = "import sys; from prefixcache.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", code, "--no-import", "serve", str(path), "--port", str(port)],
+                            preexec_fn=limit_fds, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _healthy(base) or proc.poll() is not None, "the server to start", 90)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+        yield proc, base, port
+    finally:
+        if proc.poll() is None:
             proc.kill()
-            proc.wait(15)
+        proc.wait(15)
+        if proc.stderr is not None:
+            proc.stderr.close()
 
 
 # -- helpers --------------------------------------------------------------------------------

@@ -160,6 +160,10 @@ class EngineConfig:
                             kernel) or reference (torch SDPA, to debug)
     chat_template:          Jinja chat template; null = the model's (GGUF metadata),
                             else SmolLM2's ChatML template
+    max_memory_bytes:       the most BYTES the engine may hold (KV + the pool's
+                            bookkeeping + fp32 weights), checked before anything is
+                            allocated (`engine.memory`); null: 90% of what the machine
+                            has available then
     """
 
     model: str = "smollm2"
@@ -173,6 +177,7 @@ class EngineConfig:
     num_threads: int | None = None
     attention: AttentionImpl = "auto"
     chat_template: str | None = None
+    max_memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         _check_model(self.model)
@@ -185,6 +190,8 @@ class EngineConfig:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if self.num_threads is not None:
             _check_int("num_threads", self.num_threads, 1)
+        if self.max_memory_bytes is not None:
+            _check_int("max_memory_bytes", self.max_memory_bytes, 1)
         if self.attention not in ATTENTION_IMPLS:
             raise ConfigError("attention", f"{self.attention!r} is not allowed; allowed values: {', '.join(ATTENTION_IMPLS)}")
 

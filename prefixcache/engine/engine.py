@@ -41,6 +41,7 @@ from prefixcache import BlockPool, build_cache
 from prefixcache.engine.batch import SeqChunk
 from prefixcache.engine.config import ServingConfig, load_serving_config
 from prefixcache.engine.loader import LoadedModel, load_model
+from prefixcache.engine.memory import check_engine_memory
 from prefixcache.engine.metrics import RequestMetrics, RunStats
 from prefixcache.engine.model import LlamaModel
 from prefixcache.engine.nocache import NoPrefixCache
@@ -125,6 +126,7 @@ class Engine:
         if ec.num_threads is not None:
             torch.set_num_threads(ec.num_threads)
         self.loaded = model or load_model(ec.model, seed=ec.seed, chat_template=ec.chat_template)
+        check_engine_memory(config, self.loaded.weights.config)  # before the pool and the KV are allocated
         self.tokenizer = self.loaded.tokenizer
         self._event_sink = event_sink
         if cc.enable_events != (event_sink is not None):

@@ -172,6 +172,8 @@ def serve(config_path: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
         replica = Replica(config, model=model, served_model_name=served_model_name)
     except OSError as err:  # the KV event endpoints cannot be opened
         raise ConfigError("kv_events", str(err), str(config_path)) from None
+    except ConfigError as err:  # the engine's own checks (its memory) name the key, not the file
+        raise err.within("", err.source or str(config_path)) from None
     if replica.publisher is not None:
         _log.warning("KV events: PUB %s, replay %s", replica.publisher.endpoint, replica.publisher.replay_endpoint)
     replica.serve(host, port)
