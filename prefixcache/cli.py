@@ -165,7 +165,7 @@ def _check_engine_memory(serving: Any, source: str) -> None:
     try:
         model = load_model_config(serving.engine.model)
     except (OSError, ValueError) as err:
-        raise ConfigError("engine.model", f"cannot read {serving.engine.model!r}: {err}", source) from None
+        raise ConfigError("engine.model", f"cannot load {serving.engine.model!r}: {err}", source) from None
     check_engine_memory(serving, model, source=source)
 
 
