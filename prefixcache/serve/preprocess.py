@@ -79,7 +79,6 @@ class Prepared:
 
     body: Body
     generation: GenerationRequest
-    max_tokens_param: str  # the field `max_tokens` came from, for the engine's errors
 
 
 class Preprocessor:
@@ -143,7 +142,7 @@ class Preprocessor:
         else:
             prompt = self._completion_prompt(body.prompt)
             limit, param = body.max_tokens, "max_tokens"
-        return Prepared(body, self._generation(body, prompt, limit, param, arrival_s, request_id), param)
+        return Prepared(body, self._generation(body, prompt, limit, param, arrival_s, request_id))
 
     def _check_text(self, text: str, param: str) -> None:
         if len(text) > self.max_chars:
