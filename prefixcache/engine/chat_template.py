@@ -113,7 +113,10 @@ def _precheck(name: str, target: Any, args: Sequence[Any], kwargs: Mapping[str, 
     elif name in ("format", "format_map"):
         budget.allow(_format_widths(target) + sum(_size(a) for a in args), "a formatted string")
     elif name == "join":  # str.join(items), or the filter: items|join(separator)
-        items, sep = (args[0], target) if args and isinstance(args[0], (list, tuple)) else (target, args[0] if args else "")
+        if args and isinstance(args[0], (list, tuple)):
+            items, sep = args[0], target
+        else:
+            items, sep = target, args[0] if args else ""
         if isinstance(items, (list, tuple)):
             budget.allow(sum(_size(x) for x in items) + _size(sep) * len(items), "a joined string")
     elif name == "slice":
@@ -242,7 +245,8 @@ def render_chat(
     token = _budget.set(budget)
     try:
         out, size = [], 0
-        for chunk in compiled.generate(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt):
+        chunks = compiled.generate(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt)
+        for chunk in chunks:
             size += len(chunk)
             budget.allow(size, "a prompt")
             out.append(chunk)
@@ -254,6 +258,7 @@ def render_chat(
     except MemoryError:
         raise ChatTemplateError("the chat template ran out of memory") from None
     except Exception as err:  # noqa: BLE001 - a template that raises (jinja2 TemplateError, a TypeError in it)
-        raise ChatTemplateError(f"the chat template cannot render these messages: {type(err).__name__}: {err}") from None
+        why = f"{type(err).__name__}: {err}"
+        raise ChatTemplateError(f"the chat template cannot render these messages: {why}") from None
     finally:
         _budget.reset(token)

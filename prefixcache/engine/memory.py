@@ -92,9 +92,9 @@ def check_engine_memory(config: ServingConfig, model: LlamaConfig, *, source: st
             per_block = kv_bytes(model, 1, cc.block_size) + POOL_BYTES_PER_BLOCK
             fit = max(0, (limit - weight_bytes(model)) // per_block)
             kv = _gib(kv_bytes(model, cc.num_blocks, cc.block_size))
+            what_for = f"{ec.model!r} (KV {kv} in fp32 over {model.num_layers} layers, the pool, the weights)"
             raise ConfigError("cache.num_blocks", f"{cc.num_blocks} blocks of {cc.block_size} tokens need {_gib(need)} "
-                              f"for {ec.model!r} (KV {kv} in fp32 over {model.num_layers} layers, the pool, the weights), "
-                              f"more than {what}; at most {fit} blocks fit", source)
+                              f"for {what_for}, more than {what}; at most {fit} blocks fit", source)
     return need
 
 

@@ -229,8 +229,10 @@ class EngineLoop:
             sampled.pop(output.request_id, None)
             stream = self._streams.pop(output.request_id, None)
             if stream is not None:
-                failed = output.finish_reason == "error"
-                stream._push(Failed(RequestFailed(output.error or "the request failed")) if failed else Finished(output))
+                if output.finish_reason == "error":
+                    stream._push(Failed(RequestFailed(output.error or "the request failed")))
+                else:
+                    stream._push(Finished(output))
         for rid, tokens in sampled.items():
             stream = self._streams.get(rid)
             if stream is not None:

@@ -94,8 +94,8 @@ class Replica:
         protocol = guarded_protocol(header_timeout_s=limits.header_timeout_s,
                                     max_connections=limits.max_connections or default_max_connections(),
                                     on_close=self.metrics.refused)
-        config = uvicorn.Config(self.app, lifespan="off", timeout_graceful_shutdown=2, http=protocol,  # type: ignore[arg-type]
-                                timeout_keep_alive=limits.keep_alive_timeout_s,  # type: ignore[arg-type]
+        config = uvicorn.Config(self.app, lifespan="off", timeout_graceful_shutdown=2,  # type: ignore[arg-type]
+                                http=protocol, timeout_keep_alive=limits.keep_alive_timeout_s,  # type: ignore[arg-type]
                                 h11_max_incomplete_event_size=limits.max_header_bytes, **kwargs)
         return uvicorn.Server(config)
 
