@@ -120,13 +120,18 @@ def disk(workload, plan, path: Path) -> None:
 def cost(workload) -> None:
     print(f"\n== cost ({load()})")
     for backend in ("hash", "radix"):
+        c0 = time.process_time()
         flat = replay_arm(workload, "flat", arm(backend, 3 * M))
+        c1 = time.process_time()
         tiered = replay_arm(workload, "tiered", arm(backend, 1 * M, host(2 * M)))
-        ratio = tiered.wall_s / flat.wall_s
+        c2 = time.process_time()
+        ratio, cpu_ratio = tiered.wall_s / flat.wall_s, (c2 - c1) / (c1 - c0)
         moved = sum(t.stores + t.loads for t in tiered.tiers)
-        print(f"  {backend}: flat 3M {flat.wall_s:.1f} s, device 1M + host 2M {tiered.wall_s:.1f} s -> {ratio:.2f}x "
-              f"({'ok' if ratio <= 1.5 else 'NOT within 1.5x'}); {moved:,} blocks moved; bookkeeping p50 "
-              f"{flat.us_p50:.0f} -> {tiered.us_p50:.0f} us a request", flush=True)
+        extra = sum(tiered.bookkeeping_us) - sum(flat.bookkeeping_us)
+        print(f"  {backend}: flat 3M {flat.wall_s:.1f} s wall / {c1 - c0:.1f} s CPU, device 1M + host 2M "
+              f"{tiered.wall_s:.1f} s / {c2 - c1:.1f} s -> {ratio:.2f}x wall, {cpu_ratio:.2f}x CPU "
+              f"({'ok' if max(ratio, cpu_ratio) <= 1.5 else 'NOT within 1.5x'}); {moved:,} blocks moved; the cache "
+              f"calls' extra time {extra / 1e6:.1f} s = {extra / moved:.2f} us per block moved", flush=True)
     from prefixcache._C import TierManager
 
     n, per = 20_000, 20
@@ -134,14 +139,14 @@ def cost(workload) -> None:
     root = os.urandom(32)
     manager = TierManager(2000, B, 32, [(4000, "on_evict", 0, "lru", False, {})], False, False)
     ids = list(range(per))
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     for k in keys:  # each round: 20 blocks cached, then evicted (demoted, evicting 20 host blocks)
         manager.device_cached(ids, k, root, None, 0, 0, 0)
         manager.device_evicted(ids)
         manager.drain_transfers()
-    demote = (time.perf_counter() - t0) / (n * per) * 1e6
+    demote = (time.process_time() - t0) / (n * per) * 1e6
     slots = [(0, s) for s in range(per)]
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     for k in keys[:2000]:
         manager.device_dropped(ids)
         manager.device_cached(ids, k, root, None, 0, 0, 0)
@@ -151,9 +156,10 @@ def cost(workload) -> None:
         manager.load(where, ids)
         manager.drain_transfers()
     del slots
-    round_trip = (time.perf_counter() - t0) / (2000 * per) * 1e6
-    print(f"  tier manager alone: {demote:.2f} us per block demoted (with a host eviction), {round_trip:.2f} us per "
-          f"block demoted and loaded back (Python calls included) -> {'ok' if demote <= 1.0 else 'NOT <= 1 us'}")
+    round_trip = (time.process_time() - t0) / (2000 * per) * 1e6
+    print(f"  tier manager alone (CPU time): {demote:.2f} us per block demoted (with a host eviction), "
+          f"{round_trip:.2f} us per block demoted and loaded back (Python calls included) -> "
+          f"{'ok' if demote <= 1.0 else 'NOT <= 1 us'}")
 
 
 def main() -> None:

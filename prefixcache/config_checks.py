@@ -18,7 +18,6 @@ imports the module a backend name stands for, never torch).
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import warnings
 from collections.abc import Mapping
@@ -34,7 +33,7 @@ from prefixcache.config import (
     require_section,
 )
 from prefixcache.errors import ConfigError, SecurityWarning, short_repr
-from prefixcache.tier_file import file_size
+from prefixcache.tier_file import file_size, room_for
 
 __all__ = ["check_cache_config", "check_tiers", "load_config", "parse_cache_config"]
 
@@ -186,7 +185,6 @@ def _check_disk_path(config: CacheConfig, i: int) -> None:
             where, f"directory {str(parent)!r} is writable by anyone without the sticky bit: another user could "
             "replace the file with a link; use a private directory"
         )
-    existing = 0
     if path.exists():
         try:
             st = path.stat()
@@ -196,12 +194,11 @@ def _check_disk_path(config: CacheConfig, i: int) -> None:
             raise ConfigError(where, f"{tier.path!r} is not a regular file")
         if not os.access(path, os.R_OK | os.W_OK):
             raise ConfigError(where, f"{tier.path!r} is not readable and writable")
-        existing = st.st_size
     per_token = config.cost_model.kv_bytes_per_token
     if per_token is None:
         return  # the engine checks it with its model's KV size before it writes
     need = file_size(tier.num_blocks, config.block_size, per_token * config.block_size)
-    free = shutil.disk_usage(parent).free + existing
+    free = room_for(path)
     if need > free:
         raise ConfigError(
             f"tiers[{i}].num_blocks",

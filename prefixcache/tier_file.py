@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from prefixcache.errors import ConfigError
 
-__all__ = ["FileIdentity", "TierFile", "Record", "HEADER_SIZE", "KEY_CAPACITY", "file_size", "record_size"]
+__all__ = ["FileIdentity", "TierFile", "Record", "HEADER_SIZE", "KEY_CAPACITY", "file_size", "record_size", "room_for"]
 
 MAGIC = b"PCTIER01"
 RECORD_MAGIC = 0x50435452  # "PCTR"
@@ -52,6 +53,14 @@ def record_size(block_size: int, kv_bytes: int) -> int:
     """BYTES one slot takes: the fixed fields, `block_size` int64 token ids, `kv_bytes`
     of KV, rounded up to 4 KiB."""
     return _align(_FIXED.size + 8 * block_size + kv_bytes)
+
+
+def room_for(path: str | Path) -> int:
+    """BYTES a tier file at `path` may grow to: the free space of its disk plus what the
+    file (a regular file, not a link) already takes."""
+    path = Path(path)
+    existing = path.stat().st_size if path.is_file() and not path.is_symlink() else 0
+    return shutil.disk_usage(path.parent if str(path.parent) else ".").free + existing
 
 
 def file_size(num_slots: int, block_size: int, kv_bytes: int) -> int:

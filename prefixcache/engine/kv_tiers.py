@@ -22,14 +22,13 @@ record it has not verified.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from prefixcache.config import CacheConfig, ConfigError
-from prefixcache.tier_file import FileIdentity, TierFile, file_size
+from prefixcache.tier_file import FileIdentity, TierFile, file_size, room_for
 from prefixcache.tiers import DEVICE, Tiers
 
 __all__ = ["KVTiers"]
@@ -79,8 +78,7 @@ class KVTiers:
         where = f"cache.tiers[{t}].path"
         path = Path(spec.path)
         need = file_size(spec.num_blocks, self.config.block_size, self.kv_bytes)
-        existing = path.stat().st_size if path.is_file() and not path.is_symlink() else 0
-        free = shutil.disk_usage(path.parent if str(path.parent) else ".").free + existing
+        free = room_for(path)
         if need > free:
             raise ConfigError(
                 f"cache.tiers[{t}].num_blocks",
