@@ -204,8 +204,9 @@ class HashCache(BlockwiseAppend, PrefixCache):
         # events, the built-in allocation, no tier to tell), a decode step's fresh block is
         # taken natively; where caching a block is also the chain and the pool's index
         # alone (no hit verification, a native chain, no hook), a commit is one native call.
-        plain = isinstance(self._evictor, FreeQueueEvictor) and not self._events.enabled and self.tiers is None
-        if plain and type(self)._allocate_if_free is HashCache._allocate_if_free and type(self)._take is HashCache._take:
+        plain = isinstance(self._evictor, FreeQueueEvictor) and not self._events.enabled
+        if (plain and self.tiers is None and type(self)._allocate_if_free is HashCache._allocate_if_free
+                and type(self)._take is HashCache._take):  # fmt: skip
             self._append_pool = pool
         self._commit_natively = (
             plain
@@ -677,6 +678,9 @@ class HashCache(BlockwiseAppend, PrefixCache):
             if commit_blocks(self.pool, request.digests, request.tokens, table, start, num_full_blocks, bs,
                              self._algorithm, self._none_hash):  # fmt: skip
                 request.num_cached_blocks = num_full_blocks
+                if self.tiers is not None:
+                    self._tiers_cached(request, start, num_full_blocks,
+                                       bytes(request.digests[start * ds : num_full_blocks * ds]))  # fmt: skip
                 return
         num_hashed = len(request.digests) // ds
         keys = None
@@ -705,11 +709,16 @@ class HashCache(BlockwiseAppend, PrefixCache):
         request.num_cached_blocks = num_full_blocks
         self._events.record_from(self._stored_events, request, start, num_full_blocks)
         if self.tiers is not None:
-            ids = token_block_ids(request.tokens, start * bs, num_full_blocks * bs) if self.tiers.keep_tokens else ()
-            if ids is not None:  # ids beyond int64 stay on the device (a tier keeps int64 ids)
-                parent_key = self._digest(request, start - 1) if start else None
-                self.tiers.cached(blocks, keys, parent_key, ids, request.depth, len(request.tokens) // bs * bs,
-                                  request.namespace)  # fmt: skip
+            self._tiers_cached(request, start, num_full_blocks, keys)
+
+    def _tiers_cached(self, request: HashRequest, start: int, stop: int, keys: bytes) -> None:
+        """Tell the tiers blocks [start, stop) of the request are cached under `keys`."""
+        bs = self.block_size
+        ids = token_block_ids(request.tokens, start * bs, stop * bs) if self.tiers.keep_tokens else ()
+        if ids is not None:  # ids beyond int64 stay on the device (a tier keeps int64 ids)
+            parent_key = self._digest(request, start - 1) if start else None
+            self.tiers.cached(request.block_table[start:stop], keys, parent_key, ids, request.depth,
+                              len(request.tokens) // bs * bs, request.namespace)  # fmt: skip
 
     def _stored_events(self, request: HashRequest, start: int, stop: int) -> tuple[BlockStored]:
         """The one event a commit records (`record_from` takes events in a collection)."""
