@@ -137,7 +137,7 @@ def cost(workload) -> None:
     n, per = 20_000, 20
     keys = [os.urandom(32 * per) for _ in range(n)]
     root = os.urandom(32)
-    manager = TierManager(2000, B, 32, [(4000, "on_evict", 0, "lru", False, {})], False, False)
+    manager = TierManager(2000, B, 32, [(4000, "on_evict", 0, "lru", False, {}, False)], False, False)
     ids = list(range(per))
     t0 = time.process_time()
     for k in keys:  # each round: 20 blocks cached, then evicted (demoted, evicting 20 host blocks)

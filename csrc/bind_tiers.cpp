@@ -20,16 +20,20 @@ TierWrite parse_write(const std::string& write) {
   throw std::invalid_argument("write policy '" + write + "' is not allowed; allowed values: on_evict, write_through, selective");
 }
 
-// A tier from Python: (num_slots, write, min_hits, eviction, leaves_only, params: dict of OrderParams names).
+// A tier from Python: (num_slots, write, min_hits, eviction, leaves_only, params: dict of OrderParams
+// names, keep_on_load).
 TierSpec to_spec(py::handle obj) {
   auto t = py::reinterpret_borrow<py::tuple>(obj);
-  if (t.size() != 6) throw py::type_error("a tier is (num_slots, write, min_hits, eviction, leaves_only, params)");
+  if (t.size() != 7) {
+    throw py::type_error("a tier is (num_slots, write, min_hits, eviction, leaves_only, params, keep_on_load)");
+  }
   TierSpec s;
   s.num_slots = saturated_int64(t[0], "num_slots");
   s.write = parse_write(t[1].cast<std::string>());
   s.min_hits = saturated_int64(t[2], "min_hits");
   s.order = parse_eviction_order(t[3].cast<std::string>());
   s.leaves_only = t[4].cast<bool>();
+  s.keep_on_load = t[6].cast<bool>();
   auto params = py::reinterpret_borrow<py::dict>(t[5]);
   for (auto [name, value] : params) {
     const std::string key = name.cast<std::string>();
@@ -91,7 +95,7 @@ The lower tiers of one cache (host memory, disk) below its device pool: slots ke
 chained block hash, each tier's eviction order and write policy, the device mirror
 demotions read from, and the ordered log of transfers an engine performs.
 TierManager(num_device_blocks, block_size, key_size, tiers, keep_tokens, record_events),
-each tier (num_slots, write, min_hits, eviction, leaves_only, params). See
+each tier (num_slots, write, min_hits, eviction, leaves_only, params, keep_on_load). See
 csrc/tier_manager.h; prefixcache.tiers wraps it.
 )doc")
       .def(py::init([](py::handle num_device_blocks, py::handle block_size, py::handle key_size, py::handle tiers,

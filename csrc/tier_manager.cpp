@@ -435,7 +435,7 @@ void TierManager::unpin(const std::vector<std::pair<int32_t, int32_t>>& slots) {
 void TierManager::promote_slot(int32_t t, int32_t slot) {
   Slots& s = tiers_[t];
   --s.pins[slot];
-  if (s.spec.write == TierWrite::kOnEvict) {
+  if (s.spec.write == TierWrite::kOnEvict && !s.spec.keep_on_load) {
     if (s.pins[slot] > 0) return;  // another admission loads it too: the last one takes it out
     remove_slot(t, slot);  // exclusive: the block lives on the device now
     s.free_pos[slot] = static_cast<int32_t>(s.free_slots.size());

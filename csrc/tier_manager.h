@@ -26,7 +26,8 @@
 //     (SGLang's write_through_selective).
 //   * A load (tier -> device block) takes a block out of an `on_evict` tier
 //     (exclusive: it lives on the device now, and comes back down when evicted) and
-//     refreshes it in an inclusive (`write_through` / `selective`) tier.
+//     refreshes it in an inclusive (`write_through` / `selective`) tier or one that
+//     keeps what it loads (`keep_on_load`: a disk tier, whose file survives a restart).
 //   * A tier whose policy is leaves-only evicts only slots no other slot of the
 //     tier extends (a chain's tail), so a tier never holds a block whose prefix it
 //     dropped first.
@@ -64,6 +65,8 @@ struct TierSpec {
   EvictionOrder order = EvictionOrder::kLru;
   OrderParams params;
   bool leaves_only = false;        // only chain tails leave (the `chain` policy)
+  bool keep_on_load = false;       // a load leaves the block here too (a disk tier: its file
+                                   // outlives the process, so a restart finds the block)
 };
 
 // What travels with a block from tier to tier.

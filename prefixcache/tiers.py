@@ -69,8 +69,9 @@ class Tiers:
         self.specs = config.tiers
         self.media = tuple(t.event_medium for t in config.tiers)
         self.policies = tuple(resolve_eviction_policy(t.eviction or config.eviction)() for t in config.tiers)
+        # A disk tier keeps what it loads: its file outlives the process, and a restart finds it.
         native_tiers = [
-            (t.num_blocks, t.write, t.hits_to_enter, p.native, p.leaves_only, p.native_params())
+            (t.num_blocks, t.write, t.hits_to_enter, p.native, p.leaves_only, p.native_params(), t.medium == "DISK")
             for t, p in zip(config.tiers, self.policies, strict=True)
         ]
         # Token ids travel with blocks for events and for a disk file's records.

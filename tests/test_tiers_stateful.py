@@ -16,21 +16,22 @@ from tests.reference.tiers import PyTierManager
 BS = 2
 DEVICE_BLOCKS = 6
 KEYS = [bytes([k, 0, 0, 0]) for k in range(12)]  # a small universe: keys come back
-CONFIGS = [
-    [(3, "on_evict", 0, "lru"), (4, "on_evict", 0, "chain")],
-    [(3, "write_through", 0, "lfu")],
-    [(2, "selective", 1, "lru"), (3, "on_evict", 1, "lru")],
-    [(4, "on_evict", 0, "chain")],
+CONFIGS = [  # (num_slots, write, min_hits, eviction, keep_on_load)
+    [(3, "on_evict", 0, "lru", False), (4, "on_evict", 0, "chain", True)],
+    [(3, "write_through", 0, "lfu", False)],
+    [(2, "selective", 1, "lru", False), (3, "on_evict", 1, "lru", True)],
+    [(4, "on_evict", 0, "chain", False)],
 ]
 
 
 class TierMachine(RuleBasedStateMachine):
     @initialize(config=st.sampled_from(CONFIGS))
     def start(self, config):
-        policies = [resolve_eviction_policy(name)() for *_, name in config]
-        native = [(n, w, h, p.native, p.leaves_only, p.native_params()) for (n, w, h, _), p in zip(config, policies)]
+        policies = [resolve_eviction_policy(name)() for _, _, _, name, _ in config]
+        native = [(n, w, h, p.native, p.leaves_only, p.native_params(), keep)
+                  for (n, w, h, _, keep), p in zip(config, policies)]  # fmt: skip
         self.native = TierManager(DEVICE_BLOCKS, BS, 4, native, True, False)
-        self.model = PyTierManager(DEVICE_BLOCKS, BS, [(n, w, h, p, p.leaves_only) for (n, w, h, _), p in
+        self.model = PyTierManager(DEVICE_BLOCKS, BS, [(n, w, h, p, p.leaves_only, keep) for (n, w, h, _, keep), p in
                                                        zip(config, policies)])  # fmt: skip
 
     def free_blocks(self):

@@ -53,6 +53,7 @@ class Tier:
     min_hits: int
     policy: EvictionPolicy
     leaves_only: bool
+    keep_on_load: bool = False
     slots: dict[int, Slot] = field(default_factory=dict)
     free: list[int] = field(default_factory=list)
     clock: int = 0
@@ -87,7 +88,7 @@ class PyTierManager:
     def __init__(self, num_device_blocks: int, block_size: int, tiers: list[tuple], keep_tokens: bool = True) -> None:
         self.block_size = block_size
         self.keep_tokens = keep_tokens
-        self.tiers = [Tier(n, write, min_hits, policy, leaves) for n, write, min_hits, policy, leaves in tiers]
+        self.tiers = [Tier(*tier) for tier in tiers]  # (num_slots, write, min_hits, policy, leaves_only, keep_on_load)
         self.device: dict[int, tuple[bytes, bytes | None, Meta, tuple[int, ...]]] = {}
         self.traffic = 0
         self.transfers: list[tuple[int, int, int, int]] = []
@@ -221,7 +222,7 @@ class PyTierManager:
         tier = self.tiers[t]
         s = tier.slots[i]
         s.pins -= 1
-        if tier.write == "on_evict":
+        if tier.write == "on_evict" and not tier.keep_on_load:
             if s.pins > 0:
                 return
             self._remove(t, i)
