@@ -10,7 +10,7 @@ of `prefixcache cluster serve` serves them over its replicas with it. Routes:
   server-sent events ending in `data: [DONE]` (`responses`), else one JSON body.
   `usage.prompt_tokens_details.cached_tokens` is the request's prefix-cache hit.
 - `GET /v1/models` (the one served model, with `max_model_len`), `GET /health` (200, or
-  503 once the engine loop has stopped), `GET /metrics` (Prometheus text format),
+  503 once the engine loop has stopped), `GET /metrics` (Prometheus text format; HEAD too),
   `POST /reset_prefix_cache` (vLLM's: drops the cached blocks; `{"success": false}`
   while requests hold blocks).
 
@@ -92,7 +92,7 @@ def build_app(loop: EngineLoop, metrics: ServingMetrics, info: ReplicaInfo, toke
     install_handlers(app)
     add_openai_routes(app, loop, info, tokenizer)
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])  # HEAD: aiperf probes the page before scraping it
     async def prometheus() -> Response:
         await loop.run(metrics.sync_gauges)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

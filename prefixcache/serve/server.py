@@ -26,11 +26,13 @@ import uvicorn
 from prefixcache.config import ConfigError
 from prefixcache.engine.engine import Engine
 from prefixcache.engine.loader import LoadedModel, load_model
+from prefixcache.hashing import resolve_seed
 from prefixcache.serve.app import ReplicaInfo, build_app
 from prefixcache.serve.config import ServeConfig, load_serve_config
 from prefixcache.serve.engine_loop import EngineLoop
 from prefixcache.serve.metrics import ServingMetrics
 from prefixcache.serve.publisher import ZmqEventPublisher
+from prefixcache.serve.sglang_api import add_sglang_routes, kv_events_descriptor, replica_server_info
 
 __all__ = ["Replica", "serve"]
 
@@ -76,9 +78,31 @@ class Replica:
             created=int(time.time()),
         )
         self.app = build_app(self.loop, self.metrics, self.info, tokenizer)
+        self.server_info, model_info = self._describe()
+        add_sglang_routes(self.app, self.loop.run, self.server_info, model_info, self.metrics.reset_cache)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.base_url: str | None = None
+
+    def _describe(self) -> tuple[dict, dict]:
+        """The `/server_info` and `/model_info` bodies (`sglang_api`)."""
+        cc, ec, events = self.config.serving.cache, self.config.serving.engine, self.config.kv_events
+        described = None
+        if self.publisher is not None:
+            described = kv_events_descriptor(
+                endpoint=self.publisher.endpoint, replay_endpoint=self.publisher.replay_endpoint, topic=events.topic,
+                block_size=cc.block_size, hash_algorithm=cc.hash.algorithm,
+                hash_seed=resolve_seed(cc.hash.algorithm, cc.hash.seed), int_block_hashes=events.int_block_hashes,
+                medium=events.medium)
+        cache = {"backend": self.backend, "block_size": cc.block_size, "num_blocks": cc.num_blocks,
+                 "eviction": cc.eviction, "hash_algorithm": cc.hash.algorithm,
+                 "hash_seed": resolve_seed(cc.hash.algorithm, cc.hash.seed)}
+        return replica_server_info(
+            model_path=ec.model, served_model_name=self.model_name, max_model_len=self.info.max_model_len,
+            vocab_size=self.info.vocab_size, eos_token_id=self.info.eos_token_id,
+            block_size=cc.block_size, num_blocks=cc.num_blocks, max_running_requests=ec.max_num_seqs,
+            max_prefill_tokens=ec.max_num_batched_tokens, prefix_caching=ec.prefix_caching, cache=cache,
+            kv_events=described)
 
     @classmethod
     def from_yaml(cls, path: str | Path, **kwargs: object) -> Replica:
