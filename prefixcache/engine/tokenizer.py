@@ -127,6 +127,10 @@ class GGUFTokenizer(Tokenizer):
         """The vocabulary entry of one id (byte-level form, e.g. 'ĠParis')."""
         return self._tok.id_to_token(token_id)
 
+    def to_json(self) -> str:
+        """The Hugging Face `tokenizer.json` of this tokenizer (`tokenizer_export`)."""
+        return self._tok.to_str()
+
 
 class ByteTokenizer(Tokenizer):
     """UTF-8 bytes as ids 0..255, plus ChatML's three special tokens (256..258).
