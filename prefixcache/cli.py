@@ -22,6 +22,8 @@ library functions and shows their results; none holds logic of its own. One shap
                                               KV events on ZeroMQ, Prometheus /metrics
     prefixcache bench --base-url URL ...      timed load against any OpenAI-compatible
                                               server: TTFT/TPOT/ITL/latency, hit ratio
+    prefixcache tokenizer MODEL [--out DIR]   an engine model's tokenizer as Hugging Face
+                                              files, for benchmark clients that tokenize
     prefixcache cluster [CONFIG] [--trace PATH] [--replicas N ...]
                                               routers over N simulated replicas by arrival
                                               time: table, JSON, CSV, PNG
@@ -394,6 +396,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(path, host=args.host, port=args.port, served_model_name=args.served_model_name, config=config)
 
 
+def cmd_tokenizer(args: argparse.Namespace) -> int:
+    from prefixcache.engine.tokenizer_export import FILES, export_tokenizer  # late: tokenizers
+
+    out = Path(args.out if args.out is not None else Path("out") / "tokenizer" / Path(args.model).stem)
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--out", f"{str(out)!r} is a file, not a folder: nothing was written")
+    for name in FILES:
+        if (out / name).is_dir():
+            raise ConfigError("--out", f"{str(out / name)!r} is a folder; the tokenizer needs that name")
+    try:
+        written = export_tokenizer(args.model, out)
+    except (OSError, ValueError) as err:
+        raise ConfigError("MODEL", f"{args.model!r}: {err}") from None
+    print(f"wrote {', '.join(str(p) for p in written)}")
+    print(f"# a client's tokenizer: --tokenizer {out} (aiperf, guidellm --processor, vllm bench serve, "
+          "sglang.bench_serving); docs/clients.md")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from prefixcache.loadgen.cli import bench  # late: the load generator needs httpx
 
@@ -562,6 +583,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--served-model-name", help="the name clients send as `model` (default: engine.model)")
     srv.set_defaults(func=cmd_serve)
 
+    tok = command("tokenizer", "write an engine model's tokenizer as Hugging Face files (tokenizer.json, "
+                  "tokenizer_config.json) for benchmark clients")
+    tok.add_argument("model", help="tiny | smollm2 | path/to/model.gguf (engine.model)")
+    tok.add_argument("--out", help="folder to write (default: out/tokenizer/MODEL)")
+    tok.set_defaults(func=cmd_tokenizer)
+
     from prefixcache.loadgen.options import add_bench_arguments  # argparse only: no httpx
 
     bench = command("bench", "timed load against an OpenAI-compatible server (ours, vLLM, SGLang)")
@@ -594,9 +621,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         outputs = getattr(args, "outputs", None)  # set by the commands that write --out
-        kept = "" if outputs is None else f": {outputs.kept or 'nothing written'}"
+        if outputs is not None:
+            kept = f": {outputs.kept or 'nothing written'}"
+        else:  # a command that kept something says what (generate, bench): KeyboardInterrupt(what)
+            kept = f": {err.args[0]}" if err.args else ""
         print(f"interrupted{kept}", file=sys.stderr)
         return 130
 

@@ -186,9 +186,11 @@ def test_ctrl_c_stops_the_command_and_writes_what_finished(replica, tmp_path):
         rest, _ = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 0, rest
+    assert proc.returncode == 130, rest  # as docs/cli.md says of every command
     doc = json.loads(out.read_text())
     assert doc["metadata"]["stopped_by"] == "interrupted" and "stopped: interrupted" in rest
+    kept = doc["summary"]["completed"]
+    assert rest.rstrip().splitlines()[-1] == f"interrupted: kept {kept} finished request(s) in {out}"
     assert 1 <= doc["summary"]["completed"] < 20 and doc["summary"]["not_sent"] >= 1 and doc["summary"]["failed"] == 0
     idle(replica)
     assert in_engine(replica, lambda e: e.cache.pool.num_pinned) == 0  # the request in flight was aborted
