@@ -388,6 +388,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     path = args.config if args.config is not None else str(_shipped(DEFAULT_SERVE_CONFIG, "prefixcache serve CONFIG"))
     config = parse_serve_config(_data(path, args), _source(path, args))  # overrides applied, checked first
+    from prefixcache.serve.listen import check_serve_addresses  # no torch: a busy port is one line, at once
+
+    check_serve_addresses(config, args.host, args.port, _source(path, args))
     # Before torch loads, as `generate` does (prefixcache/engine/cli.py): OpenMP threads that
     # spin while waiting slow the engine 5-15x on a busy machine.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

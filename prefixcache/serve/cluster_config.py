@@ -29,7 +29,6 @@ Must never: start Ray, build an engine or import torch.
 from __future__ import annotations
 
 import dataclasses
-import socket
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from prefixcache.engine.config import check_sections
 from prefixcache.hashing import resolve_seed
 from prefixcache.serve.config import SECTIONS as SERVE_SECTIONS
 from prefixcache.serve.config import ServeConfig, parse_serve_config
+from prefixcache.serve.listen import check_listen_address
 
 __all__ = ["RayClusterConfig", "ClusterServeConfig", "RAY_ROUTERS", "parse_cluster_serve_config",
            "check_ray_cluster_config", "load_cluster_serve_config", "with_proxy_address", "check_proxy_address_free",
@@ -205,11 +205,4 @@ def with_proxy_address(config: ClusterServeConfig, *, host: str | None = None,
 def check_proxy_address_free(config: ClusterServeConfig) -> None:
     """A ConfigError now if nothing can listen on `cluster.host:port` (in use, or a host
     not of this machine), rather than Ray Serve's proxy failing once Ray is up."""
-    host, port = config.cluster.host, config.cluster.port
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the proxy's server does
-        try:
-            probe.bind((host, port))
-        except OSError as err:
-            raise ConfigError("cluster.port", f"{host}:{port} cannot be listened on ({err.strerror or err})") from None
+    check_listen_address(config.cluster.host, config.cluster.port, "cluster.port")
