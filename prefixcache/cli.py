@@ -455,11 +455,14 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster_serve(args: argparse.Namespace) -> int:
-    from prefixcache.serve.cluster_config import check_proxy_address_free, load_cluster_serve_config, with_proxy_address
+    from prefixcache.serve.cluster_config import check_proxy_address_free, parse_cluster_serve_config, with_proxy_address
 
-    # The whole file and the proxy's address are checked before Ray is imported: a mistake
-    # is one line, in a second.
-    config = with_proxy_address(load_cluster_serve_config(args.config), host=args.host, port=args.port)
+    # The whole file (overrides applied), its CPU layout on this machine and the proxy's
+    # address are checked before Ray is imported: a mistake is one line, in a second.
+    path = args.config if args.config is not None else str(_shipped(DEFAULT_CLUSTER_SERVE_CONFIG,
+                                                                      "prefixcache cluster serve CONFIG"))
+    config = parse_cluster_serve_config(_data(path, args), _source(path, args))
+    config = with_proxy_address(config, host=args.host, port=args.port)
     check_proxy_address_free(config)
     try:
         from prefixcache.serve.ray_app import serve_cluster  # late: Ray, torch
@@ -469,14 +472,18 @@ def cmd_cluster_serve(args: argparse.Namespace) -> int:
     return serve_cluster(config)
 
 
+DEFAULT_CLUSTER_SERVE_CONFIG = "cluster_serve.yaml"
+
+
 def build_cluster_serve_parser() -> argparse.ArgumentParser:
     """`prefixcache cluster serve`: its own parser (`prefixcache cluster CONFIG` keeps the
     simulation, so a cluster file named `serve` needs a path such as ./serve)."""
     parser = argparse.ArgumentParser(
-        prog="prefixcache cluster serve",
+        prog="prefixcache cluster serve", parents=[_experiment_options()], formatter_class=_HelpFormatter,
         description="N prefixcache engine replicas on Ray Serve (a local Ray cluster) behind one OpenAI-compatible "
                     "ingress; the replicas' request router is a prefixcache router over their KV events, or Ray's own")
-    parser.add_argument("config", help="YAML with cache:, engine:, cluster: (see configs/cluster_serve.yaml)")
+    parser.add_argument("config", nargs="?", help=f"YAML with cache:, engine:, cluster: (default: the shipped "
+                                                  f"{DEFAULT_CLUSTER_SERVE_CONFIG}: two tiny replicas)")
     parser.add_argument("--host", help="where Ray Serve's HTTP proxy listens (default: cluster.host, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="its port (default: cluster.port, 8000)")
     parser.add_argument("--no-import", action="store_true", help=_NO_IMPORT_HELP)
