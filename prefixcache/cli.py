@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import importlib.resources
 import os
 import sys
@@ -94,6 +95,29 @@ def _shipped(name: str, instead: str) -> Path:
                           "(an editable install from before it was package data: pip install -e . again); "
                           f"or pass a config: {instead}")
     return Path(str(resource))
+
+
+def _plugin_path(folder: str | Path) -> None:
+    """Put `folder` first on sys.path (once), so that a plugin module beside the user's
+    files imports: the working directory, as `python -m` puts it, and a config's folder."""
+    folder = str(Path(folder).resolve())
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+
+
+def _import_plugins(modules: Sequence[str]) -> None:
+    """`--import MODULE ...`: each imported from the working directory (or installed); a
+    failure is one ConfigError naming the flag. Refused with --no-import."""
+    from prefixcache.registry import imports_allowed
+
+    if modules and not imports_allowed():
+        raise ConfigError("--import", f"imports are off ({NO_IMPORT_ENV}=1 or --no-import)")
+    for name in modules:
+        _plugin_path(os.getcwd())
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 -- the module's own code failed: one line naming it
+            raise ConfigError("--import", f"{name!r}: {type(err).__name__}: {err}") from None
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -227,6 +251,11 @@ def _data(path: str, args: argparse.Namespace) -> Mapping[str, Any]:
     from prefixcache.overrides import apply_overrides, parse_override, shortcut_overrides
 
     data = load_yaml(path)
+    from prefixcache.registry import imports_allowed
+
+    if imports_allowed():  # a config's "module:Class" plugin beside it, or in the working directory
+        _plugin_path(os.getcwd())
+        _plugin_path(Path(path).parent)
     overrides = []
     for name in ("seed", "backend", "block_size"):
         value = getattr(args, name, None)
@@ -487,6 +516,7 @@ def build_cluster_serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", help="where Ray Serve's HTTP proxy listens (default: cluster.host, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="its port (default: cluster.port, 8000)")
     parser.add_argument("--no-import", action="store_true", help=_NO_IMPORT_HELP)
+    parser.add_argument("--import", dest="imports", action="append", metavar="MODULE", help=_IMPORT_HELP)
     parser.set_defaults(func=cmd_cluster_serve)
     return parser
 
@@ -501,6 +531,8 @@ def _replica_count(text: str) -> int:
     return value
 
 
+_IMPORT_HELP = ("import MODULE first (repeatable; found from the working directory, as `python -m` finds it): "
+                "its @register_backend / @register_eviction_policy names then resolve in configs and --set")
 _NO_IMPORT_HELP = (f"refuse 'module:Class' paths in configs: only registered backend and policy names "
                    f"(the same as {NO_IMPORT_ENV}=1)")
 
@@ -548,9 +580,12 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=_HelpFormatter)
     parser.add_argument("--version", action="version", version=f"prefixcache {__version__}")
     parser.add_argument("--no-import", action="store_true", help=_NO_IMPORT_HELP)
-    # The flag after the command too (`prefixcache validate --no-import f.yaml`).
+    parser.add_argument("--import", dest="imports", action="append", metavar="MODULE", help=_IMPORT_HELP)
+    # The flags after the command too (`prefixcache validate --no-import f.yaml`).
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--no-import", action="store_true", default=argparse.SUPPRESS, help=_NO_IMPORT_HELP)
+    common.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=argparse.SUPPRESS,
+                        help=_IMPORT_HELP)
     experiment, table = _experiment_options(), _format_option()
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -627,6 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ[NO_IMPORT_ENV] = "1"  # read by the registry; inherited by any worker process
     func: Callable[[argparse.Namespace], int] = args.func
     try:
+        _import_plugins(getattr(args, "imports", None) or [])
         return func(args)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
