@@ -51,7 +51,9 @@ Must never: implement caching, workloads or experiments here.
 from __future__ import annotations
 
 import argparse
+import copy
 import difflib
+import io
 import importlib
 import importlib.resources
 import os
@@ -121,63 +123,118 @@ def _import_plugins(modules: Sequence[str]) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """The file through the loader of the command that reads it: a cluster file
+    """The file through the loader of the command that reads it (`_validated`), printed
+    resolved; or every mistake in it, one `error:` line each (exit 2): after each error
+    the key it names is set aside and the file checked again, so one run lists them all
+    (a mistake that hides behind another, such as a key inside a section that is not a
+    mapping, shows once that one is fixed)."""
+    path = str(args.file)
+    data, source = _data(path, args), _source(path, args)
+    errors: list[ConfigError] = []
+    trial = copy.deepcopy(dict(data))
+    dropped: list[str] = []
+    while True:
+        try:
+            lines = _validated(trial, source)
+            break
+        except ConfigError as err:
+            if any(err.path == d or err.path.startswith(d + ".") for d in dropped) or len(errors) >= _MAX_ERRORS:
+                break  # a consequence of setting an earlier mistake aside
+            errors.append(err)
+            if not err.path or not _drop(trial, err.path):
+                break
+            dropped.append(err.path)
+    if errors:
+        for err in errors:
+            print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(lines, end="")
+    return 0
+
+
+_MAX_ERRORS = 25
+
+
+def _drop(data: dict, path: str) -> bool:
+    """Remove the key at dotted `path` from nested mappings (a key holding dots is matched
+    whole, as --set does); whether there was one."""
+    parts = path.split(".")
+    node: Any = data
+    while parts:
+        for n in range(len(parts), 0, -1):
+            key = ".".join(parts[:n])
+            if isinstance(node, dict) and key in node:
+                if n == len(parts):
+                    del node[key]
+                    return True
+                node, parts = node[key], parts[n:]
+                break
+        else:
+            return False
+    return False
+
+
+def _validated(data: Mapping[str, Any], source: str) -> str:
+    """What `validate` prints of a file read by the loader of the command that reads it
+    (ConfigError for its first mistake): a cluster file
     (`routers:` or `replicas:`) as `cluster` does; an A/B file (`arms:` or `workload:`) as
     `ab` does, generator included; one with `kv_events:` (or a near miss) as `serve` does;
     one with `engine:` (or a near miss of it, such as `engin:`) as `generate` does; else
-    its `cache:` section (other sections may share such a file). Prints nothing but the
-    error when anything is wrong."""
-    path = str(args.file)
-    data, source = _data(path, args), _source(path, args)
+    its `cache:` section (other sections may share such a file)."""
+    out = io.StringIO()
+
+    def say(*values: object, **kwargs: Any) -> None:
+        print(*values, file=out, **kwargs)
+
     from prefixcache.cluster.config import is_cluster_mapping, parse_cluster_config
     from prefixcache.serve.cluster_config import is_cluster_serve_mapping, parse_cluster_serve_config
 
     if is_cluster_serve_mapping(data):  # no Ray, no torch: the schema only
         served = parse_cluster_serve_config(data, source)
-        print(f"# {source}: valid (as prefixcache cluster serve reads it; the hash seed resolved, "
-              "event sockets per replica)")
-        print(yaml.safe_dump(served.plain(), sort_keys=False), end="")
-        return 0
+        say(f"# {source}: valid (as prefixcache cluster serve reads it; the hash seed resolved, "
+            "event sockets per replica)")
+        say(yaml.safe_dump(served.plain(), sort_keys=False), end="")
+        return out.getvalue()
     if is_cluster_mapping(data):
         cluster = parse_cluster_config(data, source)
-        print(f"# {source}: valid cluster experiment; each replica's num_blocks = capacity_tokens // block_size")
-        print(yaml.safe_dump(cluster.plain(), sort_keys=False), end="")
-        return 0
+        say(f"# {source}: valid cluster experiment; each replica's num_blocks = capacity_tokens // block_size")
+        say(yaml.safe_dump(cluster.plain(), sort_keys=False), end="")
+        return out.getvalue()
     if is_ab_mapping(data):
         ab = parse_ab_config(data, source)
         spec = ab.workload
         # As `ab` does: a generator's size is checked before it runs; a trace is read and
         # its token ids checked against every arm.
         w = _workload(ab, source) if spec.generator is not None or spec.mooncake.path is not None else None
-        print(f"# {source}: valid A/B; every arm's num_blocks = capacity_tokens // block_size")
-        print(yaml.safe_dump(to_plain(ab), sort_keys=False), end="")
+        say(f"# {source}: valid A/B; every arm's num_blocks = capacity_tokens // block_size")
+        say(yaml.safe_dump(to_plain(ab), sort_keys=False), end="")
         if w is not None:
             analytic = ", ".join(f"B={b}: {w.analytic_hit_ratio(b):.4f}" for b in ab.block_sizes
                                  if w.analytic_hit_ratio(b) is not None)
-            print(f"# workload {w.name}: {len(w):,} requests, {w.prompt_tokens:,} prompt tokens"
+            say(f"# workload {w.name}: {len(w):,} requests, {w.prompt_tokens:,} prompt tokens"
                   + (f"; analytic ceiling {analytic}" if analytic else ""))
         else:
-            print("# workload: a Mooncake trace, path given at run time with --trace PATH")
-        return 0
+            say("# workload: a Mooncake trace, path given at run time with --trace PATH")
+        return out.getvalue()
     if difflib.get_close_matches("kv_events", [str(k) for k in data], n=1):
         from prefixcache.serve.config import parse_serve_config  # no torch, no sockets: the schema only
 
         served = parse_serve_config(data, source)
-        print(f"# {source}: valid (cache, engine and kv_events, as prefixcache serve reads them)")
+        say(f"# {source}: valid (cache, engine and kv_events, as prefixcache serve reads them)")
         plain = {**to_plain(served.serving), "kv_events": to_plain(served.kv_events)}
-        print(yaml.safe_dump(plain, sort_keys=False), end="")
-        return 0
+        say(yaml.safe_dump(plain, sort_keys=False), end="")
+        return out.getvalue()
     if difflib.get_close_matches("engine", [str(k) for k in data], n=1):
         from prefixcache.engine.config import parse_serving_config  # no torch: the schema only
 
         serving = parse_serving_config(data, source)
-        print(f"# {source}: valid (cache and engine, as prefixcache generate reads them)")
-        print(yaml.safe_dump(to_plain(serving), sort_keys=False), end="")
-        return 0
+        say(f"# {source}: valid (cache and engine, as prefixcache generate reads them)")
+        say(yaml.safe_dump(to_plain(serving), sort_keys=False), end="")
+        return out.getvalue()
     config = parse_cache_config(require_section(data, "cache", source), "cache", source)
-    print(f"# {source}: valid")
-    print(yaml.safe_dump({"cache": to_plain(config)}, sort_keys=False), end="")
-    return 0
+    say(f"# {source}: valid")
+    say(yaml.safe_dump({"cache": to_plain(config)}, sort_keys=False), end="")
+    return out.getvalue()
 
 
 class _Reporter:
@@ -245,11 +302,31 @@ def _workload(config: Any, path: str) -> Workload:
     return workload
 
 
+_SHIPPED_FOLDERS = ("configs", "examples")
+
+
+def shipped_fallback(path: str) -> str:
+    """`path`, or when no such file exists here and it names a shipped file by the
+    repository's folder (`configs/ab.yaml`, `examples/prompts.jsonl`, or a bare
+    `ab.yaml`), the installed copy of that file, said on stderr: the README's commands
+    then work from any directory."""
+    given = Path(path)
+    if given.exists() or str(given.parent) not in (".", *_SHIPPED_FOLDERS):
+        return path
+    try:
+        shipped = _shipped(given.name, "")
+    except ConfigError:
+        return path
+    print(f"# {path}: not in {Path.cwd()}; using the shipped {given.name} ({shipped})", file=sys.stderr)
+    return str(shipped)
+
+
 def _data(path: str, args: argparse.Namespace) -> Mapping[str, Any]:
     """The YAML file's data with the command line's --set and shortcut overrides applied
     (`prefixcache.overrides`), for the same loader as the file."""
-    from prefixcache.overrides import apply_overrides, parse_override, shortcut_overrides
+    from prefixcache.overrides import apply_overrides, parse_override, relabel_arms, shortcut_overrides
 
+    path = shipped_fallback(path)
     data = load_yaml(path)
     from prefixcache.registry import imports_allowed
 
@@ -262,7 +339,7 @@ def _data(path: str, args: argparse.Namespace) -> Mapping[str, Any]:
         if value is not None:
             overrides += shortcut_overrides(data, name, value)
     overrides += [parse_override(text) for text in getattr(args, "overrides", None) or ()]
-    return apply_overrides(data, overrides)
+    return relabel_arms(data, apply_overrides(data, overrides)) if overrides else data
 
 
 def _source(path: str, args: argparse.Namespace) -> str:
@@ -400,7 +477,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from prefixcache.engine.config import parse_serving_config  # the schema: no torch
 
     config = parse_serving_config(_data(path, args), _source(path, args))  # overrides applied, checked first
-    code = generate(path, args.prompts, fmt="json" if args.json else args.format, config=config)
+    prompts = (shipped_fallback(args.prompts) if args.prompts is not None
+               else str(_shipped(DEFAULT_PROMPTS, "prefixcache generate --prompts FILE.jsonl")))
+    code = generate(path, prompts, fmt="json" if args.json else args.format, config=config)
     if args.config_flag is not None:  # after the run: an error stays the one line it is
         print("note: --config is deprecated; pass the config as the first argument: "
               "prefixcache generate CONFIG --prompts FILE", file=sys.stderr)
@@ -408,6 +487,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 DEFAULT_ENGINE_CONFIG = "engine.yaml"
+DEFAULT_PROMPTS = "prompts.jsonl"
 DEFAULT_SERVE_CONFIG = "serve.yaml"
 DEFAULT_CLUSTER_CONFIG = "cluster.yaml"
 
@@ -615,7 +695,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("config", nargs="?", help=f"YAML with cache: and engine: sections "
                                                f"(default: the shipped {DEFAULT_ENGINE_CONFIG})")
     gen.add_argument("--config", dest="config_flag", metavar="CONFIG", help="deprecated: the same as CONFIG")
-    gen.add_argument("--prompts", required=True, help='JSONL: {"prompt": str} or {"messages": [...]}, optional "namespace", "max_tokens"')
+    gen.add_argument("--prompts", help='JSONL: {"prompt": str} or {"messages": [...]}, optional "namespace", '
+                                       '"max_tokens", "arrival_s" (default: the shipped demo, examples/prompts.jsonl: '
+                                       'six chat requests sharing a system prompt)')
     gen.add_argument("--json", action="store_true", help="the same as --format json: one JSON object per request "
                                                          "and line (completion, token counts, TTFT)")
     gen.set_defaults(func=cmd_generate)
