@@ -115,3 +115,27 @@ def test_server_info_describes_the_event_stream_so_a_subscriber_can_follow_it():
             assert any(type(e).__name__ == "BlockStored" for b in got for e in b.batch.events), got
     finally:
         replica.stop()
+
+
+def test_the_subscriber_snippet_of_docs_serving_runs_as_written(tmp_path):
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
+    section = page[page.index("### The subscriber"):]
+    (snippet,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)[:1]
+    script = tmp_path / "follow_events.py"
+    script.write_text(snippet)
+    replica = Replica(serve_config(events=True), model=load_model("tiny"))
+    url = replica.start()
+    try:
+        for i in range(2):
+            httpx.post(url + "/v1/completions", json={"prompt": f"blocks to follow {i} " * 8, "max_tokens": 1},
+                       timeout=30).raise_for_status()
+        cached = replica.loop.call(lambda e: e.cache.pool.num_cached).result(30)  # keyed blocks of `hash`
+        done = subprocess.run([sys.executable, str(script), url, "2"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        blocks = int(re.fullmatch(r"r0 holds (\d+) blocks \(block_size 4, sha256_cbor\)\n", done.stdout)[1])
+        assert blocks == cached > 0
+    finally:
+        replica.stop()
