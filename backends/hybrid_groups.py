@@ -14,7 +14,9 @@ point `len(prompt) - 1` and a shared-prefix junction) unless an option asks for 
 
 A group's table holds `NULL_BLOCK` (-1) where vLLM's holds its null block. Keys are the
 chained block hash followed by the group index as 4 big-endian bytes, as vLLM's
-`BlockHashWithGroupId`, so one pool index serves every group.
+`BlockHashWithGroupId`, so one pool index serves every group; group 0's key is the hash
+alone (no other group's key has its length), so its chain is the request's packed
+digests as they are, as in the single-group cache.
 
 Must never: decide the hit of the whole request (`hybrid_hash.HybridHashCache`, vLLM's
 coordinator, reconciles the groups), record events or stats, or run a Python loop per
@@ -46,14 +48,20 @@ __all__ = [
     "GroupState",
     "Lookup",
     "group_key",
+    "group_suffix",
     "make_group",
 ]
 
 
+def group_suffix(group: int) -> bytes:
+    """What follows a block hash in group `group`'s key: vLLM's 4 big-endian bytes of the
+    group (`make_block_hash_with_group_id`), nothing for group 0."""
+    return group.to_bytes(4, "big") if group else b""
+
+
 def group_key(digest: bytes, group: int) -> bytes:
-    """vLLM's `make_block_hash_with_group_id`: the block hash, then the group as 4
-    big-endian bytes."""
-    return digest + group.to_bytes(4, "big")
+    """The pool key of a block hash in group `group`."""
+    return digest + group_suffix(group)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -76,17 +84,25 @@ class Lookup:
         ds = self.digest_size
         rows = []
         for g in members:
-            suffix = g.to_bytes(4, "big")
+            if g == 0:
+                rows.append(self.pool.lookup_chain_packed(digests, ds))
+                continue
+            suffix = group_suffix(g)
             keys = b"".join(digests[i : i + ds] + suffix for i in range(0, len(digests), ds))
             rows.append(self.pool.lookup_chain_packed(keys, ds + 4))
         n = min(len(r) for r in rows)
         return [list(r[:n]) for r in rows]
 
+    def run(self, digests: bytes, first: int, stop: int, members: Sequence[int]) -> list[list[int]]:
+        """`chain` over the block hashes of blocks [first, stop) of `digests`."""
+        ds = self.digest_size
+        return self.chain(digests[first * ds : stop * ds], members)
+
     def one(self, digest: bytes, members: Sequence[int]) -> list[int] | None:
         """Per member group, the cached block of one block hash; None if any misses."""
         out = []
         for g in members:
-            block = self.pool.lookup(digest + g.to_bytes(4, "big"))
+            block = self.pool.lookup(digest + group_suffix(g))
             if block is None:
                 return None
             out.append(block)
@@ -126,7 +142,7 @@ class GroupManager:
         self.index = index
         self.pool = pool
         self.block_size = block_size
-        self.suffix = index.to_bytes(4, "big")
+        self.suffix = group_suffix(index)
 
     # -- look-up -------------------------------------------------------------------------
     def find_hit(
@@ -204,6 +220,11 @@ class GroupManager:
         (vLLM `reachable_block_mask`)."""
         return None
 
+    def kept(self, start: int, stop: int, boundaries: Sequence[int]) -> Sequence[int] | None:
+        """The indices in [start, stop) that `cache_mask` keeps, in order; None: all."""
+        mask = self.cache_mask(start, stop, boundaries)
+        return None if mask is None else [start + i for i, keep in enumerate(mask) if keep]
+
     def release_order(self, state: GroupState) -> list[int]:
         """The table's blocks in the order they are freed at release (vLLM `free`:
         reversed, leading NULL_BLOCKs trimmed, inner ones skipped)."""
@@ -220,6 +241,9 @@ class FullAttentionGroup(GroupManager):
         n = min(max_length // self.block_size, len(digests) // digest_size)
         hits = lookup.chain(digests[: n * digest_size], members)
         return hits, len(hits[0]) * self.block_size
+
+    def release_order(self, state: GroupState) -> list[int]:
+        return state.table[::-1]  # full attention holds every block
 
 
 class ChunkedLocalGroup(GroupManager):
@@ -260,45 +284,34 @@ class SlidingWindowGroup(GroupManager):
         def probe(i: int) -> list[int] | None:
             return lookup.one(digests[i * ds : (i + 1) * ds], members)
 
-        found: dict[int, list[int]] = {}
         end = max_blocks - 1
         while need and end - need + 1 >= 0:
             left = end - need + 1
-            got = probe(left)
-            if got is None:
-                end = left - 1
+            if probe(left) is None:
+                end = left - 1  # every window ending in [left, end] holds block `left`
                 continue
-            found[left] = got
-            miss = None
-            for i in range(end, left, -1):
-                got = found.get(i) or probe(i)
-                if got is None:
-                    miss = i
-                    break
-                found[i] = got
-            if miss is None:
-                hits = [[NULL_BLOCK] * left + [found[i][m] for i in range(left, end + 1)] for m in range(len(members))]
-                return hits, (end + 1) * bs
-            end = miss - 1
+            rows = lookup.run(digests, left, end + 1, members)  # the run from `left`, one native call each
+            if len(rows[0]) == need:
+                return [[NULL_BLOCK] * left + row for row in rows], (end + 1) * bs
+            end = left + len(rows[0]) - 1  # windows ending at or past the first miss hold it
         # No full window: the cached run from block 0 (shorter than a window) is the hit.
-        run: list[list[int]] = []
-        for i in range(min(need, max_blocks) if need else max_blocks):
-            got = found.get(i) or probe(i)
-            if got is None:
-                break
-            run.append(got)
-        hits = [[row[m] for row in run] for m in range(len(members))]
-        return hits, len(run) * bs
+        rows = lookup.run(digests, 0, min(need, max_blocks) if need else max_blocks, members)
+        return rows, len(rows[0]) * bs
 
     def cache_mask(self, start: int, stop: int, boundaries: Sequence[int]) -> list[bool] | None:
         # Sparse retention: only the `need` blocks that end at each reachable boundary.
-        bs, need = self.block_size, self.need
         mask = [False] * (stop - start)
+        for j in self.kept(start, stop, boundaries):
+            mask[j - start] = True
+        return mask
+
+    def kept(self, start: int, stop: int, boundaries: Sequence[int]) -> Sequence[int]:
+        bs, need = self.block_size, self.need
+        out: set[int] = set()
         for boundary in boundaries:
             end = boundary // bs
-            for j in range(max(start, end - need), min(stop, end)):
-                mask[j - start] = True
-        return mask
+            out.update(range(max(start, end - need), min(stop, end)))
+        return sorted(out)
 
 
 class MambaGroup(GroupManager):
@@ -362,11 +375,13 @@ class MambaGroup(GroupManager):
     def cache_mask(self, start: int, stop: int, boundaries: Sequence[int]) -> list[bool] | None:
         # Sparse retention: only the state that ends on each reachable boundary.
         mask = [False] * (stop - start)
-        for boundary in boundaries:
-            block = boundary // self.block_size - 1
-            if start <= block < stop:
-                mask[block - start] = True
+        for j in self.kept(start, stop, boundaries):
+            mask[j - start] = True
         return mask
+
+    def kept(self, start: int, stop: int, boundaries: Sequence[int]) -> Sequence[int]:
+        blocks = {b // self.block_size - 1 for b in boundaries}
+        return sorted(j for j in blocks if start <= j < stop)
 
 
 _KINDS: dict[str, type[GroupManager]] = {

@@ -365,19 +365,22 @@ class HybridHashCache(PrefixCache):
             start = state.num_cached or 0
             if start >= num_full:
                 continue
-            mask = None if self.dense else manager.cache_mask(start, num_full, boundaries)
+            kept = None if self.dense else manager.kept(start, num_full, boundaries)
             table = state.table
-            keyed = [
-                i for i in range(start, num_full) if table[i] != NULL_BLOCK and (mask is None or mask[i - start])
-            ]
-            blocks = [table[i] for i in keyed if self.pool.key(table[i]) is None]
+            # The blocks of [start, num_full) are fresh (hits lie before start): none holds a key.
+            if kept is None and isinstance(manager, FullAttentionGroup):
+                keyed: Sequence[int] = range(start, num_full)
+                blocks = table[start:num_full]
+            else:
+                keyed = [i for i in (range(start, num_full) if kept is None else kept) if table[i] != NULL_BLOCK]
+                blocks = [table[i] for i in keyed]
             if blocks:
-                keys = b"".join(
-                    request.digests[i * ds : (i + 1) * ds] + manager.suffix
-                    for i in keyed
-                    if self.pool.key(table[i]) is None
-                )
-                self.pool.cache_many_packed(blocks, keys, ds + 4)
+                suffix = manager.suffix
+                if not suffix and isinstance(keyed, range):
+                    keys = bytes(request.digests[start * ds : num_full * ds])
+                else:
+                    keys = b"".join(request.digests[i * ds : (i + 1) * ds] + suffix for i in keyed)
+                self.pool.cache_many_packed(blocks, keys, ds + len(suffix))
             state.num_cached = num_full
             self._events.record_from(self._stored_events, request, manager, start, num_full, keyed)
 
@@ -445,7 +448,7 @@ class HybridHashCache(PrefixCache):
                     raise InvariantError(f"{who}: group {g} (full attention) holds a null block: {table}")
                 for i, block in enumerate(table[: state.num_cached or 0]):
                     key = self.pool.key(block) if block != NULL_BLOCK else None
-                    if key is not None and key != r.digests[i * ds : (i + 1) * ds] + manager.suffix:
+                    if key is not None and key != bytes(r.digests[i * ds : (i + 1) * ds]) + manager.suffix:
                         raise InvariantError(f"{who}: group {g}: block {block} (#{i}) is keyed with another prefix")
                 refs.update(live)
         for block, count in refs.items():
@@ -466,8 +469,12 @@ class HybridHashCache(PrefixCache):
         )
 
     def _removed_events(self, keys: Sequence[bytes]) -> list[BlockRemoved]:
-        """One BlockRemoved per dropped key, with the key's group (vLLM)."""
-        return [BlockRemoved((bytes(k[:-4]),), group_idx=int.from_bytes(k[-4:], "big")) for k in keys]
+        """One BlockRemoved per dropped key, with the key's group (vLLM; group 0's key is
+        the bare hash)."""
+        ds = self._ds
+        return [
+            BlockRemoved((bytes(k[:ds]),), group_idx=int.from_bytes(k[ds:], "big") if len(k) > ds else 0) for k in keys
+        ]
 
     def _stored_events(
         self, request: HybridRequest, manager: GroupManager, start: int, stop: int, keyed: list[int]

@@ -268,7 +268,7 @@ class PrefixCache(ABC):
             raise ConfigError(
                 "layout",
                 f"backend {type(self).__qualname__} does not cache hybrid layouts (kinds: "
-                f"{', '.join(config.groups.kinds())}); the built-in hash and radix do",
+                f"{', '.join(config.groups.kinds())}); the built-in hash does",
             )
 
     @classmethod

@@ -30,7 +30,7 @@ class _WindowAsFull(SlidingWindowGroup):
     def skipped_tokens(self, num_computed):
         return 0
 
-    def cache_mask(self, start, stop, boundaries):
+    def kept(self, start, stop, boundaries):
         return None
 
 
