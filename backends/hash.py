@@ -171,7 +171,7 @@ class HashCache(BlockwiseAppend, PrefixCache):
     """vLLM V1 automatic prefix caching on a `BlockPool` (see the module docstring)."""
 
     option_defaults = {"verify_hits": "auto", **HYBRID_OPTIONS}
-    option_choices = {"verify_hits": VERIFY_HITS, "retention": RETENTION}
+    option_choices = {"verify_hits": VERIFY_HITS, "retention": RETENTION, "no_tail_cliff": (False, True)}
 
     def __new__(cls, pool: BlockPool, config: CacheConfig) -> HashCache:
         # A hybrid layout is vLLM's hybrid manager, a class of its own (backends/hybrid_hash.py).

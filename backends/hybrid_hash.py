@@ -84,10 +84,15 @@ RETENTION = ("sparse", "dense")
 0: a window tail or a state only at a reachable boundary) or dense (vLLM's None: every
 block; with `state_interval` a state every so many tokens)."""
 
-HYBRID_OPTIONS = {"retention": "sparse", "state_interval": 0}
+HYBRID_OPTIONS = {"retention": "sparse", "state_interval": 0, "no_tail_cliff": False}
 """Options `hash` takes for a hybrid layout only (defaults: vLLM 0.33). state_interval:
 TOKENS, a multiple of block_size (0: none): the prefill also ends a chunk every that many
-tokens, so a mamba state exists there to keep (`retention: dense` keeps it)."""
+tokens, so a mamba state exists there to keep (`retention: dense` keeps it).
+no_tail_cliff: a cached window or state block a request stopped reading (freed while it
+decoded, so older in the LRU than the rest of its branch) is freed again at the
+request's release, after its full-attention blocks: the branch's window tail is evicted
+after the full KV it completes, so its hit never falls from the whole branch to 0 while
+that KV is resident (vLLM evicts the tail first)."""
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -117,6 +122,7 @@ class HybridRequest(Request):
     chunk_ends: list[int] = field(default_factory=list)
     allocated_to: int = 0
     waiting: bool = False
+    retired: list[tuple[int, bytes]] = field(default_factory=list)  # no_tail_cliff: (block, key) freed early
 
 
 class HybridHashCache(PrefixCache):
@@ -125,7 +131,7 @@ class HybridHashCache(PrefixCache):
     name = "hash"
     supports_layout = True
     option_defaults = {"verify_hits": "auto", **HYBRID_OPTIONS}
-    option_choices = {"verify_hits": ("auto", "always", "never"), "retention": RETENTION}
+    option_choices = {"verify_hits": ("auto", "always", "never"), "retention": RETENTION, "no_tail_cliff": (False, True)}
 
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)
@@ -144,6 +150,7 @@ class HybridHashCache(PrefixCache):
             raise ConfigError("options.state_interval", f"{interval} is not a multiple of block_size {self.block_size} (TOKENS; 0: none)")
         self.layout = layout
         self.dense = self.options["retention"] == "dense"
+        self.no_tail_cliff = self.options["no_tail_cliff"]
         self.state_interval = interval
         self._algorithm = config.hash.algorithm
         self._none_hash = none_hash(self._algorithm, config.hash.seed)
@@ -287,8 +294,15 @@ class HybridHashCache(PrefixCache):
         self.pool.free(blocks)
 
     def _remove_skipped(self, request: HybridRequest, num_computed: int) -> None:
+        free = self._free
+        if self.no_tail_cliff:
+
+            def free(blocks: list[int]) -> None:
+                request.retired.extend((b, key) for b in blocks if (key := self.pool.key(b)) is not None)
+                self.pool.free(blocks)
+
         for manager, state in zip(self.managers, request.groups):
-            manager.remove_skipped(state, num_computed, self._free)
+            manager.remove_skipped(state, num_computed, free)
 
     def _next_chunk(self, request: HybridRequest) -> bool:
         """vLLM's next scheduler step of a split prefill: free what no query reads,
@@ -387,10 +401,17 @@ class HybridHashCache(PrefixCache):
     @guarded
     def release(self, request_id: Hashable) -> None:
         request = self._requests.get(request_id)
+        # no_tail_cliff: the cached blocks it stopped reading, still free and holding its
+        # keys, are taken back and freed again after its full-attention blocks.
+        retired = [b for b, key in reversed(request.retired) if self.pool.ref_count(b) == 0 and self.pool.key(b) == key]
+        if retired:
+            self.pool.touch(retired)
         for manager, state in zip(self.managers, request.groups):
             blocks = manager.release_order(state)
             if blocks:
                 self.pool.free(blocks)
+        if retired:
+            self.pool.free(retired)
         self._requests.pop(request_id)
 
     @guarded
