@@ -163,6 +163,11 @@ class CacheConfig:
         for i, group in enumerate(self.layout):
             if not isinstance(group, LayerGroup):
                 raise ConfigError(f"layout[{i}]", f"must be a LayerGroup, got {short_repr(group)}")
+        # Lower tiers (`tiers`, where this config has them) keep full-attention blocks only.
+        if getattr(self, "tiers", ()) and self.groups.hybrid:
+            raise ConfigError(
+                "layout", "a hybrid layout (a group that is not full_attention) cannot be combined with cache.tiers yet"
+            )
 
     @property
     def groups(self) -> Layout:

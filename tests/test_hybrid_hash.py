@@ -188,3 +188,8 @@ def test_radix_and_plugins_refuse_a_hybrid_layout_they_do_not_support():
 
     with pytest.raises(ConfigError, match="layout"):
         Mine(prefixcache.BlockPool(64), CacheConfig(num_blocks=64, layout=(FULL, MAMBA)))
+
+
+def test_radix_refuses_a_hybrid_layout_naming_the_key():
+    with pytest.raises(ConfigError, match="layout"):
+        prefixcache.build_cache(CacheConfig(backend="radix", num_blocks=64, layout=(FULL, MAMBA)))
