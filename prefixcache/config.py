@@ -35,12 +35,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import errno
+import os
+import stat
 import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Any, BinaryIO, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
@@ -56,6 +59,7 @@ __all__ = [
     "CRYPTOGRAPHIC",
     "from_mapping",
     "load_yaml",
+    "open_regular_file",
     "require_section",
     "did_you_mean",
     "to_plain",
@@ -370,12 +374,30 @@ def _check_expansion(root: yaml.Node) -> None:
         stack.extend((child, False) for child in _children(node) if id(child) not in size)
 
 
+def open_regular_file(path: str | Path) -> BinaryIO:
+    """`path` opened for reading in binary, if it is a regular file; else OSError
+    ("not a regular file"). A FIFO without a writer would block `open()` itself, and a
+    device such as /dev/zero never ends, so neither is opened the usual way."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO's open returns at once
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a device or socket"
+            raise OSError(errno.EINVAL, f"not a regular file ({kind})", str(path))
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def load_yaml(source: str | Path) -> Mapping[str, Any]:
     """Parse a YAML file (at most MAX_CONFIG_BYTES) into its top-level mapping, within
     the loader's limits; every error is one line that names the file."""
     path = Path(source)
     try:
-        with open(path, "rb") as f:  # not read_text: a FIFO or /dev/zero never ends
+        with open_regular_file(path) as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as err:
         raise ConfigError("", f"cannot read config file: {err.strerror}", str(path)) from None

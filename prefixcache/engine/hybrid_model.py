@@ -204,15 +204,19 @@ class HybridModel:
 
     @torch.inference_mode()
     def forward(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
-        """Compute every chunk; fp32 logits of the chunks that want them."""
-        out = []
+        """Compute every chunk; fp32 logits of the chunks that want them. Running states
+        advance only when every chunk succeeded: a pass that raises leaves them as they
+        were, so the engine can run its chunks again one by one."""
+        out, advanced = [], {}
         for ch in chunks:
             tables = ch.group_tables or (ch.block_table,)
-            state = self._start(ch, tables)
+            state = [s.clone() for s in self._start(ch, tables)]
             logits = self._chunk(ch, tables, state)
             self._save(ch.start + len(ch.token_ids), tables, state)
+            advanced[ch.request_id] = state
             if ch.want_logits:
                 out.append(logits)
+        self._running.update(advanced)
         if not out:
             return torch.empty((0, self.config.vocab_size))
         return torch.stack(out)
@@ -225,7 +229,7 @@ class HybridModel:
         """The request's running states: carried on, or, on its first chunk since
         admission, the cached state its hit ends on (zeros at position 0)."""
         if not ch.fresh and ch.request_id in self._running:
-            return self._running[ch.request_id]
+            return self._running[ch.request_id]  # copied by the caller
         c, bs = self.config, self.block_size
         states = []
         for layer, kind in enumerate(self.kinds):
@@ -239,7 +243,6 @@ class HybridModel:
             if ch.start % bs or i >= len(table) or table[i] == NULL_BLOCK:
                 raise ValueError(f"request {ch.request_id!r}: no cached state at position {ch.start} to resume from")
             states.append(self.storage[layer][table[i]].clone())
-        self._running[ch.request_id] = states
         return states
 
     def _save(self, end: int, tables: Sequence[Sequence[int]], state: list[torch.Tensor]) -> None:

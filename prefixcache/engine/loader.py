@@ -17,9 +17,18 @@ from prefixcache.engine.config import BUILTIN_MODELS
 from prefixcache.engine.hybrid_model import TINY_HYBRID_CONFIG, HybridWeights, random_hybrid_weights
 from prefixcache.layout import LayerGroup
 from prefixcache.engine.tokenizer import ByteTokenizer, GGUFTokenizer, Tokenizer
-from prefixcache.engine.weights import TINY_CONFIG, Weights, open_gguf, random_weights, read_gguf_weights, smollm2_gguf_path
+from prefixcache.engine.weights import (
+    TINY_CONFIG,
+    LlamaConfig,
+    Weights,
+    open_gguf,
+    random_weights,
+    read_gguf_config,
+    read_gguf_weights,
+    smollm2_gguf_path,
+)
 
-__all__ = ["LoadedModel", "load_model", "load_tokenizer"]
+__all__ = ["LoadedModel", "load_model", "load_tokenizer", "load_model_config"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,6 +71,18 @@ def load_tokenizer(name: str, *, chat_template: str | None = None) -> Tokenizer:
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
     return _gguf_tokenizer(path, reader, chat_template)
+
+
+def load_model_config(name: str) -> LlamaConfig:
+    """The geometry of `load_model(name)` without its weights (the GGUF metadata only):
+    what `engine.memory` sizes an engine from; the same one-line errors."""
+    if name == "tiny":
+        return TINY_CONFIG
+    path = _gguf_path(name)
+    try:
+        return read_gguf_config(open_gguf(path))
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
 def _gguf_tokenizer(path: Path, reader, chat_template: str | None) -> GGUFTokenizer:
