@@ -79,6 +79,18 @@ class HybridConfig:
             groups.append(LayerGroup(kind, layers=layers, bytes_per_token=4 * 2 * self.num_kv_heads * self.head_dim, **extent))
         return tuple(groups)
 
+    # The geometry `prefixcache.engine.memory` reads (an upper estimate: a recurrent
+    # layer's state per block is smaller than an attention layer's KV per block).
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def intermediate_size(self) -> int:
+        return 2 * self.hidden_size  # up and down only: counted as three, an upper estimate
+
+    tie_embeddings = False
+
     @property
     def group_of(self) -> tuple[int, ...]:
         kinds = list(dict.fromkeys(self.layers))
