@@ -230,10 +230,12 @@ def first_difference(ours: Trace, theirs: Trace) -> str | None:
 
 def pool_sizes(reqs, block_size: int, num_groups: int, concurrency: int) -> dict[str, int]:
     """`ample`: every request's blocks in every group, never evicting; `pressure`: room
-    for the live requests and a little more, so the LRU evicts throughout."""
+    for the live requests and a little more, so the LRU evicts throughout; `tight`: about
+    the live requests alone, so admissions and chunks are refused and live requests
+    released to make room."""
     per_request = max(-(-(len(r.prompt) + len(r.output)) // block_size) for r in reqs) * num_groups
     total = sum(-(-(len(r.prompt) + len(r.output)) // block_size) for r in reqs) * num_groups
-    return {"ample": total + per_request, "pressure": per_request * (concurrency + 2)}
+    return {"ample": total + per_request, "pressure": per_request * (concurrency + 2), "tight": per_request * concurrency + 2}
 
 
 def main() -> int:
@@ -244,6 +246,7 @@ def main() -> int:
     parser.add_argument("--layout", choices=[*LAYOUTS, "all"], default="all")
     parser.add_argument("--block-size", type=int, choices=[16, 528], nargs="*", default=[16, 528])
     parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
+    parser.add_argument("--pool", choices=["ample", "pressure", "tight", "all"], default="all")
     args = parser.parse_args()
 
     import vllm_v1_core
@@ -251,7 +254,7 @@ def main() -> int:
     print(f"# hybrid_parity: {cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"load {open('/proc/loadavg').read().split()[:3]}, {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"# command: {' '.join(sys.argv)}")
-    print("| layout | block | workload | pool | requests | ours hit tokens | vLLM hit tokens | evictions-driven refusals | "
+    print("| layout | block | workload | pool | requests | ours hit tokens | vLLM hit tokens | refusals (ours / vLLM) | "
           "events | parity |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     ok = True
@@ -265,6 +268,8 @@ def main() -> int:
                     continue
                 reqs = make(random.Random(args.seed))
                 for pname, num_blocks in pool_sizes(reqs, bs, len(groups), args.concurrency).items():
+                    if args.pool not in ("all", pname):
+                        continue
                     ours = replay_ours(reqs, groups, bs, num_blocks, args.concurrency)
                     theirs = replay_vllm(core, reqs, groups, num_blocks, args.concurrency)
                     diff = first_difference(ours, theirs)
