@@ -97,9 +97,9 @@ def test_validate_lists_every_mistake_with_a_did_you_mean_for_names(tmp_path, ca
     bad.write_text("cache:\n  backend: radx\n  block_size: 0\n  num_blockz: 10\n  eviction: lfuu\n")
     assert main(["validate", str(bad)]) == 2
     lines = capsys.readouterr().err.splitlines()
-    assert lines == [
-        f"error: {bad}: cache.num_blockz: unknown key; allowed keys: backend, block_size, num_blocks, hash, eviction, "
-        "enable_events, options; did you mean 'num_blocks'?",
+    assert lines[0].startswith(f"error: {bad}: cache.num_blockz: unknown key; allowed keys: backend, block_size, ")
+    assert lines[0].endswith("; did you mean 'num_blocks'?")
+    assert lines[1:] == [
         f"error: {bad}: cache.block_size: must be an integer >= 1, got 0",
         f"error: {bad}: cache.backend: unknown backend 'radx'; known: hash, radix, or 'package.module:ClassName'; "
         "did you mean 'radix'?",
