@@ -193,8 +193,10 @@ def test_a_plugin_beside_the_user_works_from_the_cli_without_pythonpath(tmp_path
     `--import MODULE` makes a name registered with the decorator usable in a config."""
     import sys
 
+    from prefixcache import registry
     from prefixcache.cli import main
 
+    monkeypatch.setattr(registry, "_eviction_policies", dict(registry._eviction_policies))  # the names go after
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
     for name in ("fd_cwd_policy", "fd_beside_policy", "fd_named_policy"):
         monkeypatch.delitem(sys.modules, name, raising=False)
