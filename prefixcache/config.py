@@ -50,6 +50,7 @@ import yaml
 from prefixcache import limits
 from prefixcache.errors import ConfigError, SecurityWarning, key_text, short_repr
 from prefixcache.tier_config import CostModel, TierConfig
+from prefixcache.layout import LayerGroup, Layout, check_layout
 
 __all__ = [
     "ConfigError",
@@ -128,6 +129,9 @@ class CacheConfig:
                    tier), in order: host memory, disk (`prefixcache.tier_config`;
                    empty: the device pool alone, today's behaviour)
     cost_model:    what a lower-tier load and a recompute cost (read only with tiers)
+    layout:        the model's layer groups (`prefixcache.layout.LayerGroup`); empty, or
+                   all full_attention: one group, as every backend always had
+                   (`self.groups` is the checked `Layout` either way)
     """
 
     backend: str = "hash"
@@ -139,6 +143,7 @@ class CacheConfig:
     options: Mapping[str, Any] = field(default_factory=dict)
     tiers: tuple[TierConfig, ...] = ()
     cost_model: CostModel = field(default_factory=CostModel)
+    layout: tuple[LayerGroup, ...] = ()
 
     def __post_init__(self) -> None:
         for name, most, why in (
@@ -173,6 +178,25 @@ class CacheConfig:
                 raise ConfigError(f"tiers[{i}].num_blocks", f"must be at most {limits.MAX_NUM_BLOCKS}, got {tier.num_blocks}")
         if not isinstance(self.cost_model, CostModel):
             raise ConfigError("cost_model", f"must be a mapping, got {short_repr(self.cost_model)}")
+        if isinstance(self.layout, list):
+            object.__setattr__(self, "layout", tuple(self.layout))
+        check_layout(self.layout)
+        for i, group in enumerate(self.layout):
+            if not isinstance(group, LayerGroup):
+                raise ConfigError(f"layout[{i}]", f"must be a LayerGroup, got {short_repr(group)}")
+        # Lower tiers move whole full-attention blocks only (docs/tiers.md).
+        if self.tiers and self.groups.hybrid:
+            kinds = sorted({g.kind for g in self.layout} - {"full_attention"})
+            raise ConfigError(
+                "layout",
+                f"a hybrid layout ({', '.join(kinds)} groups) cannot be combined with cache.tiers: lower tiers "
+                "hold full-attention blocks only (drop cache.tiers, or use a full-attention layout)",
+            )
+
+    @property
+    def groups(self) -> Layout:
+        """The layout, checked: one full_attention group when `layout` is empty."""
+        return Layout(self.layout)
 
     def replace(self, **changes: Any) -> CacheConfig:
         """A copy with some fields changed (its own fields validated again; what it names is

@@ -108,15 +108,14 @@ def check_tiers(config: CacheConfig) -> None:
     the block hash is collision resistant (a tier finds blocks by hash alone), no two
     tiers share a file, and each DISK path is a regular file (or a new one) in a
     writable directory, never a symbolic link, whose disk holds the tier once
-    `cost_model.kv_bytes_per_token` says how large a block is. A non-full-attention
-    `layout` (a hybrid model) is refused with tiers."""
+    `cost_model.kv_bytes_per_token` says how large a block is. (A hybrid `layout` with
+    tiers is refused by `CacheConfig` itself.)"""
     if config.hash.algorithm not in CRYPTOGRAPHIC:
         raise ConfigError(
             "tiers",
             f"lower tiers find blocks by their chained hash alone; hash.algorithm {config.hash.algorithm} is not "
             f"collision resistant: use {' or '.join(CRYPTOGRAPHIC)} with cache.tiers",
         )
-    _check_layout(config)
     paths: dict[str, int] = {}
     for i, tier in enumerate(config.tiers):
         name = tier.eviction or config.eviction
@@ -145,22 +144,6 @@ def _native(name: str) -> bool:
         return registry.resolve_eviction_policy(name).native is not None
     except ConfigError:
         return False
-
-
-def _check_layout(config: CacheConfig) -> None:
-    """Tiers move whole full-attention blocks; a hybrid layout (sliding windows, mamba
-    state) is refused with them."""
-    layout = getattr(config, "layout", None)
-    if not layout:
-        return
-    groups = getattr(layout, "groups", layout)
-    kinds = {getattr(g, "kind", "full_attention") for g in groups} if isinstance(groups, (list, tuple)) else set()
-    if kinds - {"full_attention"}:
-        raise ConfigError(
-            "tiers",
-            f"cache.tiers with a cache.layout of {', '.join(sorted(kinds))} groups is not supported: lower tiers "
-            "hold full-attention blocks only (drop cache.tiers, or use a full-attention layout)",
-        )
 
 
 def _check_disk_path(config: CacheConfig, i: int) -> None:

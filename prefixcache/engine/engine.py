@@ -42,6 +42,7 @@ from prefixcache.config import ConfigError
 from prefixcache.engine.batch import SeqChunk
 from prefixcache.engine.config import ServingConfig, load_serving_config
 from prefixcache.engine.kv_tiers import KVTiers
+from prefixcache.engine.hybrid_model import HybridModel, HybridWeights
 from prefixcache.engine.loader import LoadedModel, load_model
 from prefixcache.engine.memory import check_engine_memory
 from prefixcache.engine.metrics import RequestMetrics, RunStats
@@ -49,6 +50,7 @@ from prefixcache.engine.model import LlamaModel
 from prefixcache.engine.nocache import NoPrefixCache
 from prefixcache.engine.sampling import SamplingError, SamplingParams, sample
 from prefixcache.engine.scheduler import Scheduled, Scheduler, Sequence as Seq
+from prefixcache.errors import ConfigError
 from prefixcache.events import KVEvent
 from prefixcache.protocol import PrefixCache, as_tokens
 from prefixcache.requests import check_namespace
@@ -134,9 +136,20 @@ class Engine:
         self._event_sink = event_sink
         if cc.enable_events != (event_sink is not None):
             cc = cc.replace(enable_events=event_sink is not None)
+        # The model's layers decide the cache's layout; a config that says otherwise is wrong.
+        if self.loaded.layout:
+            if cc.layout and tuple(cc.layout) != tuple(self.loaded.layout):
+                raise ConfigError(
+                    "cache.layout", f"model {self.loaded.name!r} needs layout {list(self.loaded.layout)}, not {list(cc.layout)}"
+                )
+            cc = cc.replace(layout=tuple(self.loaded.layout))
+        self.config = replace(config, cache=cc)
         pool = BlockPool(cc.num_blocks)
         self.cache: PrefixCache = build_cache(cc, pool) if ec.prefix_caching else NoPrefixCache(pool, cc)
-        self.model = LlamaModel(self.loaded.weights, attention_impl=ec.attention)
+        if isinstance(self.loaded.weights, HybridWeights):
+            self.model: LlamaModel | HybridModel = HybridModel(self.loaded.weights, attention_impl=ec.attention)
+        else:
+            self.model = LlamaModel(self.loaded.weights, attention_impl=ec.attention)
         self.model.allocate_kv(cc.num_blocks, cc.block_size)
         #: The data of the cache's lower tiers (`cache.tiers`): host pools, disk files.
         self.kv_tiers: KVTiers | None = None
@@ -240,6 +253,7 @@ class Engine:
         computed stays cached, as on any release) and it produces no output. False if
         no such request is unfinished."""
         seq = self.scheduler.abort(request_id)
+        self._forget(request_id)
         self._publish_events()
         return seq is not None
 
@@ -324,10 +338,12 @@ class Engine:
         return (torch.cat(rows) if rows else self._no_logits()), kept, failed
 
     def _forward_chunks(self, work: list[Scheduled]) -> torch.Tensor:
+        hybrid = isinstance(self.model, HybridModel)
         chunks = [
-            SeqChunk(w.seq.tokens[w.start : w.start + w.num_tokens], w.start, self.scheduler.block_table(w.seq), w.samples)
+            SeqChunk(w.seq.tokens[w.start : w.start + w.num_tokens], w.start, self.scheduler.block_table(w.seq), w.samples,
+                     self.scheduler.block_tables(w.seq) if hybrid else (), w.seq.request_id, w.fresh)
             for w in work
-        ]
+        ]  # fmt: skip
         return self.model.forward(self.model.plan(chunks))
 
     def _no_logits(self) -> torch.Tensor:
@@ -338,6 +354,7 @@ class Engine:
         before stays cached; this step's chunk was not committed)."""
         _log.warning("request %s failed: %s: %s", seq.request_id, type(err).__name__, err)
         self.scheduler.finish(seq, "error")
+        self._forget(seq.request_id)
         seq.metrics.finish_s = time.perf_counter()
         output = self._output(seq)
         output.error = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
@@ -374,9 +391,15 @@ class Engine:
                 reason = "length"
             if reason is not None:
                 self.scheduler.finish(seq, reason)
+                self._forget(seq.request_id)
                 seq.metrics.finish_s = now
                 done.append(self._output(seq))
         return sampled, done
+
+    def _forget(self, request_id: str) -> None:
+        """A request left: a recurrent model drops its running state."""
+        if isinstance(self.model, HybridModel):
+            self.model.forget(request_id)
 
     def _output(self, seq: Seq) -> RequestOutput:
         text_ids = seq.output[:-1] if seq.finish_reason == "stop" else seq.output
@@ -395,8 +418,10 @@ class Engine:
         requests: Iterable[GenerationRequest | str | Sequence[int]],
         *,
         arrival_offsets_s: Sequence[float] | None = None,
+        on_output: Callable[[RequestOutput], None] | None = None,
     ) -> list[RequestOutput]:
-        """Run the requests until all finish; outputs in input order.
+        """Run the requests until all finish; outputs in input order. `on_output` is
+        called with each as it finishes (what a caller keeps if it is interrupted).
 
         `arrival_offsets_s`: per request, when it arrives, in SECONDS after this call
         (finite, >= 0, any order). A request is added at the first step boundary at or
@@ -432,6 +457,8 @@ class Engine:
             if self.has_unfinished():
                 for out in self.step():
                     by_id[out.request_id] = out
+                    if on_output is not None:
+                        on_output(out)
             elif k < len(pending):
                 time.sleep(max(0.0, pending[k][0] - time.perf_counter()))
         return [by_id[i] for i in ids if i is not None]
