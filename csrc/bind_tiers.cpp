@@ -177,6 +177,7 @@ csrc/tier_manager.h; prefixcache.tiers wraps it.
             t.load(to_locations(sources), to_ids(dst), promote);
           },
           py::arg("sources"), py::arg("dst"), py::arg("promote") = true)
+      .def("persist", [](TierManager& t, py::handle tier) { return t.persist(tier_arg(tier)); }, py::arg("tier"))
       .def("finish_loads", [](TierManager& t, py::handle sources) { t.finish_loads(to_locations(sources)); })
       .def("count_hits", [](TierManager& t, py::handle tier, py::handle n) {
         t.count_hits(tier_arg(tier), saturated_int64(n, "n"));

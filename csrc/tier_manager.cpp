@@ -366,6 +366,37 @@ bool TierManager::device_has(int64_t block) const {
 
 const BlockMeta& TierManager::device_meta(int64_t block) const { return device_.meta[check_block(block, "device_meta")]; }
 
+int64_t TierManager::persist(int32_t t) {
+  Slots& dst = tier_at(t);
+  if (!dst.spec.keep_on_load) {
+    throw std::invalid_argument("persist: tier " + std::to_string(t) +
+                                " does not keep what it loads (only a disk tier persists blocks)");
+  }
+  const int64_t most = dst.spec.num_slots;
+  int64_t stored = 0;
+  // A source the tier already holds is skipped, so a key held twice above is copied once.
+  auto copy = [&](int32_t src_tier, int32_t src, std::string_view key, const std::string* parent,
+                  const int64_t* tokens, const BlockMeta& meta) {
+    if (stored >= most || dst.index.first(key) >= 0) return;
+    if (store(t, src_tier, src, key, parent, tokens, meta) >= 0) ++stored;
+  };
+  for (int32_t b = 0; b < static_cast<int32_t>(num_device_blocks_); ++b) {
+    if (!device_.index.has_key(b)) continue;
+    const int64_t* toks = keep_tokens_ ? device_tokens_.data() + static_cast<size_t>(b) * block_size_ : nullptr;
+    copy(kDevice, b, device_.index.key(b), device_.has_parent[b] ? &device_.parent[b] : nullptr, toks,
+         device_.meta[b]);
+  }
+  for (int32_t u = 0; u < t; ++u) {
+    Slots& s = tiers_[u];
+    for (int32_t slot = 0; slot < static_cast<int32_t>(s.spec.num_slots); ++slot) {
+      if (!s.index.has_key(slot)) continue;
+      const int64_t* toks = keep_tokens_ ? tokens_[u].data() + static_cast<size_t>(slot) * block_size_ : nullptr;
+      copy(u, slot, s.index.key(slot), s.has_parent[slot] ? &s.parent[slot] : nullptr, toks, s.meta[slot]);
+    }
+  }
+  return stored;
+}
+
 // ------------------------------------------------------------------ look-up
 
 std::pair<int32_t, int32_t> TierManager::locate(std::string_view key) const {

@@ -183,6 +183,13 @@ class TierManager {
   // A slot whose data is bad (a checksum or a length that does not match) or whose
   // write failed: it leaves its tier, counted in errors (bad) or refused (failed).
   void drop(int32_t tier, int32_t slot, bool failed_write);
+  // Copy into tier `t` (one that keeps what it loads: a disk tier) every block the device
+  // mirror or a tier above `t` holds and `t` does not, device blocks first, at most
+  // num_slots(t) of them (so a pass never evicts its own copies under LRU): what a
+  // graceful shutdown writes so that a restart on the file finds every chain whole,
+  // heads included. Stores are recorded (transfers, records, counters) like any other;
+  // nothing leaves the tiers above. Returns the blocks stored.
+  int64_t persist(int32_t t);
   // Put back a block a disk file holds (a restart): `slot` must be free.
   void restore(int32_t tier, int32_t slot, std::string_view key, std::optional<std::string_view> parent,
                const std::vector<int64_t>& tokens, int64_t hits);

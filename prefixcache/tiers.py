@@ -227,6 +227,15 @@ class Tiers:
         self.native.finish_loads(sources)
         self.flush_events()
 
+    def persist(self) -> int:
+        """Copy into each DISK tier every block held above it and not in it (the device's
+        cached blocks first), at most the tier's size: what a graceful shutdown writes so a
+        restart on the file finds whole chains. Returns the BLOCKS stored; their transfers
+        wait in `drain_transfers()`, their events are recorded."""
+        n = sum(self.native.persist(t) for t, spec in enumerate(self.specs) if spec.medium == "DISK")
+        self.flush_events()
+        return n
+
     def drain_transfers(self) -> list[Transfer]:
         """The transfers since the last drain, in order (`PrefixCache.drain_transfers`)."""
         flat = iter(self.native.drain_transfers())

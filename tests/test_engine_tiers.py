@@ -89,6 +89,25 @@ def test_a_prefix_loaded_from_disk_gives_the_same_output_and_survives_a_restart(
     again.close()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_graceful_close_writes_what_the_device_and_host_hold_so_a_restart_hits_whole(tiny, backend, tmp_path):
+    # on_evict: a's blocks never left the device and b's sit on the host, so the file holds
+    # neither until close() persists them; a restart then serves both prefixes whole.
+    path = str(tmp_path / "kv.tier")
+    e = engine(tiny, backend, TierConfig("CPU", 8), TierConfig("DISK", 32, path=path), num_blocks=8)
+    a, b = prompts(tiny.weights.config.vocab_size)
+    want = [one(e, b), one(e, a)]
+    assert e.cache.stats().tiers[1].stores == 0 and e.cache.stats().tiers[0].used_blocks >= 6
+    e.close()
+    again = engine(tiny, backend, TierConfig("CPU", 8), TierConfig("DISK", 32, path=path), num_blocks=8)
+    assert again.kv_tiers.restored >= 12
+    got = [one(again, b), one(again, a)]
+    assert [o.metrics.cached_tokens for o in got] == [6 * BS, 6 * BS]
+    assert_same_outputs(got, want, logits_rtol=1e-5)
+    again.close()
+    again.close()  # a second close writes nothing and does not fail
+
+
 def test_a_file_of_another_block_size_or_model_is_refused_by_name(tiny, tmp_path):
     path = str(tmp_path / "kv.tier")
     engine(tiny, "hash", TierConfig("DISK", 8, path=path)).close()

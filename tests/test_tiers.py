@@ -205,7 +205,9 @@ def test_tier_events_name_the_medium_and_carry_real_tokens(backend):
     ids=["cpu", "cpu+cpu-chain", "write-through", "selective+cpu"],
 )
 def test_both_strategies_pass_the_kit_with_tiers(backend, tiers):
-    kit.check_backend(backend, tiers=tiers, enable_events=True, max_examples=25)
+    # The plain host tier at the kit's block sizes; the other layouts at one (the suite's time).
+    sizes = (1, 4) if len(tiers) == 1 and tiers[0].write == "on_evict" else (2,)
+    kit.check_backend(backend, tiers=tiers, enable_events=True, max_examples=25, block_sizes=sizes)
 
 
 class _MisloadingHash(HashCache):
@@ -282,3 +284,22 @@ def config_mapping():
         "capacity_tokens": 2048,
         "arms": {"host": {"backend": "hash", "block_size": 16, "tiers": [{"medium": "CPU", "num_blocks": 64}]}},
     }
+
+
+def test_persist_copies_what_is_held_above_a_disk_tier_once():
+    from prefixcache._C import TierManager
+
+    host, disk = (4, "on_evict", 0, "lru", False, {}, False), (8, "on_evict", 0, "lru", False, {}, True)
+    m = TierManager(4, 2, 32, [host, disk], True, True)
+    keys = [bytes([i]) * 32 for i in range(6)]
+    m.device_cached([0, 1, 2, 3], b"".join(keys[:4]), None, list(range(8)), 0, 0, 0)
+    m.device_evicted([0, 1])  # keys 0, 1 go to the host tier
+    m.device_cached([0, 1], b"".join(keys[4:]), keys[3], list(range(4)), 0, 0, 0)
+    m.drain_transfers()
+    assert m.persist(1) == 6 and m.num_used(1) == 6 and m.num_used(0) == 2 and m.num_device_cached == 4
+    moved = m.drain_transfers()
+    assert sorted(zip(moved[::4], moved[2::4])) == [(-1, 1)] * 4 + [(0, 1)] * 2
+    assert m.persist(1) == 0  # nothing new above it
+    m.check_invariants(None)
+    with pytest.raises(ValueError, match="only a disk tier persists"):
+        m.persist(0)

@@ -269,10 +269,16 @@ class Engine:
             self.kv_tiers.run(self.cache.drain_transfers())
 
     def close(self) -> None:
-        """Run the transfers still recorded and close the disk tiers' files (their blocks
-        stay, for an engine started on them again)."""
+        """Run the transfers still recorded, copy every cached block the disk tiers lack
+        into them (`Tiers.persist`: the device's and the host tiers' blocks, whose KV is
+        complete once no step runs), and close the files, so an engine started on them
+        again serves whole chains at once."""
         if self.kv_tiers is not None:
             self._run_transfers()
+            if self.kv_tiers.files and not self.has_unfinished():  # open (a second close persists nothing)
+                self.kv_tiers.tiers.persist()
+                self._run_transfers()
+                self._publish_events()
             self.kv_tiers.close()
 
     def _publish_events(self) -> None:
