@@ -167,3 +167,27 @@ def test_a_tiny_disk_for_the_model_is_refused_before_anything_is_written(tiny, t
     with pytest.raises(ConfigError, match=r"cache\.tiers\[0\]\.num_blocks: .* GB free"):
         engine(tiny, "hash", TierConfig("DISK", 64, path=str(tmp_path / "kv.tier")))
     assert not (tmp_path / "kv.tier").exists()
+
+
+def test_a_replica_stopped_and_started_on_its_disk_tier_serves_the_prefix_at_once(tiny, tmp_path):
+    from serve_cases import in_engine
+
+    from prefixcache.serve.config import parse_serve_config
+    from prefixcache.serve.server import Replica
+
+    config = parse_serve_config({
+        "cache": {"block_size": BS, "num_blocks": 16, "tiers": [{"medium": "DISK", "num_blocks": 32,
+                                                                  "path": str(tmp_path / "kv.tier")}]},
+        "engine": {"model": "tiny", "num_threads": 1},
+    })  # fmt: skip
+    a = prompts(tiny.weights.config.vocab_size)[0]
+    cached = []
+    for _ in range(2):
+        replica = Replica(config, model=tiny)
+        replica.start()
+        try:
+            out = in_engine(replica, lambda e: e.generate([GenerationRequest(prompt=a, max_tokens=2)])[0])
+            cached.append(out.metrics.cached_tokens)
+        finally:
+            replica.stop()  # a's blocks never left the device: stop() persists them
+    assert cached == [0, 6 * BS]

@@ -7,7 +7,8 @@ them over once per step; otherwise it records none), starts the engine loop, and
 the FastAPI app (`app.build_app`) with uvicorn, either in the foreground (`serve`, the
 CLI: Ctrl-C stops it) or from a thread on a port the OS picks (`start`, what tests and
 benchmarks use: `start()` returns the base URL once the socket listens). Shutdown stops
-the HTTP server, then the engine loop (aborting what is in flight), then the publisher.
+the HTTP server, then the engine loop (aborting what is in flight), then the engine (its
+disk tiers persist what it cached: `Engine.close`), then the publisher.
 
 Must never: listen anywhere but the host it is given (tests and benchmarks give
 127.0.0.1), or leave a thread or socket behind after `stop`.
@@ -176,6 +177,8 @@ class Replica:
     def _shutdown_engine(self, timeout_s: float = 10.0) -> None:
         self.app.state.preprocessor.close()
         self.loop.shutdown(timeout_s)
+        if not self.loop.alive:  # the engine is ours again: its disk tiers keep what it cached
+            self.engine.close()
         if self.publisher is not None:
             self.publisher.close()
 
