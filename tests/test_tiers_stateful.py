@@ -1,7 +1,7 @@
 """The native tier manager against its Python model (tests/reference/tiers.py), driven by
-random device caching, hits, evictions, loads and drops: after every step both hold
-every key in the same tier and slot, record the same transfers in the same order and
-count the same."""
+random device caching, hits, evictions, loads, drops and persists (a graceful close):
+after every step both hold every key in the same tier and slot, record the same
+transfers in the same order and count the same."""
 
 from __future__ import annotations
 
@@ -83,6 +83,13 @@ class TierMachine(RuleBasedStateMachine):
         if not promote:
             self.native.finish_loads(sources)
             self.model.finish_loads(sources)
+
+    @rule(data=st.data())
+    def persist(self, data):
+        keeping = [t for t, tier in enumerate(self.model.tiers) if tier.keep_on_load]
+        if keeping:
+            t = data.draw(st.sampled_from(keeping))
+            assert self.native.persist(t) == self.model.persist(t)
 
     @rule(data=st.data(), failed=st.booleans())
     def drop(self, data, failed):

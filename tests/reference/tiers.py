@@ -188,6 +188,23 @@ class PyTierManager:
                 continue
             self._demote(DEVICE, b, key, up, toks, meta)
 
+    def persist(self, t: int) -> int:
+        """Copy into keep-on-load tier t what the device, then each tier above, holds and t
+        lacks (blocks ascending, slots ascending), at most t's size; the blocks stored."""
+        tier = self.tiers[t]
+        if not tier.keep_on_load:
+            raise ValueError(f"persist: tier {t} does not keep what it loads (only a disk tier persists blocks)")
+        sources = [(DEVICE, b, key, up, meta, toks) for b, (key, up, meta, toks) in sorted(self.device.items())]
+        sources += [(u, i, s.key, s.parent, s.meta, s.tokens) for u in range(t) for i, s in sorted(self.tiers[u].slots.items())]
+        stored = 0
+        for src_tier, src, key, parent, meta, tokens in sources:
+            if stored >= tier.num_slots or tier.slot_of(key) is not None:
+                continue
+            before = tier.counters["stores"]
+            self._store(t, src_tier, src, key, parent, tokens, meta)
+            stored += tier.counters["stores"] - before
+        return stored
+
     def locate(self, key: bytes) -> tuple[int, int] | None:
         for t, tier in enumerate(self.tiers):
             i = tier.slot_of(key)
