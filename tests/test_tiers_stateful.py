@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from prefixcache._C import TierManager
 from prefixcache.registry import resolve_eviction_policy
-from tests.reference.tiers import PyTierManager
+from reference.tiers import PyTierManager
 
 BS = 2
 DEVICE_BLOCKS = 6

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from prefixcache.eviction import EvictionPolicy
-from tests.reference.candidate import CandidateRecord
+from .candidate import CandidateRecord
 
 DEVICE = -1
 
