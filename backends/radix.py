@@ -78,6 +78,7 @@ from dataclasses import dataclass
 
 from prefixcache._C import BlockPool, InvariantError, RadixTree, append_step
 from prefixcache.config import CacheConfig
+from prefixcache.errors import ConfigError
 from prefixcache.events import (
     FULL_ATTENTION,
     AllBlocksCleared,
@@ -95,6 +96,8 @@ from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCa
 from prefixcache.registry import register_backend, resolve_eviction_policy
 from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_priority, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
+
+from .hybrid_radix import HYBRID_RADIX_OPTIONS, HybridRadixCache
 
 __all__ = ["RadixCache"]
 
@@ -134,9 +137,19 @@ class RadixCache(PrefixCache):
 
     token_itemsize = 4  # the tree stores int32 ids
     token_id_range = RADIX_TOKEN_RANGE
+    option_defaults = HYBRID_RADIX_OPTIONS  # a hybrid layout's (backends/hybrid_radix.py)
+
+    def __new__(cls, pool: BlockPool, config: CacheConfig) -> RadixCache:
+        # A hybrid layout is SGLang's UnifiedRadixCache, a class of its own (backends/hybrid_radix.py).
+        if cls is RadixCache and config.groups.hybrid:
+            return HybridRadixCache(pool, config)  # type: ignore[return-value]
+        return super().__new__(cls)
 
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)
+        changed = sorted(k for k, v in HYBRID_RADIX_OPTIONS.items() if self.options[k] != v)
+        if changed:
+            raise ConfigError(f"options.{changed[0]}", "applies to a cache.layout with a mamba group only")
         self.policy = resolve_eviction_policy(config.eviction)()
         # The tree keeps its leaves in a persistent order: a native policy's keys are
         # computed in C++; another policy's priority() is called once per leaf when it
