@@ -155,6 +155,31 @@ class _Budget:
         return self.capacity - self.used
 
 
+def _size_budgets(num_blocks: int, layout) -> dict[Component, _Budget]:
+    """FULL, SWA and Mamba budgets on a pool of `num_blocks` (module docstring);
+    ConfigError if one would be empty."""
+    out: dict[Component, _Budget] = {}
+    rest = num_blocks
+    if layout.has_mamba:
+        slots = next(g.slots for g in layout if g.kind == MAMBA)
+        slots = slots or int(num_blocks * MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO))
+        if not 0 < slots < num_blocks:
+            raise ConfigError("layout", f"the mamba group's {slots} state slots leave no room in a pool of "
+                                        f"{num_blocks} blocks (cache.num_blocks)")  # fmt: skip
+        out[STATE] = _Budget(slots)
+        rest -= slots
+    if any(g.kind == SLIDING_WINDOW for g in layout):
+        ratio = next(g.pool_ratio for g in layout if g.kind == SLIDING_WINDOW)
+        full = round(rest / (1 + ratio))
+        out[SWA] = _Budget(rest - full)
+        rest = full
+    if rest < 1 or any(b.capacity < 1 for b in out.values()):
+        raise ConfigError("num_blocks", f"{num_blocks} blocks split into pools of "
+                                        f"{[rest] + [b.capacity for b in out.values()]}: each needs one")  # fmt: skip
+    out[FULL] = _Budget(rest)
+    return out
+
+
 class HybridRadixCache(PrefixCache):
     """SGLang 0.5.23's UnifiedRadixCache on a `BlockPool` (module docstring)."""
 
@@ -164,35 +189,16 @@ class HybridRadixCache(PrefixCache):
 
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)
+        self.check_layout(config, self.options)
         layout = config.groups
-        if config.eviction != "lru":
-            raise ConfigError("eviction", f"{config.eviction!r}: a hybrid layout evicts each component in LRU order, "
-                                          "as SGLang's unified radix cache; allowed: lru")  # fmt: skip
         bs = self.block_size
-        windows = {g.window for g in layout if g.kind == SLIDING_WINDOW}
-        if len(windows) > 1:
-            raise ConfigError("layout", f"sliding_window groups with windows {sorted(windows)}: radix keeps one SWA "
-                                        "component, as SGLang (one sliding_window_size)")  # fmt: skip
-        ratios = {g.pool_ratio for g in layout if g.kind == SLIDING_WINDOW}
-        if len(ratios) > 1:
-            raise ConfigError("layout", f"sliding_window groups with pool_ratio {sorted(ratios)}: they share one pool")
-        states = {g.slots for g in layout if g.kind == MAMBA}
-        if len(states) > 1:
-            raise ConfigError("layout", f"mamba groups with slots {sorted(states)}: they share one state pool")
         self.layout = layout
-        self.window = windows.pop() if windows else None  # TOKENS a query reads, itself included
+        self.window = next((g.window for g in layout if g.kind == SLIDING_WINDOW), None)  # TOKENS a query reads
         self.has_mamba = layout.has_mamba
         chunk, interval = self.options["mamba_chunk"], self.options["mamba_track_interval"]
-        if chunk < 1 or max(chunk, bs) % min(chunk, bs):
-            raise ConfigError("options.mamba_chunk", f"{chunk}: must be >= 1 and divide block_size {bs} or be a "
-                                                     "multiple of it (SGLang's rule for SSM models)")  # fmt: skip
-        if interval < 1:
-            raise ConfigError("options.mamba_track_interval", f"{interval}: must be >= 1 (TOKENS)")
-        if not self.has_mamba and self.options != HYBRID_RADIX_OPTIONS:
-            raise ConfigError("options", f"{sorted(self.options)} apply to a layout with a mamba group only")
         self.state_grid = max(chunk, bs)  # mamba_checkpoint_grid: lcm(max(chunk, page), page)
         self.track_grid = math.lcm(self.state_grid, interval)
-        self._budgets = self._size_budgets(pool.num_blocks, layout)
+        self._budgets = _size_budgets(pool.num_blocks, layout)
         components = [FULL] + ([SWA] if self.window else []) + ([STATE] if self.has_mamba else [])
         self._events = event_log(config.enable_events)
         hooks = {"on_store": self._stored, "on_remove": self._removed} if self._events.enabled else {}
@@ -207,28 +213,39 @@ class HybridRadixCache(PrefixCache):
         self._ds = len(self._none_hash)
         self._namespaces: dict[object, Namespace] = {}  # tree key -> namespace (events name it)
 
-    def _size_budgets(self, num_blocks: int, layout) -> dict[Component, _Budget]:
-        """FULL, SWA and Mamba budgets on the pool (module docstring)."""
-        out: dict[Component, _Budget] = {}
-        rest = num_blocks
-        if self.has_mamba:
-            slots = next(g.slots for g in layout if g.kind == MAMBA)
-            slots = slots or int(num_blocks * MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO))
-            if not 0 < slots < num_blocks:
-                raise ConfigError("layout", f"the mamba group's {slots} state slots leave no room in a pool of "
-                                            f"{num_blocks} blocks (cache.num_blocks)")  # fmt: skip
-            out[STATE] = _Budget(slots)
-            rest -= slots
-        if self.window:
-            ratio = next(g.pool_ratio for g in layout if g.kind == SLIDING_WINDOW)
-            full = round(rest / (1 + ratio))
-            out[SWA] = _Budget(rest - full)
-            rest = full
-        if rest < 1 or any(b.capacity < 1 for b in out.values()):
-            raise ConfigError("num_blocks", f"{num_blocks} blocks split into pools of "
-                                            f"{[rest] + [b.capacity for b in out.values()]}: each needs one")  # fmt: skip
-        out[FULL] = _Budget(rest)
-        return out
+    @classmethod
+    def check_layout(cls, config: CacheConfig, options) -> None:
+        """What SGLang's unified radix cache builds: one SWA component (one window, one
+        pool ratio), one state pool, LRU eviction; the Mamba options sane (module
+        docstring); the pools big enough for one page or state each."""
+        layout = config.groups
+        if config.eviction != "lru":
+            raise ConfigError("eviction", f"{config.eviction!r}: a hybrid layout evicts each component in LRU order, "
+                                          "as SGLang's unified radix cache; allowed: lru")  # fmt: skip
+        windows = {g.window for g in layout if g.kind == SLIDING_WINDOW}
+        if len(windows) > 1:
+            raise ConfigError("layout", f"sliding_window groups with windows {sorted(windows)}: radix keeps one SWA "
+                                        "component, as SGLang (one sliding_window_size); allowed: one window")  # fmt: skip
+        ratios = {g.pool_ratio for g in layout if g.kind == SLIDING_WINDOW}
+        if len(ratios) > 1:
+            raise ConfigError("layout", f"sliding_window groups with pool_ratio {sorted(ratios)}: they share one pool; "
+                                        "allowed: one pool_ratio")  # fmt: skip
+        states = {g.slots for g in layout if g.kind == MAMBA}
+        if len(states) > 1:
+            raise ConfigError("layout", f"mamba groups with slots {sorted(states)}: they share one state pool; "
+                                        "allowed: one slots value")  # fmt: skip
+        bs = config.block_size
+        chunk, interval = options["mamba_chunk"], options["mamba_track_interval"]
+        if chunk < 1 or max(chunk, bs) % min(chunk, bs):
+            raise ConfigError("options.mamba_chunk", f"{chunk}: must be >= 1 and divide block_size {bs} or be a "
+                                                     "multiple of it (SGLang's rule for SSM models)")  # fmt: skip
+        if interval < 1:
+            raise ConfigError("options.mamba_track_interval", f"{interval}: must be >= 1 (TOKENS)")
+        if not layout.has_mamba:
+            changed = sorted(k for k, v in HYBRID_RADIX_OPTIONS.items() if options[k] != v)
+            if changed:
+                raise ConfigError(f"options.{changed[0]}", "applies to a cache.layout with a mamba group only")
+        _size_budgets(config.num_blocks, layout)
 
     # -- the pools ------------------------------------------------------------------------
     def _available(self, c: Component) -> int:

@@ -73,8 +73,9 @@ no hash collision can make it serve another prompt's or another tenant's blocks.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prefixcache._C import BlockPool, InvariantError, RadixTree, append_step
 from prefixcache.config import CacheConfig
@@ -145,11 +146,23 @@ class RadixCache(PrefixCache):
             return HybridRadixCache(pool, config)  # type: ignore[return-value]
         return super().__new__(cls)
 
-    def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
-        super().__init__(pool, config)
-        changed = sorted(k for k, v in HYBRID_RADIX_OPTIONS.items() if self.options[k] != v)
+    @classmethod
+    def check_layout(cls, config: CacheConfig, options: Mapping[str, Any]) -> None:
+        """A hybrid layout is checked as HybridRadixCache builds it; a subclass (a plugin)
+        does not cache one; a full-attention layout takes no Mamba option."""
+        if config.groups.hybrid:
+            if cls is not RadixCache:
+                raise ConfigError("layout", f"backend {cls.__qualname__} does not cache hybrid layouts (kinds: "
+                                            f"{', '.join(config.groups.kinds())}); the built-in radix and hash do")  # fmt: skip
+            HybridRadixCache.check_layout(config, options)
+            return
+        changed = sorted(k for k, v in HYBRID_RADIX_OPTIONS.items() if options[k] != v)
         if changed:
             raise ConfigError(f"options.{changed[0]}", "applies to a cache.layout with a mamba group only")
+
+    def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
+        super().__init__(pool, config)
+        self.check_layout(config, self.options)
         self.policy = resolve_eviction_policy(config.eviction)()
         # The tree keeps its leaves in a persistent order: a native policy's keys are
         # computed in C++; another policy's priority() is called once per leaf when it

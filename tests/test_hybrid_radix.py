@@ -21,6 +21,7 @@ import pytest
 import prefixcache
 from prefixcache import BlockPool, CacheConfig, build_cache
 from prefixcache.backends.hybrid_radix import HybridRadixCache
+from prefixcache.config_checks import check_cache_config
 from prefixcache.backends.hybrid_radix_tree import Component
 from prefixcache.backends.radix import RadixCache
 from prefixcache.errors import ConfigError
@@ -218,9 +219,21 @@ def test_a_full_attention_layout_is_the_plain_radix_backend():
     ],
 )
 def test_bad_hybrid_configs_name_the_key(layout, extra, key):
+    config = CacheConfig(backend="radix", block_size=16, num_blocks=64, layout=layout, **extra)
     with pytest.raises(ConfigError) as err:
-        build_cache(CacheConfig(backend="radix", block_size=16, num_blocks=64, layout=layout, **extra))
+        check_cache_config(config)  # at load (and `prefixcache validate`), before any cache is built
     assert err.value.path == key or str(err.value).startswith(key), str(err.value)
+    with pytest.raises(ConfigError) as err:
+        RadixCache(BlockPool(64), config)
+    assert err.value.path == key or str(err.value).startswith(key), str(err.value)
+
+
+def test_a_radix_plugin_refuses_a_hybrid_layout_at_load():
+    class Mine(RadixCache):
+        pass
+
+    with pytest.raises(ConfigError, match="^layout: backend .*Mine does not cache hybrid layouts"):
+        Mine.check_layout(CacheConfig(num_blocks=64, layout=(FULL, swa(32))), Mine.parse_options({}))
 
 
 def test_the_pools_split_the_one_pool():
