@@ -330,3 +330,24 @@ def test_the_conformance_kit_passes(layout):
     result = unittest.TextTestRunner(stream=__import__("io").StringIO()).run(
         unittest.defaultTestLoader.loadTestsFromTestCase(case))  # fmt: skip
     assert result.wasSuccessful(), (result.failures or result.errors)[0][1]
+
+
+# -- the engine ------------------------------------------------------------------------------
+def test_the_engine_on_radix_runs_cached_as_uncached():
+    """The tiny hybrid model (full, sliding-window, chunked-local, recurrent) on `radix`
+    with a pool that evicts: tokens, first logits and recurrent states as uncached, and
+    no block pinned after each trace (benchmarks/hybrid_soak.py --backend radix: more)."""
+    from prefixcache.engine.exactness import compare_trace, engines_for, random_trace, tiny_hybrid
+
+    model = tiny_hybrid(seed=0)
+    config = CacheConfig(backend="radix", block_size=16, num_blocks=60,
+                         options={"mamba_chunk": 16, "mamba_track_interval": 32})  # fmt: skip
+    cached, uncached = engines_for(model, config)
+    assert type(cached.cache) is HybridRadixCache
+    hits = evictions = 0
+    for seed in (3, 4, 5):
+        r = compare_trace(cached, uncached, random_trace(random.Random(seed), model.weights.config.vocab_size, max_prompt=120))
+        assert r.difference is None, r.difference
+        hits += r.hit_tokens
+        evictions += r.evictions
+    assert hits > 0 and evictions > 0
