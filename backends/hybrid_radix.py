@@ -23,9 +23,12 @@ protocol's calls do is what SGLang 0.5.23's scheduler does around the cache
            prefill: the prompt is inserted (up to the tracked state with Mamba, up to
            the SWA branching point with SWA), the request's duplicates freed and its
            tables re-pointed to the tree's pages, its lock moved to the node the
-           insert ended on, its SWA pages out of the window freed. Earlier commits (a
-           chunked prefill) and decode commits insert nothing, as SGLang; a decode
-           commit that lands on the Mamba track interval tracks that state.
+           insert ended on, its SWA pages out of the window freed. Earlier commits
+           (the prefill split at `checkpoints`: SGLang tracks that state inside one
+           extend) insert nothing; so does a prefill the engine chunks further, where
+           SGLang's own chunked prefill stashes each chunk (docs/hybrid.md). Decode
+           commits insert nothing, as SGLang; one that lands on the Mamba track
+           interval tracks that state.
   append   A decode step: `check_decode_mem` and `alloc_for_decode` (its SWA
            eviction of the request's out-of-window pages every 128 tokens, a page of
            room, a page when one starts).

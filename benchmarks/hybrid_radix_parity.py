@@ -20,8 +20,8 @@ commit at each checkpoint, then at the prompt's end; SGLang: `checkpoint_kv_cach
 newer ones are live (SGLang: `release_kv_cache`). Pools: `ample` holds every request
 without evicting; `half` and `quarter` hold that share of what the workload touches,
 so the pools evict (`pool_sizes`). Layouts: full+SWA (window 1024 tokens, SGLang's sliding_window_size
-1023, SWA pool 0.8 of the full one) and full+Mamba (SGLang's extra_buffer strategy:
-states every max(64, page) tokens, every 256 while decoding).
+1023, SWA pool 0.8 of the full one), full+Mamba (SGLang's extra_buffer strategy:
+states every max(64, page) tokens, every 256 while decoding) and full+SWA+Mamba (both).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from machine import cpu_model  # noqa: E402
 WINDOW = 1024
 SWA_RATIO = 0.8
 MAMBA_CHUNK, TRACK_INTERVAL = 64, 256
+LAYOUTS = ("full+swa", "full+mamba", "full+swa+mamba")
 
 
 @dataclass
@@ -55,8 +56,8 @@ class Trace:
     seconds: float = 0.0
 
 
-def pool_sizes(reqs, block_size: int, concurrency: int, layout: str) -> dict[str, tuple[int, int]]:
-    """(full pages, SWA pages or Mamba slots) per pool setting (module docstring): `half`
+def pool_sizes(reqs, block_size: int, concurrency: int, layout: str) -> dict[str, tuple[int, int, int]]:
+    """(full pages, SWA pages, Mamba slots) per pool setting (module docstring): `half`
     and `quarter` are that share of the pages the workload touches (at least the live
     requests and two more), with a state pool of the live requests' slots and a quarter
     (an eighth) of the requests."""
@@ -64,32 +65,34 @@ def pool_sizes(reqs, block_size: int, concurrency: int, layout: str) -> dict[str
     total = sum(-(-(len(r.prompt) + len(r.output)) // block_size) for r in reqs)
     floor = per_request * (concurrency + 2)
     full = {"ample": total + per_request, "half": max(floor, total // 2), "quarter": max(floor, total // 4)}
-    if layout == "full+swa":
-        return {name: (pages, round(pages * SWA_RATIO)) for name, pages in full.items()}
+    swa = {name: round(pages * SWA_RATIO) if "swa" in layout else 0 for name, pages in full.items()}
     live_slots = 4 * (concurrency + 1)  # each: running, two track slots, the one a checkpoint takes
     slots = {"ample": 2 * len(reqs), "half": max(3, len(reqs) // 4), "quarter": max(3, len(reqs) // 8)}
-    return {name: (pages, live_slots + slots[name]) for name, pages in full.items()}
+    return {name: (pages, swa[name], live_slots + slots[name] if "mamba" in layout else 0) for name, pages in full.items()}
 
 
-def _layout(name: str, full: int, other: int):
+def _layout(full: int, swa: int, slots: int):
     from prefixcache.layout import LayerGroup
 
-    if name == "full+swa":
-        return (LayerGroup("full_attention"), LayerGroup("sliding_window", window=WINDOW, pool_ratio=other / full)), full + other
-    return (LayerGroup("full_attention"), LayerGroup("mamba", slots=other)), full + other
+    groups = [LayerGroup("full_attention")]
+    if swa:
+        groups.append(LayerGroup("sliding_window", window=WINDOW, pool_ratio=swa / full))
+    if slots:
+        groups.append(LayerGroup("mamba", slots=slots))
+    return tuple(groups), full + swa + slots
 
 
-def replay_ours(reqs, layout: str, block_size: int, full: int, other: int, concurrency: int) -> Trace:
+def replay_ours(reqs, block_size: int, full: int, swa: int, slots: int, concurrency: int) -> Trace:
     import prefixcache
     from prefixcache.backends.hybrid_radix_tree import Component
     from prefixcache.config import CacheConfig
 
-    groups, num_blocks = _layout(layout, full, other)
-    options = {"mamba_chunk": MAMBA_CHUNK, "mamba_track_interval": TRACK_INTERVAL} if layout == "full+mamba" else {}
+    groups, num_blocks = _layout(full, swa, slots)
+    options = {"mamba_chunk": MAMBA_CHUNK, "mamba_track_interval": TRACK_INTERVAL} if slots else {}
     cache = prefixcache.build_cache(CacheConfig(backend="radix", block_size=block_size, num_blocks=num_blocks,
                                                 layout=groups, options=options))  # fmt: skip
-    aux = Component.SWA if layout == "full+swa" else Component.MAMBA
-    assert cache._budgets[Component.FULL].capacity == full and cache._budgets[aux].capacity == other
+    aux = ([Component.SWA] if swa else []) + ([Component.MAMBA] if slots else [])
+    assert [cache._budgets[c].capacity for c in [Component.FULL, *aux]] == [full, *(n for n in (swa, slots) if n)]
     trace = Trace()
     live: deque[int] = deque()
     t0 = time.perf_counter()
@@ -112,8 +115,8 @@ def replay_ours(reqs, layout: str, block_size: int, full: int, other: int, concu
         if len(live) > concurrency:
             cache.release(live.popleft())
         tree = cache.tree
-        trace.pools.append((cache._available(Component.FULL), tree.evictable[Component.FULL], cache._available(aux),
-                            tree.evictable[aux], tree.num_nodes))  # fmt: skip
+        trace.pools.append((cache._available(Component.FULL), tree.evictable[Component.FULL],
+                            *(x for c in aux for x in (cache._available(c), tree.evictable[c])), tree.num_nodes))  # fmt: skip
     while live:
         cache.release(live.popleft())
     trace.seconds = time.perf_counter() - t0
@@ -122,14 +125,11 @@ def replay_ours(reqs, layout: str, block_size: int, full: int, other: int, concu
     return trace
 
 
-def replay_sglang(sg, reqs, layout: str, block_size: int, full: int, other: int, concurrency: int) -> Trace:
+def replay_sglang(sg, reqs, block_size: int, full: int, swa: int, slots: int, concurrency: int) -> Trace:
     from sglang_reference import SGLangHybridArm
 
-    if layout == "full+swa":
-        arm = SGLangHybridArm(sg, block_size, full, window=WINDOW, swa_pages=other, rows=concurrency + 2)
-    else:
-        arm = SGLangHybridArm(sg, block_size, full, mamba_slots=other, mamba_chunk=MAMBA_CHUNK,
-                              mamba_track_interval=TRACK_INTERVAL, rows=concurrency + 2)  # fmt: skip
+    arm = SGLangHybridArm(sg, block_size, full, window=WINDOW if swa else None, swa_pages=swa, mamba_slots=slots,
+                          mamba_chunk=MAMBA_CHUNK, mamba_track_interval=TRACK_INTERVAL, rows=concurrency + 2)  # fmt: skip
     trace = Trace()
     live: deque[int] = deque()
     t0 = time.perf_counter()
@@ -143,12 +143,14 @@ def replay_sglang(sg, reqs, layout: str, block_size: int, full: int, other: int,
         live.append(i)
         if len(live) > concurrency:
             arm.release(live.popleft())
-        if layout == "full+swa":
-            aux = (arm.alloc.swa_available_size(), arm.tree.swa_evictable_size())
+        aux: tuple[int, ...] = ()
+        if swa:
+            aux += (arm.alloc.swa_available_size(), arm.tree.swa_evictable_size())
             free_full = arm.alloc.full_available_size()
         else:
-            aux = (arm.pool.mamba_allocator.available_size(), arm.tree.mamba_evictable_size())
             free_full = arm.alloc.available_size()
+        if slots:
+            aux += (arm.pool.mamba_allocator.available_size(), arm.tree.mamba_evictable_size())
         trace.pools.append((free_full, arm.tree.full_evictable_size(), *aux, len(arm.tree.tree_core._node_arena)))
     while live:
         arm.release(live.popleft())
@@ -184,7 +186,9 @@ def record(sg) -> None:
         if kind == "swa":
             arm = SGLangHybridArm(sg, bs, full, window=t.WINDOW, swa_pages=other)
         else:
-            arm = SGLangHybridArm(sg, bs, full, mamba_slots=other, mamba_chunk=options["mamba_chunk"],
+            swa_pages, slots = other if kind == "swa+mamba" else (0, other)
+            arm = SGLangHybridArm(sg, bs, full, window=t.WINDOW if swa_pages else None, swa_pages=swa_pages,
+                                  mamba_slots=slots, mamba_chunk=options["mamba_chunk"],
                                   mamba_track_interval=options["mamba_track_interval"])  # fmt: skip
         hits, live = [], []
         for i, (prompt, answer, ns) in enumerate(t.workload()):
@@ -208,7 +212,7 @@ def main() -> int:
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache/prefixcache/sglang")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--layout", choices=["full+swa", "full+mamba", "all"], default="all")
+    parser.add_argument("--layout", choices=[*LAYOUTS, "all"], default="all")
     parser.add_argument("--block-size", type=int, nargs="*", default=[16, 1])
     parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
     parser.add_argument("--pool", choices=["ample", "half", "quarter", "all"], default="all")
@@ -229,26 +233,26 @@ def main() -> int:
           f"load {open('/proc/loadavg').read().split()[:3]}, {time.strftime('%Y-%m-%d %H:%M')}, "
           f"SGLang {sg.source.version} ({sg.source.origin})")  # fmt: skip
     print(f"# command: {' '.join(sys.argv)}")
-    print("| layout | block | workload | pool (full / other) | requests | ours hit tokens | SGLang hit tokens | "
+    print("| layout | block | workload | pool (full / SWA / states) | requests | ours hit tokens | SGLang hit tokens | "
           "evicted (ours) | ours s | SGLang s | parity |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     ok = True
     for bs in args.block_size:
-        for lname in ("full+swa", "full+mamba"):
+        for lname in LAYOUTS:
             if args.layout not in ("all", lname):
                 continue
             for wname, make in WORKLOADS.items():
                 if args.workload not in ("all", wname):
                     continue
                 reqs = make(random.Random(args.seed))
-                for pname, (full, other) in pool_sizes(reqs, bs, args.concurrency, lname).items():
+                for pname, (full, swa, slots) in pool_sizes(reqs, bs, args.concurrency, lname).items():
                     if args.pool not in ("all", pname):
                         continue
-                    ours = replay_ours(reqs, lname, bs, full, other, args.concurrency)
-                    theirs = replay_sglang(sg, reqs, lname, bs, full, other, args.concurrency)
+                    ours = replay_ours(reqs, bs, full, swa, slots, args.concurrency)
+                    theirs = replay_sglang(sg, reqs, bs, full, swa, slots, args.concurrency)
                     diff = first_difference(ours, theirs)
                     ok &= diff is None
-                    print(f"| {lname} | {bs} | {wname} | {pname} ({full} / {other}) | {len(reqs)} | {sum(ours.hits):,} | "
+                    print(f"| {lname} | {bs} | {wname} | {pname} ({' / '.join(str(n) for n in (full, swa, slots) if n)}) | {len(reqs)} | {sum(ours.hits):,} | "
                           f"{sum(theirs.hits):,} | {ours.evicted:,} | {ours.seconds:.2f} | {theirs.seconds:.2f} | "
                           f"{'identical' if diff is None else 'DIFFERS'} |", flush=True)  # fmt: skip
                     if diff:

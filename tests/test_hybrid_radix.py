@@ -1,12 +1,13 @@
 """`radix` over hybrid layouts: SGLang 0.5.23's UnifiedRadixCache, scenario by scenario.
 
 `SCENARIOS` are small seeded replays (full + SWA, full + Mamba, each with an ample pool
-and under eviction pressure); `EXPECTED` holds the hit of every request as SGLang's own
-UnifiedRadixCache made it, recorded by
+and under eviction pressure, and full + SWA + Mamba under pressure); `EXPECTED` holds the
+hit of every request as SGLang 0.5.23's own UnifiedRadixCache made it (the sglang-0.5.23
+wheel's code, run on CPU), recorded by
 
     python benchmarks/hybrid_radix_parity.py --record
 
-(which replays these same scenarios through SGLang's code on CPU). The rest: the hybrid
+(which replays these same scenarios through SGLang's code). The rest: the hybrid
 kit's rules, the conformance kit, what a hybrid layout configures, events per group,
 and SGLang's named behaviours (a tombstone in a branch's last window, the branching
 point a request checkpoints its state at).
@@ -43,11 +44,12 @@ def mamba(slots: int = 0) -> LayerGroup:
 
 # -- the scenarios, and SGLang's hits on them --------------------------------------------
 SCENARIOS = {
-    # name: (kind, block size, full pages, SWA pages or Mamba slots, options)
+    # name: (kind, block size, full pages, SWA pages or Mamba slots (both: a pair), options)
     "swa-ample": ("swa", 4, 400, 320, {}),
     "swa-pressure": ("swa", 4, 70, 56, {}),
     "mamba-ample": ("mamba", 4, 400, 80, {"mamba_chunk": 8, "mamba_track_interval": 16}),
     "mamba-pressure": ("mamba", 4, 70, 16, {"mamba_chunk": 8, "mamba_track_interval": 16}),
+    "swa-mamba-pressure": ("swa+mamba", 4, 80, (64, 16), {"mamba_chunk": 8, "mamba_track_interval": 16}),
 }
 WINDOW = 13  # TOKENS a query reads (SGLang's sliding_window_size 12)
 CONCURRENCY = 2
@@ -73,8 +75,10 @@ def scenario_cache(name: str) -> HybridRadixCache:
     kind, bs, full, other, options = SCENARIOS[name]
     if kind == "swa":
         layout, blocks = (FULL, swa(WINDOW, other / full)), full + other
-    else:
+    elif kind == "mamba":
         layout, blocks = (FULL, mamba(other)), full + other
+    else:
+        layout, blocks = (FULL, swa(WINDOW, other[0] / full), mamba(other[1])), full + sum(other)
     cache = build_cache(CacheConfig(backend="radix", block_size=bs, num_blocks=blocks, layout=layout, options=options))
     assert cache._budgets[Component.FULL].capacity == full
     return cache  # type: ignore[return-value]
@@ -111,6 +115,7 @@ EXPECTED.update({
     'mamba-ample': [0, 0, 0, 24, 32, 0, 0, 32, 32, 0, 24, 24, 24, 24, 32, 48, 48, 16, 32, 32, 32, 40, 48, 40, 24, 16, 24, 40, 24, 32, 16, 40, 24, 40, 48, 40],
     'mamba-pressure': [0, 0, 0, 24, 32, 0, 0, 32, 32, 0, 16, 16, 24, 24, 24, 32, 32, 0, 32, 32, 32, 0, 40, 40, 0, 0, 24, 24, 0, 24, 16, 32, 0, 32, 32, 32],
     'swa-ample': [0, 0, 0, 32, 32, 0, 0, 36, 32, 0, 28, 40, 28, 24, 36, 48, 48, 20, 40, 32, 44, 40, 52, 40, 28, 20, 28, 40, 32, 36, 20, 76, 28, 44, 56, 44],
+    'swa-mamba-pressure': [0, 0, 0, 24, 32, 0, 0, 32, 32, 0, 16, 0, 24, 24, 24, 32, 32, 0, 32, 32, 32, 0, 40, 24, 0, 0, 24, 24, 0, 24, 0, 32, 0, 32, 24, 32],
     'swa-pressure': [0, 0, 0, 32, 32, 0, 0, 32, 32, 0, 28, 28, 28, 24, 32, 48, 48, 0, 32, 32, 32, 0, 48, 40, 28, 20, 28, 40, 0, 32, 20, 32, 28, 32, 28, 32],
 })
 
