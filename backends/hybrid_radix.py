@@ -239,15 +239,15 @@ class HybridRadixCache(PrefixCache):
                                         "allowed: one slots value")  # fmt: skip
         bs = config.block_size
         chunk, interval = options["mamba_chunk"], options["mamba_track_interval"]
-        if chunk < 1 or max(chunk, bs) % min(chunk, bs):
-            raise ConfigError("options.mamba_chunk", f"{chunk}: must be >= 1 and divide block_size {bs} or be a "
-                                                     "multiple of it (SGLang's rule for SSM models)")  # fmt: skip
-        if interval < 1:
-            raise ConfigError("options.mamba_track_interval", f"{interval}: must be >= 1 (TOKENS)")
         if not layout.has_mamba:
             changed = sorted(k for k, v in HYBRID_RADIX_OPTIONS.items() if options[k] != v)
             if changed:
                 raise ConfigError(f"options.{changed[0]}", "applies to a cache.layout with a mamba group only")
+        elif chunk < 1 or max(chunk, bs) % min(chunk, bs):
+            raise ConfigError("options.mamba_chunk", f"{chunk}: must be >= 1 and divide block_size {bs} or be a "
+                                                     "multiple of it (SGLang's rule for SSM models)")  # fmt: skip
+        elif interval < 1:
+            raise ConfigError("options.mamba_track_interval", f"{interval}: must be >= 1 (TOKENS)")
         _size_budgets(config.num_blocks, layout)
 
     # -- the pools ------------------------------------------------------------------------

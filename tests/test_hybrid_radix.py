@@ -241,6 +241,14 @@ def test_a_radix_plugin_refuses_a_hybrid_layout_at_load():
         Mine.check_layout(CacheConfig(num_blocks=64, layout=(FULL, swa(32))), Mine.parse_options({}))
 
 
+def test_the_mamba_options_bind_only_with_a_mamba_group():
+    """Without one, block 528 (not a multiple of the default mamba_chunk 64) builds."""
+    cache = build_cache(CacheConfig(backend="radix", block_size=528, num_blocks=64, layout=(FULL, swa(1024))))
+    assert type(cache) is HybridRadixCache
+    with pytest.raises(ConfigError, match="^options.mamba_chunk"):
+        build_cache(CacheConfig(backend="radix", block_size=528, num_blocks=64, layout=(FULL, mamba())))
+
+
 def test_the_pools_split_the_one_pool():
     """num_blocks less the state slots (SGLang's mamba_full_memory_ratio 0.9 by default),
     split FULL / SWA by pool_ratio (SGLang's swa_full_tokens_ratio)."""
