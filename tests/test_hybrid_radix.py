@@ -15,7 +15,9 @@ point a request checkpoints its state at).
 
 from __future__ import annotations
 
+import io
 import random
+import unittest
 
 import pytest
 
@@ -337,11 +339,8 @@ def test_the_conformance_kit_passes(layout):
         for check in RULE_CHECKS:
             if check.__name__ != "rule_commit_and_append_is_both_calls":
                 check(make, bs)
-    import unittest
-
     case = conformance_test_case(make, block_size=4, max_examples=8)
-    result = unittest.TextTestRunner(stream=__import__("io").StringIO()).run(
-        unittest.defaultTestLoader.loadTestsFromTestCase(case))  # fmt: skip
+    result = unittest.TextTestRunner(stream=io.StringIO()).run(unittest.defaultTestLoader.loadTestsFromTestCase(case))
     assert result.wasSuccessful(), (result.failures or result.errors)[0][1]
 
 
