@@ -7,6 +7,7 @@ allocator, its scheduler's allocation and checkpoint functions), run on CPU from
 wheel by benchmarks/sglang_reference.py (`SGLangHybridArm`), with the same pool sizes:
 
     python benchmarks/hybrid_radix_parity.py
+    python benchmarks/hybrid_radix_parity.py --block-size 528 --mamba-chunk 48
 
 Checked per request: the hit (TOKENS), where the prefill tracks a Mamba state (ours
 `Admission.checkpoints`, SGLang's `_mamba_radix_cache_v2_req_prepare_for_extend`), and
@@ -82,13 +83,13 @@ def _layout(full: int, swa: int, slots: int):
     return tuple(groups), full + swa + slots
 
 
-def replay_ours(reqs, block_size: int, full: int, swa: int, slots: int, concurrency: int) -> Trace:
+def replay_ours(reqs, block_size: int, full: int, swa: int, slots: int, concurrency: int, chunk: int) -> Trace:
     import prefixcache
     from prefixcache.backends.hybrid_radix_tree import Component
     from prefixcache.config import CacheConfig
 
     groups, num_blocks = _layout(full, swa, slots)
-    options = {"mamba_chunk": MAMBA_CHUNK, "mamba_track_interval": TRACK_INTERVAL} if slots else {}
+    options = {"mamba_chunk": chunk, "mamba_track_interval": TRACK_INTERVAL} if slots else {}
     cache = prefixcache.build_cache(CacheConfig(backend="radix", block_size=block_size, num_blocks=num_blocks,
                                                 layout=groups, options=options))  # fmt: skip
     aux = ([Component.SWA] if swa else []) + ([Component.MAMBA] if slots else [])
@@ -125,11 +126,11 @@ def replay_ours(reqs, block_size: int, full: int, swa: int, slots: int, concurre
     return trace
 
 
-def replay_sglang(sg, reqs, block_size: int, full: int, swa: int, slots: int, concurrency: int) -> Trace:
+def replay_sglang(sg, reqs, block_size: int, full: int, swa: int, slots: int, concurrency: int, chunk: int) -> Trace:
     from sglang_reference import SGLangHybridArm
 
     arm = SGLangHybridArm(sg, block_size, full, window=WINDOW if swa else None, swa_pages=swa, mamba_slots=slots,
-                          mamba_chunk=MAMBA_CHUNK, mamba_track_interval=TRACK_INTERVAL, rows=concurrency + 2)  # fmt: skip
+                          mamba_chunk=chunk, mamba_track_interval=TRACK_INTERVAL, rows=concurrency + 2)  # fmt: skip
     trace = Trace()
     live: deque[int] = deque()
     t0 = time.perf_counter()
@@ -215,6 +216,8 @@ def main() -> int:
     parser.add_argument("--layout", choices=[*LAYOUTS, "all"], default="all")
     parser.add_argument("--block-size", type=int, nargs="*", default=[16, 1])
     parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
+    parser.add_argument("--mamba-chunk", type=int, default=MAMBA_CHUNK,
+                        help="the model's Mamba chunk in TOKENS (must divide the block or be a multiple of it)")
     parser.add_argument("--pool", choices=["ample", "half", "quarter", "all"], default="all")
     parser.add_argument("--record", action="store_true", help="print SGLang's hits on tests/test_hybrid_radix.py's scenarios")
     args = parser.parse_args()
@@ -248,8 +251,8 @@ def main() -> int:
                 for pname, (full, swa, slots) in pool_sizes(reqs, bs, args.concurrency, lname).items():
                     if args.pool not in ("all", pname):
                         continue
-                    ours = replay_ours(reqs, bs, full, swa, slots, args.concurrency)
-                    theirs = replay_sglang(sg, reqs, bs, full, swa, slots, args.concurrency)
+                    ours = replay_ours(reqs, bs, full, swa, slots, args.concurrency, args.mamba_chunk)
+                    theirs = replay_sglang(sg, reqs, bs, full, swa, slots, args.concurrency, args.mamba_chunk)
                     diff = first_difference(ours, theirs)
                     ok &= diff is None
                     print(f"| {lname} | {bs} | {wname} | {pname} ({' / '.join(str(n) for n in (full, swa, slots) if n)}) | {len(reqs)} | {sum(ours.hits):,} | "
