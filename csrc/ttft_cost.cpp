@@ -10,9 +10,9 @@ namespace prefixcache {
 namespace {
 
 void check(const TtftModel& m) {
-  for (const double v : {m.token_s, m.pair_s, m.weights_s, m.overhead_s, m.load_weight}) {
+  for (const double v : {m.token_s, m.pair_s, m.weights_s, m.overhead_s, m.load_weight, m.decode_weight}) {
     if (!(v >= 0) || !std::isfinite(v)) {
-      throw std::invalid_argument("the service model's rates and the load weight must be finite and >= 0");
+      throw std::invalid_argument("the service model's rates and the charges' weights must be finite and >= 0");
     }
   }
   if (m.budget < 1) throw std::invalid_argument("budget must be >= 1, got " + std::to_string(m.budget));
@@ -55,11 +55,11 @@ std::vector<double> estimated_ttft_costs(std::span<const int64_t> prefill_tokens
   std::vector<double> out(n);
   for (size_t i = 0; i < n; ++i) {
     const int64_t cached = std::min<int64_t>(static_cast<int64_t>(overlap_blocks[i]) * block_size, most_cached);
-    const double own = static_cast<double>(prompt_tokens - cached);
-    const double charge =
-        model.token_s * own + model.pair_s * own_pairs(own, static_cast<double>(cached));
-    out[i] = estimated_ttft(prefill_tokens[i], num_requests[i] - queued_requests[i], cached, prompt_tokens, model) +
-             model.load_weight * charge;
+    const double n = static_cast<double>(prompt_tokens - cached);
+    const double own = model.token_s * n + model.pair_s * own_pairs(n, static_cast<double>(cached));
+    const int64_t running = std::max<int64_t>(num_requests[i] - queued_requests[i], 0);
+    out[i] = estimated_ttft(prefill_tokens[i], running, cached, prompt_tokens, model) +
+             (model.load_weight + model.decode_weight * static_cast<double>(running)) * own;
   }
   return out;
 }

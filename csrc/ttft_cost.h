@@ -11,13 +11,16 @@
 //   chunk   = max(budget - b, 1)                        prompt tokens a step can take
 //   steps   = X / chunk
 //   ttft[i] = steps x overhead_s + max(token_s (X + b steps) + pair_s pairs(n, h), steps x weights_s)
-//   cost[i] = ttft[i] + load_weight x (token_s n + pair_s pairs(n, h))
+//   own[i]  = token_s n + pair_s pairs(n, h)             its own prefill, alone
+//   cost[i] = ttft[i] + load_weight x own[i] + decode_weight x b x own[i]
 //
 // where pairs(n, h) = n h + n (n + 1) / 2 query-key pairs of its own prefill. token_s,
 // pair_s, weights_s, overhead_s and budget are the replicas' service model's
-// (prefixcache/cluster/service_model.py: the same roofline, in closed form). The charge
-// is the time its own prefill keeps the replica from everyone queued behind it: a cache
-// miss costs the cluster more than its own TTFT. Lower is better.
+// (prefixcache/cluster/service_model.py: the same roofline, in closed form). The charges
+// are the delay its own prefill adds for others there: everyone queued behind it
+// (load_weight), and each of the b requests decoding there, whose steps its chunks
+// lengthen (decode_weight): a cache miss costs the cluster more than its own TTFT, and a
+// long one most where many decode. Lower is better.
 // prefixcache/cluster/routers/estimated_ttft.py owns the policy around it.
 //
 // Never does: look anything up (the caller passes the overlaps, from the KV index).
@@ -36,7 +39,8 @@ struct TtftModel {
   double weights_s;   // reading the weights once: a step's floor
   double overhead_s;  // a step's fixed cost
   int64_t budget;     // tokens a step processes at most
-  double load_weight; // the charge's weight
+  double load_weight;    // the charge for those queued behind it
+  double decode_weight;  // the charge for each request decoding there
 };
 
 // One cost per candidate. Throws std::invalid_argument if the columns differ in length,

@@ -259,7 +259,7 @@ def test_kv_events_temperature_samples_by_softmax_of_costs():
 # ------------------------------------------------------------- estimated_ttft
 
 
-def ttft_twin(prefill_tokens, running, cached_tokens, prompt, service=SERVICE, load_weight=1.0):
+def ttft_twin(prefill_tokens, running, cached_tokens, prompt, service=SERVICE, load_weight=1.0, decode_weight=0.1):
     """The estimated-TTFT cost, readable (csrc/ttft_cost.h)."""
     n = prompt - cached_tokens
     x = prefill_tokens + n
@@ -267,7 +267,8 @@ def ttft_twin(prefill_tokens, running, cached_tokens, prompt, service=SERVICE, l
     pairs = n * cached_tokens + n * (n + 1) / 2
     compute = service.token_s * (x + running * steps) + service.pair_s * pairs
     ttft = steps * service.step_overhead_s + max(compute, steps * service.weights_s)
-    return ttft + load_weight * (service.token_s * n + service.pair_s * pairs)
+    own = service.token_s * n + service.pair_s * pairs
+    return ttft + (load_weight + decode_weight * running) * own
 
 
 def test_estimated_ttft_is_the_prefill_queue_plus_its_own_uncached_tokens_in_seconds():
@@ -296,8 +297,24 @@ def test_estimated_ttft_counts_the_decodes_that_share_each_step_and_the_last_pro
     c = columns({"num_requests": 32}, {"num_requests": 40, "queued_requests": 8})
     # 10 blocks cached, but the last token is always computed: a hit of 9 blocks, 16 tokens left
     assert router.costs(c, request(PROMPT)) == pytest.approx([ttft_twin(0, 32, 144, 160), ttft_twin(0, 32, 144, 160)])
-    # half a step's worth of tokens (the 32 decodes' tokens ride along), then as much again for the charge
-    assert ttft_twin(0, 32, 144, 160) == pytest.approx(1e-3 * (16 + 32 * 0.5) + 1e-3 * 16 + 2 * 4e-9 * (16 * 144 + 136))
+    # half a step's worth of tokens (the 32 decodes' tokens ride along), then its own prefill
+    # again for those queued behind it and a tenth of it for each of the 32 decoding
+    own = 1e-3 * 16 + 4e-9 * (16 * 144 + 136)
+    assert ttft_twin(0, 32, 144, 160) == pytest.approx(1e-3 * (16 + 32 * 0.5) + 4e-9 * (16 * 144 + 136) + 4.2 * own)
+
+
+def test_a_long_miss_goes_where_fewer_requests_decode():
+    index = indexed(2)
+    # replica 0: 8 requests decoding, nothing to prefill; replica 1: one decoding, 300 prompt tokens queued
+    c = columns({"num_requests": 8}, {"num_requests": 1, "prefill_tokens": 300})
+    long, short = request(list(range(3000, 3640))), request(PROMPT)
+    router = EstimatedTTFTRouter(context(index, service=SERVICE))
+    # 640 tokens: first token in 0.73 s on replica 0 (56 prompt tokens a step), 0.96 s on replica 1; but
+    # its 0.64 s of prefill lengthens 8 requests' steps on replica 0: 0.1 x 8 x 0.64 s > 0.23 s + 0.1 x 0.64 s
+    assert choose(router, c, long) == 1
+    assert choose(EstimatedTTFTRouter(context(index, service=SERVICE), EstimatedTTFTOptions(decode_weight=0.0)),
+                  c, long) == 0  # greedy: replica 0's TTFT is the shorter
+    assert router.costs(c, short) == pytest.approx([ttft_twin(0, 8, 0, 160), ttft_twin(300, 1, 0, 160)])
 
 
 def test_the_native_ttft_cost_is_its_twin():
@@ -314,13 +331,14 @@ def test_the_native_ttft_cost_is_its_twin():
         queued = [rng.randint(0, 5) for _ in range(n)]
         requests = [q + rng.randint(0, 2000) for q in queued]
         overlaps = {i: rng.randint(0, 300) for i in range(n) if rng.random() < 0.6}
-        weight = rng.choice([0.0, 0.5, 1.0, 3.0])
+        weight, decode = rng.choice([0.0, 0.5, 1.0, 3.0]), rng.choice([0.0, 0.1, 1.0])
         costs = estimated_ttft_costs(array("q", prefill), requests, array("q", queued), overlaps, prompt, BS,
                                      service.token_s, service.pair_s, service.weights_s, service.step_overhead_s,
-                                     service.max_num_batched_tokens, weight)
+                                     service.max_num_batched_tokens, weight, decode)
         most = (prompt - 1) // BS * BS
         assert costs == pytest.approx([
-            ttft_twin(prefill[i], requests[i] - queued[i], min(overlaps.get(i, 0) * BS, most), prompt, service, weight)
+            ttft_twin(prefill[i], requests[i] - queued[i], min(overlaps.get(i, 0) * BS, most), prompt, service, weight,
+                      decode)
             for i in range(n)], rel=1e-12)
     with pytest.raises(ValueError, match="one entry per candidate"):
         estimated_ttft_costs([0], [0, 0], [0], {}, 10, BS, 1.0, 0.0, 0.0, 0.0, 64, 1.0)
@@ -328,6 +346,8 @@ def test_the_native_ttft_cost_is_its_twin():
         estimated_ttft_costs([0], [0], [0], {}, 0, BS, 1.0, 0.0, 0.0, 0.0, 64, 1.0)
     with pytest.raises(ValueError, match="finite and >= 0"):
         estimated_ttft_costs([0], [0], [0], {}, 10, BS, -1.0, 0.0, 0.0, 0.0, 64, 1.0)
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        estimated_ttft_costs([0], [0], [0], {}, 10, BS, 1.0, 0.0, 0.0, 0.0, 64, 1.0, float("nan"))
     with pytest.raises(ValueError, match="budget must be >= 1"):
         estimated_ttft_costs([0], [0], [0], {}, 10, BS, 1.0, 0.0, 0.0, 0.0, 0, 1.0)
     with pytest.raises(IndexError, match="position 1"):

@@ -141,21 +141,29 @@ class Recorder(Router):
         Recorder.heard.append(("done", request.request_id, round(self.context.clock(), 6)))
 
 
-def test_the_load_columns_and_the_hooks_follow_each_request():
-    cfg = config(service={**BY_HAND, "max_num_seqs": 1}, routers={"recorder": {"router": f"{__name__}:Recorder"}},
+class IndexRecorder(Recorder):
+    needs_index = True
+
+
+@pytest.mark.parametrize("router", ["Recorder", "IndexRecorder"])
+def test_the_load_columns_and_the_hooks_follow_each_request(router):
+    cfg = config(service={**BY_HAND, "max_num_seqs": 1}, routers={"recorder": {"router": f"{__name__}:{router}"}},
                  replicas=[1], commit_outputs=False)
     Recorder.seen, Recorder.heard = [], []
     # A [0, 40) runs alone (first token 0.04, done 0.05); B [0, 36) waits for the slot;
     # C [0, 50) arrives once A is done, with B running.
     run = simulate(by_hand((0.0, 0, 40, 2), (0.01, 0, 36, 2), (0.055, 0, 50, 2)), cfg, "r",
                    cfg.routers["recorder"], 1)
+    # B is admitted at 0.05 with a 2-block hit. With an index its estimate stays what the
+    # index showed when it was routed (nothing: A's blocks were not computed yet), as
+    # Dynamo's; without one it is the admission's miss, 4 tokens.
+    b_prefill = 36 if router == "IndexRecorder" else 4
     assert Recorder.seen == [
         (0, 0, 0, 0, 0),
-        # A prefilling (40 uncached), 2 active blocks (B's too), A running (3 blocks pinned)
+        # A prefilling (40 uncached), 2 active blocks (B's too), A running (3 blocks held)
         (40, 2, 0, 1, 3),
-        # A done; B admitted at 0.05 with a 2-block hit and B's estimate stays what the
-        # index showed at routing (nothing: A's blocks were not computed yet); B holds 3 blocks
-        (36, 2, 0, 1, 3),
+        # A done; B running, holding 3 blocks
+        (b_prefill, 2, 0, 1, 3),
     ]
     assert run.hits.hit_tokens == (0, 32, 32)
     assert [h[:2] for h in Recorder.heard] == [("first", 0), ("done", 0), ("first", 1), ("done", 1), ("first", 2),
@@ -193,7 +201,8 @@ def test_every_router_runs_over_real_replicas_and_cache_aware_ones_beat_round_ro
         assert len(run.hits) == n and not run.rejected and sum(run.requests_per_replica) == n
         assert run.hit_ratio <= shared.hit_ratio + 0.02, label  # a waiting next turn may see a little more
         assert 0 <= run.goodput <= 1 and run.ttft_p50_s <= run.ttft_p90_s <= run.ttft_p99_s
-        assert run.events > 0  # every replica's cache records events (the index feeds the prefill load)
+        # events are recorded where the router reads the index, and only there
+        assert (run.events > 0) == (label in ("kv_events", "kv4", "weighted_scorers", "estimated_ttft")), label
     rr = result.run("round_robin", 3).hit_ratio
     for label in ("approx_tree", "prefix_affinity", "kv4", "weighted_scorers", "estimated_ttft"):
         assert result.run(label, 3).hit_ratio >= shared.hit_ratio - 0.01 > rr + 0.15, label

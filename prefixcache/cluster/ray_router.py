@@ -182,6 +182,7 @@ class PrefixCacheRequestRouter(RequestRouter):
         self._in_flight: dict[str, _InFlight] = {}
         self._requests: dict[str, RoutingRequest] = {}  # internal request id -> chosen for, not yet routed
         self._request_ids: dict[str, str] = {}  # the ingress's request id -> internal id, while in flight
+        self._routing_loop: asyncio.AbstractEventLoop | None = None
         self._departed: list[str] = []
         register(self)
 
@@ -251,6 +252,10 @@ class PrefixCacheRequestRouter(RequestRouter):
         return [[candidate_replicas[i] for i in group] for group in ranked]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        try:
+            self._routing_loop = asyncio.get_running_loop()  # where first tokens are applied
+        except RuntimeError:
+            pass
         rid = pending_request.metadata.internal_request_id
         request = self._requests.pop(rid, None)
         uid = replica_id.unique_id
@@ -293,8 +298,18 @@ class PrefixCacheRequestRouter(RequestRouter):
 
     def first_token(self, request_id: str) -> None:
         """The ingress saw request `request_id`'s first token (callable from any thread;
-        applied on the router's event loop, where Ray calls every hook)."""
-        self._event_loop.call_soon_threadsafe(self._first_token, request_id)
+        applied on the event loop Ray routes on, where every other hook runs)."""
+        loop = self._routing_loop
+        if loop is None:
+            return  # nothing was routed yet: the request is not ours
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:
+            self._first_token(request_id)
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(self._first_token, request_id)
 
     def _first_token(self, request_id: str) -> None:
         flight = self._in_flight.get(self._request_ids.pop(request_id, ""))

@@ -191,7 +191,8 @@ class Candidates:
 
 
 class RoutingRequest:
-    """A request being routed: its tokens (a list of int ids), namespace and expected
+    """A request being routed: its tokens (a sequence of int ids: a list, or an int32
+    buffer where the cluster holds one), namespace and expected
     output length (TOKENS; a client's max_tokens). `hashes` are its prompt's chained
     block hashes under the replicas' hash config, computed on first use and kept, so a
     router that never reads them never pays for them."""
@@ -201,7 +202,7 @@ class RoutingRequest:
     def __init__(
         self,
         request_id: Hashable,
-        tokens: list[int],
+        tokens: Sequence[int],
         *,
         namespace: Namespace = None,
         num_output_tokens: int = 0,

@@ -15,11 +15,11 @@ come and go) and the request, and the request joins the chosen replica's queue, 
 admitted at that engine's next step boundary. Engine events at a time come before
 arrivals at that time.
 
-KV events. Every cache records events and the replay feeds each replica's
-`drain_events()` into a `KVIndex` after every step, as a subscriber would (so it sees a
-block once the step computing it is over, and sees evictions); a router that declares
-`needs_index` reads that index, the others never see it. The replay itself reads it for
-the prefill load below.
+KV events. When the router reads the KV index (`Router.needs_index`), the caches record
+events and the replay feeds each replica's `drain_events()` into a `KVIndex` after every
+step, as a subscriber would: the router sees a block once the step computing it is over,
+and sees evictions. Otherwise events are off (recording them costs more than the rest of
+a request's replay, and nobody reads them).
 
 Load. Each replica's row of `Candidates`: tokens queued and running, requests (all, and
 queued), the KV blocks its running requests hold (the distinct blocks of their block
@@ -27,7 +27,8 @@ tables at admission: vLLM's KV-cache usage, which a radix cache's own references
 blur in the pool's pinned count),
 and the two sums Dynamo's router keeps per worker: prefill tokens (each request's prompt
 less the whole blocks the index showed on that replica when it was routed, from routing
-to its first token, never corrected, as Dynamo's estimate) and active blocks (the
+to its first token, never corrected, as Dynamo's estimate; without an index, the whole
+prompt until its admission, then the admission's miss) and active blocks (the
 distinct full prompt blocks of its queued and running requests: one copy per request in
 a `KVIndex`, so a block they share counts once). That `KVIndex` is `RouterContext.active`
 (Dynamo's `ActiveSequences`). Every router sees the same columns, whichever it reads, and
@@ -46,12 +47,15 @@ on_request_routed, the prompt's hashing included, MICROSECONDS), KV events, wall
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import random
 import time
+from array import array
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from prefixcache import build_cache
 from prefixcache.ab import Progress, describe_workload
@@ -74,7 +78,8 @@ class _Replay:
     """The state of one replay: engines, their caches, the event heap, the index, the
     load columns, what is measured. `shared`: one cache and one queue for every engine."""
 
-    def __init__(self, workload: Workload, config: ClusterConfig, num_engines: int, *, shared: bool) -> None:
+    def __init__(self, workload: Workload, config: ClusterConfig, num_engines: int, *, shared: bool,
+                 with_index: bool = False) -> None:
         self.workload, self.config, self.shared = workload, config, shared
         self.service = config.service
         self.speedup = config.arrival_speedup
@@ -90,14 +95,14 @@ class _Replay:
         self.expected_prefill = [0] * n
         self.replica_of = [-1] * n
         self.rejected: list[int] = []
-        self.prompts: dict[int, list[int]] = {}  # token ids of requests in flight (a trace is too big for all)
+        self.prompts: dict[int, array] = {}  # token ids of requests in flight (a trace is too big for all)
         self.requests: dict[int, RoutingRequest] = {}  # requests in flight, for the router's hooks
         self.router: Router | None = None
         self.heap: list[tuple[float, int, int, int]] = []
         self.seq = 0
         self.now = 0.0
         self.events = 0
-        cache_config = config.cache.replace(enable_events=not shared)
+        cache_config = config.cache.replace(enable_events=with_index)
         if shared:
             cache_config = cache_config.replace(num_blocks=config.cache.num_blocks * num_engines)
             cache = build_cache(cache_config)
@@ -115,10 +120,12 @@ class _Replay:
         self.loads = Candidates(range(num_engines))
         self.index: KVIndex | None = None
         self.active = KVIndex()  # Dynamo's ActiveSequences
-        if not shared:
+        if with_index:
             self.index = KVIndex()
             for e in range(num_engines):
                 self.index.add_replica(e)
+        if not shared:
+            for e in range(num_engines):
                 self.active.add_replica(e)
         self.active_digests: dict[int, list[bytes]] = {}
         self.tables: dict[int, list[int]] = {}  # block tables of running requests, at admission
@@ -128,11 +135,12 @@ class _Replay:
     def arrival(self, i: int) -> float:
         return self.workload.requests[i].arrival_s / self.speedup
 
-    def prompt(self, i: int) -> list[int]:
-        """Request i's prompt token ids, expanded on first use and kept while it is in flight."""
+    def prompt(self, i: int) -> array:
+        """Request i's prompt token ids as one int32 buffer (what a cache and the hasher
+        take without converting), expanded on first use and kept while it is in flight."""
         prompt = self.prompts.get(i)
         if prompt is None:
-            prompt = self.prompts[i] = self.workload.requests[i].prompt.tolist()
+            prompt = self.prompts[i] = self.workload.requests[i].prompt.to_array(4)
         return prompt
 
     def route(self, i: int, request: RoutingRequest, rid: int) -> None:
@@ -176,6 +184,10 @@ class _Replay:
             self.replica_of[i] = engine.eid
             return
         rid, loads = engine.eid, self.loads
+        if self.index is None:  # no estimate at routing: the admission's miss from now on
+            miss = self.prompt_lens[i] - hit
+            loads.prefill_tokens[rid] += miss - self.expected_prefill[i]
+            self.expected_prefill[i] = miss
         footprint = self.prompt_lens[i] + self.output_lens[i]
         loads.queued_tokens[rid] -= footprint
         loads.running_tokens[rid] += footprint
@@ -300,6 +312,20 @@ class _Replay:
         )
 
 
+@contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """The cyclic collector off while a replay runs (router time is measured, and a full
+    collection walks every request of the workload; nothing the replay makes is part of a
+    cycle), as `prefixcache.ab`'s replay does."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
 def simulate(
     workload: Workload,
     config: ClusterConfig,
@@ -314,9 +340,8 @@ def simulate(
     resolve (`resolve_router_spec`)."""
     t0 = time.perf_counter()
     resolved = resolve_router_spec(spec.router, spec.options)
-    replay = _Replay(workload, config, num_replicas, shared=False)
-    context = RouterContext(config.block_size, config.capacity_tokens,
-                            replay.index if resolved.cls.needs_index else None, random.Random(config.seed),
+    replay = _Replay(workload, config, num_replicas, shared=False, with_index=resolved.cls.needs_index)
+    context = RouterContext(config.block_size, config.capacity_tokens, replay.index, random.Random(config.seed),
                             lambda: replay.now, replay.active, config.service)
     router = replay.router = resolved.build(context)
     for rid in range(num_replicas):
@@ -326,20 +351,21 @@ def simulate(
     route_us = [0.0] * n
     clock = time.perf_counter_ns
     loads = replay.loads
-    for i, r in enumerate(workload.requests):
-        at = replay.arrival(i)
-        replay.advance(at)
-        replay.now = at
-        request = RoutingRequest(i, replay.prompt(i), namespace=r.namespace, num_output_tokens=len(r.output),
-                                 hasher=hasher)
-        t = clock()
-        rid = loads.replicas[pick_replica(router.choose_replicas(loads, request), loads)]
-        router.on_request_routed(request, rid)
-        route_us[i] = (clock() - t) / 1000.0
-        replay.route(i, request, rid)
-        if progress is not None and (i + 1) % _PROGRESS_EVERY == 0:
-            progress(f"{label} N={num_replicas}", i + 1, n)
-    replay.finish_run()
+    with _no_cyclic_gc():
+        for i, r in enumerate(workload.requests):
+            at = replay.arrival(i)
+            replay.advance(at)
+            replay.now = at
+            request = RoutingRequest(i, replay.prompt(i), namespace=r.namespace, num_output_tokens=len(r.output),
+                                     hasher=hasher)
+            t = clock()
+            rid = loads.replicas[pick_replica(router.choose_replicas(loads, request), loads)]
+            router.on_request_routed(request, rid)
+            route_us[i] = (clock() - t) / 1000.0
+            replay.route(i, request, rid)
+            if progress is not None and (i + 1) % _PROGRESS_EVERY == 0:
+                progress(f"{label} N={num_replicas}", i + 1, n)
+        replay.finish_run()
     if progress is not None:
         progress(f"{label} N={num_replicas}", n, n)
     return replay.result(label, "router", spec.router, route_us, time.perf_counter() - t0)
@@ -353,14 +379,15 @@ def simulate_shared(
     t0 = time.perf_counter()
     replay = _Replay(workload, config, num_replicas, shared=True)
     n = len(workload)
-    for i in range(n):
-        at = replay.arrival(i)
-        replay.advance(at)
-        replay.now = at
-        replay.enqueue_shared(i)
-        if progress is not None and (i + 1) % _PROGRESS_EVERY == 0:
-            progress(f"{SHARED} N={num_replicas}", i + 1, n)
-    replay.finish_run()
+    with _no_cyclic_gc():
+        for i in range(n):
+            at = replay.arrival(i)
+            replay.advance(at)
+            replay.now = at
+            replay.enqueue_shared(i)
+            if progress is not None and (i + 1) % _PROGRESS_EVERY == 0:
+                progress(f"{SHARED} N={num_replicas}", i + 1, n)
+        replay.finish_run()
     if progress is not None:
         progress(f"{SHARED} N={num_replicas}", n, n)
     return replay.result(SHARED, SHARED, SHARED, [], time.perf_counter() - t0)

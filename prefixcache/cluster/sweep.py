@@ -3,28 +3,30 @@ cache capacity, every router at each, so TTFT and goodput can be read against th
 and the knee shows.
 
 Owns `SweepPoint` (one fleet: replicas, slots per replica, TOKENS of cache per replica),
-`SweepResult` (a `ClusterResult` per point and rate, as rows, JSON and CSV) and `sweep`.
+`SweepResult` (a `ClusterResult` per point and rate, as rows, JSON and CSV) and `sweep`
+(every router and the shared cache at every point and rate, as jobs a caller may run in
+other processes).
 The arrival rate is the config's `arrival_speedup` (the workload's own arrival times
 divided by it; `--set arrival_speedup=2` on the command line), reported as requests per
 second over the workload's span. Must never: print or plot (`prefixcache.cluster.report`
-draws `plot_sweep`), or change how a run is simulated (`run_cluster` does each).
+draws `plot_sweep`), or change how a run is simulated (`simulate` does each).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefixcache.ab import Progress, write_csv
+from prefixcache.ab import describe_workload, write_csv
 from prefixcache.cluster.config import ClusterConfig
-from prefixcache.cluster.results import SLO, ClusterResult
-from prefixcache.cluster.simulate import run_cluster
+from prefixcache.cluster.results import SHARED, SLO, ClusterResult, RunResult
+from prefixcache.cluster.simulate import simulate, simulate_shared
 from prefixcache.workloads import Workload
 
-__all__ = ["SweepPoint", "SweepResult", "sweep", "arrival_rate"]
+__all__ = ["SweepPoint", "SweepResult", "Job", "sweep", "run_job", "arrival_rate"]
 
 
 @dataclass(frozen=True)
@@ -84,19 +86,41 @@ class SweepResult:
         write_csv(path, rows)
 
 
+Job = tuple[ClusterConfig, str]
+"""One run of a sweep: a config at one point (one cluster size) and a router label, or
+`SHARED` for the shared-cache line."""
+
+
+def run_job(workload: Workload, job: Job) -> RunResult:
+    """One job of a sweep, in this process."""
+    config, label = job
+    n = config.replicas[0]
+    if label == SHARED:
+        return simulate_shared(workload, config, n)
+    return simulate(workload, config, label, config.routers[label], n)
+
+
 def sweep(config: ClusterConfig, workload: Workload, points: Sequence[SweepPoint], speedups: Sequence[float], *,
-          progress: Progress | None = None, on_point: Callable[[SweepResult], None] | None = None) -> SweepResult:
-    """`run_cluster` at every point and speed-up (every router, the shared cache). `on_point`
-    sees the result so far after each (point, speed-up)."""
-    runs: list[tuple[SweepPoint, float, float, ClusterResult]] = []
-    described: dict[str, Any] = {}
+          run_all: Callable[[list[Job]], Iterable[RunResult]] | None = None) -> SweepResult:
+    """Every router and the shared cache at every point and speed-up. `run_all` runs the
+    jobs and yields their results in order (default: one after another, here; a caller may
+    spread them over processes, each holding the workload)."""
+    jobs: list[Job] = []
+    keys: list[tuple[SweepPoint, float]] = []
     for point in points:
         for speedup in speedups:
             at = config.with_replicas((point.replicas,)).with_point(
                 arrival_speedup=speedup, max_num_seqs=point.max_num_seqs, capacity_tokens=point.capacity_tokens)
-            result = run_cluster(at, workload, progress=progress)
-            described = dict(result.workload)
-            runs.append((point, speedup, arrival_rate(workload, speedup), result))
-            if on_point is not None:
-                on_point(SweepResult(described, config.slo, tuple(runs)))
+            for label in (*at.routers, SHARED):
+                jobs.append((at, label))
+                keys.append((point, speedup))
+    results = list(run_all(jobs) if run_all is not None else (run_job(workload, job) for job in jobs))
+    described = describe_workload(workload, [config.block_size])
+    runs: list[tuple[SweepPoint, float, float, ClusterResult]] = []
+    for k in range(0, len(jobs), len(config.routers) + 1):
+        at, _ = jobs[k]
+        point, speedup = keys[k]
+        chunk = tuple(results[k:k + len(at.routers) + 1])
+        runs.append((point, speedup, arrival_rate(workload, speedup),
+                     ClusterResult(described, at.plain(), at.reference_label, chunk)))
     return SweepResult(described, config.slo, tuple(runs))
