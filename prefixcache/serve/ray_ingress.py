@@ -105,6 +105,7 @@ class RoutedStream:
         self.prompt_tokens = len(call.prompt_token_ids)
         self.attempts = 0
         self._streamed = False  # a Tokens item went out: no failover any more
+        self._resent = False  # counted in `resubmitted` (once per request, not per attempt)
         self._ended = False
         self._gen: DeploymentResponseGenerator | None = None
 
@@ -117,7 +118,7 @@ class RoutedStream:
                 first = await self._next()
             except REPLICA_FAILURES as err:
                 if self.attempts < self._engine.max_attempts:
-                    self._engine.resubmitted += 1
+                    self._count_resent()
                     _log.warning("request %s: its replica failed before admitting it (%s); sending it again",
                                  self.request_id, _why(err))
                     continue
@@ -128,6 +129,13 @@ class RoutedStream:
             if not isinstance(first, Admitted):
                 raise RuntimeError(f"a replica answered {type(first).__name__} before admitting the request")
             return
+
+    def _count_resent(self) -> None:
+        # A request may be sent again more than once (its second replica can fail too, or stall
+        # under load); the counter says how many requests were sent again, as its name says.
+        if not self._resent:
+            self._resent = True
+            self._engine.resubmitted += 1
 
     async def _next(self) -> Any:
         assert self._gen is not None
@@ -148,7 +156,7 @@ class RoutedStream:
                 item = await self._next()
             except REPLICA_FAILURES as err:
                 if not self._streamed and self.attempts < self._engine.max_attempts:
-                    self._engine.resubmitted += 1
+                    self._count_resent()
                     _log.warning("request %s: its replica failed before its first token (%s); sending it again",
                                  self.request_id, _why(err))
                     try:
