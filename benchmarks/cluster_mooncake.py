@@ -7,7 +7,8 @@ Runs `prefixcache.cluster.sweep.sweep` (each router and the shared cache a job; 
 processes, each loading the trace once) and prints a table per point. With one point it
 writes `<out>/cluster_<trace>.json`, `.csv`, `.png` (as `prefixcache cluster`); with
 several, `<out>/sweep_<trace>.json`, `.csv` and `.png` (goodput, TTFT p50 / p99 and the
-hit ratio / the shared cache's against the arrival rate, a row of panels per fleet).
+hit ratio / the shared cache's against the arrival rate, a row of panels per fleet), and
+with several capacities `sweep_<trace>_capacity.png` (the same against the capacity).
 
 Targets (issue 25), checked at `--target-replicas` for `--precise` (estimated_ttft) at
 every point, each PASS or FAIL with its numbers:
@@ -46,7 +47,7 @@ from machine import cpu_model  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from prefixcache.cluster.config import RouterSpec, load_cluster_config  # noqa: E402
-from prefixcache.cluster.report import cluster_table, plot_cluster, plot_sweep  # noqa: E402
+from prefixcache.cluster.report import cluster_table, plot_capacity, plot_cluster, plot_sweep  # noqa: E402
 from prefixcache.cluster.results import SHARED, ClusterResult, RunResult  # noqa: E402
 from prefixcache.cluster.sweep import Job, SweepPoint, run_job, sweep  # noqa: E402
 from prefixcache.tables import render  # noqa: E402
@@ -192,6 +193,8 @@ def main() -> int:
         result.write_csv(stem.with_suffix(".csv"))
         result.write_json(stem.with_suffix(".json"))
         plot_sweep(result, stem.with_suffix(".png"))
+        if len({p.capacity_tokens for p in points}) > 1:
+            plot_capacity(result, out / f"sweep_{trace}_capacity.png")
     print(f"\nwrote {stem}.csv, .json, .png; {time.perf_counter() - t0:.0f} s in all")
     return 0
 

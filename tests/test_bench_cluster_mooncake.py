@@ -59,6 +59,7 @@ def test_a_sweep_over_rates_and_capacities_writes_its_files_and_checks_every_poi
     out = tmp_path / "out"
     drawn = []
     monkeypatch.setattr(bench, "plot_sweep", lambda result, path: drawn.append(len(result.runs)))
+    monkeypatch.setattr(bench, "plot_capacity", lambda result, path: drawn.append(path.name))
     monkeypatch.setattr(sys, "argv", ["cluster_mooncake.py", "--trace", str(trace), "--replicas", "2",
                                       "--target-replicas", "2", "--routers", "approx_tree", "estimated_ttft",
                                       "--set", "estimated_ttft.load_weight=2", "--rates", "1", "4",
@@ -67,7 +68,7 @@ def test_a_sweep_over_rates_and_capacities_writes_its_files_and_checks_every_poi
     assert bench.main() == 0
     text = capsys.readouterr().out
     data = json.loads((out / "sweep_trace.json").read_text())
-    assert drawn == [4]
+    assert drawn == [4, "sweep_trace_capacity.png"]
     assert {(r["capacity_tokens"], r["arrival_speedup"]) for r in data["runs"]} == {
         (20000, 1.0), (20000, 4.0), (100000, 1.0), (100000, 4.0)}
     assert {r["series"] for r in data["runs"]} == {"round_robin", "approx_tree", "estimated_ttft", "shared"}

@@ -19,7 +19,7 @@ from prefixcache.tables import Column, Table
 if TYPE_CHECKING:
     from prefixcache.cluster.sweep import SweepResult
 
-__all__ = ["cluster_table", "plot_cluster", "plot_sweep"]
+__all__ = ["cluster_table", "plot_cluster", "plot_sweep", "plot_capacity"]
 
 
 def _per_replica(values: list[Any]) -> str:
@@ -157,6 +157,45 @@ def plot_sweep(sweep: SweepResult, path: str | Path) -> None:
         good.legend(fontsize=8)
     fig.suptitle(f"Sweep on {sweep.workload['name']}: {sweep.workload['requests']:,} requests; "
                  f"goodput: TTFT <= {sweep.slo.ttft_s:g} s and TPOT <= {sweep.slo.itl_s * 1000:g} ms")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_capacity(sweep: SweepResult, path: str | Path) -> None:
+    """Against each replica's cache capacity (TOKENS, log scale): goodput, hit ratio / the
+    shared cache's, TTFT p50 and TTFT p99, a line per router; one row of panels per fleet
+    size, slots and arrival rate. Where the approximate routers' hit ratio and goodput fall
+    away from the precise ones' is where caches churn."""
+    plt = _pyplot()
+    rows: dict[tuple[int, int, float], list[tuple[int, ClusterResult]]] = {}
+    for point, speedup, rate, result in sweep.runs:
+        rows.setdefault((point.replicas, point.max_num_seqs, rate), []).append((point.capacity_tokens, result))
+    fig, axes = plt.subplots(len(rows), 4, figsize=(22, 4.6 * len(rows)), squeeze=False)
+    for row, ((n, slots, rate), results) in zip(axes, rows.items(), strict=True):
+        results.sort(key=lambda x: x[0])
+        good, hits, p50, p99 = row
+        caps = [c for c, _ in results]
+        labels, reference = results[0][1].labels, results[0][1].reference
+        for k, label in enumerate(labels):
+            style = _style(label, k, reference)
+            runs = [result.run(label, n) for _, result in results]
+            good.plot(caps, [r.goodput for r in runs], label=label, **style)
+            hits.plot(caps, [r.hit_ratio / result.run(SHARED, n).hit_ratio for (_, result), r in
+                             zip(results, runs, strict=True)], label=label, **style)
+            p50.plot(caps, [r.ttft_p50_s for r in runs], label=label, **style)
+            p99.plot(caps, [r.ttft_p99_s for r in runs], label=label, **style)
+        where = f"N={n}, {slots} slots, {rate:.2f} requests/s"
+        for panel, title, ylabel in ((good, "goodput", "share of requests"), (hits, "hit ratio / shared cache's", "ratio"),
+                                     (p50, "TTFT p50", "SECONDS"), (p99, "TTFT p99", "SECONDS")):
+            panel.set_xscale("log")
+            panel.set_xlabel("cache per replica, TOKENS")
+            panel.set_ylabel(ylabel)
+            panel.set_title(f"{title}: {where}", fontsize=10)
+            panel.grid(True, alpha=0.3)
+        good.legend(fontsize=8)
+    fig.suptitle(f"Capacity sweep on {sweep.workload['name']}: {sweep.workload['requests']:,} requests; goodput: "
+                 f"TTFT <= {sweep.slo.ttft_s:g} s and TPOT <= {sweep.slo.itl_s * 1000:g} ms")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
