@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "bind_columns.h"
+#include "kv_router_cost.h"
 #include "py_args.h"
 #include "ttft_cost.h"
 
@@ -55,6 +56,22 @@ overlaps: {candidate position: blocks of the prompt cached there}; prompt_tokens
 block_size (TOKENS); token_s, pair_s, weights_s, overhead_s, budget: the service model's
 rates (SECONDS per token, per query-key pair, for the weights, per step; TOKENS a step
 takes); load_weight, decode_weight: the charges' weights.)doc");
+  m.def(
+      "estimated_ttft_lowest",
+      [](py::handle prefill, py::handle requests, py::handle queued, py::handle overlaps, py::handle prompt,
+         py::handle bs, double token_s, double pair_s, double weights_s, double overhead_s, py::handle budget,
+         double load_weight, double decode_weight) {
+        const std::vector<int32_t> rows = lowest(costs(prefill, requests, queued, overlaps, prompt, bs, token_s, pair_s,
+                                                        weights_s, overhead_s, budget, load_weight, decode_weight));
+        py::list out(rows.size());
+        for (size_t i = 0; i < rows.size(); ++i) PyList_SET_ITEM(out.ptr(), i, PyLong_FromLong(rows[i]));
+        return out;
+      },
+      py::arg("prefill_tokens"), py::arg("num_requests"), py::arg("queued_requests"), py::arg("overlaps"),
+      py::arg("prompt_tokens"), py::arg("block_size"), py::arg("token_s"), py::arg("pair_s"), py::arg("weights_s"),
+      py::arg("overhead_s"), py::arg("budget"), py::arg("load_weight"), py::arg("decode_weight") = 0.0,
+      R"doc(The candidate positions tied at the lowest estimated_ttft_costs, ascending (one
+native call per decision: the costs never become Python floats).)doc");
 }
 
 }  // namespace prefixcache

@@ -320,7 +320,7 @@ def test_a_long_miss_goes_where_fewer_requests_decode():
 def test_the_native_ttft_cost_is_its_twin():
     from array import array
 
-    from prefixcache._C import estimated_ttft_costs
+    from prefixcache._C import estimated_ttft_costs, estimated_ttft_lowest
 
     rng = random.Random(7)
     service = ServiceModel()  # an 8B model on an H100: attention, overhead and the weights' floor all count
@@ -340,6 +340,10 @@ def test_the_native_ttft_cost_is_its_twin():
             ttft_twin(prefill[i], requests[i] - queued[i], min(overlaps.get(i, 0) * BS, most), prompt, service, weight,
                       decode)
             for i in range(n)], rel=1e-12)
+        args = (array("q", prefill), requests, array("q", queued), overlaps, prompt, BS, service.token_s,
+                service.pair_s, service.weights_s, service.step_overhead_s, service.max_num_batched_tokens, weight,
+                decode)
+        assert estimated_ttft_lowest(*args) == [i for i, c in enumerate(costs) if c == min(costs)]
     with pytest.raises(ValueError, match="one entry per candidate"):
         estimated_ttft_costs([0], [0, 0], [0], {}, 10, BS, 1.0, 0.0, 0.0, 0.0, 64, 1.0)
     with pytest.raises(ValueError, match="prompt_tokens must be >= 1"):

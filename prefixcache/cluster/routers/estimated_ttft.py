@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefixcache._C import estimated_ttft_costs
+from prefixcache._C import estimated_ttft_costs, estimated_ttft_lowest
 from prefixcache.cluster.registry import register_router
 from prefixcache.cluster.router import Candidates, Ranked, Router, RouterContext, RoutingRequest
 from prefixcache.cluster.service_model import ServiceModel
@@ -88,8 +88,8 @@ class EstimatedTTFTRouter(Router):
                                     overlaps, request.num_prompt_tokens, self.context.block_size, *self._model)
 
     def choose_replicas(self, candidates: Candidates, request: RoutingRequest) -> Ranked:
-        costs = self.costs(candidates, request)
-        low = min(costs)
-        if costs.count(low) == 1:
-            return [[costs.index(low)]]
-        return [[self.context.rng.choice([i for i, c in enumerate(costs) if c == low])]]
+        hashes = request.hashes
+        overlaps = candidates.by_position(self.index.longest_prefix(hashes)) if len(hashes) else None
+        lowest = estimated_ttft_lowest(candidates.prefill_tokens, candidates.num_requests, candidates.queued_requests,
+                                       overlaps, request.num_prompt_tokens, self.context.block_size, *self._model)
+        return [[lowest[0] if len(lowest) == 1 else self.context.rng.choice(lowest)]]
