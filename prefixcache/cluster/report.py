@@ -124,37 +124,41 @@ def plot_cluster(result: ClusterResult, path: str | Path) -> None:
     plt.close(fig)
 
 
+def _draw(good: Any, hits: Any, p50: Any, p99: Any, results: list[tuple[float, ClusterResult]], n: int, xlabel: str,
+          where: str) -> None:
+    """One row of a sweep's panels: goodput, hit ratio / the shared cache's, TTFT p50 and
+    p99 of every series at n replicas, against x (the first of each (x, result) pair)."""
+    xs = [x for x, _ in results]
+    labels, reference = results[0][1].labels, results[0][1].reference
+    for k, label in enumerate(labels):
+        style = _style(label, k, reference)
+        runs = [result.run(label, n) for _, result in results]
+        good.plot(xs, [r.goodput for r in runs], label=label, **style)
+        hits.plot(xs, [r.hit_ratio / result.run(SHARED, n).hit_ratio for (_, result), r in
+                       zip(results, runs, strict=True)], label=label, **style)
+        p50.plot(xs, [r.ttft_p50_s for r in runs], label=label, **style)
+        p99.plot(xs, [r.ttft_p99_s for r in runs], label=label, **style)
+    for panel, title, ylabel in ((good, "goodput", "share of requests"), (hits, "hit ratio / shared cache's", "ratio"),
+                                 (p50, "TTFT p50", "SECONDS"), (p99, "TTFT p99", "SECONDS")):
+        panel.set_xlabel(xlabel)
+        panel.set_ylabel(ylabel)
+        panel.set_title(f"{title}: {where}", fontsize=10)
+        panel.grid(True, alpha=0.3)
+    p50.set_yscale("log")
+    p99.set_yscale("log")
+    good.set_ylim(0, 1.02)
+    good.legend(fontsize=8)
+
+
 def plot_sweep(sweep: SweepResult, path: str | Path) -> None:
-    """Against the arrival rate (requests/s): goodput, TTFT p50, TTFT p99 and hit ratio /
-    the shared cache's, a line per router; one row of panels per operating point (fleet
+    """Against the arrival rate (requests/s): goodput, hit ratio / the shared cache's, TTFT
+    p50 and TTFT p99, a line per router; one row of panels per operating point (fleet
     size, slots, capacity). Where every router's goodput falls is the knee."""
     plt = _pyplot()
     groups = sweep.groups()
     fig, axes = plt.subplots(len(groups), 4, figsize=(22, 4.6 * len(groups)), squeeze=False)
     for row, (point, results) in zip(axes, groups.items(), strict=True):
-        good, p50, p99, hits = row
-        labels = results[0][1].labels
-        reference = results[0][1].reference
-        n = point.replicas
-        for k, label in enumerate(labels):
-            style = _style(label, k, reference)
-            rates = [rate for rate, _ in results]
-            runs = [result.run(label, n) for _, result in results]
-            good.plot(rates, [r.goodput for r in runs], label=label, **style)
-            p50.plot(rates, [r.ttft_p50_s for r in runs], label=label, **style)
-            p99.plot(rates, [r.ttft_p99_s for r in runs], label=label, **style)
-            hits.plot(rates, [r.hit_ratio / result.run(SHARED, n).hit_ratio for (_, result), r in
-                              zip(results, runs, strict=True)], label=label, **style)
-        for panel, title, ylabel in ((good, "goodput", "share of requests"), (p50, "TTFT p50", "SECONDS"),
-                                     (p99, "TTFT p99", "SECONDS"), (hits, "hit ratio / shared cache's", "ratio")):
-            panel.set_xlabel("arrival rate, requests/s")
-            panel.set_ylabel(ylabel)
-            panel.set_title(f"{title}: {point.describe()}", fontsize=10)
-            panel.grid(True, alpha=0.3)
-        p50.set_yscale("log")
-        p99.set_yscale("log")
-        good.set_ylim(0, 1.02)
-        good.legend(fontsize=8)
+        _draw(*row, results, point.replicas, "arrival rate, requests/s", point.describe())
     fig.suptitle(f"Sweep on {sweep.workload['name']}: {sweep.workload['requests']:,} requests; "
                  f"goodput: TTFT <= {sweep.slo.ttft_s:g} s and TPOT <= {sweep.slo.itl_s * 1000:g} ms")
     fig.tight_layout()
@@ -174,26 +178,9 @@ def plot_capacity(sweep: SweepResult, path: str | Path) -> None:
     fig, axes = plt.subplots(len(rows), 4, figsize=(22, 4.6 * len(rows)), squeeze=False)
     for row, ((n, slots, rate), results) in zip(axes, rows.items(), strict=True):
         results.sort(key=lambda x: x[0])
-        good, hits, p50, p99 = row
-        caps = [c for c, _ in results]
-        labels, reference = results[0][1].labels, results[0][1].reference
-        for k, label in enumerate(labels):
-            style = _style(label, k, reference)
-            runs = [result.run(label, n) for _, result in results]
-            good.plot(caps, [r.goodput for r in runs], label=label, **style)
-            hits.plot(caps, [r.hit_ratio / result.run(SHARED, n).hit_ratio for (_, result), r in
-                             zip(results, runs, strict=True)], label=label, **style)
-            p50.plot(caps, [r.ttft_p50_s for r in runs], label=label, **style)
-            p99.plot(caps, [r.ttft_p99_s for r in runs], label=label, **style)
-        where = f"N={n}, {slots} slots, {rate:.2f} requests/s"
-        for panel, title, ylabel in ((good, "goodput", "share of requests"), (hits, "hit ratio / shared cache's", "ratio"),
-                                     (p50, "TTFT p50", "SECONDS"), (p99, "TTFT p99", "SECONDS")):
+        _draw(*row, results, n, "cache per replica, TOKENS", f"N={n}, {slots} slots, {rate:.2f} requests/s")
+        for panel in row:
             panel.set_xscale("log")
-            panel.set_xlabel("cache per replica, TOKENS")
-            panel.set_ylabel(ylabel)
-            panel.set_title(f"{title}: {where}", fontsize=10)
-            panel.grid(True, alpha=0.3)
-        good.legend(fontsize=8)
     fig.suptitle(f"Capacity sweep on {sweep.workload['name']}: {sweep.workload['requests']:,} requests; goodput: "
                  f"TTFT <= {sweep.slo.ttft_s:g} s and TPOT <= {sweep.slo.itl_s * 1000:g} ms")
     fig.tight_layout()

@@ -215,16 +215,12 @@ class _Replay:
             return
         rid, loads = engine.eid, self.loads
         loads.running_tokens[rid] -= self.prompt_lens[i] + self.output_lens[i]
-        loads.num_requests[rid] -= 1
         held = self.held[rid]
         held.subtract(self.tables.pop(i))
         for block in [b for b, n in held.items() if n <= 0]:
             del held[block]
         loads.kv_blocks[rid] = len(held)
-        self.deactivate(rid, i)
-        request = self.requests.pop(i)
-        if self.router is not None:
-            self.router.on_request_completed(request, rid)
+        self.leave(rid, i)
 
     def _rejected(self, engine: SimEngine, i: int, now: float) -> None:
         self.rejected.append(i)
@@ -234,9 +230,14 @@ class _Replay:
             return
         rid, loads = engine.eid, self.loads
         loads.queued_tokens[rid] -= self.prompt_lens[i] + self.output_lens[i]
-        loads.num_requests[rid] -= 1
         loads.queued_requests[rid] -= 1
         loads.prefill_tokens[rid] -= self.expected_prefill[i]
+        self.leave(rid, i)
+
+    def leave(self, rid: int, i: int) -> None:
+        """Request i has left replica rid (finished or rejected): out of its request count
+        and active blocks, and the router hears it."""
+        self.loads.num_requests[rid] -= 1
         self.deactivate(rid, i)
         request = self.requests.pop(i)
         if self.router is not None:
