@@ -22,6 +22,7 @@ every point, each PASS or FAIL with its numbers:
     python benchmarks/cluster_mooncake.py --trace ../shared/traces/mooncake_conversation_trace.jsonl --out docs
     python benchmarks/cluster_mooncake.py --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
         --rates 1 2 3 4 --capacity 440120 1000000 3000000 --jobs 2 --out out/sweep     # the knee, and churn
+    python benchmarks/cluster_mooncake.py --replot out/sweep/sweep_mooncake_conversation_trace.json
     python benchmarks/cluster_mooncake.py --trace ... --routers power_of_two kv_events --kv-weights 1 16 \\
         --kv-temperatures 0 0.1                                                           # Dynamo's knobs
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import multiprocessing
 import os
 import platform
@@ -111,7 +113,9 @@ def parallel(jobs_n: int, workload: Workload):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", required=True, help="a Mooncake JSONL trace")
+    parser.add_argument("--trace", help="a Mooncake JSONL trace (required unless --replot)")
+    parser.add_argument("--replot", type=Path, metavar="SWEEP_JSON",
+                        help="redraw a saved sweep's plots next to it (sweep_<trace>.json: nothing is run)")
     parser.add_argument("--config", default=str(ROOT / "configs" / "cluster_mooncake.yaml"))
     parser.add_argument("--replicas", type=int, nargs="+", help="fleet sizes N (default: the config's)")
     parser.add_argument("--rates", type=float, nargs="+", default=[1.0],
@@ -132,6 +136,16 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1, help="processes (forked: they share the trace)")
     parser.add_argument("--out", default="out/cluster_mooncake")
     args = parser.parse_args()
+    if args.replot is not None:
+        data = json.loads(args.replot.read_text())
+        plot_sweep(data, args.replot.with_suffix(".png"))
+        print(f"wrote {args.replot.with_suffix('.png')}")
+        if len({r["capacity_tokens"] for r in data["runs"]}) > 1:
+            plot_capacity(data, args.replot.with_name(args.replot.stem + "_capacity.png"))
+            print(f"wrote {args.replot.with_name(args.replot.stem + '_capacity.png')}")
+        return 0
+    if args.trace is None:
+        parser.error("--trace is required (or --replot SWEEP_JSON)")
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}  {platform.node()}  {cpu_model()}  python {platform.python_version()}"
           f"  loadavg {' '.join(open('/proc/loadavg').read().split()[:3]) if os.path.exists('/proc/loadavg') else '?'}")
     print(f"# python benchmarks/cluster_mooncake.py {shlex.join(sys.argv[1:])}")

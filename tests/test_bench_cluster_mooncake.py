@@ -58,7 +58,7 @@ def test_a_sweep_over_rates_and_capacities_writes_its_files_and_checks_every_poi
     write_records(trace, synthetic_records(24, seed=7, max_gap_ms=1000))
     out = tmp_path / "out"
     drawn = []
-    monkeypatch.setattr(bench, "plot_sweep", lambda result, path: drawn.append(len(result.runs)))
+    monkeypatch.setattr(bench, "plot_sweep", lambda result, path: drawn.append(path.name))
     monkeypatch.setattr(bench, "plot_capacity", lambda result, path: drawn.append(path.name))
     monkeypatch.setattr(sys, "argv", ["cluster_mooncake.py", "--trace", str(trace), "--replicas", "2",
                                       "--target-replicas", "2", "--routers", "approx_tree", "estimated_ttft",
@@ -68,7 +68,7 @@ def test_a_sweep_over_rates_and_capacities_writes_its_files_and_checks_every_poi
     assert bench.main() == 0
     text = capsys.readouterr().out
     data = json.loads((out / "sweep_trace.json").read_text())
-    assert drawn == [4, "sweep_trace_capacity.png"]
+    assert drawn == ["sweep_trace.png", "sweep_trace_capacity.png"]
     assert {(r["capacity_tokens"], r["arrival_speedup"]) for r in data["runs"]} == {
         (20000, 1.0), (20000, 4.0), (100000, 1.0), (100000, 4.0)}
     assert {r["series"] for r in data["runs"]} == {"round_robin", "approx_tree", "estimated_ttft", "shared"}
@@ -76,3 +76,7 @@ def test_a_sweep_over_rates_and_capacities_writes_its_files_and_checks_every_poi
     # the targets at every point; the approximate-router one only where caches churn
     assert text.count("targets:") == 4 and text.count("vs approx_tree") == 2
     assert text.count("the shared cache's") == 4 * 2  # the p50 and the hit ratio
+    # a saved sweep's plots drawn again, nothing run
+    monkeypatch.setattr(sys, "argv", ["cluster_mooncake.py", "--replot", str(out / "sweep_trace.json")])
+    assert bench.main() == 0
+    assert drawn[2:] == ["sweep_trace.png", "sweep_trace_capacity.png"]

@@ -9,10 +9,12 @@ change a number. matplotlib is optional, as for `prefixcache.ab_report` (whose
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefixcache.ab_report import _pyplot, arm_line
+from prefixcache.cluster.config import REFERENCE_ROUTER
 from prefixcache.cluster.results import SHARED, ClusterResult
 from prefixcache.tables import Column, Table
 
@@ -124,20 +126,25 @@ def plot_cluster(result: ClusterResult, path: str | Path) -> None:
     plt.close(fig)
 
 
-def _draw(good: Any, hits: Any, p50: Any, p99: Any, results: list[tuple[float, ClusterResult]], n: int, xlabel: str,
-          where: str) -> None:
-    """One row of a sweep's panels: goodput, hit ratio / the shared cache's, TTFT p50 and
-    p99 of every series at n replicas, against x (the first of each (x, result) pair)."""
-    xs = [x for x, _ in results]
-    labels, reference = results[0][1].labels, results[0][1].reference
+Rows = list[Mapping[str, Any]]
+
+
+def _draw(row: Any, rows_by_x: list[tuple[float, Rows]], xlabel: str, where: str, reference: str) -> None:
+    """One row of a sweep's panels (goodput, hit ratio / the shared cache's, TTFT p50 and
+    p99) from (x, summary rows at x) pairs: a line per series, in the order they come."""
+    good, hits, p50, p99 = row
+    xs = [x for x, _ in rows_by_x]
+    labels = list(dict.fromkeys(r["series"] for _, rows in rows_by_x for r in rows))
+    labels.sort(key=lambda label: label == SHARED)  # the shared cache last, as the tables
     for k, label in enumerate(labels):
         style = _style(label, k, reference)
-        runs = [result.run(label, n) for _, result in results]
-        good.plot(xs, [r.goodput for r in runs], label=label, **style)
-        hits.plot(xs, [r.hit_ratio / result.run(SHARED, n).hit_ratio for (_, result), r in
-                       zip(results, runs, strict=True)], label=label, **style)
-        p50.plot(xs, [r.ttft_p50_s for r in runs], label=label, **style)
-        p99.plot(xs, [r.ttft_p99_s for r in runs], label=label, **style)
+        at = [next(r for r in rows if r["series"] == label) for _, rows in rows_by_x]
+        ceiling = [next(r for r in rows if r["kind"] == SHARED)["hit_ratio"] for _, rows in rows_by_x]
+        good.plot(xs, [r["goodput"] for r in at], label=label, **style)
+        hits.plot(xs, [r["hit_ratio"] / c if c else float("nan") for r, c in zip(at, ceiling, strict=True)],
+                  label=label, **style)
+        p50.plot(xs, [r["ttft_p50_s"] for r in at], label=label, **style)
+        p99.plot(xs, [r["ttft_p99_s"] for r in at], label=label, **style)
     for panel, title, ylabel in ((good, "goodput", "share of requests"), (hits, "hit ratio / shared cache's", "ratio"),
                                  (p50, "TTFT p50", "SECONDS"), (p99, "TTFT p99", "SECONDS")):
         panel.set_xlabel(xlabel)
@@ -150,39 +157,56 @@ def _draw(good: Any, hits: Any, p50: Any, p99: Any, results: list[tuple[float, C
     good.legend(fontsize=8)
 
 
-def plot_sweep(sweep: SweepResult, path: str | Path) -> None:
-    """Against the arrival rate (requests/s): goodput, hit ratio / the shared cache's, TTFT
-    p50 and TTFT p99, a line per router; one row of panels per operating point (fleet
-    size, slots, capacity). Where every router's goodput falls is the knee."""
+def _sweep_data(sweep: SweepResult | Mapping[str, Any]) -> Mapping[str, Any]:
+    return sweep if isinstance(sweep, Mapping) else sweep.to_dict()
+
+
+def _rows(data: Mapping[str, Any], key: Callable[[Mapping[str, Any]], Any],
+          x: Callable[[Mapping[str, Any]], float]) -> dict[Any, list[tuple[float, Rows]]]:
+    """The sweep's rows grouped by `key` (a row of panels each), then by `x` (rising)."""
+    groups: dict[Any, dict[float, Rows]] = {}
+    for r in data["runs"]:
+        groups.setdefault(key(r), {}).setdefault(x(r), []).append(r)
+    return {k: sorted(by_x.items()) for k, by_x in groups.items()}
+
+
+def _figure(data: Mapping[str, Any], groups: dict[Any, list[tuple[float, Rows]]], xlabel: str,
+            where: Callable[[Any], str], title: str, path: str | Path, *, log_x: bool) -> None:
     plt = _pyplot()
-    groups = sweep.groups()
     fig, axes = plt.subplots(len(groups), 4, figsize=(22, 4.6 * len(groups)), squeeze=False)
-    for row, (point, results) in zip(axes, groups.items(), strict=True):
-        _draw(*row, results, point.replicas, "arrival rate, requests/s", point.describe())
-    fig.suptitle(f"Sweep on {sweep.workload['name']}: {sweep.workload['requests']:,} requests; "
-                 f"goodput: TTFT <= {sweep.slo.ttft_s:g} s and TPOT <= {sweep.slo.itl_s * 1000:g} ms")
+    reference = next((r["series"] for r in data["runs"] if r["router"] == REFERENCE_ROUTER), "")
+    for row, (key, rows_by_x) in zip(axes, groups.items(), strict=True):
+        _draw(row, rows_by_x, xlabel, where(key), reference)
+        if log_x:
+            for panel in row:
+                panel.set_xscale("log")
+    slo, w = data["slo"], data["workload"]
+    fig.suptitle(f"{title} on {w['name']}: {w['requests']:,} requests; goodput: TTFT <= {slo['ttft_s']:g} s and "
+                 f"TPOT <= {slo['itl_s'] * 1000:g} ms")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def plot_capacity(sweep: SweepResult, path: str | Path) -> None:
+def plot_sweep(sweep: SweepResult | Mapping[str, Any], path: str | Path) -> None:
+    """Against the arrival rate (requests/s): goodput, hit ratio / the shared cache's, TTFT
+    p50 and TTFT p99, a line per router; one row of panels per operating point (fleet
+    size, slots, capacity). Where every router's goodput falls is the knee. `sweep`: a
+    `SweepResult`, or its `to_dict()` as `write_json` saved it."""
+    data = _sweep_data(sweep)
+    groups = _rows(data, lambda r: (r["replicas"], r["max_num_seqs"], r["capacity_tokens"]),
+                   lambda r: r["requests_per_s"])
+    _figure(data, groups, "arrival rate, requests/s",
+            lambda k: f"N={k[0]}, {k[1]} slots, {k[2]:,} tokens each", "Sweep", path, log_x=False)
+
+
+def plot_capacity(sweep: SweepResult | Mapping[str, Any], path: str | Path) -> None:
     """Against each replica's cache capacity (TOKENS, log scale): goodput, hit ratio / the
     shared cache's, TTFT p50 and TTFT p99, a line per router; one row of panels per fleet
     size, slots and arrival rate. Where the approximate routers' hit ratio and goodput fall
     away from the precise ones' is where caches churn."""
-    plt = _pyplot()
-    rows: dict[tuple[int, int, float], list[tuple[int, ClusterResult]]] = {}
-    for point, speedup, rate, result in sweep.runs:
-        rows.setdefault((point.replicas, point.max_num_seqs, rate), []).append((point.capacity_tokens, result))
-    fig, axes = plt.subplots(len(rows), 4, figsize=(22, 4.6 * len(rows)), squeeze=False)
-    for row, ((n, slots, rate), results) in zip(axes, rows.items(), strict=True):
-        results.sort(key=lambda x: x[0])
-        _draw(*row, results, n, "cache per replica, TOKENS", f"N={n}, {slots} slots, {rate:.2f} requests/s")
-        for panel in row:
-            panel.set_xscale("log")
-    fig.suptitle(f"Capacity sweep on {sweep.workload['name']}: {sweep.workload['requests']:,} requests; goodput: "
-                 f"TTFT <= {sweep.slo.ttft_s:g} s and TPOT <= {sweep.slo.itl_s * 1000:g} ms")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    data = _sweep_data(sweep)
+    groups = _rows(data, lambda r: (r["replicas"], r["max_num_seqs"], r["requests_per_s"]),
+                   lambda r: r["capacity_tokens"])
+    _figure(data, groups, "cache per replica, TOKENS",
+            lambda k: f"N={k[0]}, {k[1]} slots, {k[2]:.2f} requests/s", "Capacity sweep", path, log_x=True)

@@ -76,10 +76,14 @@ class SweepResult:
                             "requests_per_s": rate, **{k: v for k, v in row.items() if k != "replicas"}})
         return out
 
+    def to_dict(self) -> dict[str, Any]:
+        """The workload, the SLO and `rows()`: what `write_json` writes and the sweep plots
+        draw (`prefixcache.cluster.report.plot_sweep` takes this or a loaded file)."""
+        return {"workload": self.workload, "slo": {"ttft_s": self.slo.ttft_s, "itl_s": self.slo.itl_s},
+                "runs": self.rows()}
+
     def write_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps({"workload": self.workload, "slo": {"ttft_s": self.slo.ttft_s,
-                                                                              "itl_s": self.slo.itl_s},
-                                          "runs": self.rows()}, indent=1) + "\n")
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
 
     def write_csv(self, path: str | Path) -> None:
         rows = [{k: " ".join(map(str, v)) if isinstance(v, list) else v for k, v in row.items()} for row in self.rows()]
