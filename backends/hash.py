@@ -98,6 +98,7 @@ from dataclasses import dataclass
 from prefixcache._C import BlockContents, BlockPool, InvariantError, append_step, commit_blocks
 from prefixcache.block_contents import TrustingVerifier
 from prefixcache.config import CacheConfig
+from prefixcache.errors import ConfigError
 from prefixcache.events import (
     FULL_ATTENTION,
     AllBlocksCleared,
@@ -123,6 +124,8 @@ from prefixcache.requests import (
     check_tokens,
 )
 from prefixcache.stats import CacheStats, StatsCounter
+
+from .hybrid_hash import HYBRID_OPTIONS, RETENTION, HybridHashCache
 
 __all__ = ["HashCache", "HashRequest", "VERIFY_HITS"]
 
@@ -167,8 +170,14 @@ def _ceil_div(a: int, b: int) -> int:
 class HashCache(BlockwiseAppend, PrefixCache):
     """vLLM V1 automatic prefix caching on a `BlockPool` (see the module docstring)."""
 
-    option_defaults = {"verify_hits": "auto"}
-    option_choices = {"verify_hits": VERIFY_HITS}
+    option_defaults = {"verify_hits": "auto", **HYBRID_OPTIONS}
+    option_choices = {"verify_hits": VERIFY_HITS, "retention": RETENTION, "no_tail_cliff": (False, True)}
+
+    def __new__(cls, pool: BlockPool, config: CacheConfig) -> HashCache:
+        # A hybrid layout is vLLM's hybrid manager, a class of its own (backends/hybrid_hash.py).
+        if cls is HashCache and config.groups.hybrid:
+            return HybridHashCache(pool, config)  # type: ignore[return-value]
+        return super().__new__(cls)
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -179,6 +188,9 @@ class HashCache(BlockwiseAppend, PrefixCache):
 
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)
+        for key, default in HYBRID_OPTIONS.items():
+            if self.options[key] != default:
+                raise ConfigError(f"options.{key}", "applies to a hybrid cache.layout only (a group that is not full_attention)")
         self.policy = resolve_eviction_policy(config.eviction)()
         self._evictor = block_evictor(pool, self.block_size, self.policy)
         self._trims = type(self).usable_hit is not PrefixCache.usable_hit

@@ -51,6 +51,9 @@ REAL_MODULES = (
 )
 # With real_events: vLLM's KV event structs, its ZeroMQ publisher and their config.
 EVENT_MODULES = ("vllm.distributed.kv_events", "vllm.config.kv_events")
+# Read, never imported (it needs the whole engine): the scheduler's one method that
+# splits a Mamba prefill, executed alone by `mamba_split` (hybrid layouts).
+SCHEDULER_FILE = "vllm/v1/core/sched/scheduler.py"
 
 
 class _StubMeta(type):
@@ -228,13 +231,28 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 # The modules executed for real in this process (REAL_MODULES, + EVENT_MODULES with real_events).
 _real: set[str] = set(REAL_MODULES)
+# (sources, real_events) of the import made in this process, if any.
+_loaded_from: tuple[Path, bool] | None = None
+
+
+def _install(src: Path, real_events: bool) -> None:
+    """Put vLLM's modules from `src` (with stand-ins) on the import path, once."""
+    global _loaded_from
+    if real_events:
+        _real.update(EVENT_MODULES)
+        SHIMS.pop("vllm.distributed.kv_events")
+        SHIMS["vllm.envs"] = dict(VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=True)
+        SHIMS["vllm.config.utils"] = dict(config=dataclass)  # vLLM's @config: a dataclass
+    sys.meta_path.insert(0, _Finder(src))
+    _loaded_from = (src, real_events)
 
 
 def fetch(cache_dir: Path) -> Path:
     """The extracted sources under cache_dir/src, downloading the wheel on first use."""
     src = cache_dir / "src"
     modules = REAL_MODULES + EVENT_MODULES
-    if all((src / (m.replace(".", "/") + ".py")).is_file() for m in modules):
+    files = [m.replace(".", "/") + ".py" for m in modules] + [SCHEDULER_FILE]
+    if all((src / f).is_file() for f in files):
         return src
     cache_dir.mkdir(parents=True, exist_ok=True)
     wheels = sorted(cache_dir.glob(f"vllm-{VERSION}-*.whl"))
@@ -246,35 +264,36 @@ def fetch(cache_dir: Path) -> Path:
         )
         wheels = sorted(cache_dir.glob(f"vllm-{VERSION}-*.whl"))
     with zipfile.ZipFile(wheels[0]) as wheel:
-        for module in modules:
-            wheel.extract(module.replace(".", "/") + ".py", src)
+        for name in files:
+            wheel.extract(name, src)
     return src
 
 
 @dataclass
 class VllmCore:
-    """What a side-by-side run needs from vLLM."""
+    """What a side-by-side run needs from vLLM. `make_hybrid_manager` and `mamba_split`
+    serve hybrid layouts (`make_hybrid_manager`'s docstring)."""
 
     KVCacheManager: type
     Request: type
     block_hasher: Any
     make_manager: Any
+    make_hybrid_manager: Any = None
+    mamba_split: Any = None
 
 
 def load(cache_dir: Path, block_size: int, *, real_events: bool = False) -> VllmCore:
     """Import vLLM's v1/core from `cache_dir` (see the module docstring); with
     `real_events`, vLLM's own KV event module too (vLLM's default int block hashes)."""
     src = fetch(cache_dir)
-    if any(name == "vllm" or name.startswith("vllm.") for name in sys.modules):
+    if _loaded_from is not None and _loaded_from == (src, real_events):
+        pass  # already imported from here by an earlier load (another block size)
+    elif any(name == "vllm" or name.startswith("vllm.") for name in sys.modules):
         raise RuntimeError("a vllm package is already imported in this process")
-    if "torch" in sys.modules:
+    elif "torch" in sys.modules:
         raise RuntimeError("import this before torch: vLLM's torch imports are stood in for")
-    if real_events:
-        _real.update(EVENT_MODULES)
-        SHIMS.pop("vllm.distributed.kv_events")
-        SHIMS["vllm.envs"] = dict(VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=True)
-        SHIMS["vllm.config.utils"] = dict(config=dataclass)  # vLLM's @config: a dataclass
-    sys.meta_path.insert(0, _Finder(src))
+    else:
+        _install(src, real_events)
 
     from vllm.utils.hashing import sha256_cbor
     from vllm.v1 import kv_cache_interface as kci
@@ -298,4 +317,88 @@ def load(cache_dir: Path, block_size: int, *, real_events: bool = False) -> Vllm
             enable_kv_cache_events=enable_events,
         )
 
-    return VllmCore(KVCacheManager, Request, hasher, make_manager)
+    def make_hybrid_manager(
+        groups: list[tuple[str, int | None, int | None]],
+        num_blocks: int,
+        enable_events: bool = False,
+        retention_interval: int | None = 0,
+    ) -> Any:
+        """vLLM's manager over a hybrid `KVCacheConfig`: one group per `(kind, window,
+        chunk)` in order (kinds `full_attention`, `sliding_window` with its window,
+        `chunked_local_attention` with its chunk, `mamba`), every group at `block_size`
+        (so the hash block, the scheduler block and each group's block are one), Mamba
+        in "align" mode (what prefix caching needs), `prefix_cache_retention_interval`
+        at vLLM's default 0, and `num_blocks` blocks (one of them the null block)."""
+        specs = []
+        for kind, window, chunk in groups:
+            attn = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=None)
+            if kind == "full_attention":
+                specs.append(kci.FullAttentionSpec(**attn))
+            elif kind == "sliding_window":
+                specs.append(kci.SlidingWindowSpec(**attn, sliding_window=window))
+            elif kind == "chunked_local_attention":
+                specs.append(kci.ChunkedLocalAttentionSpec(**attn, attention_chunk_size=chunk))
+            elif kind == "mamba":
+                specs.append(kci.MambaSpec(block_size=block_size, shapes=((1,),), dtypes=(None,), mamba_cache_mode="align"))
+            else:
+                raise ValueError(f"unknown kind {kind!r}")
+        config = kci.KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[kci.KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(specs)],
+            prefix_cache_retention_interval=retention_interval,
+        )
+        return KVCacheManager(
+            config,
+            max_model_len=1 << 22,
+            scheduler_block_size=block_size,
+            hash_block_size=block_size,
+            enable_caching=True,
+            enable_kv_cache_events=enable_events,
+        )
+
+    split = _scheduler_method(src, "_mamba_block_aligned_split", kci)
+    scheduler = types.SimpleNamespace(
+        cache_config=types.SimpleNamespace(block_size=block_size),
+        block_size=block_size,
+        hash_block_size=block_size,
+        mamba_partial_cache_hit=False,  # hash block = block
+        use_eagle_block_drop=False,
+        num_hash_lookahead_tokens=0,
+        mamba_has_prefill_checkpoint_blocks=False,  # MambaSpec default: no prefill-checkpoint blocks
+        mamba_prefill_checkpoint_alignment=None,
+        mamba_shared_prefix_checkpoint=False,  # vLLM's default
+        max_num_scheduled_tokens=1 << 30,  # an unbounded step: every chunk end is a split's
+        scheduler_config=types.SimpleNamespace(long_prefill_token_threshold=0),
+    )
+
+    def mamba_split(request: Any, num_new_tokens: int, num_new_local_computed_tokens: int = 0) -> int:
+        """vLLM's scheduler clipping a Mamba prefill chunk (`Scheduler._mamba_block_aligned_split`,
+        its own code) for a scheduler at the defaults above; returns the chunk's tokens."""
+        return split(scheduler, request, num_new_tokens, num_new_local_computed_tokens)
+
+    return VllmCore(KVCacheManager, Request, hasher, make_manager, make_hybrid_manager, mamba_split)
+
+
+def _scheduler_method(src: Path, name: str, kci: Any) -> Any:
+    """One method of vLLM's `Scheduler`, compiled alone from its source file with the
+    names it reads (it is never imported: the module needs the whole engine)."""
+    import ast
+
+    path = src / SCHEDULER_FILE
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "Scheduler":
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == name:
+                    item.decorator_list = []
+                    item.returns = None
+                    for arg in item.args.args + item.args.kwonlyargs:
+                        arg.annotation = None
+                    namespace = {
+                        "get_mamba_prefill_checkpoint_position": kci.get_mamba_prefill_checkpoint_position,
+                        "is_mamba_prefill_checkpoint_valid": kci.is_mamba_prefill_checkpoint_valid,
+                    }
+                    exec(compile(ast.Module(body=[item], type_ignores=[]), str(path), "exec"), namespace)  # noqa: S102
+                    return namespace[name]
+    raise RuntimeError(f"{path} has no Scheduler.{name}")

@@ -43,7 +43,7 @@ void bind_attention(py::module_& m) {
       [](uintptr_t q, uintptr_t kv, uintptr_t out, uintptr_t lse, uintptr_t q_indptr, uintptr_t kv_indptr,
          uintptr_t kv_indices, uintptr_t kv_lens, int64_t batch_size, int64_t num_heads, int64_t num_kv_heads,
          int64_t head_dim, int64_t num_blocks, int64_t block_size, int64_t num_kv_indices, float scale,
-         const std::string& dtype) {
+         const std::string& dtype, int64_t window_left, int64_t chunk_size) {
         PagedAttentionArgs a;
         a.q = ptr<const void>(q);
         a.kv = ptr<const void>(kv);
@@ -62,13 +62,16 @@ void bind_attention(py::module_& m) {
         a.num_kv_indices = num_kv_indices;
         a.scale = scale;
         a.dtype = to_dtype(dtype);
+        a.window_left = window_left;
+        a.chunk_size = chunk_size;
         py::gil_scoped_release release;
         paged_attention_cpu(a);
       },
       py::arg("q"), py::arg("kv"), py::arg("out"), py::arg("lse"), py::arg("q_indptr"), py::arg("kv_indptr"),
       py::arg("kv_indices"), py::arg("kv_lens"), py::arg("batch_size"), py::arg("num_heads"),
       py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("num_blocks"), py::arg("block_size"),
-      py::arg("num_kv_indices"), py::arg("scale"), py::arg("dtype"),
+      py::arg("num_kv_indices"), py::arg("scale"), py::arg("dtype"), py::arg("window_left") = -1,
+      py::arg("chunk_size") = 0,
       "Paged attention on host memory given as addresses (int32 index arrays; lse 0 = none). "
       "Use prefixcache.attention.paged_attention, which validates the buffers first.");
   m.attr("cpu_attention_parallel") = paged_attention_cpu_parallel();
@@ -82,10 +85,11 @@ void bind_attention(py::module_& m) {
          uintptr_t stream, uintptr_t q, uintptr_t kv, uintptr_t out, uintptr_t lse, uintptr_t part_o,
          uintptr_t part_lse, uintptr_t q_indptr, uintptr_t kv_indptr, uintptr_t kv_indices, uintptr_t kv_lens,
          int32_t batch, int32_t total_q, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
-         int32_t block_size, int32_t num_splits, int32_t split_tokens, float scale_log2) {
+         int32_t block_size, int32_t num_splits, int32_t split_tokens, float scale_log2, int32_t window_left,
+         int32_t chunk_size) {
         CudaAttentionArgs a{q,     kv,      out,       lse,          part_o,   part_lse,   q_indptr,
                             kv_indptr, kv_indices, kv_lens, batch, total_q, num_heads, num_kv_heads,
-                            head_dim, block_size, num_splits, split_tokens, scale_log2};
+                            head_dim, block_size, num_splits, split_tokens, scale_log2, window_left, chunk_size};
         cuda_attention_launch(name, gx, gy, gz, block, device, stream, a);
       },
       "Launch one attention kernel on device addresses; prefixcache._attention_cuda plans the call.");

@@ -122,7 +122,16 @@ struct Params {
   const int* kv_lens;
   int batch, total_q, num_heads, num_kv_heads, head_dim, block_size, num_splits, split_tokens;
   float scale_log2;  // softmax scale * log2(e): scores live in the log2 domain
+  int window_left;   // local attention: keys before a query it reads, -1: all
+  int chunk_size;    // local attention: tokens per chunk, 0: none
 };
+
+// The first key a query at `pos` reads (0 without local attention); non-decreasing in pos.
+__device__ __forceinline__ int first_key(const Params& p, int pos) {
+  int lo = p.window_left >= 0 ? max(0, pos - p.window_left) : 0;
+  if (p.chunk_size > 0) lo = max(lo, pos / p.chunk_size * p.chunk_size);
+  return lo;
+}
 
 // Where one CTA's work sits: request b, kv head h, its rows [r0, r0 + nr) of the
 // request's q_len * group rows, and its keys [t0, t1).
@@ -151,6 +160,8 @@ __device__ __forceinline__ bool make_tile(const Params& p, int rows_per_cta, Til
   t.nr = min(rows_per_cta, rows - t.r0);
   t.t0 = t.split * p.split_tokens;
   t.t1 = min(t.t0 + p.split_tokens, t.query_pos(t.r0 + t.nr - 1) + 1);
+  // No row reads a key before its first row's first key (null blocks may sit there).
+  t.t0 = max(t.t0, first_key(p, t.query_pos(t.r0)));
   return true;
 }
 
@@ -214,7 +225,7 @@ __device__ __forceinline__ void simt_attention(const Params& p) {
   const int g = (threadIdx.x / 32) * TPW + lane / LG;
 
   float qf[ROWS][VEC];
-  int qpos[ROWS];
+  int qpos[ROWS], qlo[ROWS];
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
     if (r < t.nr) {
@@ -225,10 +236,12 @@ __device__ __forceinline__ void simt_attention(const Params& p) {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) qf[r][i] *= p.scale_log2;
       qpos[r] = t.query_pos(row);
+      qlo[r] = first_key(p, qpos[r]);
     } else {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) qf[r][i] = 0.f;
       qpos[r] = -1;  // sees nothing
+      qlo[r] = 0;
     }
   }
 
@@ -293,7 +306,7 @@ __device__ __forceinline__ void simt_attention(const Params& p) {
         for (int i = 0; i < VEC; ++i) x = fmaf(qf[r][i], kf[u][i], x);
 #pragma unroll
         for (int off = LG / 2; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
-        s[u][r] = (pos[u] < t.t1 && pos[u] <= qpos[r]) ? x : neg_inf();
+        s[u][r] = (pos[u] < t.t1 && pos[u] <= qpos[r] && pos[u] >= qlo[r]) ? x : neg_inf();
       }
     }
 #pragma unroll
@@ -367,6 +380,8 @@ __device__ __forceinline__ void mma_attention(const Params& p) {
   const int row_b = row_a + 8;
   const int pos_a = row_a < rows ? t.query_pos(row_a) : -1;
   const int pos_b = row_b < rows ? t.query_pos(row_b) : -1;
+  const int lo_a = pos_a >= 0 ? first_key(p, pos_a) : 0;
+  const int lo_b = pos_b >= 0 ? first_key(p, pos_b) : 0;
 
   pc_u32 qa[NK][4];
   {
@@ -438,7 +453,8 @@ __device__ __forceinline__ void mma_attention(const Params& p) {
       for (int e = 0; e < 4; ++e) {
         const int key = start + j * 8 + tq * 2 + (e & 1);
         const int limit = e < 2 ? pos_a : pos_b;
-        s[j][e] = (key < t.t1 && key <= limit) ? s[j][e] * p.scale_log2 : neg_inf();
+        const int lo = e < 2 ? lo_a : lo_b;
+        s[j][e] = (key < t.t1 && key <= limit && key >= lo) ? s[j][e] * p.scale_log2 : neg_inf();
       }
       mx_a = fmaxf(mx_a, fmaxf(s[j][0], s[j][1]));
       mx_b = fmaxf(mx_b, fmaxf(s[j][2], s[j][3]));
@@ -536,11 +552,12 @@ __device__ __forceinline__ void merge_states(const Params& p) {
 #define PC_ATTN_PARAMS                                                                                    \
   const void *q, const void *kv, void *out, float *lse, float *part_o, float *part_lse, const int *q_indptr, \
       const int *kv_indptr, const int *kv_indices, const int *kv_lens, int batch, int total_q, int num_heads, \
-      int num_kv_heads, int head_dim, int block_size, int num_splits, int split_tokens, float scale_log2
+      int num_kv_heads, int head_dim, int block_size, int num_splits, int split_tokens, float scale_log2,    \
+      int window_left, int chunk_size
 #define PC_ATTN_PACK                                                                                        \
   pc_attn::Params {                                                                                         \
     q, kv, out, lse, part_o, part_lse, q_indptr, kv_indptr, kv_indices, kv_lens, batch, total_q, num_heads, \
-        num_kv_heads, head_dim, block_size, num_splits, split_tokens, scale_log2                            \
+        num_kv_heads, head_dim, block_size, num_splits, split_tokens, scale_log2, window_left, chunk_size    \
   }
 
 // The instantiated kernels: X(tag, dtype, head_dim, rows) for pa_simt, X(tag, dtype, head_dim)
@@ -623,9 +640,10 @@ void cuda_attention_launch(const std::string& name, unsigned grid_x, unsigned gr
   int ints[] = {a.batch, a.total_q, a.num_heads, a.num_kv_heads, a.head_dim, a.block_size, a.num_splits,
                 a.split_tokens};
   float scale_log2 = a.scale_log2;
+  int local[] = {a.window_left, a.chunk_size};
   void* args[] = {&q,        &kv,      &out,     &lse,     &part_o,  &part_lse, &q_indptr, &kv_indptr, &kv_indices,
                   &kv_lens,  &ints[0], &ints[1], &ints[2], &ints[3], &ints[4],  &ints[5],  &ints[6],   &ints[7],
-                  &scale_log2};
+                  &scale_log2, &local[0], &local[1]};
   check(cudaLaunchKernel(fn, dim3(grid_x, grid_y, grid_z), dim3(block), args, 0,
                          reinterpret_cast<cudaStream_t>(stream)),
         name.c_str());

@@ -178,8 +178,8 @@ struct WorkItem {
 struct Scratch {
   explicit Scratch(int64_t d)
       : q(kRowTile * d), o(kRowTile * d), s(kRowTile * kChunk), m(kRowTile), l(kRowTile),
-        kbuf(kChunk * d), vbuf(kChunk * d) {}
-  std::vector<float> q, o, s, m, l, kbuf, vbuf;
+        kbuf(kChunk * d), vbuf(kChunk * d), zeros(d, 0.f) {}
+  std::vector<float> q, o, s, m, l, kbuf, vbuf, zeros;  // zeros: a key row no query reads
   const float* krow[kChunk];
   const float* vrow[kChunk];
 };
@@ -291,6 +291,12 @@ PC_INLINE void run_item(const PagedAttentionArgs& a, const WorkItem& item, Scrat
 
   // Query position of row r: the request's last q_len tokens end at kv_len - 1.
   auto row_pos = [&](int r) { return kv_len - q_len + (item.row_begin + r) / group; };
+  // The first key a query at p reads (local attention; 0 without it). Non-decreasing in p.
+  auto first_key = [&](int64_t p) {
+    int64_t lo = a.window_left >= 0 ? std::max<int64_t>(0, p - a.window_left) : 0;
+    if (a.chunk_size > 0) lo = std::max(lo, p / a.chunk_size * a.chunk_size);
+    return lo;
+  };
   auto row_offset = [&](int r) {
     const int64_t row = item.row_begin + r;
     return ((q_start + row / group) * a.num_heads + item.kv_head * group + row % group) * d;
@@ -307,24 +313,38 @@ PC_INLINE void run_item(const PagedAttentionArgs& a, const WorkItem& item, Scrat
 
   const int64_t first_pos = row_pos(0);
   const int64_t key_end = row_pos(nr - 1) + 1;  // the tile's last row sees keys [0, key_end)
+  // No row of the tile reads a key before first_key(first_pos); the chunks start on a
+  // multiple of kChunk below it, so a row's keys fall in the same chunks whichever rows
+  // share its tile (its result does not depend on how the queries were batched). The
+  // keys before `unread_end` are masked for every row and their blocks may be null (-1):
+  // they are read as zeros from scratch, never from the pool.
+  const int64_t unread_end = first_key(first_pos);
+  const int64_t key_begin = unread_end / kChunk * kChunk;
+  const int64_t last_lo = first_key(row_pos(nr - 1));
+  const bool local = a.window_left >= 0 || a.chunk_size > 0;
   // Blocks sit anywhere in the pool, so the hardware prefetcher stalls at every block
   // boundary; ask for the next chunk's K/V rows (into L2) while this chunk computes.
   constexpr int64_t kLine = 64;
   const int64_t row_bytes = d * static_cast<int64_t>(sizeof(T));
   auto prefetch_chunk = [&](int64_t c, int64_t head) {
     const int64_t end = std::min<int64_t>(key_end, c + kChunk);
-    for (int64_t t = c; t < end; ++t) {
+    for (int64_t t = std::max(c, unread_end); t < end; ++t) {
       const char* row = reinterpret_cast<const char*>(kv + static_cast<int64_t>(blocks[t / bs]) * block_stride + (t % bs) * d + head);
       for (int64_t x = 0; x < row_bytes; x += kLine) __builtin_prefetch(row + x, 0, 2);
     }
   };
-  prefetch_chunk(0, k_head);
-  prefetch_chunk(0, v_head);
-  for (int64_t c = 0; c < key_end; c += kChunk) {
+  prefetch_chunk(key_begin, k_head);
+  prefetch_chunk(key_begin, v_head);
+  for (int64_t c = key_begin; c < key_end; c += kChunk) {
     const int n = static_cast<int>(std::min<int64_t>(kChunk, key_end - c));
     const bool more = c + kChunk < key_end;
     for (int j = 0; j < n; ++j) {
       const int64_t t = c + j;
+      if (t < unread_end) {
+        sc.krow[j] = sc.zeros.data();
+        sc.vrow[j] = sc.zeros.data();
+        continue;
+      }
       const int64_t base = static_cast<int64_t>(blocks[t / bs]) * block_stride + (t % bs) * d;
       if constexpr (DT == AttnDType::kFloat32) {
         sc.krow[j] = kv + base + k_head;
@@ -347,11 +367,16 @@ PC_INLINE void run_item(const PagedAttentionArgs& a, const WorkItem& item, Scrat
     for (; r < nr; ++r) scores_rows<1>(sc.q.data() + r * d, d, sc.krow, n, sc.s.data() + r * kChunk);
 
     const bool crosses_diagonal = c + n - 1 > first_pos;
+    const bool crosses_window = local && c < last_lo;
     for (r = 0; r < nr; ++r) {
       float* s = sc.s.data() + r * kChunk;
       if (crosses_diagonal) {
         const int64_t visible = std::clamp<int64_t>(row_pos(r) + 1 - c, 0, n);
         for (int j = static_cast<int>(visible); j < n; ++j) s[j] = kNegInf;
+      }
+      if (crosses_window) {
+        const int64_t hidden = std::clamp<int64_t>(first_key(row_pos(r)) - c, 0, n);
+        for (int j = 0; j < static_cast<int>(hidden); ++j) s[j] = kNegInf;
       }
       softmax_chunk(s, n, sc.m[r], sc.l[r], sc.o.data() + r * d, d);
     }
@@ -394,6 +419,8 @@ void validate(const PagedAttentionArgs& a) {
   if (a.num_blocks < 1) bad("num_blocks must be >= 1");
   if (a.num_kv_indices < 0) bad("num_kv_indices must be >= 0");
   if (!(a.scale > 0.f) || !std::isfinite(a.scale)) bad("scale must be finite and > 0");
+  if (a.window_left < -1) bad("window_left must be >= -1 (-1: no window)");
+  if (a.chunk_size < 0) bad("chunk_size must be >= 0 (0: none)");
   if (a.q_indptr == nullptr || a.kv_indptr == nullptr) bad("q_indptr and kv_indptr must not be null");
   if (a.batch_size > 0 && a.kv_lens == nullptr) bad("kv_lens must not be null");
   if (a.num_kv_indices > 0 && a.kv_indices == nullptr) bad("kv_indices must not be null");
@@ -408,9 +435,24 @@ void validate(const PagedAttentionArgs& a) {
     if (n_blocks * a.block_size < kv_len) bad("request " + std::to_string(i) + " has fewer blocks than kv_lens needs");
   }
   if (a.kv_indptr[a.batch_size] != a.num_kv_indices) bad("kv_indptr[-1] must equal num_kv_indices");
-  for (int64_t i = 0; i < a.num_kv_indices; ++i) {
-    if (a.kv_indices[i] < 0 || a.kv_indices[i] >= a.num_blocks) {
-      bad("kv_indices[" + std::to_string(i) + "] = " + std::to_string(a.kv_indices[i]) + " is outside [0, num_blocks)");
+  for (int64_t b = 0; b < a.batch_size; ++b) {
+    // Blocks wholly before the first key of the request's first query are never read:
+    // with local attention they may be -1 (null).
+    int64_t unread = 0;
+    const int64_t n_q = static_cast<int64_t>(a.q_indptr[b + 1]) - a.q_indptr[b];
+    if ((a.window_left >= 0 || a.chunk_size > 0) && n_q > 0) {
+      const int64_t p = a.kv_lens[b] - n_q;
+      int64_t lo = a.window_left >= 0 ? std::max<int64_t>(0, p - a.window_left) : 0;
+      if (a.chunk_size > 0) lo = std::max(lo, p / a.chunk_size * a.chunk_size);
+      unread = lo / a.block_size;
+    }
+    for (int64_t i = a.kv_indptr[b]; i < a.kv_indptr[b + 1]; ++i) {
+      const int32_t id = a.kv_indices[i];
+      if (id == -1 && i - a.kv_indptr[b] < unread) continue;
+      if (id < 0 || id >= a.num_blocks) {
+        bad("kv_indices[" + std::to_string(i) + "] = " + std::to_string(id) +
+            " is outside [0, num_blocks)" + (id == -1 ? " (a null block a query reads)" : ""));
+      }
     }
   }
   const bool has_queries = a.batch_size > 0 && a.q_indptr[a.batch_size] > 0;
@@ -426,7 +468,10 @@ std::vector<WorkItem> plan_items(const PagedAttentionArgs& a) {
     const int64_t kv_len = a.kv_lens[b];
     for (int64_t r0 = 0; r0 < rows; r0 += kRowTile) {
       const int64_t r1 = std::min<int64_t>(rows, r0 + kRowTile);
-      const int64_t keys = kv_len - q_len + (r1 - 1) / group + 1;
+      const int64_t last = kv_len - q_len + (r1 - 1) / group;
+      int64_t lo = a.window_left >= 0 ? std::max<int64_t>(0, kv_len - q_len + r0 / group - a.window_left) : 0;
+      if (a.chunk_size > 0) lo = std::max(lo, (kv_len - q_len + r0 / group) / a.chunk_size * a.chunk_size);
+      const int64_t keys = last + 1 - lo;
       for (int64_t h = 0; h < a.num_kv_heads; ++h) {
         items.push_back({static_cast<int32_t>(b), static_cast<int32_t>(h), static_cast<int32_t>(r0),
                          static_cast<int32_t>(r1), (r1 - r0 + 4) * keys});

@@ -5,6 +5,11 @@
 // with fp32 accumulation and an online softmax. Request i's queries are its LAST tokens and
 // attend causally, bottom-right aligned, to kv_lens[i] tokens held in blocks
 // kv_indices[kv_indptr[i] .. kv_indptr[i+1]). Query head h reads KV head h / (H / Hkv).
+// Local attention narrows what a query at position p reads to [lo(p), p]: with
+// window_left >= 0, lo(p) >= p - window_left (a sliding window of window_left + 1 tokens,
+// FlashInfer's window_left); with chunk_size > 0, lo(p) >= p / chunk_size * chunk_size
+// (chunked local attention). A block no query of a request reads may be -1 in kv_indices
+// (a null block: the cache no longer holds it); it is never dereferenced.
 //
 // Work is split into items (request, kv head, tile of query rows); a row is one (query,
 // query head of the GQA group) pair, so all query heads of a group share one pass over the
@@ -41,6 +46,8 @@ struct PagedAttentionArgs {
   int64_t num_kv_indices = 0;
   float scale = 0.f;              // multiplies q.k before the softmax
   AttnDType dtype = AttnDType::kFloat32;
+  int64_t window_left = -1;       // tokens before a query it may read; -1: all
+  int64_t chunk_size = 0;         // tokens per attention chunk; 0: none
 };
 
 // Validates the index arrays and sizes (std::invalid_argument naming the field), then

@@ -17,6 +17,7 @@ struct CudaAttentionArgs {
   uintptr_t q_indptr, kv_indptr, kv_indices, kv_lens;
   int32_t batch, total_q, num_heads, num_kv_heads, head_dim, block_size, num_splits, split_tokens;
   float scale_log2;
+  int32_t window_left, chunk_size;  // local attention (paged_attention_cpu.h); -1, 0: none
 };
 
 // Names of the compiled kernels (e.g. "pa_simt_bf16_d128_r4").

@@ -138,6 +138,7 @@ def launch(
     ints = [plan.batch_size, plan.total_q, num_heads, num_kv_heads, head_dim, plan.block_size, cfg.num_splits]
     ints.append(cfg.split_tokens)
     scale_log2 = scale * _LOG2E
+    local = (plan.window_left, plan.chunk_size)
     launches = [(cfg.kernel, cfg.grid, THREADS)]
     if cfg.num_splits > 1:
         elements = plan.total_q * num_heads * head_dim
@@ -145,13 +146,16 @@ def launch(
     stream = torch.cuda.current_stream(device).cuda_stream
     if backend == "cuda":
         for kernel, grid, block in launches:
-            _C.cuda_attention_launch(kernel, *grid, block, device.index, stream, *pointers, *ints, scale_log2)
+            _C.cuda_attention_launch(
+                kernel, *grid, block, device.index, stream, *pointers, *ints, scale_log2, *local
+            )
         return
     import cupy
     import numpy as np
 
     module = _cupy_module(device.index)
     args = tuple(np.uint64(p) for p in pointers) + tuple(np.int32(i) for i in ints) + (np.float32(scale_log2),)
+    args += tuple(np.int32(i) for i in local)
     with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(stream):
         for kernel, grid, block in launches:
             module.get_function(kernel)(grid, (block,), args)

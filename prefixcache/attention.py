@@ -134,6 +134,17 @@ class PagedAttentionPlan:
     host_kv_indptr: torch.Tensor
     host_kv_indices: torch.Tensor
     host_kv_lens: torch.Tensor
+    window_left: int = -1  # TOKENS before a query it reads (a window of window_left + 1); -1: all
+    chunk_size: int = 0  # TOKENS per local-attention chunk; 0: none
+
+    def first_key(self, pos: torch.Tensor) -> torch.Tensor:
+        """The first key position a query at `pos` reads (0 without local attention)."""
+        lo = torch.zeros_like(pos)
+        if self.window_left >= 0:
+            lo = torch.clamp(pos - self.window_left, min=0)
+        if self.chunk_size > 0:
+            lo = torch.maximum(lo, pos // self.chunk_size * self.chunk_size)
+        return lo
 
     def run(
         self,
@@ -189,6 +200,8 @@ def plan_paged_attention(
     num_blocks: int,
     block_size: int,
     device: torch.device | str = "cpu",
+    window_left: int = -1,
+    chunk_size: int = 0,
 ) -> PagedAttentionPlan:
     """Validate a ragged batch once and return the plan every layer reuses.
 
@@ -196,8 +209,17 @@ def plan_paged_attention(
     are checked on the host. `num_blocks` is the pool size in blocks, `block_size` in
     tokens. Each request needs at least ``ceil(kv_lens[i] / block_size)`` blocks (extra
     trailing blocks are allowed and never read) and at most ``kv_lens[i]`` queries.
-    Raises ValueError naming the field on any violation.
+    Local attention (hybrid layouts): a query at position p reads keys from
+    ``p - window_left`` (`window_left` >= 0: a sliding window of window_left + 1 TOKENS,
+    FlashInfer's name) and from ``p // chunk_size * chunk_size`` (`chunk_size` > 0:
+    chunked local attention) on; then a block before the first key of the request's
+    first query may be -1 (`prefixcache.layout.NULL_BLOCK`: the cache no longer holds
+    it), and is never read. Raises ValueError naming the field on any violation.
     """
+    if isinstance(window_left, bool) or not isinstance(window_left, int) or window_left < -1:
+        raise ValueError(f"window_left must be an int >= -1 (TOKENS; -1: no window), got {window_left!r}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 0:
+        raise ValueError(f"chunk_size must be an int >= 0 (TOKENS; 0: none), got {chunk_size!r}")
     if not isinstance(num_blocks, int) or not 1 <= num_blocks <= _INT32_MAX:
         raise ValueError(f"num_blocks must be an int in [1, 2**31 - 1], got {num_blocks!r}")
     if not isinstance(block_size, int) or not 1 <= block_size <= _INT32_MAX:
@@ -233,10 +255,24 @@ def plan_paged_attention(
             f"{block_size}, but kv_indptr gives it {int(have[i])}"
         )
     if idx.numel():
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < 0 or hi >= num_blocks:
-            bad_id = lo if lo < 0 else hi
-            raise ValueError(f"kv_indices holds block id {bad_id}, outside the pool [0, {num_blocks})")
+        checked = idx
+        if window_left >= 0 or chunk_size > 0:
+            # Blocks wholly before the first query's first key are never read: -1 is allowed there.
+            first_q = (lens - q_counts).to(torch.int64)
+            lo = torch.zeros_like(first_q)
+            if window_left >= 0:
+                lo = torch.clamp(first_q - window_left, min=0)
+            if chunk_size > 0:
+                lo = torch.maximum(lo, first_q // chunk_size * chunk_size)
+            unread = torch.where(q_counts > 0, lo // block_size, torch.zeros_like(lo))
+            position = torch.arange(idx.numel()) - torch.repeat_interleave(ki[:-1], have)
+            owner_unread = torch.repeat_interleave(unread, have)
+            checked = idx[~((idx == -1) & (position < owner_unread))]
+        if checked.numel():
+            lo_id, hi = int(checked.min()), int(checked.max())
+            if lo_id < 0 or hi >= num_blocks:
+                bad_id = lo_id if lo_id < 0 else hi
+                raise ValueError(f"kv_indices holds block id {bad_id}, outside the pool [0, {num_blocks})")
 
     host = [t.to(torch.int32).contiguous() for t in (qi, ki, idx, lens)]
     dev = [t.to(device) for t in host] if torch.device(device).type != "cpu" else host
@@ -257,6 +293,8 @@ def plan_paged_attention(
         host_kv_indptr=host[1],
         host_kv_indices=host[2],
         host_kv_lens=host[3],
+        window_left=window_left,
+        chunk_size=chunk_size,
     )
 
 
@@ -273,6 +311,8 @@ def paged_attention(
     impl: Impl = "auto",
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    window_left: int = -1,
+    chunk_size: int = 0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of a ragged batch of queries over paged KV; decode and prefill alike.
 
@@ -282,11 +322,13 @@ def paged_attention(
     the natural-log sum of exp of the scaled scores per (query, head), fp32
     ``[total_q, num_heads]``. `out`/`lse` may be given as preallocated buffers.
     Accumulation is fp32 with an online softmax in every implementation.
+    `window_left` and `chunk_size`: local attention (`plan_paged_attention`).
     """
     _check_q_kv(q, kv)
     plan = plan_paged_attention(
-        q_indptr, kv_indptr, kv_indices, kv_lens, num_blocks=kv.shape[0], block_size=kv.shape[3], device=q.device
-    )
+        q_indptr, kv_indptr, kv_indices, kv_lens, num_blocks=kv.shape[0], block_size=kv.shape[3], device=q.device,
+        window_left=window_left, chunk_size=chunk_size,
+    )  # fmt: skip
     return plan.run(q, kv, scale, return_lse=return_lse, impl=impl, out=out, lse=lse)
 
 
@@ -388,6 +430,8 @@ def _run_cpu(
         plan.host_kv_indices.numel(),
         scale,
         _DTYPE_NAMES[q.dtype],
+        plan.window_left,
+        plan.chunk_size,
     )
 
 
@@ -411,17 +455,22 @@ def _reference(
         if q1 == q0:
             continue
         k0 = int(plan.host_kv_indptr[i])
-        blocks = plan.kv_indices[k0 : k0 + (kv_len + bs - 1) // bs].long()
+        # A null block (-1, never read under local attention) gathers block 0; the mask hides it.
+        blocks = plan.kv_indices[k0 : k0 + (kv_len + bs - 1) // bs].long().clamp(min=0)
         pages = kv.index_select(0, blocks).float()  # [n, 2, Hkv, bs, D]
         k, v = (pages[:, j].permute(1, 0, 2, 3).reshape(num_kv_heads, -1, head_dim)[:, :kv_len] for j in (0, 1))
         qi = q[q0:q1].float().transpose(0, 1)  # [H, n_q, D]
         n_q = q1 - q0
         # Query j is token kv_len - n_q + j: it sees keys 0..that position (bottom-right aligned).
         pos = torch.arange(kv_len - n_q, kv_len, device=q.device)
-        mask = torch.arange(kv_len, device=q.device)[None, :] <= pos[:, None]
+        keys = torch.arange(kv_len, device=q.device)[None, :]
+        mask = keys <= pos[:, None]
+        local = plan.window_left >= 0 or plan.chunk_size > 0
+        if local:
+            mask &= keys >= plan.first_key(pos)[:, None]
         # Query head h reads KV head h // group (enable_gqa); one query sees every key.
         o = F.scaled_dot_product_attention(
-            qi, k, v, attn_mask=None if n_q == 1 else mask, scale=scale, enable_gqa=group > 1
+            qi, k, v, attn_mask=None if n_q == 1 and not local else mask, scale=scale, enable_gqa=group > 1
         )
         out[q0:q1] = o.transpose(0, 1).to(out.dtype)
         if lse is not None:

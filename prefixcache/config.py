@@ -35,17 +35,21 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import errno
+import os
+import stat
 import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Any, BinaryIO, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
 from prefixcache import limits
 from prefixcache.errors import ConfigError, SecurityWarning, key_text, short_repr
+from prefixcache.layout import LayerGroup, Layout, check_layout
 
 __all__ = [
     "ConfigError",
@@ -55,6 +59,7 @@ __all__ = [
     "CRYPTOGRAPHIC",
     "from_mapping",
     "load_yaml",
+    "open_regular_file",
     "require_section",
     "did_you_mean",
     "to_plain",
@@ -117,6 +122,9 @@ class CacheConfig:
                    (`option_defaults`), values of their type (or among its
                    `option_choices`); read-only. Checked against the class the
                    backend name resolves to by `prefixcache.config_checks`, not here.
+    layout:        the model's layer groups (`prefixcache.layout.LayerGroup`); empty, or
+                   all full_attention: one group, as every backend always had
+                   (`self.groups` is the checked `Layout` either way)
     """
 
     backend: str = "hash"
@@ -126,6 +134,7 @@ class CacheConfig:
     eviction: str = "lru"
     enable_events: bool = True
     options: Mapping[str, Any] = field(default_factory=dict)
+    layout: tuple[LayerGroup, ...] = ()
 
     def __post_init__(self) -> None:
         for name, most, why in (
@@ -152,6 +161,22 @@ class CacheConfig:
                 raise ConfigError("options", f"keys must be strings, got {short_repr(key)}")
         # A frozen dataclass should not hand out a mutable dict.
         object.__setattr__(self, "options", types.MappingProxyType(dict(self.options)))
+        if isinstance(self.layout, list):
+            object.__setattr__(self, "layout", tuple(self.layout))
+        check_layout(self.layout)
+        for i, group in enumerate(self.layout):
+            if not isinstance(group, LayerGroup):
+                raise ConfigError(f"layout[{i}]", f"must be a LayerGroup, got {short_repr(group)}")
+        # Lower tiers (`tiers`, where this config has them) keep full-attention blocks only.
+        if getattr(self, "tiers", ()) and self.groups.hybrid:
+            raise ConfigError(
+                "layout", "a hybrid layout (a group that is not full_attention) cannot be combined with cache.tiers yet"
+            )
+
+    @property
+    def groups(self) -> Layout:
+        """The layout, checked: one full_attention group when `layout` is empty."""
+        return Layout(self.layout)
 
     def replace(self, **changes: Any) -> CacheConfig:
         """A copy with some fields changed (its own fields validated again; what it names is
@@ -349,12 +374,30 @@ def _check_expansion(root: yaml.Node) -> None:
         stack.extend((child, False) for child in _children(node) if id(child) not in size)
 
 
+def open_regular_file(path: str | Path) -> BinaryIO:
+    """`path` opened for reading in binary, if it is a regular file; else OSError
+    ("not a regular file"). A FIFO without a writer would block `open()` itself, and a
+    device such as /dev/zero never ends, so neither is opened the usual way."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO's open returns at once
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a device or socket"
+            raise OSError(errno.EINVAL, f"not a regular file ({kind})", str(path))
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def load_yaml(source: str | Path) -> Mapping[str, Any]:
     """Parse a YAML file (at most MAX_CONFIG_BYTES) into its top-level mapping, within
     the loader's limits; every error is one line that names the file."""
     path = Path(source)
     try:
-        with open(path, "rb") as f:  # not read_text: a FIFO or /dev/zero never ends
+        with open_regular_file(path) as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as err:
         raise ConfigError("", f"cannot read config file: {err.strerror}", str(path)) from None

@@ -10,6 +10,14 @@ buffer is bounded) is reported, never papered over: the batch after such a gap c
 a `Gap` with `lost > 0`, the sign for a consumer that mirrors the replica's cache (a
 KV index) to drop what it knows and rebuild.
 
+A subscriber learns that it is behind without waiting for the next batch by a sequence
+probe on the replay socket (`probe`, and `poll` every `probe_interval_s` of silence): a
+replay request from the next sequence number it expects. Nothing new: only the end
+marker comes back. A tail it missed (batches published, then silence) comes back as
+replayed batches, and what the buffer no longer holds as a Gap. This is vLLM's own replay
+request, so it works against vLLM's publisher too, and the stream itself is unchanged (a
+heartbeat message on it would be a batch vLLM's consumers do not expect).
+
 Replay protocol (vLLM 0.33): the client sends `(b"", start_seq as 8 bytes)` from a
 DEALER socket; the ROUTER answers with one `(b"", topic, seq, payload)` message per
 buffered batch with `seq >= start_seq`, then the end marker `(b"", b"", END_SEQ, b"")`.
@@ -83,6 +91,8 @@ class EventSubscriber:
                      (a subscriber that joins late then misses nothing it could know of)
     replay_timeout_s: how long one replay may take, SECONDS, before the rest of the gap
                      is declared lost
+    probe_interval_s: with a replay endpoint, `poll` probes (`probe`) when nothing has
+                     arrived for this many SECONDS; None: never on its own
     """
 
     def __init__(
@@ -94,12 +104,18 @@ class EventSubscriber:
         replica: str = "",
         start_seq: int | None = None,
         replay_timeout_s: float = 2.0,
+        probe_interval_s: float | None = None,
         context: zmq.Context | None = None,
     ) -> None:
         if start_seq is not None and (isinstance(start_seq, bool) or not isinstance(start_seq, int) or start_seq < 0):
             raise ValueError(f"start_seq must be an int >= 0 or None, got {start_seq!r}")
         if not replay_timeout_s > 0:
             raise ValueError(f"replay_timeout_s must be > 0, got {replay_timeout_s!r}")
+        if probe_interval_s is not None and not probe_interval_s > 0:
+            raise ValueError(f"probe_interval_s must be > 0 or None, got {probe_interval_s!r}")
+        self.probe_interval_s = probe_interval_s
+        self.probes = 0  # sequence probes sent
+        self._heard = time.monotonic()  # when a message or a probe's answer last came
         self.replica = replica
         self.next_seq: int | None = start_seq
         self.gaps: list[Gap] = []
@@ -132,7 +148,23 @@ class EventSubscriber:
             if len(frames) != 3:
                 raise WireFormatError(f"a KV event message has 3 frames (topic, seq, payload), got {len(frames)}")
             out += self.accept(decode_seq(frames[1]), frames[2])
+        if out:
+            self._heard = time.monotonic()
+        elif (self.probe_interval_s is not None and self._replay is not None and self.next_seq is not None
+              and time.monotonic() - self._heard >= self.probe_interval_s):
+            out = self.probe()
         return out
+
+    def probe(self) -> list[SequencedBatch]:
+        """Ask the replay socket for anything from the next expected sequence number on
+        (a sequence probe, see the module docstring): the batches this subscriber missed
+        and the publisher still has, in order; a Gap for what it no longer has; nothing
+        when it is up to date (or has seen nothing yet)."""
+        self._heard = time.monotonic()
+        if self.next_seq is None:
+            return []
+        self.probes += 1
+        return self.replay_from(self.next_seq)
 
     def accept(self, seq: int, payload: bytes) -> list[SequencedBatch]:
         """One published message (its sequence number and payload), as `poll` hands each

@@ -51,6 +51,20 @@ its `release`, whichever comes first, so nothing can overwrite it before the cop
 `block_ids` ends with the source block. Backends without the flag never return
 copies, and every hit of theirs is whole blocks.
 
+Hybrid layouts (`CacheConfig.layout` with a group that is not full attention): each
+group has its own block table (`block_tables(request_id)`, `Admission.group_tables`, in
+layout order), where `NULL_BLOCK` (-1) marks a block the group does not hold: one a
+sliding-window or chunked-local group no longer reads, a recurrent state (mamba) not
+kept. Block i of a mamba group's table holds the state after exactly (i + 1) *
+block_size tokens; the engine writes it when a commit lands there, reads it back at a
+hit. `block_table` is the first group's table. The hit is valid for every group.
+`Admission.checkpoints` lists prompt positions (TOKENS, increasing, past the hit, before
+the prompt's end) where the engine ends a prefill chunk and commits, so that a state
+exists there (vLLM's scheduler splits a Mamba prefill so; SGLang checkpoints at the
+branching point); each such commit may extend the tables to the next checkpoint, and
+`append(request_id, [])` retries the extension when the pool had no room (None: still
+none). A single-group cache lists none and has one table.
+
 Extension hooks: `usable_hit` decides how much of the longest cached prefix a hit
 uses; the built-in backends call it in both `match` and `admit`, so the two agree for
 any override. `option_defaults` declares the `options:` a class accepts (YAML
@@ -170,6 +184,12 @@ class Admission:
     block_table: Sequence[int]  # BlockIds in the built-in backends
     num_cached_tokens: int
     copies: tuple[Copy, ...] = ()
+    #: Hybrid layouts: TOKEN positions where the engine ends a prefill chunk and commits
+    #: (module docstring, "Hybrid layouts"); empty for a single-group cache.
+    checkpoints: tuple[int, ...] = ()
+    #: Hybrid layouts: each group's block table, in layout order (`block_table` is the
+    #: first); empty for a single-group cache, whose one table serves every layer.
+    group_tables: tuple[Sequence[int], ...] = ()
 
 
 def as_tokens(tokens: Sequence[int], what: str = "tokens", *, copy: bool = False) -> list[int]:
@@ -230,6 +250,9 @@ class PrefixCache(ABC):
     option_defaults: ClassVar[Mapping[str, Any]] = {}
     #: For options with a fixed set of values: option -> the allowed values.
     option_choices: ClassVar[Mapping[str, Sequence[Any]]] = {}
+    #: Whether the class caches a hybrid `CacheConfig.layout` (a group that is not full
+    #: attention); one that does not refuses such a config with a ConfigError.
+    supports_layout: ClassVar[bool] = False
 
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         if pool.num_blocks != config.num_blocks:
@@ -241,6 +264,12 @@ class PrefixCache(ABC):
         self.config = config
         self.block_size = config.block_size
         self.options: Mapping[str, Any] = self.parse_options(config.options)
+        if not self.supports_layout and config.groups.hybrid:
+            raise ConfigError(
+                "layout",
+                f"backend {type(self).__qualname__} does not cache hybrid layouts (kinds: "
+                f"{', '.join(config.groups.kinds())}); the built-in hash does",
+            )
 
     @classmethod
     def _merged(cls, attribute: str) -> dict[str, Any]:
@@ -346,6 +375,11 @@ class PrefixCache(ABC):
     @abstractmethod
     def block_table(self, request_id: Hashable) -> Sequence[int]:
         """Block ids of a live request, in token order. `KeyError` if not live."""
+
+    def block_tables(self, request_id: Hashable) -> tuple[Sequence[int], ...]:
+        """Each layout group's block table, in layout order (module docstring, "Hybrid
+        layouts"). Default: the one table, for the one group."""
+        return (self.block_table(request_id),)
 
     # -- maintenance ---------------------------------------------------------------------
     @abstractmethod

@@ -16,13 +16,18 @@ LOOPBACK_ZMQ = "tcp://127.0.0.1:*"
 
 
 def serve_config(backend: str = "hash", *, prefix_caching: bool = True, block_size: int = 4, num_blocks: int = 256,
-                 events: bool = False, **engine: Any):
+                 events: bool | dict[str, Any] = False, server: dict[str, Any] | None = None, **engine: Any):
+    """A tiny-model serve config; `events`: True or extra `kv_events:` keys; `server`:
+    the `server:` section's keys."""
     data: dict[str, Any] = {
         "cache": {"backend": backend, "block_size": block_size, "num_blocks": num_blocks},
         "engine": {"model": "tiny", "prefix_caching": prefix_caching, "num_threads": 1, **engine},
     }
     if events:
-        data["kv_events"] = {"enabled": True, "endpoint": LOOPBACK_ZMQ, "replay_endpoint": LOOPBACK_ZMQ}
+        extra = events if isinstance(events, dict) else {}
+        data["kv_events"] = {"enabled": True, "endpoint": LOOPBACK_ZMQ, "replay_endpoint": LOOPBACK_ZMQ, **extra}
+    if server:
+        data["server"] = server
     return parse_serve_config(data)
 
 

@@ -125,7 +125,7 @@ def test_validate_an_ab_file_prints_resolved_arms_and_the_workload(tmp_path, cap
          "arms.radix/1.options.x: unknown option for backend radix; allowed: none"),
         (("hash/16: {backend: hash, block_size: 16}",
           "hash/16: {backend: hash, block_size: 16, options: {verify_hitz: never}}"),
-         "arms.hash/16.options.verify_hitz: unknown option for backend hash; allowed: verify_hits"),
+         "arms.hash/16.options.verify_hitz: unknown option for backend hash; allowed: no_tail_cliff, retention, state_interval, verify_hits"),
         (("hash/16: {backend: hash, block_size: 16}",
           "hash/16: {backend: hash, block_size: 16, options: {verify_hits: maybe}}"),
          "arms.hash/16.options.verify_hits: 'maybe' is not allowed for backend hash; allowed values: auto, always"),
@@ -179,3 +179,14 @@ def test_a_missing_default_says_how_to_fix_it(monkeypatch, capsys):
     monkeypatch.setattr(importlib.resources, "files", not_installed)
     assert main(["ab"]) == 2
     assert "pip install -e . again" in capsys.readouterr().err
+
+
+def test_a_backend_or_block_size_override_relabels_the_arms_it_changes():
+    from prefixcache.overrides import apply_overrides, relabel_arms, shortcut_overrides
+
+    data = {"arms": {"hash/16": {"backend": "hash", "block_size": 16}, "radix/16": {"backend": "radix", "block_size": 16},
+                     "mine": {"backend": "hash", "block_size": 16}}}
+    after = relabel_arms(data, apply_overrides(data, shortcut_overrides(data, "backend", "radix")))
+    assert list(after["arms"]) == ["radix/16-was-hash/16", "radix/16", "mine"]  # a user's own name stays
+    after = relabel_arms(data, apply_overrides(data, shortcut_overrides(data, "block_size", 32)))
+    assert list(after["arms"]) == ["hash/32", "radix/32", "mine"]

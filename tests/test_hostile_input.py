@@ -88,7 +88,73 @@ def test_a_file_past_the_size_limit_is_not_read(tmp_path, capsys):
 
 def test_a_device_that_never_ends_is_not_read(capsys):
     assert main(["validate", "/dev/zero"]) == 2
-    assert "larger than" in capsys.readouterr().err
+    assert "not a regular file (a device or socket)" in capsys.readouterr().err
+
+
+def _returns_within(seconds: float, fn) -> object:
+    """`fn()`'s result (or its exception), or a failure if it has not returned within
+    `seconds` (it runs in a daemon thread, so a hang fails the test, not the suite)."""
+    import threading
+
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append((fn(), None))
+        except Exception as err:  # noqa: BLE001 - raised again in the test's thread
+            box.append((None, err))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert box, f"still running after {seconds} s"
+    result, error = box[0]
+    if error is not None:
+        raise error
+    return result
+
+
+@pytest.mark.parametrize("command", ["validate", "serve"])
+def test_a_fifo_without_a_writer_is_refused_not_waited_on(tmp_path, capsys, monkeypatch, command):
+    """open() of a FIFO blocks until a writer comes: `validate` and `serve` hung (under
+    --no-import, the mode for untrusted files), although docs/security.md said a FIFO is
+    refused. The trace reader opens files the same way (the CLI checks trace paths first)."""
+    import os
+
+    monkeypatch.setenv(NO_IMPORT_ENV, "1")  # what --no-import sets, undone after the test
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert _returns_within(10, lambda: main(["--no-import", command, str(fifo)])) == 2
+    err = capsys.readouterr().err
+    assert "not a regular file (a FIFO)" in err and err.count("\n") == 1, err
+    with pytest.raises(OSError, match="not a regular file"):
+        _returns_within(10, lambda: read_records(fifo, block_size=16))
+
+
+@pytest.mark.parametrize("num_blocks", [limits.MAX_NUM_BLOCKS, 4_000_000])
+@pytest.mark.parametrize("command", ["validate", "serve"])
+def test_a_pool_within_its_limit_but_past_the_memory_is_one_line_before_anything_is_allocated(
+        tmp_path, capsys, monkeypatch, num_blocks, command):
+    """`validate` passed these, then `serve` died in std::bad_alloc or torch's allocator
+    with a traceback (or was OOM-killed once the pages were touched)."""
+    import prefixcache.engine.memory as memory
+
+    monkeypatch.setenv(NO_IMPORT_ENV, "1")  # what --no-import sets, undone after the test
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda: 8 * 2**30)  # an 8 GiB machine, whatever this is
+    path = write(tmp_path, f"cache: {{backend: hash, block_size: 16, num_blocks: {num_blocks}}}\n"
+                           "engine: {model: tiny}\nserver: {}\n")
+    assert main(["--no-import", command, str(path), "--port", "0"] if command == "serve"
+                else ["--no-import", command, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: cache.num_blocks: {num_blocks} blocks of 16 tokens need ") and err.count("\n") == 1
+    assert "more than 90% of the 8.00 GiB this machine has available" in err and "blocks fit" in err
+
+
+def test_engine_max_memory_bytes_bounds_the_engine_too(tmp_path, capsys):
+    path = write(tmp_path, "cache: {backend: hash, block_size: 16, num_blocks: 1024}\n"
+                           "engine: {model: tiny, max_memory_bytes: 1000000}\n")
+    assert main(["validate", str(path)]) == 2
+    assert "more than engine.max_memory_bytes (0.00 GiB); at most 0 blocks fit" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

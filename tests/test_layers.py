@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "prefixcache.errors",
             "prefixcache.limits",
+            "prefixcache.layout",
             "prefixcache.config",
             "prefixcache.protocol",
             "prefixcache.eviction",
@@ -63,6 +64,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "prefixcache.attention",
             "prefixcache._attention_cuda",
             "prefixcache.testing",
+            "prefixcache.testing_hybrid",
             "prefixcache.stress",
         ],
     ),

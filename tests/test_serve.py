@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 
 import pytest
 
@@ -144,7 +145,19 @@ BAD = [
     ("an image part", "/v1/chat/completions",
      {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
      "messages[0].content[0]"),
-    ("a negative seed", "/v1/completions", {"prompt": "x", "seed": -1}, 400, "seed"),
+    ("a seed past int64", "/v1/completions", {"prompt": "x", "seed": 2**63}, 400, "seed"),
+    # vLLM 0.33's SamplingParams: temperature in [0, 2] and finite
+    ("temperature above 2", "/v1/completions", {"prompt": "x", "temperature": 2.5}, 400, "temperature"),
+    ("temperature infinite", "/v1/completions", b'{"prompt": "x", "temperature": 1e999}', 400, "temperature"),
+    ("temperature NaN", "/v1/completions", b'{"prompt": "x", "temperature": NaN}', 400, "temperature"),
+    # lone UTF-16 surrogates: valid JSON escapes, no Unicode text (a 500 before)
+    ("a surrogate in a text prompt", "/v1/completions", b'{"prompt": "a\\ud800b"}', 400, "prompt"),
+    ("a surrogate in a prompt list", "/v1/completions", b'{"prompt": ["\\ud800"]}', 400, "prompt[0]"),
+    ("a surrogate in model", "/v1/completions", b'{"model": "\\ud800", "prompt": "x"}', 400, "model"),
+    ("a surrogate in a message", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "\\udfff"}]}', 400, "messages[0].content"),
+    ("a surrogate in a key", "/v1/completions", b'{"prompt": "x", "\\ud800": 1}', 400, "\\ud800"),
+    ("JSON nested too deeply", "/v1/completions", b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, None),
 ]
 
 
@@ -165,6 +178,39 @@ def test_unknown_routes_and_methods_answer_in_the_same_shape(replicas):
     missing, wrong = httpx.get(base + "/v1/nothing"), httpx.get(base + "/v1/completions")
     assert (missing.status_code, missing.json()["error"]["type"]) == (404, "Not Found")
     assert (wrong.status_code, wrong.json()["error"]["type"]) == (405, "Method Not Allowed")
+    assert wrong.headers["allow"] == "POST"  # RFC 9110: a 405 says what the route serves
+
+
+def test_the_openapi_schema_is_served_as_vllm_does_and_true_to_the_server(replicas):
+    base = replicas["hash"].base_url
+    schema = httpx.get(base + "/openapi.json").json()
+    assert httpx.get(base + "/docs").status_code == 200 and httpx.get(base + "/redoc").status_code == 200
+    for path, model in (("/v1/completions", "CompletionRequest"), ("/v1/chat/completions", "ChatCompletionRequest")):
+        post = schema["paths"][path]["post"]
+        body = post["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": f"#/components/schemas/{model}"} and model in schema["components"]["schemas"]
+        assert {"400", "404", "408", "413", "500", "503"} <= set(post["responses"])
+    assert "CompletionRequest" in schema["components"]["schemas"]
+    assert "prompt" in schema["components"]["schemas"]["CompletionRequest"]["properties"]
+    assert "422" not in json.dumps(schema)  # this server answers a body that fails validation with 400
+    refs = set(re.findall(r'"#/components/schemas/([^"]+)"', json.dumps(schema)))
+    assert refs <= set(schema["components"]["schemas"])  # every reference resolves
+
+
+def test_lax_type_conversions_are_accepted_as_fastapi_and_vllm_accept_them(replicas):
+    """pydantic's lax mode, as FastAPI (and so vLLM) validates: a numeric string or a
+    whole float for an int, a bool for an int (true is 1), "true"/"yes"/1 for a bool; a
+    fractional float for an int is not."""
+    url = replicas["hash"].base_url + "/v1/completions"
+    for body, tokens in (({"max_tokens": "3"}, 3), ({"max_tokens": 2.0}, 2), ({"max_tokens": True}, 1),
+                         ({"max_tokens": 2, "temperature": "0"}, 2)):
+        r = httpx.post(url, json={"prompt": "x", "ignore_eos": True, **body})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == tokens, (body, r.text)
+    for flag in ("true", "yes", 1):
+        r = httpx.post(url, json={"prompt": "x", "max_tokens": 1, "stream": flag})
+        assert r.headers["content-type"].startswith("text/event-stream"), flag
+    r = httpx.post(url, json={"prompt": "x", "max_tokens": 2.5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
 
 
 def test_the_official_client_sees_the_errors_as_its_own_exceptions(replicas):

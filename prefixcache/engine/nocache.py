@@ -30,6 +30,9 @@ __all__ = ["NoPrefixCache"]
 class NoPrefixCache(BlockwiseAppend, PrefixCache):
     """Allocate on admit/append, free on release, never hit (see the module docstring)."""
 
+    # One table for every group: it caches nothing, so no group keeps less than another.
+    supports_layout = True
+
     name = "none"
 
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:

@@ -5,8 +5,12 @@ Owns `SamplingParams` (per request) and `sample`. A request with a seed owns a
 `torch.Generator`, so its tokens do not depend on which other requests share its steps
 or on preemption (a preempted request keeps its generator and never redraws a token).
 
-Must never: touch KV or the cache, or draw from torch's global generator when a seed
-is given.
+A row that cannot be sampled (its logits hold nan or +inf, or its filtered distribution
+has no finite mass) gets a `SamplingError` in place of a token: that request ends alone,
+and the other rows of the step are drawn as usual.
+
+Must never: touch KV or the cache, draw from torch's global generator when a seed is
+given, or let one row's failure fail another row.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import torch
 
 from prefixcache.engine.config import SamplingConfig
 
-__all__ = ["SamplingParams", "sample", "filter_logits"]
+__all__ = ["SamplingParams", "SamplingError", "sample", "filter_logits"]
 
 SamplingParams = SamplingConfig
 """A request's sampling settings: the same fields as the config's `sampling:` section."""
@@ -38,15 +42,31 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     return x
 
 
-def sample(logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]) -> list[int]:
+class SamplingError(ValueError):
+    """One request's row of logits could not be sampled (a model or parameter fault)."""
+
+
+def sample(
+    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
+) -> list[int | SamplingError]:
     """One token per row of ``logits [n, vocab]``: argmax for greedy rows, otherwise a draw
-    from row i's filtered distribution with `generators[i]` (None: torch's global one)."""
+    from row i's filtered distribution with `generators[i]` (None: torch's global one).
+    A row that cannot be sampled gets a `SamplingError` instead (see the module docstring)."""
     if logits.shape[0] != len(params) or len(params) != len(generators):
         raise ValueError(f"{logits.shape[0]} rows of logits for {len(params)} params and {len(generators)} generators")
-    out = logits.argmax(dim=-1).tolist()
+    # -inf is a masked token; nan or +inf is a broken row, and so is a row with no finite logit.
+    broken = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1) | ~torch.isfinite(logits).any(dim=-1)
+    out: list[int | SamplingError] = list(logits.argmax(dim=-1).tolist())
     for i, (p, g) in enumerate(zip(params, generators)):
+        if broken[i]:
+            out[i] = SamplingError("the model's logits for this request are not finite (nan or inf)")
+            continue
         if p.greedy:
             continue
         probs = torch.softmax(filter_logits(logits[i], p.temperature, p.top_k, p.top_p), dim=-1)
+        if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
+            out[i] = SamplingError(f"no token can be drawn at temperature {p.temperature}, top_k {p.top_k}, "
+                                   f"top_p {p.top_p}: the distribution is not finite")
+            continue
         out[i] = int(torch.multinomial(probs, 1, generator=g))
     return out

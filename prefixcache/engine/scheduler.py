@@ -58,6 +58,9 @@ class Sequence:
     output: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose KV is written, in the current admission
     num_in_cache: int = 0  # tokens the cache holds for it (admitted + appended)
+    checkpoints: list[int] = field(default_factory=list)  # prefill ends still to reach (Admission.checkpoints)
+    fresh: bool = False  # admitted, nothing computed since
+    at_checkpoint: bool = False  # its last chunk ended on a checkpoint: the next one's blocks may wait
     admitted: bool = False
     decoding: bool = False  # sampled since its last admission: one token per step from here
     finish_reason: str | None = None
@@ -76,6 +79,7 @@ class Scheduled:
     start: int
     num_tokens: int
     prefill: bool  # part of a prompt (or of a preempted request's recompute), not a decode
+    fresh: bool = False  # the request's first chunk since its admission
 
     @property
     def samples(self) -> bool:
@@ -112,6 +116,19 @@ class Scheduler:
         """The request's current blocks (read after every commit: radix re-points them)."""
         return tuple(self._timed(self.cache.block_table, seq.request_id))
 
+    def block_tables(self, seq: Sequence) -> tuple[tuple[int, ...], ...]:
+        """Each layout group's current blocks (hybrid layouts; read after every commit)."""
+        return tuple(tuple(t) for t in self._timed(self.cache.block_tables, seq.request_id))
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """TOKENS of `seq` to compute now: what it needs, within the budget, and no
+        further than its next checkpoint (a prefill chunk ends there, so the cache can
+        keep a state at it)."""
+        n = min(len(seq.tokens) - seq.num_computed, budget)
+        if seq.checkpoints:
+            n = min(n, seq.checkpoints[0] - seq.num_computed)
+        return n
+
     # -- queue ------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -127,13 +144,16 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            if seq.num_in_cache < len(seq.tokens):
+            if seq.num_in_cache < len(seq.tokens) or seq.at_checkpoint:
+                # Past a checkpoint the next chunk's blocks may still wait for room: append([]) asks.
+                seq.at_checkpoint = False
                 fits, victims = self._append_or_preempt(seq)
                 preempted = preempted or victims > 0
                 if not fits:
                     break  # it preempted itself: it was the newest, nothing follows it
-            n = min(len(seq.tokens) - seq.num_computed, budget)
-            out.append(Scheduled(seq, seq.num_computed, n, prefill=not seq.decoding))
+            n = self._chunk(seq, budget)
+            out.append(Scheduled(seq, seq.num_computed, n, prefill=not seq.decoding, fresh=seq.fresh))
+            seq.fresh = False
             budget -= n
             i += 1
         # vLLM admits nothing in a step that had to preempt: the pool is tight.
@@ -148,11 +168,12 @@ class Scheduler:
             seq.admitted = True
             seq.num_computed = adm.num_cached_tokens
             seq.num_in_cache = len(seq.tokens)
+            seq.checkpoints = list(adm.checkpoints)
             self.prefill_tokens_saved += adm.num_cached_tokens
             if seq.metrics.preemptions == 0:
                 seq.metrics.cached_tokens = adm.num_cached_tokens
-            n = min(len(seq.tokens) - seq.num_computed, budget)
-            out.append(Scheduled(seq, seq.num_computed, n, prefill=True))
+            n = self._chunk(seq, budget)
+            out.append(Scheduled(seq, seq.num_computed, n, prefill=True, fresh=True))
             budget -= n
         return out
 
@@ -183,6 +204,8 @@ class Scheduler:
         seq.decoding = False
         seq.num_computed = 0
         seq.num_in_cache = 0
+        seq.checkpoints = []
+        seq.at_checkpoint = False
         seq.metrics.preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
@@ -193,6 +216,8 @@ class Scheduler:
         for w in work:
             seq = w.seq
             seq.num_computed = w.start + w.num_tokens
+            while seq.checkpoints and seq.checkpoints[0] <= seq.num_computed:
+                seq.at_checkpoint = seq.checkpoints.pop(0) == seq.num_computed
             if w.prefill:
                 self.prefill_tokens_computed += w.num_tokens
                 seq.metrics.computed_prompt_tokens += w.num_tokens

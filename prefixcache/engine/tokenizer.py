@@ -10,17 +10,24 @@ e.g. `<|im_start|>`) are special: matched whole in the text, never split.
 The chat template is the file's `tokenizer.chat_template` when it has one, else
 `SMOLLM2_CHAT_TEMPLATE` (ChatML with SmolLM2's default system prompt, as in its
 tokenizer_config.json). Templates run in Jinja's immutable sandbox, as Hugging Face's
-`apply_chat_template` does.
+`apply_chat_template` does, bounded in time and output (`chat_template`).
+
+`max_chars_per_token` is the longest text one token can stand for (vLLM's
+`tokenizer.max_chars_per_token`): a text of more than `n * max_chars_per_token`
+characters has more than n tokens, which a server checks before tokenizing it.
+Encoding and decoding are linear in the text and the ids.
 
 Must never: download a tokenizer, or let a template reach Python objects (sandbox).
 """
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 from typing import Any
+
+from prefixcache.engine.chat_template import DEFAULT_MAX_CHARS, DEFAULT_TIMEOUT_S, render_chat
 
 __all__ = ["Tokenizer", "GGUFTokenizer", "ByteTokenizer", "SMOLLM2_CHAT_TEMPLATE", "render_chat"]
 
@@ -38,30 +45,14 @@ _GPT2_PRE = {"smollm": True, "gpt-2": False, "gpt2": False, "default": False}
 Message = Mapping[str, str]
 
 
-@lru_cache(maxsize=8)
-def _compile(template: str) -> Any:
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(template)
-
-
-def render_chat(template: str, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
-    """`messages` ([{"role": ..., "content": ...}, ...]) through a Jinja chat template."""
-    if not messages:
-        raise ValueError("messages: a chat needs at least one message")
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise ValueError(f"messages[{i}] must be a mapping with string 'role' and 'content', got {m!r}")
-    return _compile(template).render(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt)
-
-
 class Tokenizer(ABC):
-    """Text <-> token ids. `eos_token_id` ends generation; `chat_template` renders chats."""
+    """Text <-> token ids. `eos_token_id` ends generation; `chat_template` renders chats;
+    `max_chars_per_token`: the most characters of text one token stands for."""
 
     eos_token_id: int
     chat_template: str
     vocab_size: int
+    max_chars_per_token: int
 
     @abstractmethod
     def encode(self, text: str) -> list[int]:
@@ -71,9 +62,20 @@ class Tokenizer(ABC):
     def decode(self, ids: Sequence[int]) -> str:
         """The text of token ids `ids`."""
 
-    def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of `messages` rendered with the chat template."""
-        return self.encode(render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt))
+    @abstractmethod
+    def token_bytes(self, token_id: int) -> bytes:
+        """The UTF-8 bytes one token stands for: `decode(ids)` is the concatenation of
+        its ids' bytes decoded as UTF-8 (invalid bytes replaced by U+FFFD), so text can
+        be decoded incrementally, in time linear in the ids (`serve.responses`)."""
+
+    def apply_chat_template(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
+        timeout_s: float = DEFAULT_TIMEOUT_S, max_chars: int = DEFAULT_MAX_CHARS,
+    ) -> list[int]:
+        """Token ids of `messages` rendered with the chat template, within `timeout_s`
+        SECONDS and `max_chars` characters (`chat_template.ChatTemplateError` otherwise)."""
+        return self.encode(render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                                       timeout_s=timeout_s, max_chars=max_chars))
 
 
 class GGUFTokenizer(Tokenizer):
@@ -109,10 +111,19 @@ class GGUFTokenizer(Tokenizer):
         tok.add_special_tokens(special)
         self._tok = tok
         self.vocab_size = len(tokens)
+        # Byte-level entries spell one byte per character, and a text has no more
+        # characters than bytes: this bounds the text of any one token (vLLM's rule).
+        self.max_chars_per_token = max(len(t) for t in tokens)
         self.eos_token_id = int(field("tokenizer.ggml.eos_token_id", 0))
         self.bos_token_id = field("tokenizer.ggml.bos_token_id")
         self.add_bos = bool(field("tokenizer.ggml.add_bos_token", False))
         self.chat_template = chat_template or field("tokenizer.chat_template") or SMOLLM2_CHAT_TEMPLATE
+        alphabet = _byte_level_alphabet()
+        # A byte-level entry spells its bytes one character each; an entry with other
+        # characters (an added token) stands for its own UTF-8, as the ByteLevel decoder
+        # renders it.
+        self._bytes = [bytes(alphabet[c] for c in t) if all(c in alphabet for c in t) else t.encode("utf-8")
+                       for t in tokens]
 
     def encode(self, text: str) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids
@@ -123,9 +134,24 @@ class GGUFTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._bytes[token_id]
+
     def token(self, token_id: int) -> str:
         """The vocabulary entry of one id (byte-level form, e.g. 'ĠParis')."""
         return self._tok.id_to_token(token_id)
+
+    def to_json(self) -> str:
+        """The Hugging Face `tokenizer.json` of this tokenizer (`tokenizer_export`)."""
+        return self._tok.to_str()
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte: printable bytes stand for
+    themselves, the other 68 for the characters from U+0100 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    rest = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(rest)}}
 
 
 class ByteTokenizer(Tokenizer):
@@ -141,32 +167,27 @@ class ByteTokenizer(Tokenizer):
             raise ValueError(f"vocab_size must be >= {256 + len(self.SPECIAL)} for ByteTokenizer, got {vocab_size}")
         self.vocab_size = vocab_size
         self._special = {s: 256 + i for i, s in enumerate(self.SPECIAL)}
+        # One pass over the text: the specials as alternatives of one pattern (re.split
+        # keeps them, at the odd indices).
+        self._split = re.compile("(" + "|".join(re.escape(s) for s in self.SPECIAL) + ")")
         self.eos_token_id = self._special["<|im_end|>"]
         self.chat_template = chat_template or SMOLLM2_CHAT_TEMPLATE
+        self.max_chars_per_token = max(1, *(len(s) for s in self.SPECIAL))
 
     def encode(self, text: str) -> list[int]:
         out: list[int] = []
-        i = 0
-        while i < len(text):
-            for s, sid in self._special.items():
-                if text.startswith(s, i):
-                    out.append(sid)
-                    i += len(s)
-                    break
-            else:
-                j = min((k for k in (text.find(s, i) for s in self._special) if k >= 0), default=len(text))
-                out += text[i:j].encode("utf-8")
-                i = j
+        for i, part in enumerate(self._split.split(text)):
+            if i % 2:
+                out.append(self._special[part])
+            elif part:
+                out += part.encode("utf-8")
         return out
 
     def decode(self, ids: Sequence[int]) -> str:
-        out, buf = [], bytearray()
-        for t in ids:
-            if t < 256:
-                buf.append(t)
-                continue
-            out.append(buf.decode("utf-8", errors="replace"))
-            buf = bytearray()
-            out.append(self.SPECIAL[t - 256] if t - 256 < len(self.SPECIAL) else f"<|{t}|>")
-        out.append(buf.decode("utf-8", errors="replace"))
-        return "".join(out)
+        return b"".join(self.token_bytes(t) for t in ids).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if token_id < 256:
+            return bytes((token_id,))
+        k = token_id - 256
+        return (self.SPECIAL[k] if k < len(self.SPECIAL) else f"<|{token_id}|>").encode("utf-8")

@@ -1,32 +1,34 @@
 """The HTTP routes of a replica: OpenAI's API as vLLM 0.33 serves it, over the engine loop.
 
-Owns `build_app`: a FastAPI application whose handlers check a request, turn it into a
-`GenerationRequest`, `submit` it to the `EngineLoop` and await its stream; they never
-touch the engine. `add_openai_routes` adds the request routes alone to an app, over
-anything that submits like an `EngineLoop` (`RequestSubmitter`): the Ray Serve ingress
-of `prefixcache cluster serve` serves them over its replicas with it. Routes:
+Owns `build_app`: a FastAPI application whose handlers admit a request (`admission`),
+have it checked and tokenized off the event loop (`preprocess`), `submit` it to the
+`EngineLoop` and await its stream; they never touch the engine. `add_openai_routes` adds
+the request routes alone to an app, over anything that submits like an `EngineLoop`
+(`RequestSubmitter`): the Ray Serve ingress of `prefixcache cluster serve` serves them
+over its replicas with it. Routes:
 
 - `POST /v1/completions`, `POST /v1/chat/completions`: with `"stream": true` as
   server-sent events ending in `data: [DONE]` (`responses`), else one JSON body.
   `usage.prompt_tokens_details.cached_tokens` is the request's prefix-cache hit.
 - `GET /v1/models` (the one served model, with `max_model_len`), `GET /health` (200, or
-  503 once the engine loop has stopped), `GET /metrics` (Prometheus text format),
+  503 once the engine loop has stopped), `GET /metrics` (Prometheus text format; HEAD too),
   `POST /reset_prefix_cache` (vLLM's: drops the cached blocks; `{"success": false}`
   while requests hold blocks).
+- `GET /openapi.json`, `/docs`, `/redoc`: FastAPI's schema and pages, on as in vLLM; the
+  schema states what the server does (bodies, 400 for a body that fails validation,
+  413, 408, 503), not FastAPI's defaults (a 422 this server never sends).
 
-Checks, in vLLM 0.33's terms (errors: 400 BadRequestError unless said):
-`model` other than the served name -> 404 NotFoundError (`param: "model"`); an empty
-prompt; a token id outside the vocabulary; a prompt of `max_model_len` tokens or more
-(`param: "input_tokens"`); `max_tokens` < 1 or > `max_model_len`; a feature this server
-does not serve (`openai_types.unsupported`). A request whose prompt plus `max_tokens`
-passes the context gets `max_tokens` cut to what is left, as vLLM does.
-`max_model_len` = min(the model's context, the pool's tokens).
+What a request may ask and how it is refused: `preprocess`. A request that fails in the
+engine (its forward pass or sampling) ends alone with a 500 "InternalServerError", as
+vLLM answers its `FinishReason.ERROR`.
 
 A client that disconnects is aborted: a stream when its next chunk cannot be sent (the
-generator is cancelled), a plain request as soon as its connection closes (a watcher
-task, as vLLM's `with_cancellation`). Either way `EngineLoop.abort` releases its blocks.
+generator is cancelled, or never started: the response's close aborts it), a plain
+request as soon as its connection closes (a watcher task, as vLLM's `with_cancellation`).
+Either way `EngineLoop.abort` releases its blocks.
 
-Must never: call the engine directly, or answer a bad request with a 500.
+Must never: call the engine directly, run a request's CPU work (parsing, templating,
+tokenizing) on the event loop, or answer a bad request with a 500.
 """
 
 from __future__ import annotations
@@ -34,36 +36,26 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from prefixcache.engine.engine import GenerationRequest, RequestOutput
-from prefixcache.engine.sampling import SamplingParams
 from prefixcache.engine.tokenizer import Tokenizer
 from prefixcache.serve import responses as R
+from prefixcache.serve.admission import AdmissionGate
+from prefixcache.serve.body_limits import BodyLimits
+from prefixcache.serve.config import ServerConfig
 from prefixcache.serve.engine_loop import EngineLoop, Failed, Finished, StreamItem, Tokens
 from prefixcache.serve.errors import APIError, error_body, install_handlers
 from prefixcache.serve.metrics import CONTENT_TYPE_LATEST, ServingMetrics
-from prefixcache.serve.openai_types import ChatCompletionRequest, CompletionRequest, unsupported
+from prefixcache.serve.openai_types import ChatCompletionRequest, CompletionRequest
+from prefixcache.serve.preprocess import Preprocessor, ReplicaInfo
 
 __all__ = ["ReplicaInfo", "RequestSubmitter", "SubmittedStream", "add_openai_routes", "build_app"]
-
-
-@dataclass(frozen=True)
-class ReplicaInfo:
-    """What the routes need to know about the served model (read-only)."""
-
-    model_name: str  # the name requests use ("model")
-    model_root: str  # what engine.model names
-    max_model_len: int  # TOKENS: prompt + output
-    vocab_size: int
-    eos_token_id: int
-    default_sampling: SamplingParams
-    created: int
 
 
 class SubmittedStream(Protocol):
@@ -86,15 +78,30 @@ class RequestSubmitter(Protocol):
     def abort(self, request_id: str) -> None: ...
 
 
-def build_app(loop: EngineLoop, metrics: ServingMetrics, info: ReplicaInfo, tokenizer: Tokenizer) -> FastAPI:
-    """The FastAPI application of one replica (see the module docstring)."""
-    app = FastAPI(title="prefixcache", docs_url=None, redoc_url=None, openapi_url=None)
+def build_app(loop: EngineLoop, metrics: ServingMetrics, info: ReplicaInfo, tokenizer: Tokenizer, *,
+              server: ServerConfig | None = None, max_num_seqs: int = 1,
+              event_drops: Callable[[], dict[str, int]] | None = None) -> FastAPI:
+    """The FastAPI application of one replica (see the module docstring): at most
+    `max_num_seqs + server.max_queued_requests` requests inside at once, bodies within
+    `server`'s size and time limits. `event_drops`: the KV event publisher's dropped
+    batches by reason, read at each scrape."""
+    server = server or ServerConfig()
+    app = FastAPI(title="prefixcache", summary="An OpenAI-compatible replica over a prefix cache",
+                  version=_version())
     install_handlers(app)
-    add_openai_routes(app, loop, info, tokenizer)
+    gate = AdmissionGate(max_num_seqs + server.max_queued_requests, retry_after_s=server.retry_after_s,
+                         describe=f" (engine.max_num_seqs {max_num_seqs} + server.max_queued_requests "
+                                  f"{server.max_queued_requests})",
+                         on_refuse=lambda: metrics.refused("queue_full"))
+    add_openai_routes(app, loop, info, tokenizer, server=server, gate=gate)
+    app.add_middleware(BodyLimits, max_body_bytes=server.max_body_bytes, body_timeout_s=server.body_timeout_s,
+                       on_refuse=metrics.refused)
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])  # HEAD: aiperf probes the page before scraping it
     async def prometheus() -> Response:
         await loop.run(metrics.sync_gauges)
+        if event_drops is not None:
+            metrics.sync_publisher(event_drops())
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/reset_prefix_cache")
@@ -104,10 +111,17 @@ def build_app(loop: EngineLoop, metrics: ServingMetrics, info: ReplicaInfo, toke
     return app
 
 
-def add_openai_routes(app: FastAPI, loop: RequestSubmitter, info: ReplicaInfo, tokenizer: Tokenizer) -> None:
+def add_openai_routes(app: FastAPI, loop: RequestSubmitter, info: ReplicaInfo, tokenizer: Tokenizer, *,
+                      server: ServerConfig | None = None, gate: AdmissionGate | None = None) -> None:
     """`/health`, `/v1/models`, `/v1/completions` and `/v1/chat/completions` on `app`
-    (whose error handlers `install_handlers` set), serving through `loop`."""
-    serving = _Serving(loop, info, tokenizer)
+    (whose error handlers `install_handlers` set), serving through `loop`; requests pass
+    `gate` when given (none: unbounded, as behind Ray Serve, which bounds its own)."""
+    server = server or ServerConfig()
+    pre = Preprocessor(info, tokenizer, threads=server.preprocess_threads,
+                       chat_template_timeout_s=server.chat_template_timeout_s)
+    app.state.preprocessor = pre  # its threads stop with the replica (`Replica.stop`)
+    serving = _Serving(loop, info, tokenizer, pre, gate)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
 
     @app.get("/health")
     async def health() -> Response:
@@ -119,148 +133,119 @@ def add_openai_routes(app: FastAPI, loop: RequestSubmitter, info: ReplicaInfo, t
                 "root": info.model_root, "parent": None, "max_model_len": info.max_model_len, "permission": []}
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        arrival = time.perf_counter()
-        _check_common(body, info)
-        prompt = _completion_prompt(body.prompt, tokenizer)
-        return await serving.serve(request, body, prompt, body.max_tokens, "max_tokens", arrival, chat=False)
+    @app.post("/v1/completions", openapi_extra=_request_body(CompletionRequest), responses=_ERRORS)
+    async def completions(request: Request) -> Response:
+        """OpenAI's completions, as vLLM 0.33 serves them."""
+        return await serving.serve(request, chat=False)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        arrival = time.perf_counter()
-        _check_common(body, info)
-        prompt = _chat_prompt(body, tokenizer)
-        limit, param = ((body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens is not None
-                        else (body.max_tokens, "max_tokens"))
-        return await serving.serve(request, body, prompt, limit, param, arrival, chat=True)
+    @app.post("/v1/chat/completions", openapi_extra=_request_body(ChatCompletionRequest), responses=_ERRORS)
+    async def chat_completions(request: Request) -> Response:
+        """OpenAI's chat completions, as vLLM 0.33 serves them."""
+        return await serving.serve(request, chat=True)
 
 
-# -- checks ---------------------------------------------------------------------------------
+# -- the OpenAPI schema -----------------------------------------------------------------------
+
+_ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorResponse"}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"description": what, "content": {"application/json": {"schema": _ERROR_SCHEMA}}}
+    for status, what in (
+        (400, "The body is not JSON, fails validation (the field's path in `param`), or asks for what the model "
+              "cannot do"),
+        (404, "`model` is not the served model"),
+        (408, "The body did not arrive within server.body_timeout_s"),
+        (413, "The body is larger than server.max_body_bytes"),
+        (500, "The request failed in the engine (it alone)"),
+        (503, "Overloaded (with Retry-After), or the engine has stopped"),
+    )
+}
+_ERROR_COMPONENT = {
+    "title": "ErrorResponse", "type": "object", "required": ["error"],
+    "properties": {"error": {"type": "object", "required": ["message", "type", "code"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"anyOf": [{"type": "string"}, {"type": "null"}]}, "code": {"type": "integer"}}}},
+}
 
 
-def _check_common(body: CompletionRequest | ChatCompletionRequest, info: ReplicaInfo) -> None:
-    if body.model and body.model != info.model_name:
-        raise APIError(f"The model `{body.model}` does not exist. Valid aliases: {info.model_name}.",
-                       param="model", status=404)
-    refused = unsupported(body)
-    if refused is not None:
-        raise APIError(refused[1], param=refused[0])
+def _request_body(model: type) -> dict[str, Any]:
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
 
-def _completion_prompt(prompt: Any, tokenizer: Tokenizer) -> list[int]:
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise APIError(f"only one prompt per request is supported, got {len(prompt)}", param="prompt")
-        prompt = prompt[0]
-    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    if not ids:
-        raise APIError("The decoder prompt cannot be empty", param="prompt")
-    return ids
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, made true to this server: the request bodies the handlers parse
+    themselves, and no 422 (a body that fails validation is a 400, as in vLLM)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in (CompletionRequest, ChatCompletionRequest):
+            body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(body.pop("$defs", {}))
+            components[model.__name__] = body
+        components["ErrorResponse"] = _ERROR_COMPONENT
+        for name in ("HTTPValidationError", "ValidationError"):
+            components.pop(name, None)
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
-def _chat_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]:
-    if not body.messages:
-        raise APIError("messages must hold at least one message", param="messages")
-    messages = []
-    for i, m in enumerate(body.messages):
-        content = m.content
-        if content is None:
-            content = ""
-        elif isinstance(content, list):
-            parts = []
-            for j, part in enumerate(content):
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise APIError(f"only text content parts are supported, got {part.get('type')!r}",
-                                   param=f"messages[{i}].content[{j}]")
-                parts.append(part["text"])
-            content = "".join(parts)
-        messages.append({"role": m.role, "content": content})
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        ids = tokenizer.apply_chat_template(messages)
-    except Exception as err:  # noqa: BLE001 - a template that cannot render these messages (jinja2 TemplateError)
-        raise APIError(f"the chat template cannot render these messages: {err}", param="messages") from None
-    if not ids:
-        raise APIError("The decoder prompt cannot be empty", param="messages")
-    return ids
-
-
-def _sampling(body: CompletionRequest | ChatCompletionRequest, default: SamplingParams) -> SamplingParams | None:
-    """The request's sampling: None (the engine's default) if it sets no sampling field,
-    else its fields over `default`, with its own seed."""
-    if all(v is None for v in (body.temperature, body.top_p, body.top_k, body.seed)):
-        return None
-    try:
-        return SamplingParams(
-            temperature=default.temperature if body.temperature is None else body.temperature,
-            top_p=default.top_p if body.top_p is None else body.top_p,
-            top_k=default.top_k if body.top_k is None or body.top_k == -1 else body.top_k,
-            seed=body.seed,
-        )
-    except ValueError as err:  # ConfigError names the field: "seed: must be an integer >= 0, got -1"
-        raise APIError(str(err), param=getattr(err, "path", None)) from None
+        return version("prefixcache")
+    except PackageNotFoundError:
+        return "0"
 
 
 # -- serving ----------------------------------------------------------------------------------
 
 
 class _Serving:
-    """Runs checked requests through the engine loop and writes their responses."""
+    """Runs requests through the gate, the preprocessor and the engine loop, and writes
+    their responses."""
 
-    def __init__(self, loop: RequestSubmitter, info: ReplicaInfo, tokenizer: Tokenizer) -> None:
+    def __init__(self, loop: RequestSubmitter, info: ReplicaInfo, tokenizer: Tokenizer, pre: Preprocessor,
+                 gate: AdmissionGate | None) -> None:
         self.loop = loop
         self.info = info
         self.tokenizer = tokenizer
+        self.pre = pre
+        self.gate = gate
 
-    def generation_request(
-        self, body: CompletionRequest | ChatCompletionRequest, prompt: list[int], max_tokens: int | None, param: str,
-        arrival: float, rid: str,
-    ) -> GenerationRequest:
-        """What the engine runs; APIError for what it cannot (module docstring)."""
-        info = self.info
-        top = max(prompt)
-        if top >= info.vocab_size:
-            raise APIError(f"Token id {top} is out of vocabulary (vocab_size {info.vocab_size})", param="prompt")
-        limit = info.max_model_len
-        if len(prompt) >= limit:
-            room = ("exceeds this limit even without any output tokens" if len(prompt) > limit
-                    else "leaves no room for any output token")
-            raise APIError(f"This model's maximum context length is {limit} tokens. However, your prompt contains "
-                           f"{len(prompt)} input tokens, which {room}. Please reduce the length of the input prompt.",
-                           param="input_tokens")
-        if max_tokens is not None:
-            if max_tokens < 1:
-                raise APIError(f"{param} must be at least 1, got {max_tokens}.", param=param)
-            if max_tokens > limit:
-                raise APIError(f"{param}={max_tokens} cannot be greater than max_model_len={limit}. "
-                               "Please request fewer output tokens.", param=param)
-        room = limit - len(prompt)
-        return GenerationRequest(
-            prompt=prompt, namespace=body.cache_salt, max_tokens=room if max_tokens is None else min(max_tokens, room),
-            sampling=_sampling(body, info.default_sampling), stop_token_ids=tuple(body.stop_token_ids or ()),
-            ignore_eos=body.ignore_eos, request_id=rid, arrival_s=arrival,
-        )
-
-    async def serve(
-        self, request: Request, body: CompletionRequest | ChatCompletionRequest, prompt: list[int],
-        max_tokens: int | None, param: str, arrival: float, *, chat: bool,
-    ) -> Response:
+    async def serve(self, request: Request, *, chat: bool) -> Response:
+        arrival = time.perf_counter()
+        release = self.gate.enter() if self.gate is not None else _nothing  # a 503 here, before any work
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        generation = self.generation_request(body, prompt, max_tokens, param, arrival, rid)
+        handed_over = False
         try:
-            stream = await self.loop.submit(generation)
-        except ValueError as err:  # the engine's own checks (e.g. the request can never fit the pool)
-            raise APIError(str(err)) from None
-        created = int(time.time())
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            events = self.events(stream, created, chat=chat, include_usage=include_usage)
-            return StreamingResponse(events, media_type="text/event-stream")
-        output = await self.until_finished(stream, request)
-        if output is None:  # the client went away; nobody reads this
-            return Response(status_code=499)
-        make = R.chat_body if chat else R.completion_body
-        return JSONResponse(make(rid, created, self.info.model_name, output, self.info.eos_token_id))
+            prepared = await self.pre.prepare(await request.body(), chat=chat, request_id=rid, arrival_s=arrival)
+            try:
+                stream = await self.loop.submit(prepared.generation)
+            except ValueError as err:  # the engine's own checks (e.g. the request can never fit the pool)
+                raise APIError(str(err)) from None
+            body, created = prepared.body, int(time.time())
+            if body.stream:
+                include_usage = bool(body.stream_options and body.stream_options.include_usage)
+                events = self.events(stream, created, chat=chat, include_usage=include_usage)
+
+                def close() -> None:
+                    self.loop.abort(rid)  # a no-op for a request that finished
+                    release()
+
+                handed_over = True
+                return _ClosingStream(events, close, media_type="text/event-stream")
+            output = await self.until_finished(stream, request)
+            if output is None:  # the client went away; nobody reads this
+                return Response(status_code=499)
+            make = R.chat_body if chat else R.completion_body
+            return JSONResponse(make(rid, created, self.info.model_name, output, self.info.eos_token_id))
+        finally:
+            if not handed_over:
+                release()
 
     async def until_finished(self, stream: SubmittedStream, request: Request) -> RequestOutput | None:
         """The request's output, or None (and the request aborted) if its client disconnects first."""
@@ -270,7 +255,7 @@ class _Serving:
                 if isinstance(item, Finished):
                     return item.output
                 if isinstance(item, Failed):
-                    raise item.error
+                    raise _as_api_error(item.error)
             raise AssertionError("unreachable: a stream ends with Finished or Failed")
 
         async def disconnected() -> None:
@@ -328,9 +313,37 @@ class _Serving:
                 self.loop.abort(rid)
 
 
-def _failure_body(error: BaseException) -> dict:
-    """The error object of a request that failed after its response began: an `APIError`'s
-    own status and type (a replica that died: 503), else a 500 InternalServerError."""
+def _nothing() -> None:
+    pass
+
+
+class _ClosingStream(StreamingResponse):
+    """A streamed response that calls `on_close` however it ends: sent whole, its client
+    gone, or cancelled before its generator ever ran (then no `finally` in the generator
+    runs, and the request would go on with nobody reading it)."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def _as_api_error(error: BaseException) -> APIError:
+    """A request's failure as the error it is answered with: an `APIError` as it is (a
+    replica that died: 503), anything else (the engine ended the request alone, as
+    vLLM's `FinishReason.ERROR`) a 500 "InternalServerError"."""
     if isinstance(error, APIError):
-        return error_body(error.message, error.type, error.status, error.param)
-    return error_body(str(error) or type(error).__name__, "InternalServerError", 500)
+        return error
+    return APIError(str(error) or type(error).__name__, status=500, type="InternalServerError")
+
+
+def _failure_body(error: BaseException) -> dict:
+    """The error object of a request that failed after its response began (as
+    `_as_api_error` answers it)."""
+    err = _as_api_error(error)
+    return error_body(err.message, err.type, err.status, err.param)

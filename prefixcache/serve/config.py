@@ -1,8 +1,9 @@
-"""The configuration of `prefixcache serve`: `cache:`, `engine:` and `kv_events:`.
+"""The configuration of `prefixcache serve`: `cache:`, `engine:`, `kv_events:` and `server:`.
 
 Owns `KVEventsConfig` (the `kv_events:` section: where and how the replica publishes its
-KV events, vLLM 0.33's `KVEventsConfig` field names) and `ServeConfig` (the three
-sections), validated once at load by `prefixcache.config.from_mapping`, so a mistake
+KV events, vLLM 0.33's `KVEventsConfig` field names), `ServerConfig` (the `server:`
+section: the limits that keep one client from hurting the others) and `ServeConfig` (the
+four sections), validated once at load by `prefixcache.config.from_mapping`, so a mistake
 names the file, the key path and what is allowed. Example (configs/serve.yaml)::
 
     cache:  {backend: hash, block_size: 16, num_blocks: 1024}
@@ -13,6 +14,8 @@ names the file, the key path and what is allowed. Example (configs/serve.yaml)::
       replay_endpoint: null       # ROUTER for replay requests (always binds)
       topic: ""
       buffer_steps: 10000         # batches kept for replay
+    server:                       # every limit has a default (docs/serving.md "Limits")
+      max_queued_requests: 64     # waiting past engine.max_num_seqs: more get a 503 + Retry-After
 
 Must never: open a socket, build an engine or import torch.
 """
@@ -27,9 +30,10 @@ from typing import Any
 from prefixcache.config import ConfigError, from_mapping, load_yaml
 from prefixcache.engine.config import ServingConfig, check_sections, parse_serving_config
 
-__all__ = ["KVEventsConfig", "ServeConfig", "SECTIONS", "parse_serve_config", "load_serve_config", "is_serve_mapping"]
+__all__ = ["KVEventsConfig", "ServerConfig", "ServeConfig", "SECTIONS", "parse_serve_config", "load_serve_config",
+           "is_serve_mapping"]
 
-SECTIONS = ("cache", "engine", "kv_events")
+SECTIONS = ("cache", "engine", "kv_events", "server")
 _SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
@@ -83,28 +87,101 @@ class KVEventsConfig:
             raise ConfigError("topic", f"must be a string, got {self.topic!r}")
 
 
+def _check_number(name: str, value: Any, lo: float, *, integer: bool = False, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not lo <= value < float("inf"):
+        what = "an integer" if integer else "a finite number"
+        raise ConfigError(name, f"must be {what} >= {lo:g}{' or null' if allow_none else ''}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The `server:` section: what keeps one client from stalling or starving the others
+    (docs/serving.md "Limits", docs/security.md "The server under hostile clients").
+    SECONDS and BYTES as the names say.
+
+    max_queued_requests:     requests that may wait for a running slot (past
+                             `engine.max_num_seqs`, counted from when the request
+                             arrives, its tokenizing included); one more is answered
+                             503 with `Retry-After` at once, before its body is parsed
+                             (Ray Serve's `max_queued_requests`; SGLang's flag of that name)
+    retry_after_s:           the `Retry-After` of that 503, whole SECONDS
+    max_body_bytes:          a request body past this is answered 413 (from its
+                             Content-Length before it is read, else once that much came)
+    max_header_bytes:        request line + headers past this: 400 (h11's
+                             `max_incomplete_event_size`; vLLM sets 4 MiB)
+    header_timeout_s:        a connection must send a whole request line and headers
+                             within this of opening (or of its previous response);
+                             else it is closed (a 408 if it had started)
+    body_timeout_s:          a request's body must arrive whole within this of its
+                             headers; else 408
+    keep_alive_timeout_s:    an idle keep-alive connection is closed after this
+                             (uvicorn's `timeout_keep_alive`; vLLM's default 5)
+    max_connections:         open connections at most; at the limit a new one displaces
+                             the oldest connection that has not sent a whole request (a
+                             slow or idle one), or is closed with a 503 if every one is
+                             busy. null: 3/4 of the open-file limit (`ulimit -n`), at
+                             most that limit - 64, so the server never runs out of
+                             descriptors to accept with
+    chat_template_timeout_s: how long rendering one chat may take (a ChatTemplateError, 400)
+    preprocess_threads:      threads that parse, check and tokenize requests, off the
+                             event loop
+    """
+
+    max_queued_requests: int = 64
+    retry_after_s: int = 1
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_header_bytes: int = 64 * 1024
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    keep_alive_timeout_s: float = 5.0
+    max_connections: int | None = None
+    chat_template_timeout_s: float = 2.0
+    preprocess_threads: int = 2
+
+    def __post_init__(self) -> None:
+        _check_number("max_queued_requests", self.max_queued_requests, 0, integer=True)
+        _check_number("retry_after_s", self.retry_after_s, 0, integer=True)
+        _check_number("max_body_bytes", self.max_body_bytes, 1, integer=True)
+        _check_number("max_header_bytes", self.max_header_bytes, 1024, integer=True)
+        _check_number("max_connections", self.max_connections, 2, integer=True, allow_none=True)
+        _check_number("preprocess_threads", self.preprocess_threads, 1, integer=True)
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "chat_template_timeout_s"):
+            value = getattr(self, name)
+            _check_number(name, value, 0)
+            if value <= 0:
+                raise ConfigError(name, f"must be a number of SECONDS > 0, got {value!r}")
+
+
 @dataclass(frozen=True)
 class ServeConfig:
-    """What `prefixcache serve` runs: the engine (`cache:` + `engine:`) and its events."""
+    """What `prefixcache serve` runs: the engine (`cache:` + `engine:`), its events and
+    the HTTP server's limits."""
 
     serving: ServingConfig = field(default_factory=ServingConfig)
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
 
 
 def is_serve_mapping(data: Mapping[str, Any]) -> bool:
-    """Whether a YAML file's top level is a serve file (it has a `kv_events:` section)."""
-    return "kv_events" in data
+    """Whether a YAML file's top level is a serve file (it has a `kv_events:` or a
+    `server:` section)."""
+    return "kv_events" in data or "server" in data
 
 
 def parse_serve_config(data: Any, source: str | None = None) -> ServeConfig:
-    """A top-level mapping with `cache:`, `engine:` and optional `kv_events:` -> ServeConfig."""
+    """A top-level mapping with `cache:`, `engine:`, optional `kv_events:` and `server:`
+    -> ServeConfig."""
     check_sections(data, SECTIONS, source)
     try:
         events = from_mapping(KVEventsConfig, data.get("kv_events"), "kv_events")
+        server = from_mapping(ServerConfig, data.get("server"), "server")
     except ConfigError as err:
         raise err.within("", source) from None
-    sections = {k: v for k, v in data.items() if k != "kv_events"}
-    return ServeConfig(parse_serving_config(sections, source, events=events.enabled), events)
+    sections = {k: v for k, v in data.items() if k not in ("kv_events", "server")}
+    return ServeConfig(parse_serving_config(sections, source, events=events.enabled), events, server)
 
 
 def load_serve_config(source: str | Path) -> ServeConfig:

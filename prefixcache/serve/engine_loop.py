@@ -10,9 +10,11 @@ its cache are therefore only ever used from this thread, as the protocol require
 `PrefixCache` is not thread-safe).
 
 When nothing is unfinished the thread sleeps on its command queue; a step never waits
-for a command. A failing step (a bug, never bad input: that is refused at `submit`)
-fails every request in flight with the error and aborts them, so no block stays pinned,
-and the loop goes on.
+for a command. A request the engine ends alone with reason "error" (its forward pass or
+sampling failed) gets `Failed(RequestFailed(...))`, the others go on. A step that fails
+as a whole (a bug in the scheduler or the cache, never bad input: that is refused at
+`submit`) fails every request in flight with the error and aborts them, so no block
+stays pinned, and the loop goes on.
 
 Must never: run the engine from another thread, block on a handler, or lose a request:
 every submitted request's stream ends with exactly one `Finished` or `Failed` item,
@@ -34,7 +36,7 @@ from typing import Protocol, TypeVar
 
 from prefixcache.engine.engine import Engine, GenerationRequest, RequestOutput, StepOutput
 
-__all__ = ["EngineLoop", "RequestStream", "Tokens", "Finished", "Failed", "StepObserver"]
+__all__ = ["EngineLoop", "RequestStream", "Tokens", "Finished", "Failed", "RequestFailed", "StepObserver"]
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -57,9 +59,14 @@ class Finished:
 
 @dataclass(frozen=True)
 class Failed:
-    """The engine failed while running the request (a bug, not bad input)."""
+    """The engine failed while running the request (a fault, not bad input)."""
 
     error: BaseException
+
+
+class RequestFailed(RuntimeError):
+    """The engine ended this request alone with finish reason "error" (vLLM's
+    `FinishReason.ERROR`, which its server answers with a 500)."""
 
 
 StreamItem = Tokens | Finished | Failed
@@ -222,7 +229,10 @@ class EngineLoop:
             sampled.pop(output.request_id, None)
             stream = self._streams.pop(output.request_id, None)
             if stream is not None:
-                stream._push(Finished(output))
+                if output.finish_reason == "error":
+                    stream._push(Failed(RequestFailed(output.error or "the request failed")))
+                else:
+                    stream._push(Finished(output))
         for rid, tokens in sampled.items():
             stream = self._streams.get(rid)
             if stream is not None:

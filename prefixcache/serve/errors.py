@@ -11,7 +11,8 @@ Owns `APIError` (what a handler raises for a request it refuses), `error_respons
 - `APIError`: its own status and type ("BadRequestError" 400 for a request the engine
   cannot run, "NotFoundError" 404 for an unknown model), as vLLM's
   `create_error_response`;
-- an unknown route or method: 404 / 405 with the HTTP phrase as the type;
+- an unknown route or method: 404 / 405 with the HTTP phrase as the type (a 405 with
+  `Allow`, the methods the route serves);
 - anything else is a bug: 500 "InternalServerError" with the exception's message, logged
   with its traceback. No bad input reaches it (the tests send every kind they know).
 
@@ -35,14 +36,17 @@ _MAX_REPORTED = 10
 
 
 class APIError(Exception):
-    """A refused request: HTTP `status`, OpenAI error `type`, the offending `param`."""
+    """A refused request: HTTP `status`, OpenAI error `type`, the offending `param`, and
+    response `headers` (a 503's `Retry-After`)."""
 
-    def __init__(self, message: str, *, param: str | None = None, status: int = 400, type: str | None = None) -> None:
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400, type: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.status = status
         self.type = type or {400: "BadRequestError", 404: "NotFoundError"}.get(status, HTTPStatus(status).phrase)
+        self.headers = headers
 
 
 def error_body(message: str, type: str, code: int, param: str | None = None) -> dict:
@@ -51,7 +55,8 @@ def error_body(message: str, type: str, code: int, param: str | None = None) -> 
 
 
 def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(error_body(err.message, err.type, err.status, err.param), status_code=err.status)
+    return JSONResponse(error_body(err.message, err.type, err.status, err.param), status_code=err.status,
+                        headers=err.headers)
 
 
 def _loc(loc: tuple) -> str | None:
@@ -97,7 +102,9 @@ async def _on_api_error(request: Request, exc: APIError) -> JSONResponse:
 
 async def _on_http(request: Request, exc: HTTPException) -> JSONResponse:
     status = exc.status_code
-    return JSONResponse(error_body(str(exc.detail), HTTPStatus(status).phrase, status), status_code=status)
+    # Starlette's 405 carries `Allow` (RFC 9110 requires it); keep every header it set.
+    return JSONResponse(error_body(str(exc.detail), HTTPStatus(status).phrase, status), status_code=status,
+                        headers=exc.headers)
 
 
 async def _on_bug(request: Request, exc: Exception) -> JSONResponse:

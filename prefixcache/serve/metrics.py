@@ -21,6 +21,13 @@ prometheus_client and vLLM write it.
 - `prefixcache:evictions` (BLOCKS), `prefixcache:cache_rejections`,
   `prefixcache:kv_events_dropped`, counters from `stats()`; `prefixcache:backend_info`
   (value 1, labels `backend`, `block_size`, `num_blocks`).
+- `prefixcache:refusals` (label `reason`), counter: requests and connections the server
+  refused to protect the others (`refused`, from the event loop): queue_full (503),
+  body_too_large (413), body_timeout / header_timeout (408), connection_shed,
+  connection_refused.
+- `prefixcache:kv_event_batches_dropped` (label `reason`), counter: KV event batches
+  the publisher could not deliver (`sync_publisher`, read at scrape time): hwm (a
+  subscriber's queue was full), replay (asked for after the replay buffer let it go).
 
 Must never: call the engine or the cache from outside the engine thread (the scrape
 handler asks the engine loop to run `sync_gauges`), or register into the global registry.
@@ -37,7 +44,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prefixcache.engine.engine import Engine, StepOutput
 from prefixcache.stats import CacheStats
 
-__all__ = ["ServingMetrics", "CONTENT_TYPE_LATEST", "TTFT_BUCKETS", "ITL_BUCKETS", "LATENCY_BUCKETS"]
+__all__ = ["ServingMetrics", "CONTENT_TYPE_LATEST", "TTFT_BUCKETS", "ITL_BUCKETS", "LATENCY_BUCKETS", "REFUSALS",
+           "BATCH_DROPS", "FINISH_REASONS"]
 
 # vLLM 0.33's default buckets (vllm/v1/metrics/buckets.py), SECONDS.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -46,8 +54,12 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                80.0)
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                    480.0, 960.0, 1920.0, 7680.0)
-# vLLM's FinishReason values, each with a zero series from the start.
-FINISH_REASONS = ("stop", "length", "abort")
+# vLLM's FinishReason values we produce, each with a zero series from the start.
+FINISH_REASONS = ("stop", "length", "abort", "error")
+# Why the server refused a request or a connection (`prefixcache:refusals`).
+REFUSALS = ("queue_full", "body_too_large", "body_timeout", "header_timeout", "connection_shed", "connection_refused")
+# Why the publisher could not deliver a batch (`prefixcache:kv_event_batches_dropped`).
+BATCH_DROPS = ("hwm", "replay")
 
 
 @dataclass
@@ -111,6 +123,13 @@ class ServingMetrics:
             "prefixcache:cache_rejections", "Admissions or appends the cache refused for lack of room.", ours).labels(*o)
         self.events_dropped = counter(
             "prefixcache:kv_events_dropped", "KV events the cache's bounded log dropped undrained.", ours).labels(*o)
+        refusals = counter("prefixcache:refusals", "Requests or connections refused to protect the others.",
+                           ours + ["reason"])
+        self.refusals = {reason: refusals.labels(*o, reason) for reason in REFUSALS}
+        drops = counter("prefixcache:kv_event_batches_dropped",
+                        "KV event batches the publisher could not deliver to a subscriber.", ours + ["reason"])
+        self.batch_drops = {reason: drops.labels(*o, reason) for reason in BATCH_DROPS}
+        self._batch_drops_seen = dict.fromkeys(BATCH_DROPS, 0)
         Gauge("prefixcache:backend_info", "The caching strategy of this replica (value 1).",
               ours + ["block_size", "num_blocks"], registry=r).labels(*o, str(block_size), str(num_blocks)).set(1)
         self._live: dict[str, _Live] = {}
@@ -182,6 +201,18 @@ class ServingMetrics:
         self.waiting.set(len(scheduler.waiting))
         held = {b for seq in scheduler.running for b in engine.cache.block_table(seq.request_id)}
         self.kv_usage.set(len(held) / self.num_blocks)
+
+    # -- the server (its event loop) -------------------------------------------------------------
+    def refused(self, reason: str) -> None:
+        """Count one refusal (`REFUSALS`)."""
+        self.refusals[reason].inc()
+
+    def sync_publisher(self, dropped: dict[str, int]) -> None:
+        """Bring the batch-drop counters up to the publisher's totals by reason."""
+        with self._lock:
+            for reason, total in dropped.items():
+                self.batch_drops[reason].inc(total - self._batch_drops_seen[reason])
+                self._batch_drops_seen[reason] = total
 
     # -- the scrape (any thread) -----------------------------------------------------------------
     def render(self) -> bytes:

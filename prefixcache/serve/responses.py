@@ -17,6 +17,7 @@ Must never: decide what a request may ask for (app) or touch the engine.
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -38,7 +39,6 @@ __all__ = [
 ]
 
 DONE = "data: [DONE]\n\n"
-_REPLACEMENT = "\ufffd"
 
 
 def sse(obj: dict[str, Any]) -> str:
@@ -49,22 +49,22 @@ def sse(obj: dict[str, Any]) -> str:
 class IncrementalText:
     """The text of a request's output so far, handed out as deltas.
 
-    `add(token_ids)` returns the text the new tokens completed; a delta that ends inside
-    a UTF-8 character (the tokenizer renders U+FFFD) is held back until the character
-    is whole. `finish(output)` returns the rest of the final text, which is authoritative
-    (it leaves out a final stop token): the deltas always add up to `output.text`."""
+    `add(token_ids)` returns the text the new tokens completed: their bytes
+    (`Tokenizer.token_bytes`) go through an incremental UTF-8 decoder, so a delta that
+    would end inside a character holds its bytes back until the character is whole, and
+    each token costs the same however long the output (re-decoding the whole output at
+    every step made a stream quadratic). `finish(output)` returns the rest of the final
+    text, which is authoritative (it leaves out a final stop token): the deltas always add
+    up to `output.text`."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
-        self._ids: list[int] = []
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.sent = ""
 
     def add(self, token_ids: Sequence[int]) -> str:
-        self._ids.extend(token_ids)
-        text = self._tokenizer.decode(self._ids)
-        if text.endswith(_REPLACEMENT) or not text.startswith(self.sent):
-            return ""
-        delta, self.sent = text[len(self.sent):], text
+        delta = self._utf8.decode(b"".join(self._tokenizer.token_bytes(t) for t in token_ids))
+        self.sent += delta
         return delta
 
     def finish(self, output: RequestOutput) -> str:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from prefixcache.config import short_repr
+from prefixcache.config import open_regular_file, short_repr
 from prefixcache.workloads.checks import (
     MAX_PROMPT_TOKENS,
     MAX_REQUESTS,
@@ -119,7 +119,7 @@ def read_records(
         check_int("limit", limit, 0)
     records: list[MooncakeRecord] = []
     prompt_tokens = 0
-    with open(path, "rb") as f:
+    with open_regular_file(path) as f:  # a FIFO would block open() itself
         for lineno in itertools.count(1):
             raw = f.readline(MAX_LINE_BYTES + 1)
             if not raw:

@@ -1,0 +1,528 @@
+"""The `hash` strategy over a hybrid layout: vLLM 0.33's hybrid KV cache manager.
+
+Owns `HybridHashCache`, which `HashCache` builds when `cache.layout` has a group that is
+not full attention: every group on the one shared `BlockPool`, each with its own block
+table per request and its own rules (`backends.hybrid_groups`, vLLM's single-type
+managers), and the coordination vLLM's `HybridKVCacheCoordinator` and `KVCacheManager`
+do around them. vLLM's names in brackets:
+
+  admit    Hash the prompt's full blocks once [Request.block_hashes]. The hit is
+           reconciled over the groups [find_longest_cache_hit]: groups of one spec
+           are looked up together, full attention first (its left-to-right run is the
+           first bound), and each other group accepts the candidate length or lowers
+           it, until no group lowers it (one pass when the layout is full attention
+           plus one other kind). A sliding-window group needs the
+           ceil((window - 1) / block_size) blocks before the cut; a mamba group the
+           state block that ends on it. When full attention hit further than the
+           reconciled hit, that length is a shared-prefix junction the sparse groups
+           have not cached yet [shared_prefix_boundary]. The prefill is split the way
+           vLLM's scheduler splits a Mamba prefill [_mamba_block_aligned_split]: a
+           chunk ends at the last block boundary before the prompt's last token and
+           at the junction, floored to a block; those positions are
+           `Admission.checkpoints`. Room is checked for the whole prompt, then for the
+           first chunk [allocate_slots, full_sequence_must_fit]; a refusal is None
+           and changes nothing. Then every group pins its hit blocks (NULL_BLOCK for
+           those it skips) before any group allocates, and each group allocates the
+           first chunk's blocks (a mamba group: one, the state the chunk ends on).
+  commit   Full blocks up to the commit are keyed, group by group, where the group
+           keeps them [cache_blocks]: full and chunked-local attention every block;
+           sliding window and mamba only the window tail or the state at a reachable
+           boundary (the replay point len(prompt) - 1 and the junction; vLLM's default
+           `prefix_cache_retention_interval` 0), or every block with `retention:
+           dense`. A commit that reaches a checkpoint frees what the groups no longer
+           read [remove_skipped_blocks] and allocates the next chunk, as vLLM's next
+           scheduler step does; without room the request waits, and `append(r, [])`
+           retries.
+  append   Free what no query reads any more (outside a window, a superseded state),
+           then allocate for the new tokens [allocate_slots of a decode step]. A
+           refusal (None) has still freed those blocks, as vLLM's does.
+  release  Each group frees its table in reverse, NULL_BLOCKs skipped [free].
+
+Block ids are vLLM's minus one (the pool has no null block). Events are vLLM's, one
+`BlockStored` per group per commit that caches (only the blocks the group keeps, the
+parent hash and token ids of the whole range, `group_idx`, `kv_cache_spec_kind`,
+`kv_cache_spec_sliding_window`), one `BlockRemoved` per dropped key with its group.
+Eviction is the pool's free queue (LRU, vLLM). What our engine adds to vLLM's order is
+that keys enter the index at `commit`, after the KV is written, where vLLM keys them
+when it schedules the chunk: with one request at a time the pool sees the same calls
+in the same order.
+
+Must never: be used for a full-attention-only layout (`HashCache` is, unchanged), or
+change anything when `admit` refuses.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from prefixcache._C import BlockPool, InvariantError
+from prefixcache.config import CRYPTOGRAPHIC, CacheConfig
+from prefixcache.errors import ConfigError
+from prefixcache.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    event_extra_keys,
+    event_log,
+    event_lora,
+)
+from prefixcache.hashing import chain_digests, namespace_extra_keys, none_hash
+from prefixcache.layout import FULL_ATTENTION, MAMBA, NULL_BLOCK, SLIDING_WINDOW
+from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded
+from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_priority, check_tokens
+from prefixcache.stats import CacheStats, StatsCounter
+
+from .hybrid_groups import FullAttentionGroup, GroupManager, GroupState, Lookup, MambaGroup, make_group
+
+__all__ = ["HybridHashCache", "HybridRequest", "HYBRID_OPTIONS", "RETENTION"]
+
+RETENTION = ("sparse", "dense")
+"""`options: {retention: ...}`: sparse (vLLM 0.33's default `prefix_cache_retention_interval`
+0: a window tail or a state only at a reachable boundary) or dense (vLLM's None: every
+block; with `state_interval` a state every so many tokens)."""
+
+HYBRID_OPTIONS = {"retention": "sparse", "state_interval": 0, "no_tail_cliff": False}
+"""Options `hash` takes for a hybrid layout only (defaults: vLLM 0.33). state_interval:
+TOKENS, a multiple of block_size (0: none): the prefill also ends a chunk every that many
+tokens, so a mamba state exists there to keep (`retention: dense` keeps it).
+no_tail_cliff: a cached window or state block a request stopped reading (freed while it
+decoded, so older in the LRU than the rest of its branch) is freed again at the
+request's release, after its full-attention blocks: the branch's window tail is evicted
+after the full KV it completes, so its hit never falls from the whole branch to 0 while
+that KV is resident (vLLM evicts the tail first)."""
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(eq=False)
+class HybridRequest(Request):
+    """A live request of the hybrid `hash` cache (counts in TOKENS but `groups`).
+
+    digests:      its full blocks' chained hashes, packed (extended as commits cover
+                  appended blocks)
+    num_prompt:   prompt TOKENS at admission
+    groups:       per layout group, its table and bookkeeping (`GroupState`)
+    junction:     shared-prefix junction found at admission, 0 if none (vLLM
+                  `shared_prefix_boundary`)
+    chunk_ends:   the prefill chunks' ends still to allocate (TOKENS, increasing; the
+                  last is the prompt's end)
+    allocated_to: TOKENS the tables were last allocated for
+    waiting:      a chunk's blocks found no room at the commit that reached it
+    """
+
+    digests: bytearray = field(default_factory=bytearray)
+    num_prompt: int = 0
+    groups: list[GroupState] = field(default_factory=list)
+    junction: int = 0
+    chunk_ends: list[int] = field(default_factory=list)
+    allocated_to: int = 0
+    waiting: bool = False
+    retired: list[tuple[int, bytes]] = field(default_factory=list)  # no_tail_cliff: (block, key) freed early
+
+
+class HybridHashCache(PrefixCache):
+    """vLLM 0.33's hybrid KV cache manager on a `BlockPool` (module docstring)."""
+
+    name = "hash"
+    supports_layout = True
+    option_defaults = {"verify_hits": "auto", **HYBRID_OPTIONS}
+    option_choices = {"verify_hits": ("auto", "always", "never"), "retention": RETENTION, "no_tail_cliff": (False, True)}
+
+    def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
+        super().__init__(pool, config)
+        layout = config.groups
+        if config.eviction != "lru":
+            raise ConfigError("eviction", f"{config.eviction!r}: a hybrid layout evicts in the free queue's LRU order, as vLLM; allowed: lru")
+        verify = self.options["verify_hits"]
+        if verify == "always" or (verify == "auto" and config.hash.algorithm not in CRYPTOGRAPHIC):
+            raise ConfigError(
+                "hash.algorithm",
+                f"{config.hash.algorithm} with options.verify_hits {verify}: a hybrid layout trusts its hits; "
+                f"use {' or '.join(CRYPTOGRAPHIC)}, or verify_hits: never",
+            )
+        interval = self.options["state_interval"]
+        if interval < 0 or interval % self.block_size:
+            raise ConfigError("options.state_interval", f"{interval} is not a multiple of block_size {self.block_size} (TOKENS; 0: none)")
+        self.layout = layout
+        self.dense = self.options["retention"] == "dense"
+        self.no_tail_cliff = self.options["no_tail_cliff"]
+        self.state_interval = interval
+        self._algorithm = config.hash.algorithm
+        self._none_hash = none_hash(self._algorithm, config.hash.seed)
+        self._ds = len(self._none_hash)
+        self.managers: tuple[GroupManager, ...] = tuple(make_group(g, i, pool, self.block_size) for i, g in enumerate(layout))
+        self._lookup = Lookup(pool, self._ds)
+        # vLLM `verify_and_split_kv_cache_groups`: groups of one spec are looked up
+        # together; full attention first (its run bounds the others), else layout order.
+        specs: dict[tuple, list[int]] = {}
+        for i, g in enumerate(layout):
+            specs.setdefault(g.spec, []).append(i)
+        order = sorted(specs.values(), key=lambda ids: layout[ids[0]].kind != FULL_ATTENTION)
+        self._spec_groups: tuple[tuple[int, ...], ...] = tuple(tuple(ids) for ids in order)
+        self._simple = len(order) == 2 and layout[order[0][0]].kind == FULL_ATTENTION
+        self._split = layout.has_mamba  # vLLM's need_mamba_block_aligned_split
+        self._requests: RequestTable[HybridRequest] = RequestTable()
+        self._events = event_log(config.enable_events)
+        self._stats = StatsCounter()
+        self._evicted_at_reset = pool.num_evicted
+
+    # -- look-up --------------------------------------------------------------------
+    def _find_hit(self, digests: bytes, max_length: int) -> tuple[list[list[int]], int, int]:
+        """vLLM `HybridKVCacheCoordinator.find_longest_cache_hit`: per-group hit blocks,
+        the reconciled hit (TOKENS) and the shared prefix full attention found beyond
+        it (TOKENS; 0 if none)."""
+        num_groups = len(self.managers)
+        hit_length = max_length
+        longest = 0
+        blocks: list[list[int] | None] = [None] * num_groups
+        lengths = [0] * num_groups
+        while True:
+            curr = hit_length
+            for ids in self._spec_groups:
+                first = ids[0]
+                manager = self.managers[first]
+                if isinstance(manager, FullAttentionGroup) and blocks[first] is not None:
+                    curr = min(curr, lengths[first])  # downward-closed: trim, never look up again
+                    continue
+                found, curr = manager.find_hit(digests, self._ds, curr, ids, self._lookup)
+                for g, row in zip(ids, found):
+                    blocks[g] = row
+                    lengths[g] = curr
+                longest = max(longest, curr)
+            if curr >= hit_length:
+                break
+            hit_length = curr
+            if self._simple:
+                break
+        keep = _cdiv(hit_length, self.block_size)
+        for g, manager in enumerate(self.managers):
+            if isinstance(manager, FullAttentionGroup) and blocks[g] is not None:
+                del blocks[g][keep:]  # type: ignore[index]
+        return [row if row is not None else [] for row in blocks], hit_length, longest - hit_length
+
+    @guarded
+    def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
+        tokens = check_tokens(tokens, allow_empty=True)
+        namespace = check_namespace(namespace)
+        blocks, hit, _ = self._find_hit(self._prompt_digests(tokens, namespace), len(tokens))
+        return Match(hit, tuple(blocks[0][: hit // self.block_size]))
+
+    # -- request lifecycle ------------------------------------------------------------
+    @guarded
+    def admit(
+        self, request_id: Hashable, tokens: Sequence[int], *, namespace: Namespace = None, priority: int = 0
+    ) -> Admission | None:
+        """`priority` is accepted and ignored (a hybrid layout evicts in LRU order)."""
+        check_priority(priority)
+        tokens = check_tokens(tokens)
+        namespace = check_namespace(namespace)
+        self._requests.check_new(request_id)
+        digests = self._prompt_digests(tokens, namespace)
+        n = len(tokens)
+        hit_blocks, hit, uncached = self._find_hit(digests, n - 1)
+        junction = hit + uncached if uncached else 0
+        ends = self._chunk_ends(hit, n, junction)
+        request = HybridRequest(
+            request_id, tokens, namespace, num_cached_tokens=hit, num_computed=hit, digests=bytearray(digests),
+            num_prompt=n, groups=[GroupState() for _ in self.managers], junction=junction,
+        )  # fmt: skip
+        # vLLM allocate_slots(full_sequence_must_fit=True): the whole prompt must fit, then its first chunk.
+        free = self.pool.num_free
+        if self._needed(request, n, hit_blocks, hit) > free or self._needed(request, ends[0], hit_blocks, hit) > free:
+            self._stats.rejected += 1
+            return None
+        for manager, state, row in zip(self.managers, request.groups, hit_blocks):
+            if hit:  # vLLM adds computed blocks only when some group hit
+                manager.add_hit(state, row, hit)
+        self._allocate(request, ends[0])
+        request.chunk_ends = ends[1:]
+        self._requests.add(request)
+        self._stats.record_query(n, hit)
+        tables = tuple(BlockIds(s.table) for s in request.groups)
+        return Admission(tables[0], hit, checkpoints=tuple(ends[:-1]), group_tables=tables)
+
+    def _chunk_ends(self, start: int, prompt_end: int, junction: int) -> list[int]:
+        """Where the prefill's chunks end (TOKENS), the last at the prompt's end: vLLM's
+        scheduler's `_mamba_block_aligned_split` with an unbounded token budget (no
+        EAGLE, hash block = block, no prefill-checkpoint blocks), plus every
+        `state_interval` tokens with that option."""
+        if not self._split:
+            return [prompt_end]
+        bs = self.block_size
+        last_cache = (prompt_end - 1) // bs * bs
+        ends = []
+        while start < prompt_end:
+            end = prompt_end
+            stops = [
+                (start // bs + 1) * bs if start % bs else 0,
+                last_cache,
+                start + (junction - start) // bs * bs if start < junction < end else 0,
+            ]
+            if self.state_interval:
+                stops.append((start // self.state_interval + 1) * self.state_interval)
+            end = min((s for s in stops if start < s < end), default=end)
+            ends.append(end)
+            start = end
+        return ends
+
+    def _needed(self, request: HybridRequest, num_tokens: int, hit_blocks: list[list[int]], hit: int) -> int:
+        """vLLM `get_num_blocks_to_allocate` summed over the groups (a mamba group's
+        count may be negative, and is summed as it is)."""
+        return sum(
+            m.blocks_needed(s, num_tokens, row, hit)
+            for m, s, row in zip(self.managers, request.groups, hit_blocks)
+        )
+
+    def _allocate(self, request: HybridRequest, num_tokens: int) -> None:
+        """Grow every group's table to `num_tokens` TOKENS (room was checked)."""
+        for manager, state in zip(self.managers, request.groups):
+            manager.allocate(state, num_tokens, self._take)
+        request.allocated_to = num_tokens
+
+    def _take(self, n: int) -> list[int]:
+        blocks = self.pool.allocate(n)
+        assert blocks is not None, "caller checked the pool has room"
+        self._events.record_from(self._removed_events, self.pool.last_removed())
+        return blocks
+
+    def _free(self, blocks: list[int]) -> None:
+        self.pool.free(blocks)
+
+    def _remove_skipped(self, request: HybridRequest, num_computed: int) -> None:
+        free = self._free
+        if self.no_tail_cliff:
+
+            def free(blocks: list[int]) -> None:
+                request.retired.extend((b, key) for b in blocks if (key := self.pool.key(b)) is not None)
+                self.pool.free(blocks)
+
+        for manager, state in zip(self.managers, request.groups):
+            manager.remove_skipped(state, num_computed, free)
+
+    def _next_chunk(self, request: HybridRequest) -> bool:
+        """vLLM's next scheduler step of a split prefill: free what no query reads,
+        then allocate the next chunk; False (the frees done, nothing allocated) without room."""
+        self._remove_skipped(request, request.num_computed)
+        end = request.chunk_ends[0]
+        if self._needed(request, end, [[]] * len(self.managers), request.num_computed) > self.pool.num_free:
+            request.waiting = True
+            return False
+        self._allocate(request, end)
+        request.chunk_ends.pop(0)
+        request.waiting = False
+        return True
+
+    @guarded
+    def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
+        request = self._requests.get(request_id)
+        new = check_tokens(tokens, allow_empty=True)
+        if request.waiting and not self._next_chunk(request):
+            self._stats.rejected += 1
+            return None
+        if not len(new):
+            return []
+        held = request.tokens
+        before = len(held)
+        held.extend(new)  # type: ignore[attr-defined]
+        before_blocks = len(request.groups[0].table)
+        self._remove_skipped(request, request.num_computed)
+        if self._needed(request, len(held), [[]] * len(self.managers), request.num_computed) > self.pool.num_free:
+            del held[before:]  # type: ignore[attr-defined]
+            self._stats.rejected += 1
+            return None
+        self._allocate(request, len(held))
+        return request.groups[0].table[before_blocks:]
+
+    @guarded
+    def commit(self, request_id: Hashable, num_computed_tokens: int) -> None:
+        request = self._requests.get(request_id)
+        n = request.check_commit(num_computed_tokens)
+        # A commit past a checkpoint (a caller that ignored them) passes each in order.
+        while request.chunk_ends and not request.waiting and request.allocated_to < n:
+            self._cache(request, request.allocated_to)
+            request.num_computed = request.allocated_to
+            if not self._next_chunk(request):
+                raise RuntimeError(
+                    f"commit({request_id!r}, {n}): the prefill passes checkpoint {request.num_computed} and the pool "
+                    "has no room for its next chunk; commit at Admission.checkpoints and retry with append(r, [])"
+                )
+        if n > request.allocated_to and request.waiting:
+            raise RuntimeError(f"commit({request_id!r}, {n}): the next chunk's blocks are not allocated yet (append(r, []))")
+        self._cache(request, n)
+        request.num_computed = n
+        if request.chunk_ends and n == request.allocated_to and not request.waiting:
+            self._next_chunk(request)
+
+    def _cache(self, request: HybridRequest, num_tokens: int) -> None:
+        """vLLM `cache_blocks`: each group keys its full blocks up to `num_tokens`
+        where it keeps them."""
+        bs, ds = self.block_size, self._ds
+        num_full = num_tokens // bs
+        num_hashed = len(request.digests) // ds
+        if num_hashed < num_full:  # blocks completed by append
+            later = namespace_extra_keys(request.namespace, first_block=False)
+            request.digests += chain_digests(
+                request.tokens[num_hashed * bs : num_full * bs],
+                bs,
+                self._algorithm,
+                bytes(request.digests[-ds:]) if num_hashed else self._none_hash,
+                later if num_hashed else namespace_extra_keys(request.namespace),
+                later,
+            )
+        boundaries = [request.num_prompt - 1] + ([request.junction] if request.junction else [])
+        for manager, state in zip(self.managers, request.groups):
+            start = state.num_cached or 0
+            if start >= num_full:
+                continue
+            kept = None if self.dense else manager.kept(start, num_full, boundaries)
+            table = state.table
+            # The blocks of [start, num_full) are fresh (hits lie before start): none holds a key.
+            if kept is None and isinstance(manager, FullAttentionGroup):
+                keyed: Sequence[int] = range(start, num_full)
+                blocks = table[start:num_full]
+            else:
+                keyed = [i for i in (range(start, num_full) if kept is None else kept) if table[i] != NULL_BLOCK]
+                blocks = [table[i] for i in keyed]
+            if blocks:
+                suffix = manager.suffix
+                if not suffix and isinstance(keyed, range):
+                    keys = bytes(request.digests[start * ds : num_full * ds])
+                else:
+                    keys = b"".join(request.digests[i * ds : (i + 1) * ds] + suffix for i in keyed)
+                self.pool.cache_many_packed(blocks, keys, ds + len(suffix))
+            state.num_cached = num_full
+            self._events.record_from(self._stored_events, request, manager, start, num_full, keyed)
+
+    @guarded
+    def release(self, request_id: Hashable) -> None:
+        request = self._requests.get(request_id)
+        # no_tail_cliff: the cached blocks it stopped reading, still free and holding its
+        # keys, are taken back and freed again after its full-attention blocks.
+        retired = [b for b, key in reversed(request.retired) if self.pool.ref_count(b) == 0 and self.pool.key(b) == key]
+        if retired:
+            self.pool.touch(retired)
+        for manager, state in zip(self.managers, request.groups):
+            blocks = manager.release_order(state)
+            if blocks:
+                self.pool.free(blocks)
+        if retired:
+            self.pool.free(retired)
+        self._requests.pop(request_id)
+
+    @guarded
+    def block_table(self, request_id: Hashable) -> Sequence[int]:
+        return BlockIds(self._requests.get(request_id).groups[0].table)
+
+    @guarded
+    def block_tables(self, request_id: Hashable) -> tuple[Sequence[int], ...]:
+        return tuple(BlockIds(s.table) for s in self._requests.get(request_id).groups)
+
+    # -- maintenance ------------------------------------------------------------------
+    @guarded
+    def evict(self, num_blocks: int) -> int:
+        """Drop the keys of up to `num_blocks` free cached blocks, least recently freed first."""
+        num_blocks = check_count(num_blocks, "num_blocks")
+        removed = self.pool.evict_front(num_blocks)
+        self._events.record_from(self._removed_events, removed)
+        return len(removed)
+
+    @guarded
+    def reset(self) -> bool:
+        if self.pool.num_pinned:
+            return False
+        self.pool.uncache_all()
+        self._stats.reset()
+        self._evicted_at_reset = self.pool.num_evicted
+        self._events.record(AllBlocksCleared())
+        return True
+
+    @guarded
+    def stats(self) -> CacheStats:
+        self._stats.evictions = self.pool.num_evicted - self._evicted_at_reset
+        self._stats.events_dropped = self._events.dropped
+        return self._stats.snapshot()
+
+    @guarded
+    def drain_events(self) -> list[KVEvent]:
+        return self._events.drain()
+
+    @guarded
+    def check_invariants(self) -> None:
+        self.pool.check_invariants()
+        bs, ds = self.block_size, self._ds
+        refs: Counter[int] = Counter()
+        for r in self._requests:
+            who = f"request {r.request_id!r}"
+            for g, (manager, state) in enumerate(zip(self.managers, r.groups)):
+                table = state.table
+                live = [b for b in table if b != NULL_BLOCK]
+                if len(set(live)) != len(live):
+                    raise InvariantError(f"{who}: group {g}: a block appears twice in its table {table}")
+                if len(table) > _cdiv(max(len(r.tokens), r.allocated_to), bs):
+                    raise InvariantError(f"{who}: group {g}: {len(table)} blocks for {len(r.tokens)} tokens")
+                if isinstance(manager, FullAttentionGroup) and NULL_BLOCK in table:
+                    raise InvariantError(f"{who}: group {g} (full attention) holds a null block: {table}")
+                for i, block in enumerate(table[: state.num_cached or 0]):
+                    key = self.pool.key(block) if block != NULL_BLOCK else None
+                    if key is not None and key != bytes(r.digests[i * ds : (i + 1) * ds]) + manager.suffix:
+                        raise InvariantError(f"{who}: group {g}: block {block} (#{i}) is keyed with another prefix")
+                refs.update(live)
+        for block, count in refs.items():
+            if self.pool.ref_count(block) != count:
+                raise InvariantError(f"block {block}: ref count {self.pool.ref_count(block)}, live tables hold it {count} times")
+        if self.pool.num_pinned != len(refs):
+            raise InvariantError(f"{self.pool.num_pinned} blocks pinned but live tables hold {len(refs)}")
+
+    # -- internals --------------------------------------------------------------------
+    def _prompt_digests(self, tokens: Sequence[int], namespace: Namespace) -> bytes:
+        return chain_digests(
+            tokens,
+            self.block_size,
+            self._algorithm,
+            self._none_hash,
+            namespace_extra_keys(namespace),
+            namespace_extra_keys(namespace, first_block=False),
+        )
+
+    def _removed_events(self, keys: Sequence[bytes]) -> list[BlockRemoved]:
+        """One BlockRemoved per dropped key, with the key's group (vLLM; group 0's key is
+        the bare hash)."""
+        ds = self._ds
+        return [
+            BlockRemoved((bytes(k[:ds]),), group_idx=int.from_bytes(k[ds:], "big") if len(k) > ds else 0) for k in keys
+        ]
+
+    def _stored_events(
+        self, request: HybridRequest, manager: GroupManager, start: int, stop: int, keyed: list[int]
+    ) -> tuple[BlockStored]:
+        """vLLM's BlockStored of one group's commit: the blocks it keyed, the parent and
+        the tokens of the whole range [start, stop)."""
+        bs, ds, namespace = self.block_size, self._ds, request.namespace
+        first = event_extra_keys(namespace_extra_keys(namespace))
+        later = event_extra_keys(namespace_extra_keys(namespace, first_block=False))
+        lora_id, lora_name = event_lora(namespace)
+        extra = tuple(first if i == 0 else later for i in keyed)
+        group = manager.group
+        return (
+            BlockStored(
+                block_hashes=tuple(bytes(request.digests[i * ds : (i + 1) * ds]) for i in keyed),
+                parent_block_hash=bytes(request.digests[(start - 1) * ds : start * ds]) if start else None,
+                token_ids=tuple(request.tokens[start * bs : stop * bs]),
+                block_size=bs,
+                lora_id=lora_id,
+                lora_name=lora_name,
+                extra_keys=extra or None,
+                group_idx=manager.index,
+                kv_cache_spec_kind=group.kind,
+                kv_cache_spec_sliding_window=group.window if group.kind == SLIDING_WINDOW else None,
+            ),
+        )
+
+
+# Re-exported for the kit and the engine, which read a layout's kinds by name.
+__all__ += ["MAMBA", "MambaGroup"]

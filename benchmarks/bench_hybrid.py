@@ -1,0 +1,151 @@
+"""Hybrid layouts in the `hash` strategy: bookkeeping cost, the sliding-window miss, and the options.
+
+Three measurements, side by side in one run (record `cat /proc/loadavg` with them):
+
+1. Cost: per-request bookkeeping (hashing + admit + the prompt's commits + release, µs,
+   p50 over the requests, best of `--repeat` replays) of a full-attention-only cache
+   (the plain `HashCache`) and of hybrid layouts on the same workload, and the ratio.
+2. A sliding-window miss: block look-ups a miss costs on a long prompt, ours against the
+   right-to-left scan vLLM 0.33 makes (one probe per block): O(blocks / window + window)
+   against O(blocks).
+3. Options beyond vLLM: hit tokens of `retention: dense` (+ `state_interval` for mamba)
+   against vLLM's defaults (sparse retention), on the second sighting of a shared
+   prefix and over whole workloads.
+
+    python benchmarks/bench_hybrid.py [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hybrid_parity import WORKLOADS, long_shared_prefix, our_layout  # noqa: E402
+from machine import cpu_model  # noqa: E402
+
+FULL = [("full_attention", None, None)]
+LAYOUTS = {
+    "full (HashCache)": FULL,
+    "full+swa": FULL + [("sliding_window", 1024, None)],
+    "full+mamba": FULL + [("mamba", None, None)],
+    "full+swa+mamba": FULL + [("sliding_window", 1024, None), ("mamba", None, None)],
+}
+
+
+def build(groups, block_size: int, num_blocks: int, **options):
+    import prefixcache
+    from prefixcache.config import CacheConfig
+
+    layout = our_layout(groups) if len(groups) > 1 else ()
+    return prefixcache.build_cache(CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_events=False,
+                                               layout=layout, options=options))  # fmt: skip
+
+
+def replay(cache, reqs) -> tuple[list[float], list[int]]:
+    """Per request: seconds of bookkeeping, hit tokens (admit, checkpoints, commit, release)."""
+    clock = time.perf_counter
+    seconds, hits = [], []
+    for i, req in enumerate(reqs):
+        t0 = clock()
+        adm = cache.admit(i, req.prompt)
+        for c in adm.checkpoints:
+            cache.commit(i, c)
+        cache.commit(i, len(req.prompt))
+        cache.release(i)
+        seconds.append(clock() - t0)
+        hits.append(adm.num_cached_tokens)
+    return seconds, hits
+
+
+def cost(args) -> None:
+    reqs = WORKLOADS["shared-system-prompt"](random.Random(args.seed))
+    print("\n## 1. Bookkeeping per request (shared system prompt, 64 requests, block 16, ample pool)\n")
+    print("| layout | p50 µs/request | ratio to full attention | hit tokens |")
+    print("|---|---|---|---|")
+    base = None
+    runs = {name: [] for name in LAYOUTS}
+    for _ in range(args.repeat):  # sides alternate, each request keeps its best
+        for name, groups in LAYOUTS.items():
+            runs[name].append(replay(build(groups, 16, 20_000), reqs))
+    for name in LAYOUTS:
+        best = [min(t) for t in zip(*(r[0] for r in runs[name]))]
+        p50 = statistics.median(best) * 1e6
+        base = base or p50
+        print(f"| {name} | {p50:.1f} | {p50 / base:.2f}x | {sum(runs[name][0][1]):,} |")
+
+
+def window_miss(args) -> None:
+    """A prompt of `blocks` blocks is cached (sparse: its window tail at its end only);
+    a sibling that shares all but its last 64 blocks is looked up: full attention hits
+    that far, and no window ends there, a miss all the way down."""
+    from prefixcache.backends import hybrid_groups
+
+    print("\n## 2. A sliding-window miss (block 16): block look-ups of the window group\n")
+    print("| prompt blocks | window (tokens) | blocks scanned | ours: single-block probes (+1 run from block 0) | vLLM 0.33 (one per block scanned) |")
+    print("|---|---|---|---|---|")
+    counted = {"n": 0}
+    one = hybrid_groups.Lookup.one
+
+    def counting(self, digest, members):
+        counted["n"] += 1
+        return one(self, digest, members)
+
+    rng = random.Random(args.seed)
+    hybrid_groups.Lookup.one = counting
+    try:
+        for blocks, window in ((256, 512), (1024, 512), (4096, 512), (4096, 4096)):
+            cache = build(FULL + [("sliding_window", window, None)], 16, 2 * blocks + 64)
+            prompt = [rng.randrange(1 << 20) for _ in range(blocks * 16)]
+            cache.admit(0, prompt)
+            cache.commit(0, len(prompt))
+            cache.release(0)
+            sibling = prompt[: (blocks - 64) * 16] + [rng.randrange(1 << 20) for _ in range(16)]
+            counted["n"] = 0
+            hit = cache.match(sibling).num_tokens
+            assert hit == 0, hit
+            print(f"| {blocks} | {window} | {blocks - 64} | {counted['n']} | {blocks - 64} |")
+    finally:
+        hybrid_groups.Lookup.one = one
+
+
+def options(args) -> None:
+    print("\n## 3. Options beyond vLLM 0.33 (hit tokens; vLLM's default = sparse retention)\n")
+    print("| layout | block | workload | vLLM 0.33 default | retention: dense | dense + state_interval |")
+    print("|---|---|---|---|---|---|")
+    workloads = dict(WORKLOADS)
+    workloads["1500-shared: 2nd request"] = lambda rng: long_shared_prefix(rng, n=2)
+    for lname in ("full+swa", "full+mamba"):
+        groups = LAYOUTS[lname]
+        for bs, interval in ((16, 256), (528, 528)):
+            for wname, make in workloads.items():
+                reqs = make(random.Random(args.seed))
+                cells = []
+                for opts in ({}, {"retention": "dense"}, {"retention": "dense", "state_interval": interval}):
+                    if lname == "full+swa" and "state_interval" in opts:
+                        cells.append("-")
+                        continue
+                    hits = replay(build(groups, bs, 60_000 if bs == 16 else 2000, **opts), reqs)[1]
+                    cells.append(f"{hits[-1] if '2nd' in wname else sum(hits):,}")
+                print(f"| {lname} | {bs} | {wname} | " + " | ".join(cells) + " |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(f"# bench_hybrid: {cpu_model()}, load {open('/proc/loadavg').read().split()[:3]}, {time.strftime('%Y-%m-%d %H:%M')}")
+    print(f"# command: {' '.join(sys.argv)}")
+    cost(args)
+    window_miss(args)
+    options(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""From a request's body bytes to what the engine runs, off the event loop.
+
+Owns `Preprocessor`: the CPU work of a request (parsing its JSON, validating it against
+the OpenAI request models, checking it against the served model, rendering the chat
+template, tokenizing) done in a few daemon threads of its own, so that one large or
+slow request never holds the event loop that answers every other request, `/health`
+included. A request goes through `prepare`, which ends in a `Prepared` (the parsed body
+and its `GenerationRequest`) or raises what its handler turns into an error body:
+FastAPI's `RequestValidationError` (400 "Bad Request", the field's path) or an `APIError`.
+
+The checks, in vLLM 0.33's terms (errors: 400 BadRequestError unless said):
+- the body: JSON (Python's parser; a nesting too deep for it is a 400 too), an object of
+  the request model's fields (pydantic, lax as FastAPI is: `"16"` is 16, `true` is 1);
+  any string holding a lone UTF-16 surrogate (`"\\ud800"`, valid JSON but no Unicode
+  text) is refused naming its field, before anything reads it;
+- `model` other than the served name -> 404 NotFoundError (`param: "model"`); a feature
+  not served (`openai_types.unsupported`); sampling as vLLM's `SamplingParams` checks and
+  clamps it (`engine.config.SamplingConfig`);
+- a text prompt (or a rendered chat) longer than `max_model_len * max_chars_per_token`
+  characters, which cannot fit, is refused before it is tokenized (vLLM's
+  `_text_len_check`, `param: "input_text"`); a chat template is rendered within
+  `server.chat_template_timeout_s` and that many characters;
+- an empty prompt; a token id outside the vocabulary; a prompt of `max_model_len` tokens
+  or more (`param: "input_tokens"`); `max_tokens` < 1 or > `max_model_len`. A request
+  whose prompt plus `max_tokens` passes the context gets `max_tokens` cut to what is
+  left, as vLLM does.
+
+Must never: touch the engine (the handler submits what this returns), run on the event
+loop, or let a thread it starts keep the process alive (they are daemons: a rendering cut
+short by its deadline is the slowest they get, and shutdown never waits on them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import queue
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+
+from prefixcache.engine.chat_template import ChatTemplateError
+from prefixcache.engine.engine import GenerationRequest
+from prefixcache.engine.sampling import SamplingParams
+from prefixcache.engine.tokenizer import Tokenizer
+from prefixcache.serve.errors import APIError
+from prefixcache.serve.openai_types import ChatCompletionRequest, CompletionRequest, unsupported
+
+__all__ = ["Preprocessor", "Prepared", "ReplicaInfo", "parse_body"]
+
+T = TypeVar("T")
+Body = CompletionRequest | ChatCompletionRequest
+# A JSON string escape of a UTF-16 surrogate: the only way a lone one gets into parsed text.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """What the routes and the checks need to know about the served model (read-only)."""
+
+    model_name: str  # the name requests use ("model")
+    model_root: str  # what engine.model names
+    max_model_len: int  # TOKENS: prompt + output
+    vocab_size: int
+    eos_token_id: int
+    default_sampling: SamplingParams
+    created: int
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A checked request: its body and what the engine runs."""
+
+    body: Body
+    generation: GenerationRequest
+
+
+class Preprocessor:
+    """`threads` daemon threads that prepare requests (see the module docstring)."""
+
+    def __init__(self, model: ReplicaInfo, tokenizer: Tokenizer, *, threads: int = 2,
+                 chat_template_timeout_s: float = 2.0) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.chat_template_timeout_s = chat_template_timeout_s
+        # Characters past which a text has more tokens than the context holds (vLLM's bound).
+        self.max_chars = model.max_model_len * tokenizer.max_chars_per_token
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name=f"preprocess-{i}", daemon=True)
+                         for i in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def close(self) -> None:
+        """Stop the threads once the jobs queued so far are done (does not wait)."""
+        for _ in self._threads:
+            self._jobs.put(None)
+
+    async def prepare(self, raw: bytes, *, chat: bool, request_id: str, arrival_s: float) -> Prepared:
+        """`raw` (a request body) checked and tokenized in a worker thread."""
+        return await self.run(self.prepare_now, raw, chat, request_id, arrival_s)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in a worker thread, awaited."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def job() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as err:  # noqa: BLE001 - handed to the awaiting handler
+                    future.set_exception(err)
+
+        self._jobs.put(job)
+        return await asyncio.wrap_future(future)
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            job()
+
+    # -- the checks (a worker thread) ---------------------------------------------------------
+    def prepare_now(self, raw: bytes, chat: bool, request_id: str, arrival_s: float) -> Prepared:
+        """What `prepare` runs, in the calling thread."""
+        body = parse_body(raw, ChatCompletionRequest if chat else CompletionRequest)
+        model = self.model
+        if body.model and body.model != model.model_name:
+            raise APIError(f"The model `{body.model}` does not exist. Valid aliases: {model.model_name}.",
+                           param="model", status=404)
+        refused = unsupported(body)
+        if refused is not None:
+            raise APIError(refused[1], param=refused[0])
+        if isinstance(body, ChatCompletionRequest):
+            prompt = self._chat_prompt(body)
+            limit, param = ((body.max_completion_tokens, "max_completion_tokens")
+                            if body.max_completion_tokens is not None else (body.max_tokens, "max_tokens"))
+        else:
+            prompt = self._completion_prompt(body.prompt)
+            limit, param = body.max_tokens, "max_tokens"
+        return Prepared(body, self._generation(body, prompt, limit, param, arrival_s, request_id))
+
+    def _check_text(self, text: str, param: str) -> None:
+        if len(text) > self.max_chars:
+            limit = self.model.max_model_len
+            raise APIError(f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                           f"{len(text)} characters (more than {self.max_chars} characters, which is the upper "
+                           f"bound for {limit} input tokens). Please reduce the length of the input prompt.",
+                           param=param)
+
+    def _completion_prompt(self, prompt: Any) -> list[int]:
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise APIError(f"only one prompt per request is supported, got {len(prompt)}", param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            self._check_text(prompt, "input_text")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = list(prompt)
+        if not ids:
+            raise APIError("The decoder prompt cannot be empty", param="prompt")
+        return ids
+
+    def _chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
+        if not body.messages:
+            raise APIError("messages must hold at least one message", param="messages")
+        messages = []
+        for i, m in enumerate(body.messages):
+            content = m.content
+            if content is None:
+                content = ""
+            elif isinstance(content, list):
+                parts = []
+                for j, part in enumerate(content):
+                    if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                        raise APIError(f"only text content parts are supported, got {part.get('type')!r}",
+                                       param=f"messages[{i}].content[{j}]")
+                    parts.append(part["text"])
+                content = "".join(parts)
+            messages.append({"role": m.role, "content": content})
+        try:
+            ids = self.tokenizer.apply_chat_template(messages, timeout_s=self.chat_template_timeout_s,
+                                                     max_chars=self.max_chars)
+        except ChatTemplateError as err:
+            raise APIError(str(err), param="messages") from None
+        if not ids:
+            raise APIError("The decoder prompt cannot be empty", param="messages")
+        return ids
+
+    def _generation(self, body: Body, prompt: list[int], max_tokens: int | None, param: str, arrival: float,
+                    rid: str) -> GenerationRequest:
+        model = self.model
+        top = max(prompt)
+        if top >= model.vocab_size:
+            raise APIError(f"Token id {top} is out of vocabulary (vocab_size {model.vocab_size})", param="prompt")
+        limit = model.max_model_len
+        if len(prompt) >= limit:
+            room = ("exceeds this limit even without any output tokens" if len(prompt) > limit
+                    else "leaves no room for any output token")
+            raise APIError(f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                           f"{len(prompt)} input tokens, which {room}. Please reduce the length of the input prompt.",
+                           param="input_tokens")
+        if max_tokens is not None:
+            if max_tokens < 1:
+                raise APIError(f"{param} must be at least 1, got {max_tokens}.", param=param)
+            if max_tokens > limit:
+                raise APIError(f"{param}={max_tokens} cannot be greater than max_model_len={limit}. "
+                               "Please request fewer output tokens.", param=param)
+        room = limit - len(prompt)
+        return GenerationRequest(
+            prompt=prompt, namespace=body.cache_salt, max_tokens=room if max_tokens is None else min(max_tokens, room),
+            sampling=_sampling(body, model.default_sampling), stop_token_ids=tuple(body.stop_token_ids or ()),
+            ignore_eos=body.ignore_eos, request_id=rid, arrival_s=arrival,
+        )
+
+
+def _sampling(body: Body, default: SamplingParams) -> SamplingParams | None:
+    """The request's sampling: None (the engine's default) if it sets no sampling field,
+    else its fields over `default`, with its own seed, checked and clamped as vLLM does."""
+    if all(v is None for v in (body.temperature, body.top_p, body.top_k, body.seed)):
+        return None
+    try:
+        return SamplingParams(
+            temperature=default.temperature if body.temperature is None else body.temperature,
+            top_p=default.top_p if body.top_p is None else body.top_p,
+            top_k=default.top_k if body.top_k is None or body.top_k == -1 else body.top_k,
+            seed=body.seed,
+        )
+    except ValueError as err:  # ConfigError names the field: "temperature: must be in [0, 2], got 3.0"
+        raise APIError(str(err), param=getattr(err, "path", None)) from None
+
+
+def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
+    """`raw` as an instance of `model`, or the `RequestValidationError` FastAPI would raise
+    (locations under "body"); a lone surrogate anywhere is an error at its field."""
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", err.pos), "msg": "JSON decode error",
+                                       "ctx": {"error": err.msg}}]) from None
+    except UnicodeDecodeError as err:
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", err.start), "msg": "JSON decode error",
+                                       "ctx": {"error": f"not UTF-8 ({err.reason})"}}]) from None
+    except RecursionError:
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": "JSON decode error",
+                                       "ctx": {"error": "nested too deeply"}}]) from None
+    if _SURROGATE_ESCAPE.search(raw):  # cheap: only then look for a lone one, and where
+        where = _lone_surrogate(data, ())
+        if where is not None:
+            raise RequestValidationError([{"type": "string_unicode", "loc": ("body", *where),
+                                           "msg": "holds a lone UTF-16 surrogate (e.g. \\ud800), which is not "
+                                                  "Unicode text"}])
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        errors = [{**e, "loc": ("body", *e.get("loc", ()))} for e in err.errors(include_url=False, include_input=False)]
+        raise RequestValidationError(errors) from None
+
+
+def _lone_surrogate(value: Any, path: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The path of the first string (or key) in `value` that UTF-8 cannot encode."""
+    stack = [(value, path)]
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, str):
+            if not _encodable(node):
+                return at
+        elif isinstance(node, list):
+            stack.extend((item, (*at, i)) for i, item in reversed(list(enumerate(node))))
+        elif isinstance(node, dict):
+            for key, item in reversed(list(node.items())):
+                if not _encodable(key):  # named as far as it can be printed
+                    return (*at, key.encode("utf-8", "backslashreplace").decode("ascii"))
+                stack.append((item, (*at, key)))
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

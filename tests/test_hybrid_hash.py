@@ -1,0 +1,195 @@
+"""`hash` over hybrid layouts: vLLM 0.33's hybrid manager, scenario by scenario.
+
+The numbers here are vLLM 0.33's own (benchmarks/hybrid_parity.py replays these
+layouts through its `KVCacheManager` and compares request by request); each test is
+one scenario with the expected hit.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import prefixcache
+from prefixcache.config import CacheConfig
+from prefixcache.errors import ConfigError
+from prefixcache.events import BlockRemoved, BlockStored
+from prefixcache.layout import NULL_BLOCK, LayerGroup
+
+FULL = LayerGroup("full_attention")
+MAMBA = LayerGroup("mamba")
+
+
+def swa(window: int) -> LayerGroup:
+    return LayerGroup("sliding_window", window=window)
+
+
+def make(*groups: LayerGroup, block_size: int = 16, num_blocks: int = 4096, **options):
+    return prefixcache.build_cache(
+        CacheConfig(block_size=block_size, num_blocks=num_blocks, layout=groups, options=options)
+    )
+
+
+def run(cache, rid, tokens):
+    """Admit, commit at each checkpoint, then the prompt; return the admission."""
+    adm = cache.admit(rid, tokens)
+    assert adm is not None
+    for c in adm.checkpoints:
+        cache.commit(rid, c)
+        assert cache.append(rid, []) == []
+    cache.commit(rid, len(tokens))
+    return adm
+
+
+def tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(50_000) for _ in range(n)]
+
+
+def test_full_attention_only_layout_is_the_plain_hash_backend():
+    from prefixcache.backends.hash import HashCache
+
+    cache = make(FULL, FULL)
+    assert type(cache) is HashCache
+
+
+def test_mamba_at_block_528_hits_the_state_its_first_chunk_ended_on():
+    # The issue's case: a 1,500-token shared prefix + 700 unique tokens. vLLM splits the
+    # first prefill at 1,056 (the last block boundary before the prompt's last token
+    # that the split finds first: (2200 - 1) // 528 * 528 = 2112 is the replay point,
+    # and a second request's junction is 1,056).
+    rng = random.Random(0)
+    shared = tokens(rng, 1500)
+    cache = make(FULL, MAMBA, block_size=528)
+    first = run(cache, 0, shared + tokens(rng, 700))
+    assert first.num_cached_tokens == 0 and first.checkpoints == (2112,)
+    second = run(cache, 1, shared + tokens(rng, 700))
+    # Full attention hits 1,056 (two whole blocks); no state there yet: a miss, and a junction.
+    assert second.num_cached_tokens == 0 and second.checkpoints == (1056, 2112)
+    third = run(cache, 2, shared + tokens(rng, 700))
+    assert third.num_cached_tokens == 1056
+    cache.check_invariants()
+
+
+def test_mamba_table_holds_one_block_per_chunk():
+    rng = random.Random(1)
+    cache = make(FULL, MAMBA, block_size=16)
+    adm = cache.admit("a", tokens(rng, 100))
+    full, mamba = adm.group_tables
+    assert len(full) == 6 and NULL_BLOCK not in full  # through the first checkpoint: 96 tokens
+    assert adm.checkpoints == (96,)
+    assert list(mamba).count(NULL_BLOCK) == 5 and len(mamba) == 6
+    cache.commit("a", 96)
+    full, mamba = cache.block_tables("a")
+    assert len(full) == 7 and len(mamba) == 7 and sum(b != NULL_BLOCK for b in mamba) == 2
+
+
+def test_sliding_window_hit_needs_the_window_blocks_before_the_cut():
+    rng = random.Random(2)
+    cache = make(FULL, swa(64), block_size=16)  # a hit needs ceil(63 / 16) = 4 blocks
+    prompt = tokens(rng, 200)
+    run(cache, 0, prompt)
+    cache.release(0)
+    # The same prompt: sparse retention kept the 4 blocks before the replay point (199 -> block 12).
+    again = run(cache, 1, prompt)
+    assert again.num_cached_tokens == 192
+    swa_table = again.group_tables[1]
+    assert swa_table[:8] == [NULL_BLOCK] * 8 and NULL_BLOCK not in swa_table[8:12]
+    cache.release(1)
+    # A prompt sharing 150 tokens: full attention hits 144, the window tail there was
+    # never kept: the cached run from block 0 is too short, so 0, and 144 is a junction.
+    sibling = prompt[:150] + tokens(rng, 50)
+    assert run(cache, 2, sibling).num_cached_tokens == 0
+    cache.release(2)
+    assert run(cache, 3, prompt[:150] + tokens(rng, 50)).num_cached_tokens == 144
+    cache.check_invariants()
+
+
+def test_dense_retention_hits_a_shared_prefix_on_its_second_sighting():
+    rng = random.Random(3)
+    shared = tokens(rng, 150)
+    sparse, dense = make(FULL, swa(64)), make(FULL, swa(64), retention="dense")
+    for cache in (sparse, dense):
+        run(cache, 0, shared + tokens(rng, 50))
+    assert run(sparse, 1, shared + tokens(rng, 50)).num_cached_tokens == 0
+    assert run(dense, 1, shared + tokens(rng, 50)).num_cached_tokens == 144
+
+
+def test_state_interval_keeps_states_for_the_second_sighting():
+    rng = random.Random(4)
+    shared = tokens(rng, 1500)
+    cache = make(FULL, MAMBA, block_size=16, retention="dense", state_interval=256)
+    first = run(cache, 0, shared + tokens(rng, 700))
+    assert first.checkpoints[:3] == (256, 512, 768)
+    assert run(cache, 1, shared + tokens(rng, 700)).num_cached_tokens == 1280
+
+
+def test_events_are_per_group():
+    rng = random.Random(5)
+    cache = make(FULL, swa(32), MAMBA, block_size=16)
+    prompt = tokens(rng, 100)
+    run(cache, "a", prompt)
+    stored = [e for e in cache.drain_events() if isinstance(e, BlockStored)]
+    kinds = {(e.group_idx, e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window) for e in stored}
+    assert kinds == {(0, "full_attention", None), (1, "sliding_window", 32), (2, "mamba", None)}
+    full = [e for e in stored if e.group_idx == 0]
+    assert sum(len(e.block_hashes) for e in full) == 6
+    # The window group keeps the 2 blocks before the replay point (99 -> block 6): blocks 4, 5.
+    window = [e for e in stored if e.group_idx == 1]
+    assert sum(len(e.block_hashes) for e in window) == 2
+    cache.release("a")
+    cache.evict(1000)
+    removed = [e for e in cache.drain_events() if isinstance(e, BlockRemoved)]
+    assert {e.group_idx for e in removed} == {0, 1, 2}
+
+
+def test_refused_admission_changes_nothing():
+    rng = random.Random(6)
+    cache = make(FULL, MAMBA, block_size=16, num_blocks=10)
+    assert cache.admit("big", tokens(rng, 200)) is None
+    assert cache.pool.num_free == 10 and cache.stats().rejected == 1
+    cache.check_invariants()
+
+
+def test_a_commit_past_the_checkpoints_passes_each():
+    rng = random.Random(7)
+    cache = make(FULL, MAMBA, block_size=16)
+    prompt = tokens(rng, 100)
+    adm = cache.admit(0, prompt)
+    assert adm.checkpoints == (96,)
+    cache.commit(0, 100)  # a replay that ignores checkpoints
+    cache.release(0)
+    assert run(cache, 1, prompt).num_cached_tokens == 96
+
+
+@pytest.mark.parametrize(
+    ("groups", "options", "key"),
+    [
+        ((swa(64),), {}, "layout"),
+        ((FULL, MAMBA), {"state_interval": 10}, "options.state_interval"),
+    ],
+)
+def test_bad_hybrid_configs_name_the_key(groups, options, key):
+    with pytest.raises(ConfigError) as err:
+        make(*groups, **options)
+    assert err.value.path.endswith(key)
+
+
+def test_hybrid_options_need_a_hybrid_layout():
+    with pytest.raises(ConfigError, match="options.retention"):
+        make(FULL, retention="dense")
+
+
+def test_radix_and_plugins_refuse_a_hybrid_layout_they_do_not_support():
+    from prefixcache.backends.hash import HashCache
+
+    class Mine(HashCache):
+        pass
+
+    with pytest.raises(ConfigError, match="layout"):
+        Mine(prefixcache.BlockPool(64), CacheConfig(num_blocks=64, layout=(FULL, MAMBA)))
+
+
+def test_radix_refuses_a_hybrid_layout_naming_the_key():
+    with pytest.raises(ConfigError, match="layout"):
+        prefixcache.build_cache(CacheConfig(backend="radix", num_blocks=64, layout=(FULL, MAMBA)))
