@@ -39,7 +39,7 @@ from prefixcache.percentiles import mean, percentile, percentiles
 from prefixcache.workloads import HitCounts
 from prefixcache.workloads.metrics import HitRatios
 
-__all__ = ["SLO", "RunResult", "ClusterResult", "SHARED"]
+__all__ = ["SLO", "RunResult", "ClusterResult", "SHARED", "write_json", "write_rows_csv"]
 
 SHARED = "shared"
 """The series name and kind of the shared-cache reference line."""
@@ -220,9 +220,18 @@ class ClusterResult:
                 "runs": self.rows()}
 
     def write_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        write_json(path, self.to_dict())
 
     def write_csv(self, path: str | Path) -> None:
         """A row per run; per-replica lists joined by spaces."""
-        rows = [{k: " ".join(map(str, v)) if isinstance(v, list) else v for k, v in row.items()} for row in self.rows()]
-        write_csv(path, rows)
+        write_rows_csv(path, self.rows())
+
+
+def write_json(path: str | Path, data: Mapping[str, Any]) -> None:
+    """`data` as indented JSON: what `ClusterResult` and `SweepResult` save."""
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+
+
+def write_rows_csv(path: str | Path, rows: list[dict[str, Any]]) -> None:
+    """Summary rows as CSV, a list value (per-replica figures) joined by spaces."""
+    write_csv(path, [{k: " ".join(map(str, v)) if isinstance(v, list) else v for k, v in row.items()} for row in rows])

@@ -14,15 +14,14 @@ draws `plot_sweep`), or change how a run is simulated (`simulate` does each).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefixcache.ab import describe_workload, write_csv
+from prefixcache.ab import describe_workload
 from prefixcache.cluster.config import ClusterConfig
-from prefixcache.cluster.results import SHARED, SLO, ClusterResult, RunResult
+from prefixcache.cluster.results import SHARED, SLO, ClusterResult, RunResult, write_json, write_rows_csv
 from prefixcache.cluster.simulate import simulate, simulate_shared
 from prefixcache.workloads import Workload
 
@@ -83,11 +82,10 @@ class SweepResult:
                 "runs": self.rows()}
 
     def write_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        write_json(path, self.to_dict())
 
     def write_csv(self, path: str | Path) -> None:
-        rows = [{k: " ".join(map(str, v)) if isinstance(v, list) else v for k, v in row.items()} for row in self.rows()]
-        write_csv(path, rows)
+        write_rows_csv(path, self.rows())
 
 
 Job = tuple[ClusterConfig, str]
