@@ -22,7 +22,8 @@ every point, each PASS or FAIL with its numbers:
     python benchmarks/cluster_mooncake.py --trace ../shared/traces/mooncake_conversation_trace.jsonl --out docs
     python benchmarks/cluster_mooncake.py --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
         --rates 1 2 3 4 --capacity 440120 1000000 3000000 --jobs 2 --out out/sweep     # the knee, and churn
-    python benchmarks/cluster_mooncake.py --replot out/sweep/sweep_mooncake_conversation_trace.json
+    python benchmarks/cluster_mooncake.py --replot out/a/sweep_x.json out/b/sweep_x.json --out out/ab
+                                                  # saved sweeps' runs, together: json, csv, plots; nothing run
     python benchmarks/cluster_mooncake.py --trace ... --routers power_of_two kv_events --kv-weights 1 16 \\
         --kv-temperatures 0 0.1                                                           # Dynamo's knobs
 
@@ -50,7 +51,7 @@ from rich.console import Console  # noqa: E402
 
 from prefixcache.cluster.config import RouterSpec, load_cluster_config  # noqa: E402
 from prefixcache.cluster.report import cluster_table, plot_capacity, plot_cluster, plot_sweep  # noqa: E402
-from prefixcache.cluster.results import SHARED, ClusterResult, RunResult  # noqa: E402
+from prefixcache.cluster.results import SHARED, ClusterResult, RunResult, write_json, write_rows_csv  # noqa: E402
 from prefixcache.cluster.sweep import Job, SweepPoint, run_job, sweep  # noqa: E402
 from prefixcache.tables import render  # noqa: E402
 from prefixcache.workloads import Workload  # noqa: E402
@@ -111,11 +112,32 @@ def parallel(jobs_n: int, workload: Workload):
     return run_all
 
 
+def replot(parser: argparse.ArgumentParser, paths: list[Path], out: Path) -> int:
+    """The runs of saved sweeps of one workload and SLO, together: `out`/sweep_<workload>.json,
+    .csv, .png, and _capacity.png where they span several capacities."""
+    saved = [json.loads(p.read_text()) for p in paths]
+    for p, data in zip(paths[1:], saved[1:]):
+        if (data["workload"], data["slo"]) != (saved[0]["workload"], saved[0]["slo"]):
+            parser.error(f"--replot: {p} is a sweep of another workload or SLO than {paths[0]}")
+    data = {**saved[0], "runs": [r for d in saved for r in d["runs"]]}
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"sweep_{data['workload']['name']}"
+    write_json(stem.with_suffix(".json"), data)
+    write_rows_csv(stem.with_suffix(".csv"), data["runs"])
+    plot_sweep(data, stem.with_suffix(".png"))
+    print(f"wrote {stem}.json, .csv, .png")
+    if len({r["capacity_tokens"] for r in data["runs"]}) > 1:
+        plot_capacity(data, out / f"{stem.name}_capacity.png")
+        print(f"wrote {stem}_capacity.png")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", help="a Mooncake JSONL trace (required unless --replot)")
-    parser.add_argument("--replot", type=Path, metavar="SWEEP_JSON",
-                        help="redraw a saved sweep's plots next to it (sweep_<trace>.json: nothing is run)")
+    parser.add_argument("--replot", type=Path, nargs="+", metavar="SWEEP_JSON",
+                        help="saved sweeps (sweep_<trace>.json) of one workload: their runs together in --out "
+                             "(json, csv and plots; nothing is run)")
     parser.add_argument("--config", default=str(ROOT / "configs" / "cluster_mooncake.yaml"))
     parser.add_argument("--replicas", type=int, nargs="+", help="fleet sizes N (default: the config's)")
     parser.add_argument("--rates", type=float, nargs="+", default=[1.0],
@@ -137,13 +159,7 @@ def main() -> int:
     parser.add_argument("--out", default="out/cluster_mooncake")
     args = parser.parse_args()
     if args.replot is not None:
-        data = json.loads(args.replot.read_text())
-        plot_sweep(data, args.replot.with_suffix(".png"))
-        print(f"wrote {args.replot.with_suffix('.png')}")
-        if len({r["capacity_tokens"] for r in data["runs"]}) > 1:
-            plot_capacity(data, args.replot.with_name(args.replot.stem + "_capacity.png"))
-            print(f"wrote {args.replot.with_name(args.replot.stem + '_capacity.png')}")
-        return 0
+        return replot(parser, args.replot, Path(args.out))
     if args.trace is None:
         parser.error("--trace is required (or --replot SWEEP_JSON)")
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}  {platform.node()}  {cpu_model()}  python {platform.python_version()}"

@@ -76,7 +76,22 @@ def test_a_sweep_over_rates_and_capacities_writes_its_files_and_checks_every_poi
     # the targets at every point; the approximate-router one only where caches churn
     assert text.count("targets:") == 4 and text.count("vs approx_tree") == 2
     assert text.count("the shared cache's") == 4 * 2  # the p50 and the hit ratio
-    # a saved sweep's plots drawn again, nothing run
-    monkeypatch.setattr(sys, "argv", ["cluster_mooncake.py", "--replot", str(out / "sweep_trace.json")])
+    # saved sweeps' runs together again, nothing run: here the sweep split by capacity
+    parts = []
+    for capacity in (20000, 100000):
+        part = tmp_path / f"part_{capacity}.json"
+        part.write_text(json.dumps({**data, "runs": [r for r in data["runs"] if r["capacity_tokens"] == capacity]}))
+        parts.append(str(part))
+    again = tmp_path / "again"
+    monkeypatch.setattr(sys, "argv", ["cluster_mooncake.py", "--replot", *parts, "--out", str(again)])
     assert bench.main() == 0
-    assert drawn[2:] == ["sweep_trace.png", "sweep_trace_capacity.png"]
+    name = data["workload"]["name"]
+    assert drawn[2:] == [f"sweep_{name}.png", f"sweep_{name}_capacity.png"]
+    assert json.loads((again / f"sweep_{name}.json").read_text()) == data
+    assert (again / f"sweep_{name}.csv").read_text().count("\n") == len(data["runs"]) + 1
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**data, "slo": {"ttft_s": 1.0, "itl_s": 0.025}}))
+    monkeypatch.setattr(sys, "argv", ["cluster_mooncake.py", "--replot", parts[0], str(other)])
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main()
+    assert exit_info.value.code == 2 and "another workload or SLO" in capsys.readouterr().err
