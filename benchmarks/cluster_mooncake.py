@@ -115,7 +115,17 @@ def parallel(jobs_n: int, workload: Workload):
 def replot(parser: argparse.ArgumentParser, paths: list[Path], out: Path) -> int:
     """The runs of saved sweeps of one workload and SLO, together: `out`/sweep_<workload>.json,
     .csv, .png, and _capacity.png where they span several capacities."""
-    saved = [json.loads(p.read_text()) for p in paths]
+    saved = []
+    for p in paths:
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, ValueError) as err:
+            parser.error(f"--replot: {p}: {err}")
+        if not isinstance(data, dict) or not {"workload", "slo", "runs"} <= data.keys() or \
+                not all("capacity_tokens" in r for r in data["runs"]):
+            parser.error(f"--replot: {p} is not a saved sweep (sweep_<trace>.json: workload, slo and runs at "
+                         f"their points; a single point's cluster_<trace>.json is not one)")
+        saved.append(data)
     for p, data in zip(paths[1:], saved[1:]):
         if (data["workload"], data["slo"]) != (saved[0]["workload"], saved[0]["slo"]):
             parser.error(f"--replot: {p} is a sweep of another workload or SLO than {paths[0]}")

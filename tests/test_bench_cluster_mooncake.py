@@ -95,3 +95,12 @@ def test_a_sweep_over_rates_and_capacities_writes_its_files_and_checks_every_poi
     with pytest.raises(SystemExit) as exit_info:
         bench.main()
     assert exit_info.value.code == 2 and "another workload or SLO" in capsys.readouterr().err
+    for bad, why in ((tmp_path / "missing.json", "No such file"), (out / "sweep_trace.csv", "Expecting value"),
+                     (tmp_path / "point.json", None)):
+        if why is None:  # a single point's file, as cluster_<trace>.json has it
+            bad.write_text(json.dumps({**data, "runs": [{"series": "shared"}]}))
+            why = "is not a saved sweep"
+        monkeypatch.setattr(sys, "argv", ["cluster_mooncake.py", "--replot", str(bad)])
+        with pytest.raises(SystemExit) as exit_info:
+            bench.main()
+        assert exit_info.value.code == 2 and why in capsys.readouterr().err
