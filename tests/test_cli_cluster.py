@@ -106,6 +106,9 @@ def test_cluster_serve_refuses_a_bad_file_in_one_line_before_starting_ray(tmp_pa
         "cluster: {port: 0}\n": "cluster.port: must be an integer in [1, 65535], got 0",
         "kv_events: {endpoint: 'tcp://*:5557'}\ncluster: {}\n": "kv_events.endpoint: is set per replica",
         "cluster: []\n": "cluster",
+        "cluster: {router: estimated_ttft, service: {mfux: 0.4}}\n": "cluster.service.mfux: unknown key",
+        "cluster: {router: ray_power_of_two, service: {device: h200}}\n":
+            "cluster.service: ray_power_of_two does not read a service model",
     }
     for i, (tail, expected) in enumerate(cases.items()):
         path = tmp_path / f"bad{i}.yaml"
