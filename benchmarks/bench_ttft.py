@@ -43,7 +43,8 @@ import torch  # noqa: E402
 
 from prefixcache.config import CacheConfig  # noqa: E402
 from prefixcache.engine import Engine, EngineConfig, GenerationRequest, ServingConfig, load_model  # noqa: E402
-from prefixcache.engine.metrics import format_table, percentile  # noqa: E402
+from prefixcache.engine.metrics import format_table  # noqa: E402
+from prefixcache.percentiles import percentile  # noqa: E402
 from prefixcache.workloads import no_sharing, shared_prefix  # noqa: E402
 
 ARMS = ("none", "hash", "radix")

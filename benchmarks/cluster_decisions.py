@@ -105,9 +105,7 @@ def main() -> int:
     if run.rejected:
         raise SystemExit(f"{len(run.rejected)} requests were rejected: the a_w rebuild needs every request to run")
     bs, w = config.block_size, args.weight
-    finished = [d[0] + t + config.service.decode_s(len(r.output))
-                for d, t, r in zip(decisions, run.ttft_s, workload.requests, strict=True)]
-    actives = active_overlaps(decisions, finished)
+    actives = active_overlaps(decisions, list(run.finish_s))
 
     moved = differs = flips = 0
     by_cause = {"prefill backlog": 0, "active blocks": 0, "neither alone": 0}

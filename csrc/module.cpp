@@ -14,6 +14,7 @@ void bind_block_contents(py::module_& m);
 void bind_tokens(py::module_& m);
 void bind_kv_index(py::module_& m);
 void bind_kv_router_cost(py::module_& m);
+void bind_ttft_cost(py::module_& m);
 void bind_call_guard(py::module_& m);
 void bind_decode_step(py::module_& m);
 void bind_tiers(py::module_& m);
@@ -30,6 +31,7 @@ PYBIND11_MODULE(_C, m) {
   prefixcache::bind_tokens(m);
   prefixcache::bind_kv_index(m);
   prefixcache::bind_kv_router_cost(m);
+  prefixcache::bind_ttft_cost(m);
   prefixcache::bind_call_guard(m);
   prefixcache::bind_decode_step(m);
   prefixcache::bind_tiers(m);

@@ -47,7 +47,6 @@ import csv
 import dataclasses
 import gc
 import json
-import math
 import time
 from array import array
 from collections import Counter, deque
@@ -59,6 +58,7 @@ from typing import Any
 from prefixcache import build_cache
 from prefixcache.ab_config import ABConfig
 from prefixcache.config import CacheConfig, from_mapping, to_plain
+from prefixcache.percentiles import percentile
 from prefixcache.protocol import PrefixCache
 from prefixcache.stats import TierStats
 from prefixcache.tiers import prefill_seconds_saved
@@ -78,7 +78,6 @@ __all__ = [
     "sweep",
     "sweep_split",
     "check_capacities",
-    "percentile",
     "bound_name",
     "describe_workload",
     "write_csv",
@@ -88,16 +87,6 @@ Progress = Callable[[str, int, int], None]
 """`progress(label, completed, total)`: called as a replay advances (requests done of total)."""
 
 _PROGRESS_EVERY = 64  # requests between progress calls: a rich refresh costs more than a request
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The nearest-rank `q`-th percentile (0 < q <= 100) of `values`; 0.0 when empty."""
-    if not values:
-        return 0.0
-    if not 0 < q <= 100:
-        raise ValueError(f"q must be in (0, 100], got {q!r}")
-    ordered = sorted(values)
-    return float(ordered[max(1, math.ceil(len(ordered) * q / 100)) - 1])
 
 
 def bound_name(bound: str, block_size: int) -> str:

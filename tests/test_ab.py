@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from prefixcache.ab import ABResult, percentile, replay_arm, run_ab, sweep
+from prefixcache.ab import ABResult, replay_arm, run_ab, sweep
 from prefixcache.ab_config import ABConfig, MooncakeSpec, WorkloadSpec, load_ab_config, parse_tokens
 from prefixcache.config import CacheConfig, ConfigError
 from prefixcache.workloads import (
@@ -193,14 +193,6 @@ def test_sweep_reports_every_series_at_every_capacity(tmp_path):
     assert len((tmp_path / "sweep.csv").read_text().splitlines()) == 1 + 4 * 3
     with pytest.raises(ValueError, match="capacity 8 must be an int of TOKENS >= the largest block size 16"):
         sweep(ab(hash_16=HASH16), [8], w)
-
-
-def test_percentile_is_nearest_rank():
-    values = list(range(1, 101))
-    assert (percentile(values, 50), percentile(values, 99), percentile(values, 100)) == (50, 99, 100)
-    assert percentile([7.0], 99) == 7.0 and percentile([], 50) == 0.0
-    with pytest.raises(ValueError, match="q must be in"):
-        percentile(values, 0)
 
 
 # --------------------------------------------------------------------------- ab.yaml schema

@@ -1,5 +1,6 @@
 """benchmarks/cluster_mooncake.py: its arm selection (--routers, --kv-weights x
---kv-temperatures) on a small generated Mooncake trace."""
+--kv-temperatures, --set), its sweep and its target lines, on a small generated Mooncake
+trace."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def test_the_arms_are_the_kept_routers_and_a_kv_events_arm_per_weight_and_temper
     runs = json.loads((out / "cluster_trace.json").read_text())["runs"]
     assert {r["series"] for r in runs} == {"round_robin", "kv_events/w1", "kv_events/w1/t0.5", "kv_events/w4",
                                            "kv_events/w4/t0.5", "shared"}
-    assert "\ntargets:\n" in capsys.readouterr().out
+    assert "targets: none checked (no arm estimated_ttft)" in capsys.readouterr().out
 
 
 def test_an_unknown_router_label_is_refused_with_the_config_arms(bench, tmp_path, monkeypatch, capsys):
@@ -49,3 +50,57 @@ def test_an_unknown_router_label_is_refused_with_the_config_arms(bench, tmp_path
         bench.main()
     assert exit_info.value.code == 2
     assert "--routers: nope not in" in capsys.readouterr().err
+
+
+def test_a_sweep_over_rates_and_capacities_writes_its_files_and_checks_every_point(bench, tmp_path, monkeypatch,
+                                                                                  capsys):
+    trace = tmp_path / "trace.jsonl"
+    write_records(trace, synthetic_records(24, seed=7, max_gap_ms=1000))
+    out = tmp_path / "out"
+    drawn = []
+    monkeypatch.setattr(bench, "plot_sweep", lambda result, path: drawn.append(path.name))
+    monkeypatch.setattr(bench, "plot_capacity", lambda result, path: drawn.append(path.name))
+    monkeypatch.setattr(sys, "argv", ["cluster_mooncake.py", "--trace", str(trace), "--replicas", "2",
+                                      "--target-replicas", "2", "--routers", "approx_tree", "estimated_ttft",
+                                      "--set", "estimated_ttft.load_weight=2", "--rates", "1", "4",
+                                      "--capacity", "20000", "100000", "--churn-capacity", "20000",
+                                      "--out", str(out)])
+    assert bench.main() == 0
+    text = capsys.readouterr().out
+    data = json.loads((out / "sweep_trace.json").read_text())
+    assert drawn == ["sweep_trace.png", "sweep_trace_capacity.png"]
+    assert {(r["capacity_tokens"], r["arrival_speedup"]) for r in data["runs"]} == {
+        (20000, 1.0), (20000, 4.0), (100000, 1.0), (100000, 4.0)}
+    assert {r["series"] for r in data["runs"]} == {"round_robin", "approx_tree", "estimated_ttft", "shared"}
+    assert "Cluster A/B on trace" in text and "4x the trace's rate" in text
+    # the targets at every point; the approximate-router one only where caches churn
+    assert text.count("targets:") == 4 and text.count("vs approx_tree") == 2
+    assert text.count("the shared cache's") == 4 * 2  # the p50 and the hit ratio
+    # saved sweeps' runs together again, nothing run: here the sweep split by capacity
+    parts = []
+    for capacity in (20000, 100000):
+        part = tmp_path / f"part_{capacity}.json"
+        part.write_text(json.dumps({**data, "runs": [r for r in data["runs"] if r["capacity_tokens"] == capacity]}))
+        parts.append(str(part))
+    again = tmp_path / "again"
+    monkeypatch.setattr(sys, "argv", ["cluster_mooncake.py", "--replot", *parts, "--out", str(again)])
+    assert bench.main() == 0
+    name = data["workload"]["name"]
+    assert drawn[2:] == [f"sweep_{name}.png", f"sweep_{name}_capacity.png"]
+    assert json.loads((again / f"sweep_{name}.json").read_text()) == data
+    assert (again / f"sweep_{name}.csv").read_text().count("\n") == len(data["runs"]) + 1
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**data, "slo": {"ttft_s": 1.0, "itl_s": 0.025}}))
+    monkeypatch.setattr(sys, "argv", ["cluster_mooncake.py", "--replot", parts[0], str(other)])
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main()
+    assert exit_info.value.code == 2 and "another workload or SLO" in capsys.readouterr().err
+    for bad, why in ((tmp_path / "missing.json", "No such file"), (out / "sweep_trace.csv", "Expecting value"),
+                     (tmp_path / "point.json", None)):
+        if why is None:  # a single point's file, as cluster_<trace>.json has it
+            bad.write_text(json.dumps({**data, "runs": [{"series": "shared"}]}))
+            why = "is not a saved sweep"
+        monkeypatch.setattr(sys, "argv", ["cluster_mooncake.py", "--replot", str(bad)])
+        with pytest.raises(SystemExit) as exit_info:
+            bench.main()
+        assert exit_info.value.code == 2 and why in capsys.readouterr().err

@@ -27,16 +27,32 @@ def test_cluster_runs_the_shipped_config_and_writes_table_json_csv_png(tmp_path,
     assert main(["cluster", str(CONFIGS / "cluster.yaml"), "--out", str(out), "--replicas", "4"]) == 0
     text = capsys.readouterr().out
     assert "Cluster A/B on multi_turn: 288 requests" in text
-    for series in ("round_robin", "power_of_two", "approx_tree", "prefix_affinity", "kv_events", "shared"):
+    for series in ("round_robin", "power_of_two", "approx_tree", "prefix_affinity", "kv_events", "weighted_scorers",
+                   "estimated_ttft", "shared"):
         assert series in text
     data = json.loads((out / "cluster.json").read_text())
-    assert [r["replicas"] for r in data["runs"]] == [4] * 6
+    assert [r["replicas"] for r in data["runs"]] == [4] * 8
     shared = {r["replicas"]: r["hit_ratio"] for r in data["runs"] if r["kind"] == "shared"}
     kv = {r["replicas"]: r["hit_ratio"] for r in data["runs"] if r["series"] == "kv_events"}
     rr = {r["replicas"]: r["hit_ratio"] for r in data["runs"] if r["series"] == "round_robin"}
     assert rr[4] < kv[4] <= shared[4]
-    assert len((out / "cluster.csv").read_text().splitlines()) == 7
+    assert len((out / "cluster.csv").read_text().splitlines()) == 9
     assert is_png(out / "cluster.png")
+
+
+def test_the_arrival_rate_is_set_on_the_command_line(tmp_path, capsys):
+    runs = {}
+    for speedup in (1, 8):
+        out = tmp_path / f"x{speedup}"
+        assert main(["cluster", str(CONFIGS / "cluster.yaml"), "--out", str(out), "--replicas", "2",
+                     "--set", f"arrival_speedup={speedup}", "--set", "routers={estimated_ttft: {}}"]) == 0
+        assert f"at {speedup}x its rate" in capsys.readouterr().out
+        data = json.loads((out / "cluster.json").read_text())
+        assert data["config"]["arrival_speedup"] == speedup
+        runs[speedup] = {r["series"]: r for r in data["runs"]}
+    # the same requests in an eighth of the time: a shorter run, a longer wait for the first token
+    assert runs[8]["estimated_ttft"]["duration_s"] < runs[1]["estimated_ttft"]["duration_s"] / 4
+    assert runs[8]["estimated_ttft"]["ttft_p99_s"] > runs[1]["estimated_ttft"]["ttft_p99_s"]
 
 
 def test_cluster_on_a_mooncake_trace(tmp_path, capsys):
@@ -49,7 +65,7 @@ def test_cluster_on_a_mooncake_trace(tmp_path, capsys):
     assert "Cluster A/B on trace: 60 requests" in capsys.readouterr().out
     runs = json.loads((out / "cluster.json").read_text())["runs"]
     assert {r["series"] for r in runs} == {"round_robin", "power_of_two", "approx_tree", "prefix_affinity",
-                                           "kv_events", "kv_events/w16", "shared"}
+                                           "kv_events", "kv_events/w16", "weighted_scorers", "estimated_ttft", "shared"}
 
 
 def test_cluster_errors_name_the_file_and_key(tmp_path, capsys):
@@ -67,7 +83,9 @@ def test_cluster_errors_name_the_file_and_key(tmp_path, capsys):
 def test_validate_reads_cluster_files(capsys):
     assert main(["validate", str(CONFIGS / "cluster_mooncake.yaml")]) == 0
     text = capsys.readouterr().out
-    assert "valid cluster experiment" in text and "overlap_score_weight: 1.0" in text and "num_blocks: 5859" in text
+    # no capacity given: what an H100 leaves an 8B model for KV, 440,120 tokens = 859 blocks of 512
+    assert "valid cluster experiment" in text and "overlap_score_weight: 1.0" in text and "num_blocks: 859" in text
+    assert "capacity_tokens: 440120" in text and "bandwidth_tb_s: 3.35" in text
 
 
 SERVE_FILE = """\
@@ -88,6 +106,9 @@ def test_cluster_serve_refuses_a_bad_file_in_one_line_before_starting_ray(tmp_pa
         "cluster: {port: 0}\n": "cluster.port: must be an integer in [1, 65535], got 0",
         "kv_events: {endpoint: 'tcp://*:5557'}\ncluster: {}\n": "kv_events.endpoint: is set per replica",
         "cluster: []\n": "cluster",
+        "cluster: {router: estimated_ttft, service: {mfux: 0.4}}\n": "cluster.service.mfux: unknown key",
+        "cluster: {router: ray_power_of_two, service: {device: h200}}\n":
+            "cluster.service: ray_power_of_two does not read a service model",
     }
     for i, (tail, expected) in enumerate(cases.items()):
         path = tmp_path / f"bad{i}.yaml"

@@ -15,14 +15,19 @@ from prefixcache.cluster import registry as router_registry
 from prefixcache.cluster.router import Candidates, ReplicaLoad, Router, pick_replica
 from prefixcache.cluster.routers import (
     ApproxTreeRouter,
+    EstimatedTTFTRouter,
     KVEventsRouter,
     PowerOfTwoRouter,
     PrefixAffinityRouter,
     RoundRobinRouter,
+    WeightedScorersRouter,
 )
 from prefixcache.cluster.routers.approx_tree import ApproxTreeOptions
+from prefixcache.cluster.routers.estimated_ttft import EstimatedTTFTOptions
 from prefixcache.cluster.routers.kv_events import KVEventsOptions
 from prefixcache.cluster.routers.prefix_affinity import PrefixAffinityOptions
+from prefixcache.cluster.routers.weighted_scorers import WeightedScorersOptions
+from prefixcache.cluster.service_model import ModelSpec, DeviceSpec, ServiceModel
 
 BS = 16
 HASHER = PromptHasher(BS)
@@ -45,8 +50,30 @@ def choose(router, candidates, req):
     return candidates.replicas[position]
 
 
-def context(index=None, capacity_tokens=1 << 20, seed=0, clock=lambda: 0.0, active=None):
-    return RouterContext(BS, capacity_tokens, index, random.Random(seed), clock, active)
+def context(index=None, capacity_tokens=1 << 20, seed=0, clock=lambda: 0.0, active=None, service=None):
+    return RouterContext(BS, capacity_tokens, index, random.Random(seed), clock, active, service)
+
+
+def columns(*rows, replicas=None):
+    """Candidates from dicts of load fields (the others 0)."""
+    replicas = replicas or list(range(len(rows)))
+    return Candidates.of(ReplicaLoad(r, **row) for r, row in zip(replicas, rows, strict=True))
+
+
+def indexed(n, holdings=()):
+    """A KV index of n replicas, replica r holding the tokens' blocks, for (r, tokens) in holdings."""
+    index = KVIndex()
+    for r in range(n):
+        index.add_replica(r)
+    for r, tokens in holdings:
+        cached(index, r, tokens)
+    return index
+
+
+# A step costs max(1 ms a token, 10 ms) and 4e-9 s a query-key pair; 64 tokens a step.
+SERVICE = ServiceModel(model=ModelSpec(params=5e8, layers=1000, attention_dim=1, kv_dim=1, dtype_bytes=2),
+                       device=DeviceSpec(tflops=1.0, bandwidth_tb_s=0.1), mfu=1.0, mbu=1.0, step_overhead_s=0.0,
+                       max_num_batched_tokens=64)
 
 
 def cached(index, replica, tokens):
@@ -229,6 +256,143 @@ def test_kv_events_temperature_samples_by_softmax_of_costs():
         KVEventsRouter(context(None))
 
 
+# ------------------------------------------------------------- estimated_ttft
+
+
+def ttft_twin(prefill_tokens, running, cached_tokens, prompt, service=SERVICE, load_weight=1.0, decode_weight=0.1):
+    """The estimated-TTFT cost, readable (csrc/ttft_cost.h)."""
+    n = prompt - cached_tokens
+    x = prefill_tokens + n
+    steps = x / max(service.max_num_batched_tokens - running, 1)
+    pairs = n * cached_tokens + n * (n + 1) / 2
+    compute = service.token_s * (x + running * steps) + service.pair_s * pairs
+    ttft = steps * service.step_overhead_s + max(compute, steps * service.weights_s)
+    own = service.token_s * n + service.pair_s * pairs
+    return ttft + (load_weight + decode_weight * running) * own
+
+
+def test_estimated_ttft_is_the_prefill_queue_plus_its_own_uncached_tokens_in_seconds():
+    index = indexed(3, [(1, PROMPT[:64])])  # 4 of the prompt's 10 blocks on replica 1
+    router = EstimatedTTFTRouter(context(index, service=SERVICE))
+    c = columns({"prefill_tokens": 0}, {"prefill_tokens": 0}, {"prefill_tokens": 500})
+    pairs = lambda n, h: n * h + n * (n + 1) / 2  # noqa: E731
+    assert router.costs(c, request(PROMPT)) == pytest.approx([
+        2 * (0.160 + 4e-9 * pairs(160, 0)),  # its TTFT, and as much again for those behind it
+        2 * (0.096 + 4e-9 * pairs(96, 64)),
+        (0.660 + 4e-9 * pairs(160, 0)) + (0.160 + 4e-9 * pairs(160, 0)),
+    ])
+    assert choose(router, c, request(PROMPT)) == 1
+    # the holder's queue: 100 tokens ahead make it 0.292 s (+ attention) against 0.320 s: still the
+    # holder; greedy (load_weight 0), 0.196 s against 0.160 s: the idle replica
+    c = columns({"prefill_tokens": 0}, {"prefill_tokens": 100})
+    assert choose(router, c, request(PROMPT)) == 1
+    greedy = EstimatedTTFTRouter(context(index, service=SERVICE), EstimatedTTFTOptions(load_weight=0.0))
+    assert choose(greedy, c, request(PROMPT)) == 0
+
+
+def test_estimated_ttft_counts_the_decodes_that_share_each_step_and_the_last_prompt_token():
+    index = indexed(2, [(0, PROMPT), (1, PROMPT)])  # the whole prompt on both
+    router = EstimatedTTFTRouter(context(index, service=SERVICE))
+    # 32 running requests take half of each step's 64 tokens: the prompt's prefill takes twice the steps
+    c = columns({"num_requests": 32}, {"num_requests": 40, "queued_requests": 8})
+    # 10 blocks cached, but the last token is always computed: a hit of 9 blocks, 16 tokens left
+    assert router.costs(c, request(PROMPT)) == pytest.approx([ttft_twin(0, 32, 144, 160), ttft_twin(0, 32, 144, 160)])
+    # half a step's worth of tokens (the 32 decodes' tokens ride along), then its own prefill
+    # again for those queued behind it and a tenth of it for each of the 32 decoding
+    own = 1e-3 * 16 + 4e-9 * (16 * 144 + 136)
+    assert ttft_twin(0, 32, 144, 160) == pytest.approx(1e-3 * (16 + 32 * 0.5) + 4e-9 * (16 * 144 + 136) + 4.2 * own)
+
+
+def test_a_long_miss_goes_where_fewer_requests_decode():
+    index = indexed(2)
+    # replica 0: 8 requests decoding, nothing to prefill; replica 1: one decoding, 300 prompt tokens queued
+    c = columns({"num_requests": 8}, {"num_requests": 1, "prefill_tokens": 300})
+    long, short = request(list(range(3000, 3640))), request(PROMPT)
+    router = EstimatedTTFTRouter(context(index, service=SERVICE))
+    # 640 tokens: first token in 0.73 s on replica 0 (56 prompt tokens a step), 0.96 s on replica 1; but
+    # its 0.64 s of prefill lengthens 8 requests' steps on replica 0: 0.1 x 8 x 0.64 s > 0.23 s + 0.1 x 0.64 s
+    assert choose(router, c, long) == 1
+    assert choose(EstimatedTTFTRouter(context(index, service=SERVICE), EstimatedTTFTOptions(decode_weight=0.0)),
+                  c, long) == 0  # greedy: replica 0's TTFT is the shorter
+    assert router.costs(c, short) == pytest.approx([ttft_twin(0, 8, 0, 160), ttft_twin(300, 1, 0, 160)])
+
+
+def test_the_native_ttft_cost_is_its_twin():
+    from array import array
+
+    from prefixcache._C import estimated_ttft_costs, estimated_ttft_lowest
+
+    rng = random.Random(7)
+    service = ServiceModel()  # an 8B model on an H100: attention, overhead and the weights' floor all count
+    for _ in range(300):
+        n = rng.randint(1, 9)
+        prompt = rng.randint(1, 3000)
+        prefill = [rng.randint(0, 50_000) for _ in range(n)]
+        queued = [rng.randint(0, 5) for _ in range(n)]
+        requests = [q + rng.randint(0, 2000) for q in queued]
+        overlaps = {i: rng.randint(0, 300) for i in range(n) if rng.random() < 0.6}
+        weight, decode = rng.choice([0.0, 0.5, 1.0, 3.0]), rng.choice([0.0, 0.1, 1.0])
+        costs = estimated_ttft_costs(array("q", prefill), requests, array("q", queued), overlaps, prompt, BS,
+                                     service.token_s, service.pair_s, service.weights_s, service.step_overhead_s,
+                                     service.max_num_batched_tokens, weight, decode)
+        most = (prompt - 1) // BS * BS
+        assert costs == pytest.approx([
+            ttft_twin(prefill[i], requests[i] - queued[i], min(overlaps.get(i, 0) * BS, most), prompt, service, weight,
+                      decode)
+            for i in range(n)], rel=1e-12)
+        args = (array("q", prefill), requests, array("q", queued), overlaps, prompt, BS, service.token_s,
+                service.pair_s, service.weights_s, service.step_overhead_s, service.max_num_batched_tokens, weight,
+                decode)
+        assert estimated_ttft_lowest(*args) == [i for i, c in enumerate(costs) if c == min(costs)]
+    with pytest.raises(ValueError, match="one entry per candidate"):
+        estimated_ttft_costs([0], [0, 0], [0], {}, 10, BS, 1.0, 0.0, 0.0, 0.0, 64, 1.0)
+    with pytest.raises(ValueError, match="prompt_tokens must be >= 1"):
+        estimated_ttft_costs([0], [0], [0], {}, 0, BS, 1.0, 0.0, 0.0, 0.0, 64, 1.0)
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        estimated_ttft_costs([0], [0], [0], {}, 10, BS, -1.0, 0.0, 0.0, 0.0, 64, 1.0)
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        estimated_ttft_costs([0], [0], [0], {}, 10, BS, 1.0, 0.0, 0.0, 0.0, 64, 1.0, float("nan"))
+    with pytest.raises(ValueError, match="budget must be >= 1"):
+        estimated_ttft_costs([0], [0], [0], {}, 10, BS, 1.0, 0.0, 0.0, 0.0, 0, 1.0)
+    with pytest.raises(IndexError, match="position 1"):
+        estimated_ttft_costs([0], [0], [0], {1: 2}, 10, BS, 1.0, 0.0, 0.0, 0.0, 64, 1.0)
+
+
+def test_estimated_ttft_breaks_ties_at_random_and_needs_the_index():
+    c = columns({}, {}, {})
+    picks = Counter(choose(EstimatedTTFTRouter(context(indexed(3), seed=s)), c, request(PROMPT)) for s in range(60))
+    assert set(picks) == {0, 1, 2}
+    with pytest.raises(ValueError, match="reads the KV index"):
+        EstimatedTTFTRouter(context(None))
+    # without a service model the defaults (an 8B model on one H100) set the rates
+    assert EstimatedTTFTRouter(context(indexed(1))).costs(columns({}), request(PROMPT)) == pytest.approx(
+        [ttft_twin(0, 0, 0, 160, ServiceModel())])
+
+
+# ----------------------------------------------------------- weighted_scorers
+
+
+def test_weighted_scorers_are_llm_ds_prefix_kv_utilization_and_queue_scorers():
+    index = indexed(3, [(0, PROMPT[:64]), (2, PROMPT)])  # replica 0: 4 of 10 blocks; replica 2: all
+    router = WeightedScorersRouter(context(index, capacity_tokens=100 * BS))
+    c = columns({"queued_requests": 0, "kv_blocks": 50}, {"queued_requests": 2, "kv_blocks": 0},
+                {"queued_requests": 4, "kv_blocks": 100})
+    # 2 x matched / 10 blocks + 1 x (1 - usage) + 1 x (max q - q) / (max q - min q)
+    assert router.scores(c, request(PROMPT)) == pytest.approx([2 * 0.4 + 0.5 + 1.0, 0 + 1.0 + 0.5, 2 * 1 + 0 + 0])
+    # 2.3 against 1.5 and 2.0: the whole prefix on a full, queued replica loses to 4 blocks on an idle one
+    assert choose(router, c, request(PROMPT)) == 0
+    heavy = WeightedScorersRouter(context(index, capacity_tokens=100 * BS), WeightedScorersOptions(prefix_weight=4.0))
+    assert choose(heavy, c, request(PROMPT)) == 2  # 4.0 against 3.1 and 1.5
+    # equal queues score 1 each; a prompt without a full block scores no prefix
+    even = columns({"queued_requests": 3}, {"queued_requests": 3}, {"queued_requests": 3})
+    assert router.scores(even, request(PROMPT[:10])) == [2.0, 2.0, 2.0]
+    picks = Counter(choose(WeightedScorersRouter(context(index, seed=s)), even, request(PROMPT[:10]))
+                    for s in range(60))
+    assert set(picks) == {0, 1, 2}  # ties at random, as the max-score picker shuffles
+    with pytest.raises(ConfigError, match="queue_weight: must be a finite number >= 0"):
+        WeightedScorersRouter.parse_options({"queue_weight": -1})
+
+
 # ---------------------------------------------------------------- approx_tree
 
 
@@ -316,7 +480,8 @@ def test_a_removed_replica_leaves_the_predictions():
 def test_routers_are_found_by_name_entry_point_and_path(monkeypatch):
     assert resolve_router("kv_events") is KVEventsRouter
     assert set(router_registry.available_routers()) >= {"round_robin", "power_of_two", "approx_tree",
-                                                        "prefix_affinity", "kv_events"}
+                                                        "prefix_affinity", "kv_events", "weighted_scorers",
+                                                        "estimated_ttft"}
     from longest_prefix_router import LongestPrefixRouter
 
     assert resolve_router("longest_prefix_router:LongestPrefixRouter") is LongestPrefixRouter

@@ -59,6 +59,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "prefixcache.event_subscriber",
             "prefixcache.machine",
             "prefixcache.tables",
+            "prefixcache.percentiles",
             "prefixcache.stats",
             "prefixcache.requests",
             "prefixcache.tier_file",

@@ -33,6 +33,8 @@ psutil = pytest.importorskip("psutil")  # a dependency of ray
 import lossy_forwarder  # noqa: E402
 from lossy_forwarder import LossyForwarder  # noqa: E402
 from prefixcache.cluster.ray_router import METADATA_KEY  # noqa: E402
+from prefixcache.cluster.service_model import ServiceModel  # noqa: E402
+from prefixcache.config import from_mapping  # noqa: E402
 from prefixcache.serve.cluster_config import parse_cluster_serve_config  # noqa: E402
 from prefixcache.serve.ray_app import APP_NAME, ENGINE_DEPLOYMENT, ClusterServer  # noqa: E402
 from prefixcache.serve.ray_replica import EngineReplica  # noqa: E402
@@ -68,13 +70,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def cluster_config(router: str = "kv_events", **options):
-    return parse_cluster_serve_config({
+def cluster_config_data(router: str = "kv_events", **options):
+    return {
         "cache": {"backend": "hash", "block_size": BLOCK, "num_blocks": 512},  # max_model_len 2,048
         "engine": {"model": "tiny", "num_threads": 1, "max_num_seqs": 1},  # the 2nd request on a replica waits
         "cluster": {"replicas": 2, "router": router, "options": options, "num_cpus": 4, "replica_cpus": 1.0,
                     "health_check_period_s": 0.5, "stall_timeout_s": 30.0, "port": free_port()},
-    })
+    }
+
+
+def cluster_config(router: str = "kv_events", **options):
+    return parse_cluster_serve_config(cluster_config_data(router, **options))
 
 
 @pytest.fixture(scope="module")
@@ -292,6 +298,12 @@ def test_ray_s_own_routers_are_configured_from_the_file_without_vllm():
     assert "PrefixCacheAffinityRouter" in str(router_config.request_router_class)
     assert router_config.request_router_kwargs == {"imbalanced_threshold": 5, "match_rate_threshold": 0.2}
     assert ray_app.ray_router_config(cluster_config("ray_power_of_two")) is None  # Ray Serve's default
+    # the replicas' service model reaches the routers that estimate time, as the adapter reads it
+    timed = cluster_config_data("estimated_ttft")
+    timed["cluster"]["service"] = {"device": "h200"}
+    service = ray_app.ray_router_config(parse_cluster_serve_config(timed)).request_router_kwargs["service"]
+    assert from_mapping(ServiceModel, service) == ServiceModel(device="h200")
+    assert "service" not in ray_app.ray_router_config(cluster_config("estimated_ttft")).request_router_kwargs
     for router in ("ray_power_of_two", "ray_prefix_cache_affinity", "prefix_affinity"):
         ray_app.build_application(cluster_config(router))  # Ray's own checks of the deployment options
     assert "vllm" not in sys.modules

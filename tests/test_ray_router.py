@@ -18,7 +18,8 @@ from ray.serve._private.common import DeploymentHandleSource, DeploymentID, Repl
 from ray.serve.request_router import PendingRequest  # noqa: E402
 
 from prefixcache import CacheConfig, build_cache  # noqa: E402
-from prefixcache.cluster.live_routers import live_routers  # noqa: E402
+from prefixcache.cluster import Router  # noqa: E402
+from prefixcache.cluster.live_routers import first_token, live_routers  # noqa: E402
 from prefixcache.cluster.ray_router import PrefixCacheRequestRouter, ReplicaStream  # noqa: E402
 from prefixcache.hashing import resolve_seed  # noqa: E402
 from prefixcache.serve.config import KVEventsConfig  # noqa: E402
@@ -36,6 +37,7 @@ class Call:
     prompt_token_ids: list[int]
     namespace: str | None = None
     max_tokens: int | None = 8
+    request_id: str | None = None
 
 
 class FakeReplica:
@@ -141,6 +143,57 @@ def test_a_router_without_an_index_builds_none_and_maps_positions_back(replicas)
         picks = [await router.choose_replicas(replicas, pending(Call([1, 2, 3]), f"r{i}")) for i in range(4)]
         assert picks == [[[replicas[0]]], [[replicas[1]]], [[replicas[2]]], [[replicas[0]]]]
         assert "blocks" not in router.state()["replicas"]["a"]
+
+    asyncio.run(scenario())
+
+
+class HookRecorder(Router):
+    """Sends every request to the first candidate and records the hooks it hears."""
+
+    heard: list[tuple[str, object, str]] = []
+
+    def choose_replicas(self, candidates, request):
+        return [[0]]
+
+    def on_first_token(self, request, replica):
+        HookRecorder.heard.append(("first", request.request_id, replica))
+
+    def on_request_completed(self, request, replica):
+        HookRecorder.heard.append(("done", request.request_id, replica))
+
+
+def test_the_prefill_load_ends_at_the_first_token_the_ingress_reports(replicas):
+    async def scenario() -> None:
+        a = replicas[0]
+        HookRecorder.heard = []
+        router = PrefixCacheRequestRouter(deployment_id=DEPLOYMENT, handle_source=DeploymentHandleSource.UNKNOWN)
+        router.initialize_state(router=f"{__name__}:HookRecorder", block_size=BLOCK,
+                                service={"device": "h200", "max_num_seqs": 64})
+        assert router.router.context.service.max_num_seqs == 64
+        router.update_replicas([a])
+        request = pending(Call(list(range(1, 31)), max_tokens=8, request_id="cmpl-1"), "r1")
+        assert await router.choose_replicas([a], request) == [[a]]
+        router.on_request_routed(request, a.replica_id, None)
+        assert router._candidates(["a"]).prefill_tokens.tolist() == [30]  # no index: the whole prompt
+        assert router._candidates(["a"]).kv_blocks.tolist() == [-(-(30 + 8) // BLOCK)]
+        first_token("cmpl-1")  # what the ingress calls when the first Tokens item streams
+        await eventually(lambda: router.state()["replicas"]["a"]["prefill_tokens"] == 0, "the first token applied")
+        first_token("cmpl-1")  # once only
+        first_token("another adapter's request")
+        await asyncio.sleep(0.05)
+        row = router.state()["replicas"]["a"]
+        assert (row["prefill_tokens"], row["first_tokens"], row["in_flight"]) == (0, 1, 1)
+        router.on_request_completed(a.replica_id, "r1")
+        row = router.state()["replicas"]["a"]
+        assert (row["prefill_tokens"], row["in_flight"], row["load_tokens"]) == (0, 0, 0)
+        assert HookRecorder.heard == [("first", "r1", "a"), ("done", "r1", "a")]
+        # a request that completes without a first token (it failed) leaves no prefill load behind
+        other = pending(Call(list(range(1, 31)), request_id="cmpl-2"), "r2")
+        await router.choose_replicas([a], other)
+        router.on_request_routed(other, a.replica_id, None)
+        router.on_request_completed(a.replica_id, "r2")
+        assert router.state()["replicas"]["a"]["prefill_tokens"] == 0
+        assert HookRecorder.heard[-1] == ("done", "r2", "a")
 
     asyncio.run(scenario())
 

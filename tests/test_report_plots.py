@@ -4,6 +4,8 @@ the workload and the capacity."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("matplotlib")
@@ -88,3 +90,29 @@ def test_a_result_with_no_requests_is_not_plotted():
     empty = ABResult({"name": "trace", "requests": 0, "prompt_tokens": 0}, 256, 1, (), ())
     with pytest.raises(ValueError, match="nothing to plot: the workload has no requests"):
         ab_figure(empty)
+
+
+def test_the_cluster_sweep_plots_against_rate_and_capacity(tmp_path):
+    from prefixcache.cluster.config import parse_cluster_config
+    from prefixcache.cluster.report import plot_capacity, plot_sweep
+    from prefixcache.cluster.sweep import SweepPoint, sweep as cluster_sweep
+
+    config = parse_cluster_config({
+        "workload": {"generator": "shared_prefix", "params": {"num_groups": 3, "prompts_per_group": 4,
+                                                              "system_prompt_len": 64, "question_len": 16,
+                                                              "output_len": 4, "request_rate": 20.0}},
+        "cache": {"backend": "hash", "block_size": 16}, "capacity_tokens": 1024, "replicas": [2],
+        "routers": {"estimated_ttft": {}}})
+    workload = config.workload.build()
+    by_rate = cluster_sweep(config, workload, [SweepPoint(2, 8, 256)], [1.0, 4.0])
+    rates = [rate for _, _, rate, _ in by_rate.runs]
+    assert rates[1] == pytest.approx(4 * rates[0])
+    by_capacity = cluster_sweep(config, workload, [SweepPoint(2, 8, 256), SweepPoint(2, 8, 1024)], [4.0])
+    assert [p.capacity_tokens for p, _, _, _ in by_capacity.runs] == [256, 1024]
+    # one row: the fleet, against the rate; from the sweep as saved (JSON), nothing run again
+    plot_sweep(json.loads(json.dumps(by_rate.to_dict())), tmp_path / "rate.png")
+    plot_capacity(by_capacity, tmp_path / "capacity.png")  # one row: the rate, against the capacity
+    for name in ("rate.png", "capacity.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = by_capacity.rows()
+    assert len(rows) == 2 * 3 and {r["series"] for r in rows} == {"round_robin", "estimated_ttft", "shared"}

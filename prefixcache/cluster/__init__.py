@@ -8,12 +8,15 @@ Layer: above the experiment layer (it replays `prefixcache.workloads` through re
     router          the Router interface (Ray Serve's RequestRouter shape) and its inputs
     registry        routers by name, entry point or "module:Class"; a router spec resolved
     routers/        the built-in routers: round_robin, power_of_two, approx_tree,
-                    prefix_affinity, kv_events
+                    prefix_affinity, kv_events, weighted_scorers, estimated_ttft
     routed_prefixes a router-side predicted cache (the approximate trees)
-    service_model   how long a simulated replica takes per request
+    service_model   how long a replica takes: a roofline over a model and a device
+    replica         one simulated engine: vLLM's scheduler over a real cache
+    results         what a run measured: hits, TTFT, queueing, TPOT, goodput, load
     config          the cluster experiment file (cluster.yaml)
-    simulate        the cluster A/B by arrival time, and its results
-    report          its table and plots
+    simulate        the cluster A/B by arrival time
+    sweep           the A/B over arrival rate, fleet size, slots and capacity
+    report          its tables and plots
 
 Must never: import the CLI or the serving layer; talk to replicas except through what a
 replica exposes (its KV events, its load), and in simulation through the protocol.

@@ -13,11 +13,12 @@ never: run a simulation or build a cache (`prefixcache.cluster.simulate` does bo
       generator: multi_turn
       params: {seed: 0, request_rate: 40}
     cache: {backend: hash, block_size: 16}    # every replica's cache, without num_blocks
-                                     # (enable_events is set per run: on where the router
-                                     # reads the KV index, off otherwise)
-    capacity_tokens: 16384           # ONE replica's pool, in TOKENS
+                                     # (enable_events is set by the simulation)
+    capacity_tokens: 16384           # ONE replica's pool, in TOKENS (null: what the
+                                     # service model's device leaves for KV)
     replicas: [2, 4, 8]              # cluster sizes N to simulate
-    service: {fixed_s: 0.01, prefill_token_s: 5.0e-5, output_token_s: 0.02, max_concurrent: 8}
+    service: {model: llama-3.1-8b, device: h100, max_num_seqs: 1024, max_num_batched_tokens: 8192}
+    slo: {ttft_s: 2.0, itl_s: 0.025} # what a good request stays within (goodput)
     commit_outputs: true             # outputs take cache room, as in a real engine
     arrival_speedup: 1.0             # arrival times are divided by this
     seed: 0                          # every router's random source
@@ -28,8 +29,8 @@ never: run a simulation or build a cache (`prefixcache.cluster.simulate` does bo
       kv_events: {options: {overlap_score_weight: 1.0}}
 
 `round_robin` is a reference line of every report: it is added when no label names it.
-The other reference, one shared cache of N x capacity_tokens with N x max_concurrent
-slots (the hit ceiling for any router), is simulated for every N.
+The other reference, N engines over one shared cache of N x capacity_tokens (the hit
+ceiling for any router), is simulated for every N.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import Any
 
 from prefixcache.ab_config import ARM_NAME, MooncakeSpec, WorkloadSpec, _check_trace_exists
 from prefixcache.cluster.registry import resolve_router_spec
+from prefixcache.cluster.results import SLO
 from prefixcache.cluster.service_model import ServiceModel
 from prefixcache.config import CacheConfig, ConfigError, from_mapping, load_yaml, to_plain
 from prefixcache.config_checks import check_cache_config
@@ -75,15 +77,21 @@ class ClusterConfig:
 
     workload: WorkloadSpec
     cache: CacheConfig
-    capacity_tokens: int
-    routers: Mapping[str, RouterSpec]
+    capacity_tokens: int | None = None
+    routers: Mapping[str, RouterSpec] = field(default_factory=dict)
     replicas: tuple[int, ...] = (2, 4, 8)
     service: ServiceModel = field(default_factory=ServiceModel)
+    slo: SLO = field(default_factory=SLO)
     commit_outputs: bool = True
     arrival_speedup: float = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.capacity_tokens is None:
+            try:
+                object.__setattr__(self, "capacity_tokens", self.service.capacity_tokens())
+            except ConfigError as err:
+                raise err.within("service") from None
         if self.capacity_tokens < self.cache.block_size:
             raise ConfigError(
                 "capacity_tokens",
@@ -143,6 +151,17 @@ class ClusterConfig:
     def with_replicas(self, replicas: tuple[int, ...]) -> ClusterConfig:
         """The same experiment at other cluster sizes."""
         return dataclasses.replace(self, replicas=tuple(replicas))
+
+    def with_point(self, *, arrival_speedup: float | None = None, max_num_seqs: int | None = None,
+                   capacity_tokens: int | None = None) -> ClusterConfig:
+        """The same experiment at another operating point: arrival rate (speed-up), slots
+        per replica, TOKENS of cache per replica (None: keep the config's)."""
+        service = self.service if max_num_seqs is None else dataclasses.replace(self.service, max_num_seqs=max_num_seqs)
+        return dataclasses.replace(
+            self, service=service,
+            arrival_speedup=self.arrival_speedup if arrival_speedup is None else arrival_speedup,
+            capacity_tokens=self.capacity_tokens if capacity_tokens is None else capacity_tokens,
+        )
 
 
 def check_cluster_config(config: ClusterConfig) -> None:

@@ -26,18 +26,25 @@ What the adapter does, and nothing else:
   the one with the shortest queue (its `pick_replica`). A call without token ids (a
   replica's info) is offered to every candidate;
 - `on_request_routed` / `on_request_completed`: the request joins / leaves its
-  replica's load, and the router hears where it went.
+  replica's load, and the router hears where it went and when it left
+  (`Router.on_request_routed`, `Router.on_request_completed`);
+- `first_token(request_id)`: the ingress, which streams the request, says its first
+  token is out (from any thread: it is handed to the router's event loop); the request's
+  prefill leaves the replica's prefill load, as Dynamo's `mark_prefill_completed`, and
+  the router hears `on_first_token`.
 
 Load, as this adapter counts it: every request routed and not completed, per replica.
 `running_tokens` = prompt + max_tokens, `num_requests`, `prefill_tokens` = the prompt
 tokens the index did not hold on the replica when the request was routed (the whole
-prompt without an index), `active_blocks` = the distinct full prompt blocks of those
-requests (no output blocks). The last are Dynamo's `ActiveSequences`, kept as the cluster
-simulation keeps them: a `KVIndex` with one copy of each request's prompt blocks, which
-routers read as `RouterContext.active` (so `kv_events` charges a replica only for the
-prompt blocks not already active there). The router does not see a request's first
-token, so a request counts as prefilling until it completes; `queued_tokens` stays 0
-(Ray's replica queue is not visible here).
+prompt without an index), until its first token, `kv_blocks` = the blocks of prompt +
+max_tokens of those requests (an estimate of the replica's KV usage: its pool is not
+visible here), `active_blocks` = the distinct full prompt blocks of those requests (no
+output blocks). The last are Dynamo's `ActiveSequences`, kept as the cluster simulation
+keeps them: a `KVIndex` with one copy of each request's prompt blocks, which routers read
+as `RouterContext.active` (so `kv_events` charges a replica only for the prompt blocks
+not already active there). `queued_tokens` and `queued_requests` stay 0 (Ray's replica
+queue is not visible here). `RouterContext.service` is the `service` given (a mapping of
+`ServiceModel` keys), else None (a router that reads it takes the defaults).
 
 Threads: Ray calls every hook on the router's event loop; the feed applies events from
 its own thread (index calls hold the GIL; the feed's lock orders a removal after any
@@ -68,7 +75,8 @@ from prefixcache.cluster.live_routers import register
 from prefixcache.cluster.prompt_hashes import PromptHasher
 from prefixcache.cluster.registry import resolve_router_spec
 from prefixcache.cluster.router import Candidates, Router, RouterContext, RoutingRequest
-from prefixcache.config import HashConfig
+from prefixcache.cluster.service_model import ServiceModel
+from prefixcache.config import HashConfig, from_mapping
 from prefixcache.hashing import resolve_seed
 from prefixcache.isolation import Namespace
 
@@ -81,7 +89,8 @@ METADATA_KEY = "prefixcache"
 
 class RoutedCall(Protocol):
     """What the adapter reads of a call: its prompt as token ids, its cache namespace
-    (vLLM's `cache_salt`) and its output budget in TOKENS."""
+    (vLLM's `cache_salt`), its output budget in TOKENS and, where it has one, the request
+    id the ingress reports its first token by (`first_token`)."""
 
     prompt_token_ids: Sequence[int]
     namespace: Namespace
@@ -119,8 +128,10 @@ class ReplicaStream:
 class _InFlight:
     replica: str
     tokens: int
-    prefill_tokens: int
+    prefill_tokens: int  # until its first token; 0 after
     digests: list[bytes]  # its full prompt blocks, in the active sequences while it runs
+    request: RoutingRequest
+    request_id: str | None  # the ingress's id for it (what `first_token` names)
 
 
 @dataclass
@@ -129,6 +140,7 @@ class _Load:
     requests: int = 0
     prefill_tokens: int = 0
     routed: int = 0  # requests routed here, ever
+    first_tokens: int = 0  # first tokens reported for requests routed here
 
 
 class PrefixCacheRequestRouter(RequestRouter):
@@ -146,11 +158,14 @@ class PrefixCacheRequestRouter(RequestRouter):
         seed: int = 0,
         resync_s: float = 1.0,
         replay_timeout_s: float = 1.0,
+        service: Mapping[str, Any] | None = None,
     ) -> None:
         """`router` / `options`: the router spec; the hash config is the replicas' (a
         None seed is resolved here as in a replica: pass the replicas' own); TOKENS per
-        block; `capacity_tokens`: one replica's cache (default 1,024 blocks)."""
+        block; `capacity_tokens`: one replica's cache (default 1,024 blocks); `service`:
+        the replicas' service model as `ServiceModel` keys (None: none known)."""
         spec = resolve_router_spec(router, dict(options or {}))
+        service_model = from_mapping(ServiceModel, dict(service), "service") if service is not None else None
         self.spec = spec
         self.hasher = PromptHasher(block_size, HashConfig(hash_algorithm, hash_seed))
         self.hash_config = (block_size, hash_algorithm, resolve_seed(hash_algorithm, hash_seed))
@@ -161,11 +176,13 @@ class PrefixCacheRequestRouter(RequestRouter):
         # Touched only on the router's event loop (Ray's hooks), unlike the index.
         self.active = KVIndex()
         context = RouterContext(block_size, capacity_tokens or 1024 * block_size, self.index, random.Random(seed),
-                                time.monotonic, self.active)
+                                time.monotonic, self.active, service_model)
         self.router: Router = spec.build(context)
         self._loads: dict[str, _Load] = {}
         self._in_flight: dict[str, _InFlight] = {}
         self._requests: dict[str, RoutingRequest] = {}  # internal request id -> chosen for, not yet routed
+        self._request_ids: dict[str, str] = {}  # the ingress's request id -> internal id, while in flight
+        self._routing_loop: asyncio.AbstractEventLoop | None = None
         self._departed: list[str] = []
         register(self)
 
@@ -205,7 +222,9 @@ class PrefixCacheRequestRouter(RequestRouter):
     def _drop(self, uid: str) -> None:
         del self._loads[uid]
         for rid in [rid for rid, f in self._in_flight.items() if f.replica == uid]:
-            del self._in_flight[rid]
+            flight = self._in_flight.pop(rid)
+            if flight.request_id is not None:
+                self._request_ids.pop(flight.request_id, None)
         self.active.remove_replica(uid)
         if self.index is not None:
             assert self.feed is not None
@@ -233,6 +252,10 @@ class PrefixCacheRequestRouter(RequestRouter):
         return [[candidate_replicas[i] for i in group] for group in ranked]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        try:
+            self._routing_loop = asyncio.get_running_loop()  # where first tokens are applied
+        except RuntimeError:
+            pass
         rid = pending_request.metadata.internal_request_id
         request = self._requests.pop(rid, None)
         uid = replica_id.unique_id
@@ -244,11 +267,16 @@ class PrefixCacheRequestRouter(RequestRouter):
         cached = 0
         if self.index is not None and uid in self.index:
             cached = min(self.index.longest_prefix(request.hashes).get(uid, 0) * block, prompt)
-        flight = _InFlight(uid, tokens, prompt - cached, request.hashes.digests())
+        call = _routed_call(pending_request)
+        request_id = getattr(call, "request_id", None)
+        flight = _InFlight(uid, tokens, prompt - cached, request.hashes.digests(), request,
+                           request_id if isinstance(request_id, str) else None)
         old = self._in_flight.pop(rid, None)  # a retried request routed again
         if old is not None:
             self._unload(old)
         self._in_flight[rid] = flight
+        if flight.request_id is not None:
+            self._request_ids[flight.request_id] = rid
         load.tokens += flight.tokens
         load.requests += 1
         load.prefill_tokens += flight.prefill_tokens
@@ -263,7 +291,36 @@ class PrefixCacheRequestRouter(RequestRouter):
         # A call sent again (its replica died) keeps its id: only its own replica's completion counts.
         if flight is not None and flight.replica == replica_id.unique_id:
             del self._in_flight[internal_request_id]
+            if flight.request_id is not None:
+                self._request_ids.pop(flight.request_id, None)
             self._unload(flight)
+            self.router.on_request_completed(flight.request, flight.replica)
+
+    def first_token(self, request_id: str) -> None:
+        """The ingress saw request `request_id`'s first token (callable from any thread;
+        applied on the event loop Ray routes on, where every other hook runs)."""
+        loop = self._routing_loop
+        if loop is None:
+            return  # nothing was routed yet: the request is not ours
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:
+            self._first_token(request_id)
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(self._first_token, request_id)
+
+    def _first_token(self, request_id: str) -> None:
+        flight = self._in_flight.get(self._request_ids.pop(request_id, ""))
+        if flight is None:  # completed already, or reported before (one first token per request)
+            return
+        load = self._loads.get(flight.replica)
+        if load is not None:
+            load.prefill_tokens -= flight.prefill_tokens
+            load.first_tokens += 1
+        flight.prefill_tokens = 0
+        self.router.on_first_token(flight.request, flight.replica)
 
     def _unload(self, flight: _InFlight) -> None:
         load = self._loads.get(flight.replica)
@@ -287,6 +344,7 @@ class PrefixCacheRequestRouter(RequestRouter):
 
     def _candidates(self, uids: list[str]) -> Candidates:
         candidates = Candidates(uids)
+        block = self.hasher.block_size
         for i, uid in enumerate(uids):
             load = self._loads.get(uid)
             if load is not None:
@@ -294,6 +352,7 @@ class PrefixCacheRequestRouter(RequestRouter):
                 candidates.num_requests[i] = load.requests
                 candidates.prefill_tokens[i] = load.prefill_tokens
                 candidates.active_blocks[i] = self.active.blocks(uid)
+                candidates.kv_blocks[i] = -(-load.tokens // block)
         return candidates
 
     # -- what the ingress reports ----------------------------------------------------------
@@ -304,6 +363,7 @@ class PrefixCacheRequestRouter(RequestRouter):
         replicas = {}
         for uid, load in self._loads.items():
             row: dict[str, Any] = {"in_flight": load.requests, "load_tokens": load.tokens, "routed": load.routed,
+                                   "prefill_tokens": load.prefill_tokens, "first_tokens": load.first_tokens,
                                    "active_blocks": self.active.blocks(uid)}
             if self.index is not None and uid in self.index:
                 row["blocks"] = self.index.blocks(uid)

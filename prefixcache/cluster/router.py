@@ -21,10 +21,19 @@ is the same row as a `ReplicaLoad`, for routers that read a few.
 
 Load. A replica's load is the TOKENS of the requests routed to it and not finished,
 queued plus running (`ReplicaLoad.tokens`, each request counting prompt + output
-tokens); `ReplicaLoad` also carries the request count and the two sums NVIDIA Dynamo's
-router keeps per worker (`ActiveSequences`) and its cost reads: prompt tokens still to
-prefill and the distinct prompt blocks of active requests. Each router says which it
-reads.
+tokens); `ReplicaLoad` also carries the request counts (all, and those still waiting for
+a slot: vLLM's `num_requests_waiting`, which llm-d's queue scorer reads), the KV blocks
+its running requests hold (vLLM's KV-cache usage times its blocks, which llm-d's
+utilization scorer reads) and the two sums NVIDIA Dynamo's router keeps per worker
+(`ActiveSequences`) and its cost reads: prompt tokens still to prefill and the distinct
+prompt blocks of active requests. Each router says which it reads.
+
+Lifecycle hooks. Besides `on_request_routed`, the cluster that routes tells a router when
+a request's first token is out (`on_first_token`: its prefill is done, as Dynamo's
+`mark_prefill_completed`) and when it completes (`on_request_completed`, also for a
+request that failed or was rejected), in the simulation and in the Ray Serve adapter
+alike. `RouterContext.service` is the replicas' service model where the cluster knows it
+(the simulation's; a deployment's, given to the adapter), for routers that estimate time.
 
 Must never: touch a cache or an event stream (the KV index arrives built, through
 `RouterContext.index`), or sleep: a decision is a pure function of the router's own
@@ -43,6 +52,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from prefixcache.cluster.kv_index import KVIndex, ReplicaId
 from prefixcache.cluster.prompt_hashes import PromptHasher, PromptHashes
+from prefixcache.cluster.service_model import ServiceModel
 from prefixcache.config import ConfigError, from_mapping
 from prefixcache.isolation import Namespace
 
@@ -79,6 +89,10 @@ class ReplicaLoad:
     active_blocks:  distinct full prompt blocks of queued and running requests: a block
                     several of them share counts once, output blocks not at all
                     (Dynamo's active blocks, its `router_track_output_blocks` off)
+    queued_requests: requests waiting for a slot (vLLM's `num_requests_waiting`)
+    kv_blocks:      BLOCKS of KV its running requests hold (vLLM's KV-cache usage x its
+                    blocks; where the cluster cannot see the replica's pool, an estimate
+                    from what it routed there)
     """
 
     replica: ReplicaId
@@ -87,6 +101,8 @@ class ReplicaLoad:
     num_requests: int = 0
     prefill_tokens: int = 0
     active_blocks: int = 0
+    queued_requests: int = 0
+    kv_blocks: int = 0
 
     @property
     def tokens(self) -> int:
@@ -100,7 +116,8 @@ class ReplicaLoad:
 
 V = TypeVar("V")
 
-LOAD_FIELDS = ("queued_tokens", "running_tokens", "num_requests", "prefill_tokens", "active_blocks")
+LOAD_FIELDS = ("queued_tokens", "running_tokens", "num_requests", "prefill_tokens", "active_blocks", "queued_requests",
+               "kv_blocks")
 """The columns of `Candidates`, the fields of `ReplicaLoad` after `replica`."""
 
 
@@ -125,6 +142,8 @@ class Candidates:
         self.num_requests = array("q", zeros)
         self.prefill_tokens = array("q", zeros)
         self.active_blocks = array("q", zeros)
+        self.queued_requests = array("q", zeros)
+        self.kv_blocks = array("q", zeros)
 
     @classmethod
     def of(cls, loads: Iterable[ReplicaLoad]) -> Candidates:
@@ -141,8 +160,7 @@ class Candidates:
 
     def __getitem__(self, i: int) -> ReplicaLoad:
         """Row i as a ReplicaLoad."""
-        return ReplicaLoad(self.replicas[i], self.queued_tokens[i], self.running_tokens[i], self.num_requests[i],
-                           self.prefill_tokens[i], self.active_blocks[i])
+        return ReplicaLoad(self.replicas[i], *(getattr(self, name)[i] for name in LOAD_FIELDS))
 
     def __iter__(self) -> Iterator[ReplicaLoad]:
         return (self[i] for i in range(len(self.replicas)))
@@ -173,7 +191,8 @@ class Candidates:
 
 
 class RoutingRequest:
-    """A request being routed: its tokens (a list of int ids), namespace and expected
+    """A request being routed: its tokens (a sequence of int ids: a list, or an int32
+    buffer where the cluster holds one), namespace and expected
     output length (TOKENS; a client's max_tokens). `hashes` are its prompt's chained
     block hashes under the replicas' hash config, computed on first use and kept, so a
     router that never reads them never pays for them."""
@@ -183,7 +202,7 @@ class RoutingRequest:
     def __init__(
         self,
         request_id: Hashable,
-        tokens: list[int],
+        tokens: Sequence[int],
         *,
         namespace: Namespace = None,
         num_output_tokens: int = 0,
@@ -219,6 +238,8 @@ class RouterContext:
     index:           the cluster KV index, fed by the replicas' events (None where there is none)
     rng:             the router's random source (seeded: a replay is reproducible)
     clock:           the current time in SECONDS (simulated time in a simulation)
+    service:         the replicas' service model (`ServiceModel`: step costs, prefill
+                     estimates, capacity), None where the cluster does not know it
     active:          the active sequences, kept by the cluster that routes (None where it
                      keeps none): a `KVIndex` holding, per replica, the full prompt blocks
                      of each request routed there and not finished, one copy per request
@@ -233,6 +254,7 @@ class RouterContext:
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     clock: Callable[[], float] = lambda: 0.0
     active: KVIndex | None = None
+    service: ServiceModel | None = None
 
 
 class Router(ABC):
@@ -278,6 +300,12 @@ class Router(ABC):
 
     def on_request_routed(self, request: RoutingRequest, replica: ReplicaId) -> None:
         """`request` was sent to `replica`."""
+
+    def on_first_token(self, request: RoutingRequest, replica: ReplicaId) -> None:
+        """`request`'s first token is out of `replica`: its prefill is done."""
+
+    def on_request_completed(self, request: RoutingRequest, replica: ReplicaId) -> None:
+        """`request` left `replica`: finished, failed, or rejected there."""
 
     def on_replica_added(self, replica: ReplicaId) -> None:
         """`replica` joined the candidate set."""

@@ -2,7 +2,7 @@
 
 Owns `RequestMetrics` (one request: cached tokens, prefill tokens computed, TTFT, time
 per output token), `RunStats` (one run: prefill tokens computed vs saved, cache stats,
-time inside cache calls), `percentile`, the tables `prefixcache generate` prints (as
+time inside cache calls), the tables `prefixcache generate` prints (as
 `prefixcache.tables.Table`s, in any --format) and the plain-text one the benchmark
 prints. Times are SECONDS from `time.perf_counter()`.
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from prefixcache.stats import CacheStats
 from prefixcache.tables import Column, Table
 
-__all__ = ["RequestMetrics", "RunStats", "percentile", "format_table", "request_table", "run_summary"]
+__all__ = ["RequestMetrics", "RunStats", "format_table", "request_table", "run_summary"]
 
 
 @dataclass
@@ -80,16 +80,6 @@ class RunStats:
     @property
     def output_tokens_per_s(self) -> float:
         return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation; nan for no values."""
-    xs = sorted(values)
-    if not xs:
-        return math.nan
-    pos = (len(xs) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def _cell(v: object) -> str:

@@ -16,8 +16,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from prefixcache.engine.metrics import percentile
 from prefixcache.loadgen.client import RequestResult
+from prefixcache.percentiles import percentiles
 
 __all__ = ["Distribution", "BenchSummary", "summarize"]
 
@@ -36,8 +36,7 @@ class Distribution:
     def of(cls, values: Sequence[float]) -> Distribution:
         if not values:
             return cls(0, math.nan, math.nan, math.nan, math.nan)
-        return cls(len(values), sum(values) / len(values), percentile(values, 50), percentile(values, 90),
-                   percentile(values, 99))
+        return cls(len(values), sum(values) / len(values), *percentiles(values, (50, 90, 99)))
 
 
 @dataclass(frozen=True)

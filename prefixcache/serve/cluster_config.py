@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from prefixcache.cluster.registry import resolve_router_spec
+from prefixcache.cluster.service_model import ServiceModel
 from prefixcache.config import ConfigError, from_mapping, load_yaml, to_plain
 from prefixcache.engine.config import check_sections
 from prefixcache.hashing import resolve_seed
@@ -85,6 +86,9 @@ class RayClusterConfig:
     num_cpus:              the local Ray cluster's logical CPUs (null: this machine's)
     host, port:            where Ray Serve's HTTP proxy listens
     served_model_name:     what requests name as `model` (null: engine.model)
+    service:               the replicas' service model (`ServiceModel` keys) for the
+                           routers that estimate time (estimated_ttft); null: an 8B model
+                           on one H100, the router's default
     """
 
     replicas: int = 2
@@ -99,6 +103,7 @@ class RayClusterConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     served_model_name: str | None = None
+    service: ServiceModel | None = None
 
     def __post_init__(self) -> None:
         for name in ("replicas", "max_ongoing_requests", "max_attempts"):
@@ -120,6 +125,9 @@ class RayClusterConfig:
         if not isinstance(self.options, Mapping):
             raise ConfigError("options", f"must be a mapping, got {type(self.options).__name__}")
         object.__setattr__(self, "options", types.MappingProxyType(dict(self.options)))
+        if self.service is not None and self.is_ray_router:
+            raise ConfigError("service", f"{self.router} does not read a service model (only the prefixcache "
+                                         f"routers do); remove it or pick one of those")
 
     @property
     def is_ray_router(self) -> bool:

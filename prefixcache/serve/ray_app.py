@@ -49,6 +49,7 @@ from ray._private import ray_constants  # noqa: E402
 from ray.serve.config import HTTPOptions, RequestRouterConfig  # noqa: E402
 
 from prefixcache.cluster.ray_router import PrefixCacheRequestRouter  # noqa: E402
+from prefixcache.config import to_plain  # noqa: E402
 from prefixcache.serve.cluster_config import (  # noqa: E402
     ClusterServeConfig,
     check_proxy_address_free,
@@ -89,6 +90,8 @@ def ray_router_config(config: ClusterServeConfig) -> RequestRouterConfig | None:
         "hash_algorithm": cache.hash.algorithm, "hash_seed": cache.hash.seed,
         "capacity_tokens": cache.num_blocks * cache.block_size,
     }
+    if cluster.service is not None:
+        kwargs["service"] = to_plain(cluster.service)
     return RequestRouterConfig(request_router_class=PrefixCacheRequestRouter, request_router_kwargs=kwargs)
 
 

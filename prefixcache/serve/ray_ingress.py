@@ -38,7 +38,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from prefixcache.cluster.live_routers import live_routers
+from prefixcache.cluster.live_routers import first_token, live_routers
 from prefixcache.engine.engine import GenerationRequest
 from prefixcache.engine.loader import load_tokenizer
 from prefixcache.engine.tokenizer import Tokenizer
@@ -193,6 +193,8 @@ class RoutedStream:
             except StopAsyncIteration:
                 return self._end(Failed(APIError("the replica's stream ended without a result", status=503)))
             if isinstance(item, Tokens):
+                if not self._streamed:  # the request's prefill is done: its router's load drops it
+                    first_token(self.request_id)
                 self._streamed = True
                 if self._engine.metrics is not None:
                     self._engine.metrics.on_tokens(self.request_id)

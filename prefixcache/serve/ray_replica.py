@@ -44,8 +44,8 @@ class EngineCall:
     """One request as the ingress hands it to a replica: the checked `generation` (its
     prompt as token ids) and `prompt`, the prompt's text (what a router that matches text
     reads: Ray Serve LLM's `PrefixCacheAffinityRouter` looks for a `prompt` attribute).
-    `prompt_token_ids`, `namespace` and `max_tokens` are what the project's routers read
-    (`prefixcache.cluster.ray_router.RoutedCall`)."""
+    `prompt_token_ids`, `namespace`, `max_tokens` and `request_id` are what the project's
+    routers read (`prefixcache.cluster.ray_router.RoutedCall`)."""
 
     generation: GenerationRequest
     prompt: str
@@ -61,6 +61,10 @@ class EngineCall:
     @property
     def max_tokens(self) -> int | None:
         return self.generation.max_tokens
+
+    @property
+    def request_id(self) -> str | None:
+        return self.generation.request_id
 
 
 @dataclass(frozen=True)

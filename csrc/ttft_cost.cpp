@@ -1,0 +1,67 @@
+// The estimated-TTFT router's cost. See ttft_cost.h for the formula and where the policy lives.
+#include "ttft_cost.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace prefixcache {
+namespace {
+
+void check(const TtftModel& m) {
+  for (const double v : {m.token_s, m.pair_s, m.weights_s, m.overhead_s, m.load_weight, m.decode_weight}) {
+    if (!(v >= 0) || !std::isfinite(v)) {
+      throw std::invalid_argument("the service model's rates and the charges' weights must be finite and >= 0");
+    }
+  }
+  if (m.budget < 1) throw std::invalid_argument("budget must be >= 1, got " + std::to_string(m.budget));
+}
+
+// Query-key pairs of prefilling n tokens from position h.
+double own_pairs(double n, double h) { return n * h + n * (n + 1) / 2; }
+
+}  // namespace
+
+double estimated_ttft(int64_t backlog_tokens, int64_t running, int64_t cached_tokens, int64_t prompt_tokens,
+                      const TtftModel& m) {
+  const double n = static_cast<double>(prompt_tokens - cached_tokens);
+  const double b = static_cast<double>(std::max<int64_t>(running, 0));
+  const double x = static_cast<double>(std::max<int64_t>(backlog_tokens, 0)) + n;
+  const double chunk = std::max(static_cast<double>(m.budget) - b, 1.0);
+  const double steps = x / chunk;
+  const double compute = m.token_s * (x + b * steps) + m.pair_s * own_pairs(n, static_cast<double>(cached_tokens));
+  return steps * m.overhead_s + std::max(compute, steps * m.weights_s);
+}
+
+std::vector<double> estimated_ttft_costs(std::span<const int64_t> prefill_tokens,
+                                         std::span<const int64_t> num_requests,
+                                         std::span<const int64_t> queued_requests,
+                                         std::span<const int32_t> overlap_blocks, int64_t prompt_tokens,
+                                         int64_t block_size, const TtftModel& model) {
+  const size_t n = prefill_tokens.size();
+  if (num_requests.size() != n || queued_requests.size() != n || overlap_blocks.size() != n) {
+    throw std::invalid_argument(
+        "prefill_tokens, num_requests, queued_requests and overlaps must have one entry per candidate, got " +
+        std::to_string(n) + ", " + std::to_string(num_requests.size()) + ", " +
+        std::to_string(queued_requests.size()) + " and " + std::to_string(overlap_blocks.size()));
+  }
+  if (block_size < 1) throw std::invalid_argument("block_size must be >= 1, got " + std::to_string(block_size));
+  if (prompt_tokens < 1) {
+    throw std::invalid_argument("prompt_tokens must be >= 1, got " + std::to_string(prompt_tokens));
+  }
+  check(model);
+  const int64_t most_cached = (prompt_tokens - 1) / block_size * block_size;
+  std::vector<double> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t cached = std::min<int64_t>(static_cast<int64_t>(overlap_blocks[i]) * block_size, most_cached);
+    const double n = static_cast<double>(prompt_tokens - cached);
+    const double own = model.token_s * n + model.pair_s * own_pairs(n, static_cast<double>(cached));
+    const int64_t running = std::max<int64_t>(num_requests[i] - queued_requests[i], 0);
+    out[i] = estimated_ttft(prefill_tokens[i], running, cached, prompt_tokens, model) +
+             (model.load_weight + model.decode_weight * static_cast<double>(running)) * own;
+  }
+  return out;
+}
+
+}  // namespace prefixcache

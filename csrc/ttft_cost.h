@@ -1,0 +1,58 @@
+// The estimated-TTFT router's cost, over every candidate replica at once.
+//
+// Owns the estimate of how long a prompt of P tokens (block size B) would wait for its
+// first token on candidate i, and the charge for the work it adds there, from the load
+// columns and the KV index's overlap, in SECONDS. With o = overlap[i] cached blocks, the
+// cache's hit h = min(o B, floor((P - 1) / B) B) (the last prompt token is always
+// computed) and n = P - h tokens to prefill from position h; with b = num_requests[i] -
+// queued_requests[i] requests running there (each takes a token of every step) and
+// X = prefill_tokens[i] + n prompt tokens ahead of and in this request's first token:
+//
+//   chunk   = max(budget - b, 1)                        prompt tokens a step can take
+//   steps   = X / chunk
+//   ttft[i] = steps x overhead_s + max(token_s (X + b steps) + pair_s pairs(n, h), steps x weights_s)
+//   own[i]  = token_s n + pair_s pairs(n, h)             its own prefill, alone
+//   cost[i] = ttft[i] + load_weight x own[i] + decode_weight x b x own[i]
+//
+// where pairs(n, h) = n h + n (n + 1) / 2 query-key pairs of its own prefill. token_s,
+// pair_s, weights_s, overhead_s and budget are the replicas' service model's
+// (prefixcache/cluster/service_model.py: the same roofline, in closed form). The charges
+// are the delay its own prefill adds for others there: everyone queued behind it
+// (load_weight), and each of the b requests decoding there, whose steps its chunks
+// lengthen (decode_weight): a cache miss costs the cluster more than its own TTFT, and a
+// long one most where many decode. Lower is better.
+// prefixcache/cluster/routers/estimated_ttft.py owns the policy around it.
+//
+// Never does: look anything up (the caller passes the overlaps, from the KV index).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace prefixcache {
+
+// The replicas' service model, as the estimate reads it (SECONDS and TOKENS).
+struct TtftModel {
+  double token_s;     // compute per token processed
+  double pair_s;      // compute per query-key pair
+  double weights_s;   // reading the weights once: a step's floor
+  double overhead_s;  // a step's fixed cost
+  int64_t budget;     // tokens a step processes at most
+  double load_weight;    // the charge for those queued behind it
+  double decode_weight;  // the charge for each request decoding there
+};
+
+// One cost per candidate. Throws std::invalid_argument if the columns differ in length,
+// block_size < 1, prompt_tokens < 1, or a model field is negative, not finite or (budget) < 1.
+std::vector<double> estimated_ttft_costs(std::span<const int64_t> prefill_tokens,
+                                         std::span<const int64_t> num_requests,
+                                         std::span<const int64_t> queued_requests,
+                                         std::span<const int32_t> overlap_blocks, int64_t prompt_tokens,
+                                         int64_t block_size, const TtftModel& model);
+
+// The SECONDS part of one candidate's cost (ttft[i] above), for a caller that reports it.
+double estimated_ttft(int64_t backlog_tokens, int64_t running, int64_t cached_tokens, int64_t prompt_tokens,
+                      const TtftModel& model);
+
+}  // namespace prefixcache
