@@ -142,11 +142,13 @@ class Engine:
             cc = cc.replace(layout=tuple(self.loaded.layout))
         self.config = replace(config, cache=cc)
         pool = BlockPool(cc.num_blocks)
-        self.cache: PrefixCache = build_cache(cc, pool) if ec.prefix_caching else NoPrefixCache(pool, cc)
+        self.cache: PrefixCache = build_cache(cc, pool) if ec.prefix_caching else NoPrefixCache(pool, cc.replace(options={}))
         if isinstance(self.loaded.weights, HybridWeights):
             self.model: LlamaModel | HybridModel = HybridModel(self.loaded.weights, attention_impl=ec.attention)
         else:
             self.model = LlamaModel(self.loaded.weights, attention_impl=ec.attention)
+        if isinstance(self.model, HybridModel):
+            self.model.state_tokens = self.cache.state_tokens  # where the cache keeps states
         self.model.allocate_kv(cc.num_blocks, cc.block_size)
         self.scheduler = Scheduler(
             self.cache, max_num_batched_tokens=ec.max_num_batched_tokens, max_num_seqs=ec.max_num_seqs

@@ -8,8 +8,9 @@ paged storage group by group: an attention layer's K/V in its group's blocks
 attention kernel with the layer's window or chunk (`window_left`, `chunk_size`); a
 recurrent layer's state in its group's blocks (one tensor per layer, ``[num_blocks,
 inner, state_dim]``): block i of a request's mamba table holds the state after (i + 1)
-* block_size tokens, written when a chunk ends there and read back when a request's
-hit starts there. The recurrent layer is a diagonal selective state-space scan
+* `state_tokens` tokens (the cache's: the block size, or finer), written when a chunk
+ends there and read back when a request's hit starts there. A copy-on-write hit
+(`copy_blocks`) copies the head of a block in every attention layer. The recurrent layer is a diagonal selective state-space scan
 (Mamba's recurrence without its convolution): h = exp(-dt * A) * h + dt * u * B,
 y = h . C + D * u, gated by silu(z).
 
@@ -175,6 +176,8 @@ class HybridModel:
         self._lm_head_t = weights.lm_head.t().contiguous()
         self.storage: list[torch.Tensor] = []
         self.num_blocks = self.block_size = 0
+        #: TOKENS per entry of a mamba table (the cache's `state_tokens`; set by the engine).
+        self.state_tokens = 0
         self._running: dict[Hashable, list[torch.Tensor]] = {}
         #: Tests: keep each request's running states when it leaves, in `final_states`.
         self.keep_final_states = False
@@ -191,10 +194,18 @@ class HybridModel:
             for kind in self.kinds
         ]
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.state_tokens = self.state_tokens or block_size
 
     def copy_blocks(self, copies: Sequence[tuple[int, int, int]]) -> None:
-        if copies:
-            raise ValueError("the hybrid model takes no copy-on-write hits (partial_hits)")
+        """Copy-on-write hits (`Admission.copies`): for each (src, dst, n), the K/V of
+        the first n slots of block src into block dst, in every attention layer (a
+        block id belongs to one group at a time, so the others' copy is never read)."""
+        for src, dst, n in copies:
+            if not (0 <= src < self.num_blocks and 0 <= dst < self.num_blocks and 0 < n <= self.block_size):
+                raise ValueError(f"copy {(src, dst, n)}: blocks in [0, {self.num_blocks}), 1 <= n <= {self.block_size}")
+            for kind, kv in zip(self.kinds, self.storage):
+                if kind != MAMBA:
+                    kv[dst, :, :, :n] = kv[src, :, :, :n]
 
     def forget(self, request_id: Hashable) -> None:
         """The request left (finished, preempted, aborted): drop its running state."""
@@ -242,7 +253,7 @@ class HybridModel:
         admission, the cached state its hit ends on (zeros at position 0)."""
         if not ch.fresh and ch.request_id in self._running:
             return self._running[ch.request_id]  # copied by the caller
-        c, bs = self.config, self.block_size
+        c, step = self.config, self.state_tokens
         states = []
         for layer, kind in enumerate(self.kinds):
             if kind != MAMBA:
@@ -251,23 +262,23 @@ class HybridModel:
                 states.append(torch.zeros((c.hidden_size, c.state_dim)))
                 continue
             table = self._table(tables, layer)
-            i = ch.start // bs - 1
-            if ch.start % bs or i >= len(table) or table[i] == NULL_BLOCK:
+            i = ch.start // step - 1
+            if ch.start % step or i >= len(table) or table[i] == NULL_BLOCK:
                 raise ValueError(f"request {ch.request_id!r}: no cached state at position {ch.start} to resume from")
             states.append(self.storage[layer][table[i]].clone())
         return states
 
     def _save(self, end: int, tables: Sequence[Sequence[int]], state: list[torch.Tensor]) -> None:
-        """A chunk that ends on a block boundary leaves each state in its block."""
-        bs = self.block_size
-        if end % bs:
+        """A chunk that ends on a state boundary leaves each state in its block."""
+        step = self.state_tokens
+        if end % step:
             return
         m = 0
         for layer, kind in enumerate(self.kinds):
             if kind != MAMBA:
                 continue
             table = self._table(tables, layer)
-            i = end // bs - 1
+            i = end // step - 1
             if i < len(table) and table[i] != NULL_BLOCK:
                 self.storage[layer][table[i]].copy_(state[m])
             m += 1
