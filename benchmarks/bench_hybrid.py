@@ -15,9 +15,10 @@ Three measurements, side by side in one run (record `cat /proc/loadavg` with the
    vLLM's defaults there and full attention at block 16, requests decoded token by
    token (so a conversation's next turn can start where the last one ended).
 5. A per-path state cap (`state_cap`, replay-length-aware) against LRU alone at equal
-   memory: long conversations, full + mamba at block 528 keeping a state every 64
-   tokens (`state_granule: 16, retention: dense, state_interval: 64`), pools where the
-   states crowd the KV out.
+   memory: long conversations, full + mamba at block 528 with `state_granule: 16`,
+   keeping every state written (`retention: dense, state_interval: 64`: a state every
+   64 prompt tokens and every 16 decoded ones, one 528-token page each) or the sparse
+   ones, in pools where the states crowd the KV out.
 
     python benchmarks/bench_hybrid.py [--repeat 5]
 """
@@ -234,15 +235,16 @@ def state_cap(args) -> None:
     reqs = long_chats(random.Random(args.seed))
     prompts = sum(len(r.prompt) for r in reqs)
     dense = {"state_granule": 16, "retention": "dense", "state_interval": 64}
+    sparse = {"state_granule": 16}
     print(f"\n## 5. Per-path state cap against LRU at equal memory ({len(reqs)} requests, {prompts:,} prompt tokens; "
-          "full+mamba, block 528, a state every 64 tokens; hit ratio)\n")
-    caps = (0, 1, 2, 4)
-    print("| pool (blocks of 528) | " + " | ".join("LRU" if c == 0 else f"state_cap: {c}" for c in caps)
-          + " | cap 1 - LRU (points) |")
-    print("|---|" + "---|" * (len(caps) + 1))
+          "full+mamba, block 528, `state_granule: 16`; hit ratio)\n")
+    arms = [("dense, LRU", dense, 0), ("dense, state_cap: 1", dense, 1), ("dense, state_cap: 2", dense, 2),
+            ("sparse, LRU", sparse, 0), ("sparse, state_cap: 1", sparse, 1)]  # fmt: skip
+    print("| pool (blocks of 528) | " + " | ".join(name for name, _, _ in arms) + " | dense: cap 1 - LRU (points) |")
+    print("|---|" + "---|" * (len(arms) + 1))
     for blocks in args.pools:
-        ratios = [sum(replay_pressed(build(LAYOUTS["full+mamba"], 528, blocks, **dense, state_cap=c), reqs)) / prompts
-                  for c in caps]  # fmt: skip
+        ratios = [sum(replay_pressed(build(LAYOUTS["full+mamba"], 528, blocks, **opts, state_cap=c), reqs)) / prompts
+                  for _, opts, c in arms]  # fmt: skip
         print(f"| {blocks} | " + " | ".join(f"{r:.3f}" for r in ratios) + f" | {100 * (ratios[1] - ratios[0]):+.1f} |")
 
 
@@ -252,7 +254,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--granule", type=int, default=16, help="state_granule of section 4 (TOKENS)")
     parser.add_argument("--only", choices=("cost", "window", "options", "finer", "cap"), help="one section only")
-    parser.add_argument("--pools", type=int, nargs="+", default=[48, 64, 96, 128, 192],
+    parser.add_argument("--pools", type=int, nargs="+", default=[64, 96, 128, 160, 192, 256, 384],
                         help="section 5's pool sizes (BLOCKS of 528)")
     args = parser.parse_args()
     print(f"# bench_hybrid: {cpu_model()}, load {open('/proc/loadavg').read().split()[:3]}, {time.strftime('%Y-%m-%d %H:%M')}")

@@ -143,3 +143,32 @@ def test_engine_restores_states_at_the_granule_exactly():
         assert r.difference is None, r.difference
         hits += r.hit_tokens
     assert hits > 0 and copies and all(0 < n < 16 for _, _, n in copies)
+
+
+def test_replay_victims_drop_the_least_replay_first_never_the_deepest():
+    from prefixcache.backends.hybrid_hash import replay_victims
+
+    states = [(64, 1), (128, 2), (144, 3), (400, 4), (416, 5)]
+    assert replay_victims(states, 5) == []
+    assert replay_victims(states, 4) == [3]  # 144 saves 16 over 128 (416's 16 is the deepest's: kept)
+    assert replay_victims(states, 2) == [3, 1, 2]
+    assert replay_victims(states, 1) == [3, 1, 2, 4]
+
+
+@pytest.mark.parametrize("granule", [0, 16])
+def test_state_cap_keeps_at_most_cap_states_per_path(granule):
+    rng = random.Random(3)
+    options = {"retention": "dense", "state_interval": 64, "state_cap": 2}
+    if granule:
+        options["state_granule"] = granule
+    cache = cache_of(block_size=64, num_blocks=200, **options)
+    prompt = [rng.randrange(50_000) for _ in range(700)]
+    answer = [rng.randrange(50_000) for _ in range(40)]
+    run(cache, "a", prompt, answer)
+    mark = b"\xfe\x00\x00\x00\x01" if granule else b"\x00\x00\x00\x01"  # a state's key ends so (group 1)
+    states = [b for b in range(cache.pool.num_blocks) if (k := cache.pool.key(b)) is not None and k[32:] == mark]
+    assert len(states) == 2
+    assert cache.stats().evictions >= 9  # the path held a state every 64 tokens
+    # What stays is the deepest (where a next turn continues) and one far from it.
+    assert run(cache, "b", prompt + answer + [1] * 20).num_cached_tokens == (739 // 16 * 16 if granule else 704)
+    assert 0 < run(cache, "c", prompt).num_cached_tokens < 640
