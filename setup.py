@@ -2,8 +2,9 @@
 
 `backends/` is installed as `prefixcache.backends` (not a top-level module), so the
 strategies live beside the core in the user's tree but import as part of the package.
-Likewise `configs/*.yaml` ships as package data of `prefixcache.configs`, so an installed
-`prefixcache ab` finds its default A/B file through importlib.resources.
+Likewise `configs/*.yaml` (and the demo prompts, `configs/prompts.jsonl`) ship as package
+data of `prefixcache.configs`, so an installed `prefixcache ab` finds its default A/B file
+through importlib.resources.
 
 `PREFIXCACHE_CUDA=auto|1|0` decides whether csrc/*.cu is compiled into `_C` with nvcc
 (auto: when nvcc is found; 1: required; 0: never). The CUDA runtime is linked statically
@@ -110,7 +111,7 @@ packages += ["prefixcache.backends", "prefixcache.configs"]
 setup(
     packages=packages,
     package_dir={"prefixcache": "prefixcache", "prefixcache.backends": "backends", "prefixcache.configs": "configs"},
-    package_data={"prefixcache.configs": ["*.yaml"]},
+    package_data={"prefixcache.configs": ["*.yaml", "*.jsonl"]},
     ext_modules=[native_extension()],
     cmdclass={"build_ext": BuildExt},
     zip_safe=False,

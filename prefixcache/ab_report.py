@@ -17,6 +17,7 @@ from prefixcache.ab import ABResult, SweepResult, bound_name
 from prefixcache.tables import Column, Table
 
 __all__ = ["PlotUnavailable", "ab_table", "sweep_table", "ab_figure", "sweep_figure", "plot_ab", "plot_sweep",
+           "label_points", "POINT_VALUE",
            "eviction_onset", "arm_color", "arm_line", "INSTALL_PLOT"]
 
 INSTALL_PLOT = "pip install 'prefixcache[plot]'  (or: pip install matplotlib)"
@@ -128,6 +129,20 @@ EVICTION_ONSET = "eviction-onset"
 def arm_color(i: int) -> str:
     """Arm i's colour in every panel (matplotlib's default cycle); bounds are greys."""
     return f"C{i % 10}"
+
+
+POINT_VALUE = "point-value"
+"""The gid of the text that writes a plotted point's value beside it (sweep, cluster)."""
+
+
+def label_points(panel: Any, xs: Sequence[float], ys: Sequence[float], color: Any, index: int) -> None:
+    """Each point's value (3 decimals) just above it in `color`, series `index` a step
+    higher than the one before, so series that meet at a point stay readable."""
+    for x, y in zip(xs, ys):
+        if y is None or y != y:  # no value (nan)
+            continue
+        panel.annotate(f"{y:.3f}", (x, y), textcoords="offset points", xytext=(0, 4 + 7 * index), ha="center",
+                       fontsize=6, color=color, gid=POINT_VALUE)
 
 
 def arm_line(i: int) -> dict[str, Any]:
@@ -245,6 +260,7 @@ def sweep_figure(result: SweepResult, marks: Sequence[tuple[str, float, float]] 
                 panel.plot(xs, ys, label=name, **_bound_style(name, block_sizes))
                 continue
             panel.plot(xs, ys, label=name, **arm_line(arm_index))
+            label_points(panel, xs, ys, arm_color(arm_index), arm_index)
             onset = eviction_onset(points)
             if onset is not None:
                 panel.plot([onset.capacity_tokens], [getattr(onset, metric)], marker="o", markersize=13,

@@ -22,6 +22,8 @@ library functions and shows their results; none holds logic of its own. One shap
                                               KV events on ZeroMQ, Prometheus /metrics
     prefixcache bench --base-url URL ...      timed load against any OpenAI-compatible
                                               server: TTFT/TPOT/ITL/latency, hit ratio
+    prefixcache tokenizer MODEL [--out DIR]   an engine model's tokenizer as Hugging Face
+                                              files, for benchmark clients that tokenize
     prefixcache cluster [CONFIG] [--trace PATH] [--replicas N ...]
                                               routers over N simulated replicas by arrival
                                               time: table, JSON, CSV, PNG
@@ -49,7 +51,10 @@ Must never: implement caching, workloads or experiments here.
 from __future__ import annotations
 
 import argparse
+import copy
 import difflib
+import io
+import importlib
 import importlib.resources
 import os
 import sys
@@ -94,66 +99,144 @@ def _shipped(name: str, instead: str) -> Path:
     return Path(str(resource))
 
 
+def _plugin_path(folder: str | Path) -> None:
+    """Put `folder` first on sys.path (once), so that a plugin module beside the user's
+    files imports: the working directory, as `python -m` puts it, and a config's folder."""
+    folder = str(Path(folder).resolve())
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+
+
+def _import_plugins(modules: Sequence[str]) -> None:
+    """`--import MODULE ...`: each imported from the working directory (or installed); a
+    failure is one ConfigError naming the flag. Refused with --no-import."""
+    from prefixcache.registry import imports_allowed
+
+    if modules and not imports_allowed():
+        raise ConfigError("--import", f"imports are off ({NO_IMPORT_ENV}=1 or --no-import)")
+    for name in modules:
+        _plugin_path(os.getcwd())
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 -- the module's own code failed: one line naming it
+            raise ConfigError("--import", f"{name!r}: {type(err).__name__}: {err}") from None
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
-    """The file through the loader of the command that reads it: a cluster file
+    """The file through the loader of the command that reads it (`_validated`), printed
+    resolved; or every mistake in it, one `error:` line each (exit 2): after each error
+    the key it names is set aside and the file checked again, so one run lists them all
+    (a mistake that hides behind another, such as a key inside a section that is not a
+    mapping, shows once that one is fixed)."""
+    path = str(args.file)
+    data, source = _data(path, args), _source(path, args)
+    errors: list[ConfigError] = []
+    trial = copy.deepcopy(dict(data))
+    dropped: list[str] = []
+    while True:
+        try:
+            lines = _validated(trial, source)
+            break
+        except ConfigError as err:
+            if any(err.path == d or err.path.startswith(d + ".") for d in dropped) or len(errors) >= _MAX_ERRORS:
+                break  # a consequence of setting an earlier mistake aside
+            errors.append(err)
+            if not err.path or not _drop(trial, err.path):
+                break
+            dropped.append(err.path)
+    if errors:
+        for err in errors:
+            print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(lines, end="")
+    return 0
+
+
+_MAX_ERRORS = 25
+
+
+def _drop(data: dict, path: str) -> bool:
+    """Remove the key at dotted `path` from nested mappings (a key holding dots is matched
+    whole, as --set does); whether there was one."""
+    parts = path.split(".")
+    node: Any = data
+    while parts:
+        for n in range(len(parts), 0, -1):
+            key = ".".join(parts[:n])
+            if isinstance(node, dict) and key in node:
+                if n == len(parts):
+                    del node[key]
+                    return True
+                node, parts = node[key], parts[n:]
+                break
+        else:
+            return False
+    return False
+
+
+def _validated(data: Mapping[str, Any], source: str) -> str:
+    """What `validate` prints of a file read by the loader of the command that reads it
+    (ConfigError for its first mistake): a cluster file
     (`routers:` or `replicas:`) as `cluster` does; an A/B file (`arms:` or `workload:`) as
     `ab` does, generator included; one with `kv_events:` or `server:` (or a near miss) as `serve` does;
     one with `engine:` (or a near miss of it, such as `engin:`) as `generate` does; else
-    its `cache:` section (other sections may share such a file). Prints nothing but the
-    error when anything is wrong."""
-    path = str(args.file)
-    data, source = _data(path, args), _source(path, args)
+    its `cache:` section (other sections may share such a file)."""
+    out = io.StringIO()
+
+    def say(*values: object, **kwargs: Any) -> None:
+        print(*values, file=out, **kwargs)
+
     from prefixcache.cluster.config import is_cluster_mapping, parse_cluster_config
     from prefixcache.serve.cluster_config import is_cluster_serve_mapping, parse_cluster_serve_config
 
     if is_cluster_serve_mapping(data):  # no Ray, no torch: the schema only
         served = parse_cluster_serve_config(data, source)
-        print(f"# {source}: valid (as prefixcache cluster serve reads it; the hash seed resolved, "
-              "event sockets per replica)")
-        print(yaml.safe_dump(served.plain(), sort_keys=False), end="")
-        return 0
+        say(f"# {source}: valid (as prefixcache cluster serve reads it; the hash seed resolved, "
+            "event sockets per replica)")
+        say(yaml.safe_dump(served.plain(), sort_keys=False), end="")
+        return out.getvalue()
     if is_cluster_mapping(data):
         cluster = parse_cluster_config(data, source)
-        print(f"# {source}: valid cluster experiment; each replica's num_blocks = capacity_tokens // block_size")
-        print(yaml.safe_dump(cluster.plain(), sort_keys=False), end="")
-        return 0
+        say(f"# {source}: valid cluster experiment; each replica's num_blocks = capacity_tokens // block_size")
+        say(yaml.safe_dump(cluster.plain(), sort_keys=False), end="")
+        return out.getvalue()
     if is_ab_mapping(data):
         ab = parse_ab_config(data, source)
         spec = ab.workload
         # As `ab` does: a generator's size is checked before it runs; a trace is read and
         # its token ids checked against every arm.
         w = _workload(ab, source) if spec.generator is not None or spec.mooncake.path is not None else None
-        print(f"# {source}: valid A/B; every arm's num_blocks = capacity_tokens // block_size")
-        print(yaml.safe_dump(to_plain(ab), sort_keys=False), end="")
+        say(f"# {source}: valid A/B; every arm's num_blocks = capacity_tokens // block_size")
+        say(yaml.safe_dump(to_plain(ab), sort_keys=False), end="")
         if w is not None:
             analytic = ", ".join(f"B={b}: {w.analytic_hit_ratio(b):.4f}" for b in ab.block_sizes
                                  if w.analytic_hit_ratio(b) is not None)
-            print(f"# workload {w.name}: {len(w):,} requests, {w.prompt_tokens:,} prompt tokens"
+            say(f"# workload {w.name}: {len(w):,} requests, {w.prompt_tokens:,} prompt tokens"
                   + (f"; analytic ceiling {analytic}" if analytic else ""))
         else:
-            print("# workload: a Mooncake trace, path given at run time with --trace PATH")
-        return 0
+            say("# workload: a Mooncake trace, path given at run time with --trace PATH")
+        return out.getvalue()
     if any(difflib.get_close_matches(name, [str(k) for k in data], n=1) for name in ("kv_events", "server")):
         from prefixcache.serve.config import parse_serve_config  # no torch, no sockets: the schema only
 
         served = parse_serve_config(data, source)
         _check_engine_memory(served.serving, source)
-        print(f"# {source}: valid (cache, engine, kv_events and server, as prefixcache serve reads them)")
+        say(f"# {source}: valid (cache, engine, kv_events and server, as prefixcache serve reads them)")
         plain = {**to_plain(served.serving), "kv_events": to_plain(served.kv_events), "server": to_plain(served.server)}
-        print(yaml.safe_dump(plain, sort_keys=False), end="")
-        return 0
+        say(yaml.safe_dump(plain, sort_keys=False), end="")
+        return out.getvalue()
     if difflib.get_close_matches("engine", [str(k) for k in data], n=1):
         from prefixcache.engine.config import parse_serving_config  # no torch: the schema only
 
         serving = parse_serving_config(data, source)
         _check_engine_memory(serving, source)
-        print(f"# {source}: valid (cache and engine, as prefixcache generate reads them)")
-        print(yaml.safe_dump(to_plain(serving), sort_keys=False), end="")
-        return 0
+        say(f"# {source}: valid (cache and engine, as prefixcache generate reads them)")
+        say(yaml.safe_dump(to_plain(serving), sort_keys=False), end="")
+        return out.getvalue()
     config = parse_cache_config(require_section(data, "cache", source), "cache", source)
-    print(f"# {source}: valid")
-    print(yaml.safe_dump({"cache": to_plain(config)}, sort_keys=False), end="")
-    return 0
+    say(f"# {source}: valid")
+    say(yaml.safe_dump({"cache": to_plain(config)}, sort_keys=False), end="")
+    return out.getvalue()
 
 
 def _check_engine_memory(serving: Any, source: str) -> None:
@@ -234,19 +317,44 @@ def _workload(config: Any, path: str) -> Workload:
     return workload
 
 
+_SHIPPED_FOLDERS = ("configs", "examples")
+
+
+def shipped_fallback(path: str) -> str:
+    """`path`, or when no such file exists here and it names a shipped file by the
+    repository's folder (`configs/ab.yaml`, `examples/prompts.jsonl`, or a bare
+    `ab.yaml`), the installed copy of that file, said on stderr: the README's commands
+    then work from any directory."""
+    given = Path(path)
+    if given.exists() or str(given.parent) not in (".", *_SHIPPED_FOLDERS):
+        return path
+    try:
+        shipped = _shipped(given.name, "")
+    except ConfigError:
+        return path
+    print(f"# {path}: not in {Path.cwd()}; using the shipped {given.name} ({shipped})", file=sys.stderr)
+    return str(shipped)
+
+
 def _data(path: str, args: argparse.Namespace) -> Mapping[str, Any]:
     """The YAML file's data with the command line's --set and shortcut overrides applied
     (`prefixcache.overrides`), for the same loader as the file."""
-    from prefixcache.overrides import apply_overrides, parse_override, shortcut_overrides
+    from prefixcache.overrides import apply_overrides, parse_override, relabel_arms, shortcut_overrides
 
+    path = shipped_fallback(path)
     data = load_yaml(path)
+    from prefixcache.registry import imports_allowed
+
+    if imports_allowed():  # a config's "module:Class" plugin beside it, or in the working directory
+        _plugin_path(os.getcwd())
+        _plugin_path(Path(path).parent)
     overrides = []
     for name in ("seed", "backend", "block_size"):
         value = getattr(args, name, None)
         if value is not None:
             overrides += shortcut_overrides(data, name, value)
     overrides += [parse_override(text) for text in getattr(args, "overrides", None) or ()]
-    return apply_overrides(data, overrides)
+    return relabel_arms(data, apply_overrides(data, overrides)) if overrides else data
 
 
 def _source(path: str, args: argparse.Namespace) -> str:
@@ -384,7 +492,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from prefixcache.engine.config import parse_serving_config  # the schema: no torch
 
     config = parse_serving_config(_data(path, args), _source(path, args))  # overrides applied, checked first
-    code = generate(path, args.prompts, fmt="json" if args.json else args.format, config=config)
+    prompts = (shipped_fallback(args.prompts) if args.prompts is not None
+               else str(_shipped(DEFAULT_PROMPTS, "prefixcache generate --prompts FILE.jsonl")))
+    code = generate(path, prompts, fmt="json" if args.json else args.format, config=config)
     if args.config_flag is not None:  # after the run: an error stays the one line it is
         print("note: --config is deprecated; pass the config as the first argument: "
               "prefixcache generate CONFIG --prompts FILE", file=sys.stderr)
@@ -392,6 +502,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 DEFAULT_ENGINE_CONFIG = "engine.yaml"
+DEFAULT_PROMPTS = "prompts.jsonl"
 DEFAULT_SERVE_CONFIG = "serve.yaml"
 DEFAULT_CLUSTER_CONFIG = "cluster.yaml"
 
@@ -401,12 +512,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     path = args.config if args.config is not None else str(_shipped(DEFAULT_SERVE_CONFIG, "prefixcache serve CONFIG"))
     config = parse_serve_config(_data(path, args), _source(path, args))  # overrides applied, checked first
+    from prefixcache.serve.listen import check_serve_addresses  # no torch: a busy port is one line, at once
+
+    check_serve_addresses(config, args.host, args.port, _source(path, args))
     # Before torch loads, as `generate` does (prefixcache/engine/cli.py): OpenMP threads that
     # spin while waiting slow the engine 5-15x on a busy machine.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from prefixcache.serve.server import serve  # late: the engine needs torch, the server fastapi
 
     return serve(path, host=args.host, port=args.port, served_model_name=args.served_model_name, config=config)
+
+
+def cmd_tokenizer(args: argparse.Namespace) -> int:
+    from prefixcache.engine.tokenizer_export import FILES, export_tokenizer  # late: tokenizers
+
+    out = Path(args.out if args.out is not None else Path("out") / "tokenizer" / Path(args.model).stem)
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--out", f"{str(out)!r} is a file, not a folder: nothing was written")
+    for name in FILES:
+        if (out / name).is_dir():
+            raise ConfigError("--out", f"{str(out / name)!r} is a folder; the tokenizer needs that name")
+    try:
+        written = export_tokenizer(args.model, out)
+    except (OSError, ValueError) as err:
+        raise ConfigError("MODEL", f"{args.model!r}: {err}") from None
+    print(f"wrote {', '.join(str(p) for p in written)}")
+    print(f"# a client's tokenizer: --tokenizer {out} (aiperf, guidellm --processor, vllm bench serve, "
+          "sglang.bench_serving); docs/clients.md")
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -446,11 +579,14 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster_serve(args: argparse.Namespace) -> int:
-    from prefixcache.serve.cluster_config import check_proxy_address_free, load_cluster_serve_config, with_proxy_address
+    from prefixcache.serve.cluster_config import check_proxy_address_free, parse_cluster_serve_config, with_proxy_address
 
-    # The whole file and the proxy's address are checked before Ray is imported: a mistake
-    # is one line, in a second.
-    config = with_proxy_address(load_cluster_serve_config(args.config), host=args.host, port=args.port)
+    # The whole file (overrides applied), its CPU layout on this machine and the proxy's
+    # address are checked before Ray is imported: a mistake is one line, in a second.
+    path = args.config if args.config is not None else str(_shipped(DEFAULT_CLUSTER_SERVE_CONFIG,
+                                                                      "prefixcache cluster serve CONFIG"))
+    config = parse_cluster_serve_config(_data(path, args), _source(path, args))
+    config = with_proxy_address(config, host=args.host, port=args.port)
     check_proxy_address_free(config)
     try:
         from prefixcache.serve.ray_app import serve_cluster  # late: Ray, torch
@@ -460,17 +596,22 @@ def cmd_cluster_serve(args: argparse.Namespace) -> int:
     return serve_cluster(config)
 
 
+DEFAULT_CLUSTER_SERVE_CONFIG = "cluster_serve.yaml"
+
+
 def build_cluster_serve_parser() -> argparse.ArgumentParser:
     """`prefixcache cluster serve`: its own parser (`prefixcache cluster CONFIG` keeps the
     simulation, so a cluster file named `serve` needs a path such as ./serve)."""
     parser = argparse.ArgumentParser(
-        prog="prefixcache cluster serve",
+        prog="prefixcache cluster serve", parents=[_experiment_options()], formatter_class=_HelpFormatter,
         description="N prefixcache engine replicas on Ray Serve (a local Ray cluster) behind one OpenAI-compatible "
                     "ingress; the replicas' request router is a prefixcache router over their KV events, or Ray's own")
-    parser.add_argument("config", help="YAML with cache:, engine:, cluster: (see configs/cluster_serve.yaml)")
+    parser.add_argument("config", nargs="?", help=f"YAML with cache:, engine:, cluster: (default: the shipped "
+                                                  f"{DEFAULT_CLUSTER_SERVE_CONFIG}: two tiny replicas)")
     parser.add_argument("--host", help="where Ray Serve's HTTP proxy listens (default: cluster.host, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="its port (default: cluster.port, 8000)")
     parser.add_argument("--no-import", action="store_true", help=_NO_IMPORT_HELP)
+    parser.add_argument("--import", dest="imports", action="append", metavar="MODULE", help=_IMPORT_HELP)
     parser.set_defaults(func=cmd_cluster_serve)
     return parser
 
@@ -485,6 +626,8 @@ def _replica_count(text: str) -> int:
     return value
 
 
+_IMPORT_HELP = ("import MODULE first (repeatable; found from the working directory, as `python -m` finds it): "
+                "its @register_backend / @register_eviction_policy names then resolve in configs and --set")
 _NO_IMPORT_HELP = (f"refuse 'module:Class' paths in configs: only registered backend and policy names "
                    f"(the same as {NO_IMPORT_ENV}=1)")
 
@@ -532,9 +675,12 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=_HelpFormatter)
     parser.add_argument("--version", action="version", version=f"prefixcache {__version__}")
     parser.add_argument("--no-import", action="store_true", help=_NO_IMPORT_HELP)
-    # The flag after the command too (`prefixcache validate --no-import f.yaml`).
+    parser.add_argument("--import", dest="imports", action="append", metavar="MODULE", help=_IMPORT_HELP)
+    # The flags after the command too (`prefixcache validate --no-import f.yaml`).
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--no-import", action="store_true", default=argparse.SUPPRESS, help=_NO_IMPORT_HELP)
+    common.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=argparse.SUPPRESS,
+                        help=_IMPORT_HELP)
     experiment, table = _experiment_options(), _format_option()
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -564,7 +710,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("config", nargs="?", help=f"YAML with cache: and engine: sections "
                                                f"(default: the shipped {DEFAULT_ENGINE_CONFIG})")
     gen.add_argument("--config", dest="config_flag", metavar="CONFIG", help="deprecated: the same as CONFIG")
-    gen.add_argument("--prompts", required=True, help='JSONL: {"prompt": str} or {"messages": [...]}, optional "namespace", "max_tokens"')
+    gen.add_argument("--prompts", help='JSONL: {"prompt": str} or {"messages": [...]}, optional "namespace", '
+                                       '"max_tokens", "arrival_s" (default: the shipped demo, examples/prompts.jsonl: '
+                                       'six chat requests sharing a system prompt)')
     gen.add_argument("--json", action="store_true", help="the same as --format json: one JSON object per request "
                                                          "and line (completion, token counts, TTFT)")
     gen.set_defaults(func=cmd_generate)
@@ -576,6 +724,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int, default=8000, help="TCP port")
     srv.add_argument("--served-model-name", help="the name clients send as `model` (default: engine.model)")
     srv.set_defaults(func=cmd_serve)
+
+    tok = command("tokenizer", "write an engine model's tokenizer as Hugging Face files (tokenizer.json, "
+                  "tokenizer_config.json) for benchmark clients")
+    tok.add_argument("model", help="tiny | smollm2 | path/to/model.gguf (engine.model)")
+    tok.add_argument("--out", help="folder to write (default: out/tokenizer/MODEL)")
+    tok.set_defaults(func=cmd_tokenizer)
 
     from prefixcache.loadgen.options import add_bench_arguments  # argparse only: no httpx
 
@@ -605,13 +759,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ[NO_IMPORT_ENV] = "1"  # read by the registry; inherited by any worker process
     func: Callable[[argparse.Namespace], int] = args.func
     try:
+        _import_plugins(getattr(args, "imports", None) or [])
         return func(args)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         outputs = getattr(args, "outputs", None)  # set by the commands that write --out
-        kept = "" if outputs is None else f": {outputs.kept or 'nothing written'}"
+        if outputs is not None:
+            kept = f": {outputs.kept or 'nothing written'}"
+        else:  # a command that kept something says what (generate, bench): KeyboardInterrupt(what)
+            kept = f": {err.args[0]}" if err.args else ""
         print(f"interrupted{kept}", file=sys.stderr)
         return 130
 

@@ -14,6 +14,8 @@ file lacks is added, so a misspelled key is the loader's "unknown key; did you m
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,7 +23,7 @@ import yaml
 
 from prefixcache.config import ConfigError
 
-__all__ = ["Override", "parse_override", "apply_overrides", "shortcut_overrides", "SHORTCUT_PATHS"]
+__all__ = ["Override", "parse_override", "apply_overrides", "shortcut_overrides", "relabel_arms", "SHORTCUT_PATHS"]
 
 Override = tuple[tuple[str, ...], Any]
 """(key path, value)."""
@@ -108,3 +110,28 @@ def shortcut_overrides(data: Mapping[str, Any], name: str, value: Any) -> list[O
         option = "--" + name.replace("_", "-")
         raise ConfigError(option, f"this file has none of {', '.join(SHORTCUT_PATHS[name])}; use --set KEY=VALUE")
     return out
+
+
+_ARM_LABEL = re.compile(r"(?P<backend>[A-Za-z_][\w.:-]*)/(?P<block_size>\d+)")
+
+
+def relabel_arms(before: Mapping[str, Any], after: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`after` (`before` with overrides applied) with every A/B arm named for its contents
+    (`BACKEND/BLOCK_SIZE`, as the shipped ab.yaml names them) renamed for its new contents
+    when an override changed them: `--backend radix` turns `hash/16` into `radix/16` (or
+    `radix/16-was-hash/16` when another arm has that name). Other names are the user's
+    and stay."""
+    old_arms, arms = before.get("arms"), after.get("arms")
+    if not isinstance(old_arms, Mapping) or not isinstance(arms, Mapping):
+        return after
+    renamed: dict[str, Any] = {}
+    for name, arm in arms.items():
+        label = _ARM_LABEL.fullmatch(str(name))
+        old = old_arms.get(name)
+        described = (label is not None and isinstance(old, Mapping) and isinstance(arm, Mapping)
+                     and str(old.get("backend")) == label["backend"] and str(old.get("block_size")) == label["block_size"])
+        new = f"{arm.get('backend')}/{arm.get('block_size')}" if described else str(name)
+        if described and new != name and (new in arms or new in renamed):
+            new = f"{new}-was-{name}"
+        renamed[new] = arm
+    return {**after, "arms": renamed}

@@ -1,6 +1,6 @@
 """The CUDA kernels: launch planning and compilation on any machine; numerics where a GPU is.
 
-The compile tests run without a GPU: NVRTC (cuda-bindings + nvidia-cuda-nvrtc, the dev
+The compile tests run without a GPU: NVRTC (cuda-bindings + nvidia-cuda-nvrtc, the nvrtc
 extra) must turn csrc/paged_attention.cu into PTX, as the cupy path does at first use, and
 nvcc must assemble it for sm_80 and sm_90 (skipped only where nvcc is absent). The GPU
 tests run the CPU suite's comparisons against the torch reference through every GPU path
@@ -92,7 +92,7 @@ def test_source_is_nvrtc_clean():
 
 
 def test_nvrtc_compiles_every_kernel_to_ptx():
-    nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (NVRTC) is not installed")
+    nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="the `nvrtc` extra (cuda-bindings) is not installed")
     try:
         err, prog = nvrtc.nvrtcCreateProgram(SOURCE.read_bytes(), b"paged_attention.cu", 0, [], [])
     except RuntimeError as e:  # the NVRTC shared library itself is missing

@@ -186,9 +186,52 @@ def test_ctrl_c_stops_the_command_and_writes_what_finished(replica, tmp_path):
         rest, _ = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 0, rest
+    assert proc.returncode == 130, rest  # as docs/cli.md says of every command
     doc = json.loads(out.read_text())
     assert doc["metadata"]["stopped_by"] == "interrupted" and "stopped: interrupted" in rest
+    kept = doc["summary"]["completed"]
+    assert rest.rstrip().splitlines()[-1] == f"interrupted: kept {kept} finished request(s) in {out}"
     assert 1 <= doc["summary"]["completed"] < 20 and doc["summary"]["not_sent"] >= 1 and doc["summary"]["failed"] == 0
     idle(replica)
     assert in_engine(replica, lambda e: e.cache.pool.num_pinned) == 0  # the request in flight was aborted
+
+
+def test_the_first_run_against_a_default_server_serves_every_request_from_the_cache(tmp_path, capsys):
+    """`bench --base-url URL --num-requests 40` against `serve --set engine.model=tiny`: no
+    vocabulary given (the server's is read: 320, not 32,000), the default workload fits
+    the default pool, so every request is served and the JSON's hit ratio is >= 0.5."""
+    from prefixcache.cli import _shipped
+    from prefixcache.overrides import apply_overrides, parse_override
+    from prefixcache.serve.config import parse_serve_config
+    from prefixcache.serve.server import Replica
+    import yaml
+
+    data = apply_overrides(yaml.safe_load(_shipped("serve.yaml", "").read_text()), [parse_override("engine.model=tiny")])
+    with Replica(parse_serve_config(data), model=load_model("tiny")) as server:
+        url = server.start()
+        out = tmp_path / "new" / "run.json"
+        assert main(["bench", "--base-url", url, "--num-requests", "40", "--out", str(out)]) == 0
+        printed = capsys.readouterr().out
+        flat = "".join(printed.split())  # rich wraps the header line at the terminal's width
+        assert "ids<320" in flat and f"created{out.parent}for--out" in flat
+        summary = json.loads(out.read_text())["summary"]
+        assert (summary["completed"], summary["failed"]) == (40, 0)
+        assert summary["hit_ratio"] >= 0.5, summary["hit_ratio"]
+
+
+def test_out_is_checked_before_anything_is_sent(tmp_path, capsys, monkeypatch):
+    import prefixcache.loadgen.cli as bench_cli
+
+    monkeypatch.setattr(bench_cli, "probe_server", lambda *a: pytest.fail("the server was asked before --out was checked"))
+    assert main(["bench", "--base-url", "http://127.0.0.1:1", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --out: {str(tmp_path)!r} is a folder")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["bench", "--base-url", "http://127.0.0.1:1", "--out", str(blocker / "x.json")]) == 2
+    assert "error: --out: cannot create folder" in capsys.readouterr().err
+
+
+def test_an_unreachable_server_is_one_line_before_anything_is_sent(capsys):
+    assert main(["bench", "--base-url", "http://127.0.0.1:1", "--timeout", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --base-url: cannot list the models of http://127.0.0.1:1") and err.count("\n") == 1

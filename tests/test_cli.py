@@ -90,3 +90,35 @@ def test_generate_reports_a_model_file_that_does_not_load(tmp_path, capsys):
     assert f"error: {config}: engine.model: cannot load '{tmp_path / 'junk.gguf'}'" in capsys.readouterr().err
     assert main(["generate", "--config", str(config), "--prompts", str(prompts)]) == 2
     assert f"error: {config}: engine.model: cannot load '{tmp_path / 'junk.gguf'}'" in capsys.readouterr().err
+
+
+def test_validate_lists_every_mistake_with_a_did_you_mean_for_names(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cache:\n  backend: radx\n  block_size: 0\n  num_blockz: 10\n  eviction: lfuu\n")
+    assert main(["validate", str(bad)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith(f"error: {bad}: cache.num_blockz: unknown key; allowed keys: backend, block_size, ")
+    assert lines[0].endswith("; did you mean 'num_blocks'?")
+    assert lines[1:] == [
+        f"error: {bad}: cache.block_size: must be an integer >= 1, got 0",
+        f"error: {bad}: cache.backend: unknown backend 'radx'; known: hash, radix, or 'package.module:ClassName'; "
+        "did you mean 'radix'?",
+        f"error: {bad}: cache.eviction: unknown eviction policy 'lfuu'; known: fifo, filo, gslru, lfu, lru, mru, "
+        "priority, slru, tlru, or 'package.module:ClassName'; did you mean 'lfu'?",
+    ]
+    section = tmp_path / "section.yaml"
+    section.write_text("cache: [1, 2]\n")  # a section that is not a mapping: one error, none made up after it
+    assert main(["validate", str(section)]) == 2
+    assert len(capsys.readouterr().err.splitlines()) == 1
+
+
+def test_readme_paths_work_from_any_directory(tmp_path, monkeypatch, capsys):
+    """`configs/...` and `examples/prompts.jsonl` as the README writes them, run where no
+    such folder exists: the shipped copies are used, and said to be."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["validate", "configs/hash.yaml"]) == 0
+    out = capsys.readouterr()
+    assert "configs/hash.yaml: not in" in out.err and "using the shipped hash.yaml" in out.err
+    assert "backend: hash" in out.out
+    assert main(["validate", "configs/nope.yaml"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

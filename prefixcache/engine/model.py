@@ -115,4 +115,4 @@ class LlamaModel:
             h = _rms_norm(x, layer["post_attention_layernorm"], c.rms_norm_eps)
             x = x + F.linear(F.silu(F.linear(h, layer["gate_proj"])) * F.linear(h, layer["up_proj"]), layer["down_proj"])
         last = x.index_select(0, plan.logit_rows)
-        return F.linear(_rms_norm(last, w.norm, c.rms_norm_eps), w.lm_head)
+        return F.linear(_rms_norm(last, w.norm, c.rms_norm_eps), w.lm_head, w.lm_head_bias)

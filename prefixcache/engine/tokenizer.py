@@ -141,6 +141,10 @@ class GGUFTokenizer(Tokenizer):
         """The vocabulary entry of one id (byte-level form, e.g. 'ĠParis')."""
         return self._tok.id_to_token(token_id)
 
+    def to_json(self) -> str:
+        """The Hugging Face `tokenizer.json` of this tokenizer (`tokenizer_export`)."""
+        return self._tok.to_str()
+
 
 def _byte_level_alphabet() -> dict[str, int]:
     """GPT-2's byte-level alphabet, character -> byte: printable bytes stand for

@@ -102,13 +102,15 @@ TINY_CONFIG = LlamaConfig(
 class Weights:
     """A model's tensors (fp32, contiguous). `layers[i]` maps HF names without the
     `model.layers.{i}.` prefix (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
-    down_proj, input_layernorm, post_attention_layernorm). `lm_head` is `embed` when tied."""
+    down_proj, input_layernorm, post_attention_layernorm). `lm_head` is `embed` when tied.
+    `lm_head_bias`: added to the logits when set (-inf rules an id out)."""
 
     config: LlamaConfig
     embed: torch.Tensor  # [vocab, hidden]
     layers: tuple[Mapping[str, torch.Tensor], ...]
     norm: torch.Tensor  # [hidden]
     lm_head: torch.Tensor  # [vocab, hidden]
+    lm_head_bias: torch.Tensor | None = None  # [vocab]; Llama has none (the tiny model: which ids it may emit)
 
 
 def permute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:

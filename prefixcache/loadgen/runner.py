@@ -23,7 +23,7 @@ from prefixcache.loadgen.client import RequestResult, send
 from prefixcache.loadgen.options import BenchOptions
 from prefixcache.loadgen.schedule import BenchRequest
 
-__all__ = ["RunResult", "run_bench", "served_model"]
+__all__ = ["RunResult", "run_bench", "served_model", "served_vocab_size", "probe_server"]
 
 Progress = Callable[[RequestResult, int, int], None]
 """Called after each request with (its result, requests finished so far, planned)."""
@@ -50,6 +50,26 @@ async def served_model(client: httpx.AsyncClient, base_url: str, timeout_s: floa
         return str(response.json()["data"][0]["id"])
     except (httpx.HTTPError, ValueError, KeyError, IndexError) as err:
         raise RuntimeError(f"cannot list the models of {base_url} (pass --model): {type(err).__name__}: {err}") from None
+
+
+async def served_vocab_size(client: httpx.AsyncClient, base_url: str, timeout_s: float) -> int | None:
+    """The `vocab_size` the server's `GET /model_info` reports (`prefixcache serve` does;
+    SGLang's HTTP server and vLLM do not): None when it reports none."""
+    try:
+        response = await client.get(f"{base_url}/model_info", timeout=timeout_s)
+        value = response.json().get("vocab_size") if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+async def probe_server(options: BenchOptions) -> tuple[str, int | None]:
+    """Before anything is sent: the model to send (`--model`, else the server's first) and
+    the server's vocabulary size (None: it reports none). RuntimeError when the server
+    cannot be reached or lists no model."""
+    async with httpx.AsyncClient(timeout=options.timeout_s) as client:
+        model = options.model or await served_model(client, options.base_url, options.timeout_s)
+        return model, await served_vocab_size(client, options.base_url, options.timeout_s)
 
 
 async def run_bench(

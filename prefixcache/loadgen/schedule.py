@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prefixcache.config import ConfigError
-from prefixcache.loadgen.options import BenchOptions
+from prefixcache.loadgen.options import FALLBACK_VOCAB_SIZE, BenchOptions
 from prefixcache.workloads import Workload, generate
 from prefixcache.workloads.mooncake import read_records, records_to_workload
 
@@ -95,11 +95,12 @@ def build_schedule(options: BenchOptions) -> tuple[list[BenchRequest], Workload]
             arrivals.append(t)
             if not math.isinf(options.request_rate):
                 t += rng.expovariate(options.request_rate)
+    vocab = options.vocab_size if options.vocab_size is not None else FALLBACK_VOCAB_SIZE
     out = []
     for i, (r, arrival, n_out) in enumerate(zip(requests, arrivals, outputs)):
         prompt = r.prompt.tolist()[: options.max_input_tokens]
         n_out = max(1, n_out)
         if options.max_output_tokens is not None:
             n_out = min(n_out, options.max_output_tokens)
-        out.append(BenchRequest(i, arrival, map_tokens(prompt, options.vocab_size, options.seed), n_out, r.namespace))
+        out.append(BenchRequest(i, arrival, map_tokens(prompt, vocab, options.seed), n_out, r.namespace))
     return out, workload

@@ -11,7 +11,7 @@ over its replicas with it. Routes:
   server-sent events ending in `data: [DONE]` (`responses`), else one JSON body.
   `usage.prompt_tokens_details.cached_tokens` is the request's prefix-cache hit.
 - `GET /v1/models` (the one served model, with `max_model_len`), `GET /health` (200, or
-  503 once the engine loop has stopped), `GET /metrics` (Prometheus text format),
+  503 once the engine loop has stopped), `GET /metrics` (Prometheus text format; HEAD too),
   `POST /reset_prefix_cache` (vLLM's: drops the cached blocks; `{"success": false}`
   while requests hold blocks).
 - `GET /openapi.json`, `/docs`, `/redoc`: FastAPI's schema and pages, on as in vLLM; the
@@ -97,7 +97,7 @@ def build_app(loop: EngineLoop, metrics: ServingMetrics, info: ReplicaInfo, toke
     app.add_middleware(BodyLimits, max_body_bytes=server.max_body_bytes, body_timeout_s=server.body_timeout_s,
                        on_refuse=metrics.refused)
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])  # HEAD: aiperf probes the page before scraping it
     async def prometheus() -> Response:
         await loop.run(metrics.sync_gauges)
         if event_drops is not None:

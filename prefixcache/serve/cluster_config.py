@@ -29,7 +29,7 @@ Must never: start Ray, build an engine or import torch.
 from __future__ import annotations
 
 import dataclasses
-import socket
+import os
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,8 +42,10 @@ from prefixcache.engine.config import check_sections
 from prefixcache.hashing import resolve_seed
 from prefixcache.serve.config import SECTIONS as SERVE_SECTIONS
 from prefixcache.serve.config import ServeConfig, parse_serve_config
+from prefixcache.serve.listen import check_listen_address
 
-__all__ = ["RayClusterConfig", "ClusterServeConfig", "RAY_ROUTERS", "parse_cluster_serve_config",
+__all__ = ["RayClusterConfig", "ClusterServeConfig", "ClusterLayout", "cluster_layout", "machine_cpus", "INGRESS_CPUS",
+           "RAY_ROUTERS", "parse_cluster_serve_config",
            "check_ray_cluster_config", "load_cluster_serve_config", "with_proxy_address", "check_proxy_address_free",
            "is_cluster_serve_mapping"]
 
@@ -75,7 +77,8 @@ class RayClusterConfig:
     options:               the router's options (Ray's routers: their initialize_state
                            keywords, e.g. imbalanced_threshold)
     max_ongoing_requests:  requests a replica is sent at once (Ray Serve's limit)
-    replica_cpus:          Ray logical CPUs each replica reserves (the ingress: 0.5)
+    replica_cpus:          Ray logical CPUs each replica reserves (null: an equal share of
+                           what the ingress's `INGRESS_CPUS` leave; `cluster_layout`)
     health_check_period_s: how often Ray Serve checks each replica (a dead one is replaced)
     max_attempts:          calls a request may take when replicas die before it streams
     stall_timeout_s:       a replica silent this long on a request counts as failed
@@ -88,7 +91,7 @@ class RayClusterConfig:
     router: str = "kv_events"
     options: Mapping[str, Any] = field(default_factory=dict)
     max_ongoing_requests: int = 64
-    replica_cpus: float = 1.0
+    replica_cpus: float | None = None
     health_check_period_s: float = 1.0
     max_attempts: int = 3
     stall_timeout_s: float = 300.0
@@ -103,9 +106,14 @@ class RayClusterConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(name, f"must be an integer >= 1, got {value!r}")
         for name in ("replica_cpus", "health_check_period_s", "stall_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(name, f"must be a number > 0, got {getattr(self, name)!r}")
-        if self.num_cpus is not None and self.num_cpus < 1:
+            value = getattr(self, name)
+            if value is None and name == "replica_cpus":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(name, f"must be a number > 0{' or null' if name == 'replica_cpus' else ''}, "
+                                  f"got {value!r}")
+        if self.num_cpus is not None and (isinstance(self.num_cpus, bool) or not isinstance(self.num_cpus, int)
+                                          or self.num_cpus < 1):
             raise ConfigError("num_cpus", f"must be an integer >= 1 or null, got {self.num_cpus!r}")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 1 <= self.port <= 65535:
             raise ConfigError("port", f"must be an integer in [1, 65535], got {self.port!r}")
@@ -132,6 +140,49 @@ class ClusterServeConfig:
         """The resolved file as plain data (for `prefixcache validate`)."""
         serving = to_plain(self.serve.serving)
         return {**serving, "kv_events": to_plain(self.serve.kv_events), "cluster": to_plain(self.cluster)}
+
+
+INGRESS_CPUS = 0.5
+"""Ray logical CPUs the ingress reserves (it tokenizes and awaits its replicas)."""
+
+
+@dataclass(frozen=True)
+class ClusterLayout:
+    """The local Ray cluster's logical CPUs and what each deployment reserves of them."""
+
+    num_cpus: int
+    replica_cpus: float
+    ingress_cpus: float
+
+
+def machine_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; os.cpu_count() elsewhere)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def cluster_layout(cluster: RayClusterConfig) -> ClusterLayout:
+    """The CPUs of `cluster` on this machine: `num_cpus` (null: `machine_cpus()`), the
+    ingress's `INGRESS_CPUS`, and `replica_cpus` (null: an equal share of the rest).
+    ConfigError at `replica_cpus` (or `num_cpus`, relative to `cluster:`) when Ray could
+    never schedule them all: it would wait for resources forever, warning every 30 s."""
+    num_cpus = cluster.num_cpus if cluster.num_cpus is not None else machine_cpus()
+    where = f"num_cpus: {num_cpus}" if cluster.num_cpus is not None else f"num_cpus: null, this machine's {num_cpus}"
+    if num_cpus <= INGRESS_CPUS:
+        raise ConfigError("num_cpus", f"{num_cpus} logical CPU(s) leave nothing for the replicas once the ingress "
+                          f"takes {INGRESS_CPUS}")
+    if cluster.replica_cpus is None:
+        return ClusterLayout(num_cpus, round((num_cpus - INGRESS_CPUS) / cluster.replicas, 4), INGRESS_CPUS)
+    needed = cluster.replicas * cluster.replica_cpus + INGRESS_CPUS
+    if needed > num_cpus:
+        share = round((num_cpus - INGRESS_CPUS) / cluster.replicas, 4)
+        raise ConfigError("replica_cpus", f"{cluster.replicas} replicas x {cluster.replica_cpus:g} CPUs + the "
+                          f"ingress's {INGRESS_CPUS:g} = {needed:g} logical CPUs, more than the cluster's {num_cpus} "
+                          f"({where}): Ray would never schedule them all. Leave replica_cpus null (here: {share:g} "
+                          f"each), lower it to at most {share:g}, or raise num_cpus")
+    return ClusterLayout(num_cpus, cluster.replica_cpus, INGRESS_CPUS)
 
 
 def check_ray_cluster_config(cluster: RayClusterConfig) -> None:
@@ -163,6 +214,7 @@ def parse_cluster_serve_config(data: Any, source: str | None = None) -> ClusterS
         cluster = from_mapping(RayClusterConfig, data.get("cluster"), "cluster")
         try:
             check_ray_cluster_config(cluster)
+            cluster_layout(cluster)
         except ConfigError as err:
             raise err.within("cluster") from None
         events = data.get("kv_events") or {}
@@ -205,11 +257,4 @@ def with_proxy_address(config: ClusterServeConfig, *, host: str | None = None,
 def check_proxy_address_free(config: ClusterServeConfig) -> None:
     """A ConfigError now if nothing can listen on `cluster.host:port` (in use, or a host
     not of this machine), rather than Ray Serve's proxy failing once Ray is up."""
-    host, port = config.cluster.host, config.cluster.port
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the proxy's server does
-        try:
-            probe.bind((host, port))
-        except OSError as err:
-            raise ConfigError("cluster.port", f"{host}:{port} cannot be listened on ({err.strerror or err})") from None
+    check_listen_address(config.cluster.host, config.cluster.port, "cluster.port")

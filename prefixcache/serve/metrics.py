@@ -45,7 +45,7 @@ from prefixcache.engine.engine import Engine, StepOutput
 from prefixcache.stats import CacheStats
 
 __all__ = ["ServingMetrics", "CONTENT_TYPE_LATEST", "TTFT_BUCKETS", "ITL_BUCKETS", "LATENCY_BUCKETS", "REFUSALS",
-           "BATCH_DROPS"]
+           "BATCH_DROPS", "FINISH_REASONS"]
 
 # vLLM 0.33's default buckets (vllm/v1/metrics/buckets.py), SECONDS.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,

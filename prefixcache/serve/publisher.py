@@ -31,8 +31,10 @@ stopped or hung process), which then no longer holds the stream.
 
 Endpoints follow vLLM: a PUB endpoint with `*` (`tcp://*:5557`; `tcp://127.0.0.1:*` for
 a free loopback port), `::`, `ipc://` or `inproc://` is bound, any other is connected;
-the replay endpoint is always bound. `endpoint` / `replay_endpoint` are the addresses
-actually bound (a `*` port resolved), for subscribers to connect to.
+the replay endpoint is always bound. Given `bind_host`, a `tcp://*:PORT` endpoint binds
+that host only (`bind_address`; `prefixcache serve` gives its HTTP host, so events are
+no more exposed than HTTP). `endpoint` / `replay_endpoint` are the addresses actually
+bound (a `*` port resolved), for subscribers to connect to.
 
 Must never: block the engine on a subscriber, drop a batch without consuming its
 sequence number or without counting it, or publish from more than one thread.
@@ -54,7 +56,7 @@ from prefixcache.event_wire import END_SEQ, encode_batch, encode_seq
 from prefixcache.events import MEDIUM_GPU, BlockRemoved, BlockStored, KVEvent
 from prefixcache.serve.config import KVEventsConfig
 
-__all__ = ["ZmqEventPublisher", "is_bind_endpoint"]
+__all__ = ["ZmqEventPublisher", "is_bind_endpoint", "bind_address"]
 
 _log = logging.getLogger(__name__)
 _STOP = object()
@@ -74,10 +76,26 @@ def is_bind_endpoint(endpoint: str) -> bool:
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
+def bind_address(endpoint: str, host: str | None) -> str:
+    """Where a socket binds `endpoint`: a `tcp://*:PORT` endpoint on `host` (the HTTP
+    server's: `prefixcache serve` publishes on the interface it serves on) when one is
+    given and is not itself a wildcard; any other endpoint as it is."""
+    if host is None or host in ("0.0.0.0", "::", "*") or not endpoint.startswith("tcp://*:"):
+        return endpoint
+    return f"tcp://{f'[{host}]' if ':' in host else host}:{endpoint[len('tcp://*:'):]}"
+
+
+def _ipv6_ready(sock: zmq.Socket, address: str) -> str:
+    if address.startswith("tcp://["):  # ZeroMQ binds an IPv6 address only with the option set
+        sock.setsockopt(zmq.IPV6, 1)
+    return address
+
+
 class ZmqEventPublisher:
     """PUB + ROUTER publisher with a bounded replay buffer (see the module docstring)."""
 
-    def __init__(self, config: KVEventsConfig, *, context: zmq.Context | None = None) -> None:
+    def __init__(self, config: KVEventsConfig, *, context: zmq.Context | None = None,
+                 bind_host: str | None = None) -> None:
         self.config = config
         self._ctx = context or zmq.Context.instance()
         self._topic = config.topic.encode("utf-8")
@@ -99,7 +117,7 @@ class ZmqEventPublisher:
         self._replay = None
         try:
             if is_bind_endpoint(config.endpoint):
-                self._pub.bind(config.endpoint)
+                self._pub.bind(_ipv6_ready(self._pub, bind_address(config.endpoint, bind_host)))
                 self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
             else:
                 self._pub.connect(config.endpoint)
@@ -110,7 +128,7 @@ class ZmqEventPublisher:
                 self._replay.setsockopt(zmq.LINGER, 0)
                 # Room for a whole replay and its marker, as vLLM sizes it.
                 self._replay.setsockopt(zmq.SNDHWM, 2 * (config.buffer_steps + 1))
-                self._replay.bind(config.replay_endpoint)
+                self._replay.bind(_ipv6_ready(self._replay, bind_address(config.replay_endpoint, bind_host)))
                 self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         except zmq.ZMQError as err:
             self._close_sockets()

@@ -33,7 +33,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 LOCAL_RAY_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -50,6 +52,7 @@ from prefixcache.cluster.ray_router import PrefixCacheRequestRouter  # noqa: E40
 from prefixcache.serve.cluster_config import (  # noqa: E402
     ClusterServeConfig,
     check_proxy_address_free,
+    cluster_layout,
     load_cluster_serve_config,
 )
 from prefixcache.serve.ray_ingress import ClusterIngress  # noqa: E402
@@ -63,7 +66,6 @@ _log = logging.getLogger(__name__)
 APP_NAME = "prefixcache"
 ENGINE_DEPLOYMENT = "engine"
 INGRESS_DEPLOYMENT = "ingress"
-_INGRESS_CPUS = 0.5
 _INGRESS_MAX_ONGOING = 10_000  # it only awaits its replicas: Ray's default (5) would queue requests before routing
 # A replica being stopped finishes what it runs, checking every 0.5 s (Ray's 2 s makes every redeploy 2 s slower).
 _SHUTDOWN = {"graceful_shutdown_wait_loop_s": 0.5, "graceful_shutdown_timeout_s": 10.0}
@@ -96,6 +98,7 @@ def build_application(config: ClusterServeConfig, *, replica_class: type = Engin
     if not (isinstance(replica_class, type) and issubclass(replica_class, EngineReplica)):
         raise TypeError(f"replica_class must be EngineReplica or a subclass, got {replica_class!r}")
     cluster = config.cluster
+    layout = cluster_layout(cluster)
     engine = config.serve.serving.engine
     router_config = ray_router_config(config)
     # Ray's default router: no option at all (Ray 2.60 refuses request_router_config=None).
@@ -104,23 +107,25 @@ def build_application(config: ClusterServeConfig, *, replica_class: type = Engin
         name=ENGINE_DEPLOYMENT,
         num_replicas=cluster.replicas,
         max_ongoing_requests=cluster.max_ongoing_requests,
-        ray_actor_options={"num_cpus": cluster.replica_cpus},
+        ray_actor_options={"num_cpus": layout.replica_cpus},
         health_check_period_s=cluster.health_check_period_s,
         **_SHUTDOWN,
         **router_option,
     )
     ingress = serve.deployment(serve.ingress()(ClusterIngress)).options(
         name=INGRESS_DEPLOYMENT, num_replicas=1, max_ongoing_requests=_INGRESS_MAX_ONGOING,
-        ray_actor_options={"num_cpus": _INGRESS_CPUS}, **_SHUTDOWN,
+        ray_actor_options={"num_cpus": layout.ingress_cpus}, **_SHUTDOWN,
     )
     options = {"max_attempts": cluster.max_attempts, "stall_timeout_s": cluster.stall_timeout_s}
     served = cluster.served_model_name or engine.model
-    return ingress.bind(replicas.bind(dict(config.replica_data), served), engine.model, engine.chat_template, options)
+    return ingress.bind(replicas.bind(dict(config.replica_data), served), engine.model, engine.chat_template, options,
+                        cluster.router)
 
 
 class ClusterServer:
     """A local Ray cluster, Ray Serve's proxy and the application (module docstring).
-    `start()` returns the base URL (`http://HOST:PORT`) once every replica is up."""
+    `start()` returns the base URL (`http://HOST:PORT`) once every replica is up; `stop()`
+    shuts Ray Serve and Ray down, then ends any process Ray started that outlived them."""
 
     def __init__(self, config: ClusterServeConfig, *, log_to_driver: bool = True,
                  replica_class: type = EngineReplica) -> None:
@@ -129,8 +134,11 @@ class ClusterServer:
         self._log_to_driver = log_to_driver
         self.base_url: str | None = None
         self._started_ray = False
+        self._before: set[tuple[int, float]] = set()  # (pid, start time) of children not Ray's
 
-    def start(self) -> str:
+    def start(self, *, on_ray_started: Callable[[], None] | None = None) -> str:
+        """Start Ray, then Ray Serve and the application; `on_ray_started()` runs in
+        between (`ray.init` installs signal handlers of its own: the CLI puts its back)."""
         if ray.is_initialized():
             raise RuntimeError("Ray is initialized in this process already; ClusterServer starts its own cluster")
         if ray_constants.ENABLE_RAY_CLUSTER:
@@ -138,10 +146,13 @@ class ClusterServer:
                                "processes would listen on every interface. Set it in the environment, or import "
                                "prefixcache.serve.ray_app first")
         cluster = self.config.cluster
-        ray.init(address="local", num_cpus=cluster.num_cpus, include_dashboard=False,
-                 log_to_driver=self._log_to_driver)
+        self._before = _children()
         self._started_ray = True
         try:
+            ray.init(address="local", num_cpus=cluster_layout(cluster).num_cpus, include_dashboard=False,
+                     log_to_driver=self._log_to_driver)
+            if on_ray_started is not None:
+                on_ray_started()
             serve.start(http_options=HTTPOptions(host=cluster.host, port=cluster.port))
             self.deploy(self.config, replica_class=self.replica_class)
         except BaseException:
@@ -163,14 +174,18 @@ class ClusterServer:
         self.config, self.replica_class = config, replica_class
 
     def stop(self) -> None:
-        """Shut Ray Serve and the Ray cluster down."""
+        """Shut Ray Serve and the Ray cluster down, then end what Ray started and left
+        running (its agents outlive a raylet that stopped before them)."""
         if not self._started_ray:
             return
+        started = _children() - self._before
         try:
-            serve.shutdown()
+            if ray.is_initialized():
+                serve.shutdown()
         finally:
             ray.shutdown()
             self._started_ray = False
+            _end(started, _LEFTOVER_GRACE_S)
 
     def __enter__(self) -> ClusterServer:
         self.start()
@@ -180,23 +195,102 @@ class ClusterServer:
         self.stop()
 
 
+_LEFTOVER_GRACE_S = 5.0
+
+
+def _children() -> set[tuple[int, float]]:
+    """(pid, start time) of every process below this one (psutil: Ray's own dependency)."""
+    import psutil
+
+    out = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            out.add((child.pid, child.create_time()))
+        except psutil.Error:
+            pass
+    return out
+
+
+def _end(processes: set[tuple[int, float]], grace_s: float) -> None:
+    """Wait up to `grace_s` for `processes` to exit, then SIGTERM, then SIGKILL what is left
+    (a pid reused since is left alone: its start time differs)."""
+    import psutil
+
+    alive = []
+    for pid, created in processes:
+        try:
+            proc = psutil.Process(pid)
+            if proc.create_time() == created:
+                alive.append(proc)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=grace_s)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not alive:
+            return
+        _log.warning("ending %d process(es) Ray left running: %s", len(alive), ", ".join(_name(p) for p in alive))
+        for proc in alive:
+            try:
+                proc.send_signal(sig)
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(alive, timeout=grace_s)
+
+
+def _name(proc) -> str:  # noqa: ANN001 - a psutil.Process
+    try:
+        return f"{proc.name()} ({proc.pid})"
+    except Exception:  # noqa: BLE001 - gone meanwhile
+        return str(proc.pid)
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: stop as on Ctrl-C, and exit 0 (a service manager's stop)."""
+
+
 def serve_cluster(config: ClusterServeConfig | str | Path) -> int:
     """`prefixcache cluster serve`: serve `config` (or the file at that path) until
-    interrupted (Ctrl-C, SIGTERM)."""
+    interrupted. The first Ctrl-C (KeyboardInterrupt, exit 130) or SIGTERM (exit 0) stops
+    everything, Ray included, whether the cluster is up or still starting; a second one
+    while it stops only says it is stopping."""
     if not isinstance(config, ClusterServeConfig):
         config = load_cluster_serve_config(config)
     check_proxy_address_free(config)
-    server = ClusterServer(config)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    url = server.start()
     cluster = config.cluster
-    _log.warning("prefixcache cluster: %d replicas, router %s, OpenAI API at %s/v1 (router state: %s/cluster/state)",
-                 cluster.replicas, cluster.router, url, url)
-    print(f"serving {cluster.replicas} replicas ({cluster.router}) at {url}/v1; Ctrl-C stops", flush=True)
+    layout = cluster_layout(cluster)
+    server = ClusterServer(config)
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        if stopping:
+            print("stopping already (Ray included); please wait", file=sys.stderr, flush=True)
+            return
+        stopping = True
+        raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated()
+
+    def install() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, on_signal)
+
+    install()
+    print(f"starting a local Ray cluster: {layout.num_cpus} logical CPUs, {cluster.replicas} replicas x "
+          f"{layout.replica_cpus:g} + the ingress {layout.ingress_cpus:g}; router {cluster.router}; Ctrl-C stops",
+          flush=True)
+    started = time.monotonic()
     try:
-        stop.wait()
+        url = server.start(on_ray_started=install)
+        print(f"serving {cluster.replicas} replicas ({cluster.router}) at {url}/v1 after {time.monotonic() - started:.0f} s "
+              f"(also {url}/metrics, {url}/cluster/state); Ctrl-C stops", flush=True)
+        while True:
+            time.sleep(3600)
+    except _Terminated:
+        return 0
+    except SystemExit as err:  # SIGTERM while ray.init ran: Ray's driver handler is sys.exit(SIGTERM)
+        if err.code != signal.SIGTERM:
+            raise
+        return 0
     finally:
+        stopping = True
+        print("stopping: Ray Serve, the replicas and Ray", file=sys.stderr, flush=True)
         server.stop()
-    return 0

@@ -4,7 +4,8 @@ engine replicas.
 Owns `ClusterIngress`, the ingress deployment class: the serving layer's own request
 routes and error bodies (`app.add_openai_routes`, `errors.install_handlers`) over a
 `RoutedEngine`, plus `GET /cluster/state` (what the request router of the replicas'
-deployment sees: `PrefixCacheRequestRouter.state()`). And `RoutedEngine`: it submits like
+deployment sees: `PrefixCacheRequestRouter.state()`) and `GET /metrics` (`IngressMetrics`:
+what the cluster served, as clients saw it). And `RoutedEngine`: it submits like
 an `EngineLoop`, but each request is a streaming call to the `EngineReplica` deployment
 through a Ray Serve handle, so the deployment's request router picks its replica.
 
@@ -32,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.responses import Response
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
@@ -43,6 +45,8 @@ from prefixcache.engine.tokenizer import Tokenizer
 from prefixcache.serve.app import ReplicaInfo, add_openai_routes
 from prefixcache.serve.engine_loop import Failed, Finished, StreamItem, Tokens
 from prefixcache.serve.errors import APIError, install_handlers
+from prefixcache.serve.ingress_metrics import IngressMetrics
+from prefixcache.serve.metrics import CONTENT_TYPE_LATEST
 from prefixcache.serve.ray_replica import Admitted, EngineCall
 
 __all__ = ["ClusterIngress", "RoutedEngine", "RoutedStream", "REPLICA_FAILURES"]
@@ -58,16 +62,25 @@ class RoutedEngine:
     `stall_timeout_s`: SECONDS a call may go without an item before it counts as failed."""
 
     def __init__(self, replicas: DeploymentHandle, tokenizer: Tokenizer, *, max_attempts: int = 3,
-                 stall_timeout_s: float = 120.0) -> None:
+                 stall_timeout_s: float = 120.0, metrics: IngressMetrics | None = None) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts!r}")
         self._handle = replicas.options(stream=True)
         self.tokenizer = tokenizer
         self.max_attempts = max_attempts
         self.stall_timeout_s = stall_timeout_s
+        self.metrics = metrics
         self._streams: dict[str, RoutedStream] = {}
         self.resubmitted = 0  # requests sent again after their replica failed before streaming
         self.failed = 0  # requests that ended in a 503 for their replica's failure
+
+    def _count_resubmitted(self) -> None:
+        self.resubmitted += 1
+        if self.metrics is not None:
+            self.metrics.on_resubmitted()
+
+    def _count_failed(self) -> None:
+        self.failed += 1
 
     @property
     def alive(self) -> bool:
@@ -79,7 +92,14 @@ class RoutedEngine:
         `APIError` 503 if no replica could take it in `max_attempts` calls."""
         call = EngineCall(request, self.tokenizer.decode(list(request.prompt)))  # type: ignore[arg-type]
         stream = RoutedStream(self, call)
-        await stream.start()
+        if self.metrics is not None:
+            self.metrics.on_submit(stream.request_id, request.arrival_s)
+        try:
+            await stream.start()
+        except BaseException:
+            if self.metrics is not None:
+                self.metrics.on_ended(stream.request_id, failed=isinstance(stream.failure, APIError))
+            raise
         self._streams[stream.request_id] = stream
         return stream
 
@@ -87,6 +107,8 @@ class RoutedEngine:
         stream = self._streams.pop(request_id, None)
         if stream is not None:
             stream.cancel()
+            if self.metrics is not None:
+                self.metrics.on_ended(request_id, failed=False)
 
     def _done(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
@@ -107,6 +129,7 @@ class RoutedStream:
         self._streamed = False  # a Tokens item went out: no failover any more
         self._resent = False  # counted in `resubmitted` (once per request, not per attempt)
         self._ended = False
+        self.failure: APIError | None = None  # why `start` gave up, when it did
         self._gen: DeploymentResponseGenerator | None = None
 
     async def start(self) -> None:
@@ -122,8 +145,9 @@ class RoutedStream:
                     _log.warning("request %s: its replica failed before admitting it (%s); sending it again",
                                  self.request_id, _why(err))
                     continue
-                self._engine.failed += 1
-                raise self._unavailable(err) from None
+                self._engine._count_failed()
+                self.failure = self._unavailable(err)
+                raise self.failure from None
             except ValueError as err:  # the engine's refusal, raised in the replica (RayTaskError(ValueError))
                 raise ValueError(str(getattr(err, "cause", err))) from None
             if not isinstance(first, Admitted):
@@ -135,7 +159,7 @@ class RoutedStream:
         # under load); the counter says how many requests were sent again, as its name says.
         if not self._resent:
             self._resent = True
-            self._engine.resubmitted += 1
+            self._engine._count_resubmitted()
 
     async def _next(self) -> Any:
         assert self._gen is not None
@@ -164,12 +188,14 @@ class RoutedStream:
                     except APIError as unavailable:
                         return self._end(Failed(unavailable))
                     continue
-                self._engine.failed += 1
+                self._engine._count_failed()
                 return self._end(Failed(self._unavailable(err)))
             except StopAsyncIteration:
                 return self._end(Failed(APIError("the replica's stream ended without a result", status=503)))
             if isinstance(item, Tokens):
                 self._streamed = True
+                if self._engine.metrics is not None:
+                    self._engine.metrics.on_tokens(self.request_id)
             elif isinstance(item, (Finished, Failed)):
                 return self._end(item)
             return item
@@ -177,6 +203,13 @@ class RoutedStream:
     def _end(self, item: StreamItem) -> StreamItem:
         self._ended = True
         self._engine._done(self.request_id)
+        metrics = self._engine.metrics
+        if metrics is not None:
+            if isinstance(item, Finished):
+                metrics.on_finished(self.request_id, item.output)
+            else:
+                replica_failed = isinstance(item, Failed) and isinstance(item.error, APIError) and item.error.status == 503
+                metrics.on_ended(self.request_id, failed=replica_failed)
         return item
 
     def _unavailable(self, err: BaseException) -> APIError:
@@ -201,16 +234,23 @@ class ClusterIngress:
     name (the tokenizer is loaded from it); `options`: `max_attempts`, `stall_timeout_s`."""
 
     async def __init__(self, replicas: DeploymentHandle, model: str, chat_template: str | None = None,
-                       options: Mapping[str, Any] | None = None) -> None:
+                       options: Mapping[str, Any] | None = None, router: str = "") -> None:
         self.tokenizer = load_tokenizer(model, chat_template=chat_template)
-        self.engine = RoutedEngine(replicas, self.tokenizer, **dict(options or {}))
         self.info: ReplicaInfo = await replicas.info.remote()
+        self.metrics = IngressMetrics(model_name=self.info.model_name, router=router)
+        self.engine = RoutedEngine(replicas, self.tokenizer, metrics=self.metrics, **dict(options or {}))
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         app = FastAPI(title="prefixcache cluster", docs_url=None, redoc_url=None, openapi_url=None)
         install_handlers(app)
         add_openai_routes(app, self.engine, self.info, self.tokenizer)
         engine = self.engine
+
+        metrics = self.metrics
+
+        @app.api_route("/metrics", methods=["GET", "HEAD"])
+        async def prometheus() -> Response:
+            return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
         @app.get("/cluster/state")
         async def cluster_state() -> dict[str, Any]:

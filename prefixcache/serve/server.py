@@ -26,14 +26,17 @@ import uvicorn
 from prefixcache.config import ConfigError
 from prefixcache.engine.engine import Engine
 from prefixcache.engine.loader import LoadedModel, load_model
+from prefixcache.hashing import resolve_seed
 from prefixcache.serve.app import ReplicaInfo, build_app
 from prefixcache.serve.config import ServeConfig, load_serve_config
 from prefixcache.serve.connections import default_max_connections, guarded_protocol
 from prefixcache.serve.engine_loop import EngineLoop
 from prefixcache.serve.metrics import ServingMetrics
+from prefixcache.serve.listen import check_serve_addresses
 from prefixcache.serve.publisher import ZmqEventPublisher
+from prefixcache.serve.sglang_api import add_sglang_routes, kv_events_descriptor, replica_server_info
 
-__all__ = ["Replica", "serve"]
+__all__ = ["Replica", "serve", "summary"]
 
 _log = logging.getLogger(__name__)
 _START_TIMEOUT_S = 30.0
@@ -44,14 +47,18 @@ class Replica:
 
     `model`: an already loaded model to share (tests); by default the one the config
     names. `served_model_name`: the name clients put in `model` (default: `engine.model`).
+    `events_host`: where a `tcp://*:PORT` event endpoint binds (`prefixcache serve` gives
+    its HTTP host; None: as the endpoint says).
     """
 
     def __init__(
-        self, config: ServeConfig, *, model: LoadedModel | None = None, served_model_name: str | None = None
+        self, config: ServeConfig, *, model: LoadedModel | None = None, served_model_name: str | None = None,
+        events_host: str | None = None,
     ) -> None:
         self.config = config
         serving = config.serving
-        self.publisher = ZmqEventPublisher(config.kv_events) if config.kv_events.enabled else None
+        self.publisher = (ZmqEventPublisher(config.kv_events, bind_host=events_host)
+                          if config.kv_events.enabled else None)
         try:
             sink = self.publisher.publish if self.publisher is not None else None
             self.engine = Engine(serving, model=model, event_sink=sink)
@@ -79,9 +86,31 @@ class Replica:
         drops = self.publisher.dropped_batches if self.publisher is not None else None
         self.app = build_app(self.loop, self.metrics, self.info, tokenizer, server=config.server,
                              max_num_seqs=ec.max_num_seqs, event_drops=drops)
+        self.server_info, model_info = self._describe()
+        add_sglang_routes(self.app, self.loop.run, self.server_info, model_info, self.metrics.reset_cache)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.base_url: str | None = None
+
+    def _describe(self) -> tuple[dict, dict]:
+        """The `/server_info` and `/model_info` bodies (`sglang_api`)."""
+        cc, ec, events = self.config.serving.cache, self.config.serving.engine, self.config.kv_events
+        described = None
+        if self.publisher is not None:
+            described = kv_events_descriptor(
+                endpoint=self.publisher.endpoint, replay_endpoint=self.publisher.replay_endpoint, topic=events.topic,
+                block_size=cc.block_size, hash_algorithm=cc.hash.algorithm,
+                hash_seed=resolve_seed(cc.hash.algorithm, cc.hash.seed), int_block_hashes=events.int_block_hashes,
+                medium=events.medium)
+        cache = {"backend": self.backend, "block_size": cc.block_size, "num_blocks": cc.num_blocks,
+                 "eviction": cc.eviction, "hash_algorithm": cc.hash.algorithm,
+                 "hash_seed": resolve_seed(cc.hash.algorithm, cc.hash.seed)}
+        return replica_server_info(
+            model_path=ec.model, served_model_name=self.model_name, max_model_len=self.info.max_model_len,
+            vocab_size=self.info.vocab_size, eos_token_id=self.info.eos_token_id,
+            block_size=cc.block_size, num_blocks=cc.num_blocks, max_running_requests=ec.max_num_seqs,
+            max_prefill_tokens=ec.max_num_batched_tokens, prefix_caching=ec.prefix_caching, cache=cache,
+            kv_events=described)
 
     @classmethod
     def from_yaml(cls, path: str | Path, **kwargs: object) -> Replica:
@@ -157,24 +186,44 @@ class Replica:
         self.stop()
 
 
+def summary(replica: Replica, url: str) -> str:
+    """What `prefixcache serve` prints once its model is loaded (TOKENS unless said)."""
+    cc, ec = replica.config.serving.cache, replica.config.serving.engine
+    cache = (f"cache {replica.backend}, {cc.num_blocks:,} blocks x {cc.block_size} tokens = "
+             f"{cc.num_blocks * cc.block_size:,} tokens, eviction {cc.eviction}, hash {cc.hash.algorithm}"
+             if ec.prefix_caching else f"no prefix caching ({cc.num_blocks * cc.block_size:,} tokens of KV)")
+    lines = [f"prefixcache serve: model {ec.model} as {replica.model_name!r}; {cache}; "
+             f"max_model_len {replica.info.max_model_len:,}; up to {ec.max_num_seqs} requests at once"]
+    if replica.publisher is not None:
+        lines.append(f"KV events: PUB {replica.publisher.endpoint}, replay {replica.publisher.replay_endpoint or 'off'} "
+                     f"(vLLM 0.33's wire format; GET /server_info describes them)")
+    else:
+        lines.append("KV events: off (kv_events.enabled: false)")
+    lines.append(f"OpenAI API at {url}/v1 (also /metrics, /server_info, /get_load, /flush_cache); Ctrl-C stops")
+    return "\n".join(lines)
+
+
 def serve(config_path: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
           served_model_name: str | None = None, config: ServeConfig | None = None) -> int:
     """`prefixcache serve`: load the config (or take `config`, already loaded from
-    `config_path`, e.g. with command-line overrides) and the model, serve until interrupted."""
+    `config_path`, e.g. with command-line overrides) and the model, serve until interrupted.
+    The listening addresses are checked before the model loads; a `tcp://*:PORT` event
+    endpoint binds the HTTP host only (`publisher.bind_address`)."""
     if config is None:
         config = load_serve_config(config_path)
+    check_serve_addresses(config, host, port, str(config_path))
     ec = config.serving.engine
     try:  # the config names a model that exists; this is whether it loads
         model = load_model(ec.model, seed=ec.seed, chat_template=ec.chat_template)
     except (OSError, ValueError) as err:
         raise ConfigError("engine.model", f"cannot load {ec.model!r}: {err}", str(config_path)) from None
     try:
-        replica = Replica(config, model=model, served_model_name=served_model_name)
+        replica = Replica(config, model=model, served_model_name=served_model_name, events_host=host)
     except OSError as err:  # the KV event endpoints cannot be opened
         raise ConfigError("kv_events", str(err), str(config_path)) from None
     except ConfigError as err:  # the engine's own checks (its memory) name the key, not the file
         raise err.within("", err.source or str(config_path)) from None
-    if replica.publisher is not None:
-        _log.warning("KV events: PUB %s, replay %s", replica.publisher.endpoint, replica.publisher.replay_endpoint)
+    shown = f"[{host}]" if ":" in host else host
+    print(summary(replica, f"http://{shown}:{port}"), flush=True)
     replica.serve(host, port)
     return 0
