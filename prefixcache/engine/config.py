@@ -44,7 +44,7 @@ __all__ = ["SamplingConfig", "SAMPLING_EPS", "MIN_TEMPERATURE", "MAX_TEMPERATURE
            "load_serving_config", "parse_serving_config", "check_sections", "BUILTIN_MODELS", "SECTIONS"]
 
 # Models `engine.model` names without a path (prefixcache.engine.loader loads them).
-BUILTIN_MODELS = ("smollm2", "tiny", "tiny-hybrid")
+BUILTIN_MODELS = ("smollm2", "tiny", "tiny-hybrid", "gemma3")
 # The top-level sections of an engine file (`prefixcache generate --config`).
 SECTIONS = ("cache", "engine")
 

@@ -302,37 +302,17 @@ class HybridModel:
         return _linear(last, self._lm_head_t)[0]
 
     def _attend(self, h, p, start: int, kind: str, table: Sequence[int], kv: torch.Tensor) -> torch.Tensor:
-        c, bs = self.config, self.block_size
-        n = h.shape[0]
-        end = start + n
-        if len(table) * bs < end or NULL_BLOCK in table[start // bs : -(-end // bs)]:
-            raise ValueError(f"a {kind} table {list(table)} has no block for positions {start}..{end - 1}")
+        c, n = self.config, h.shape[0]
+        check_table(table, start, n, self.block_size, f"a {kind} table")
         cos, sin = self.cos_table[start : start + n], self.sin_table[start : start + n]
         q = _rope(_linear(h, p["q"]).view(n, c.num_heads, c.head_dim), cos, sin).contiguous()
         k = _rope(_linear(h, p["k"]).view(n, c.num_kv_heads, c.head_dim), cos, sin)
         v = _linear(h, p["v"]).view(n, c.num_kv_heads, c.head_dim)
-        for j in range(n):
-            pos = start + j
-            block = table[pos // bs]
-            kv[block, 0, :, pos % bs] = k[j]
-            kv[block, 1, :, pos % bs] = v[j]
-        o = self._plan(start, n, table, kind).run(q, kv, impl=self.attention_impl)
+        write_kv(kv, table, start, k, v)
+        plan = chunk_plan(start, n, table, kv, window_left=c.window - 1 if kind == SLIDING_WINDOW else -1,
+                          chunk_size=c.chunk if kind == CHUNKED_LOCAL_ATTENTION else 0)  # fmt: skip
+        o = plan.run(q, kv, impl=self.attention_impl)
         return _linear(o.view(n, c.num_heads * c.head_dim), p["o"])
-
-    def _plan(self, start: int, n: int, table: Sequence[int], kind: str) -> PagedAttentionPlan:
-        """The chunk's queries over the request's blocks, built directly: the indices
-        are the cache's own table, and the kernel checks every one it reads again."""
-        c, bs = self.config, self.block_size
-        end = start + n
-        used = -(-end // bs)
-        ints = [torch.tensor(v, dtype=torch.int32) for v in ([0, n], [0, used], list(table[:used]), [end])]
-        return PagedAttentionPlan(
-            batch_size=1, total_q=n, num_blocks=self.num_blocks, block_size=bs, max_q_len=n, max_kv_len=end,
-            device=self.device, q_indptr=ints[0], kv_indptr=ints[1], kv_indices=ints[2], kv_lens=ints[3],
-            host_q_indptr=ints[0], host_kv_indptr=ints[1], host_kv_indices=ints[2], host_kv_lens=ints[3],
-            window_left=c.window - 1 if kind == SLIDING_WINDOW else -1,
-            chunk_size=c.chunk if kind == CHUNKED_LOCAL_ATTENTION else 0,
-        )  # fmt: skip
 
     def _scan(self, h, p, t, state: torch.Tensor) -> torch.Tensor:
         u = _linear(h, t["in_proj"])  # [n, inner]
@@ -354,6 +334,43 @@ def _linear(x: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
     it, as one GEMM's may, so a token computes the same numbers in a long prefill chunk
     and in a chunk of one."""
     return torch.bmm(x[:, None, :], wt.expand(x.shape[0], *wt.shape))[:, 0]
+
+
+
+def check_table(table: Sequence[int], start: int, n: int, block_size: int, what: str) -> None:
+    """ValueError unless `table` holds a block for every position start..start+n-1
+    (TOKENS): the chunk's own KV is written there."""
+    end = start + n
+    if len(table) * block_size < end or NULL_BLOCK in table[start // block_size : -(-end // block_size)]:
+        raise ValueError(f"{what} {list(table)} has no block for positions {start}..{end - 1}")
+
+
+def write_kv(kv: torch.Tensor, table: Sequence[int], start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    """A chunk's keys and values (``[n, kv_heads, head_dim]``, positions from `start`)
+    into their slots of `kv` (``[num_blocks, 2, kv_heads, block_size, head_dim]``)."""
+    bs = kv.shape[3]
+    for j in range(k.shape[0]):
+        pos = start + j
+        block = table[pos // bs]
+        kv[block, 0, :, pos % bs] = k[j]
+        kv[block, 1, :, pos % bs] = v[j]
+
+
+def chunk_plan(start: int, n: int, table: Sequence[int], kv: torch.Tensor, *, window_left: int = -1,
+               chunk_size: int = 0) -> PagedAttentionPlan:
+    """One chunk's n queries from position `start` over its request's blocks, built
+    directly: the indices are the cache's own table (NULL_BLOCK before a window or a
+    chunk), and the kernel checks every one it reads again."""
+    num_blocks, bs = kv.shape[0], kv.shape[3]
+    end = start + n
+    used = -(-end // bs)
+    ints = [torch.tensor(v, dtype=torch.int32) for v in ([0, n], [0, used], list(table[:used]), [end])]
+    return PagedAttentionPlan(
+        batch_size=1, total_q=n, num_blocks=num_blocks, block_size=bs, max_q_len=n, max_kv_len=end,
+        device=kv.device, q_indptr=ints[0], kv_indptr=ints[1], kv_indices=ints[2], kv_lens=ints[3],
+        host_q_indptr=ints[0], host_kv_indptr=ints[1], host_kv_indices=ints[2], host_kv_lens=ints[3],
+        window_left=window_left, chunk_size=chunk_size,
+    )  # fmt: skip
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
