@@ -184,3 +184,16 @@ def test_cached_runs_equal_uncached_past_the_window_while_the_pool_evicts(loaded
         assert r.difference is None, r.difference
         hits, evictions = hits + r.hit_tokens, evictions + r.evictions
     assert hits > 0 and evictions > 0
+
+
+def test_the_cli_sizes_it_and_names_what_it_cannot_export(gguf_file, tmp_path, capsys):
+    from prefixcache.cli import main
+
+    path = str(gguf_file[0])
+    (tmp_path / "e.yaml").write_text(f"cache: {{block_size: 16, num_blocks: 64}}\nengine: {{model: {path}}}\n")
+    assert main(["validate", str(tmp_path / "e.yaml")]) == 0
+    (tmp_path / "small.yaml").write_text(f"cache: {{block_size: 16, num_blocks: 64}}\nengine: {{model: {path}, max_memory_bytes: 4096}}\n")
+    assert main(["validate", str(tmp_path / "small.yaml")]) == 2  # sized from the file's gemma3 geometry
+    assert "6 layers" in capsys.readouterr().err
+    assert main(["tokenizer", path, "--out", str(tmp_path / "tok")]) == 2
+    assert "no tokenizer.json export for a SPMTokenizer" in capsys.readouterr().err
