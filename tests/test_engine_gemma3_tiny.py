@@ -197,3 +197,20 @@ def test_the_cli_sizes_it_and_names_what_it_cannot_export(gguf_file, tmp_path, c
     assert "6 layers" in capsys.readouterr().err
     assert main(["tokenizer", path, "--out", str(tmp_path / "tok")]) == 2
     assert "no tokenizer.json export for a SPMTokenizer" in capsys.readouterr().err
+
+
+def test_it_serves_chats_over_http_with_its_layout_and_template(gguf_file, loaded):
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("fastapi")
+    from serve_cases import in_engine, running
+
+    path = str(gguf_file[0])
+    with running(loaded, "hash", model=path, block_size=4, num_blocks=96) as replica:
+        assert in_engine(replica, lambda e: e.config.cache.layout) == loaded.layout
+        c = openai.OpenAI(base_url=replica.base_url + "/v1", api_key="unused", max_retries=0, timeout=30)
+        messages = [{"role": "user", "content": "the abc " * 6}]
+        first, second = (c.chat.completions.create(model=path, messages=messages, max_tokens=4) for _ in range(2))
+    prompt = loaded.tokenizer.encode("<start_of_turn>user\n" + ("the abc " * 6).strip() + "<end_of_turn>\n<start_of_turn>model\n")
+    assert first.usage.prompt_tokens == len(prompt)  # Gemma's turns, the tokenizer's <bos> in front
+    assert second.usage.prompt_tokens_details.cached_tokens > 0
+    assert second.choices[0].message.content == first.choices[0].message.content
