@@ -138,7 +138,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
             lines = _validated(trial, source)
             break
         except ConfigError as err:
-            if any(err.path == d or err.path.startswith(d + ".") for d in dropped) or len(errors) >= _MAX_ERRORS:
+            consequence = any(err.path == d or err.path.startswith(d + ".") for d in dropped) or (
+                err.missing_paths() and set(err.missing_paths()) <= set(dropped))
+            if consequence or len(errors) >= _MAX_ERRORS:
                 break  # a consequence of setting an earlier mistake aside
             errors.append(err)
             if not err.path or not _drop(trial, err.path):

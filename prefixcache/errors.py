@@ -77,3 +77,11 @@ class ConfigError(ValueError):
         """The same error seen from an enclosing section / file."""
         path = f"{prefix}.{self.path}" if prefix and self.path else prefix or self.path
         return ConfigError(path, self.message, source or self.source)
+
+    def missing_paths(self) -> tuple[str, ...]:
+        """The key paths a "missing required key(s)" error names (`validate` tells a key it
+        set aside from one the file lacks); () for any other error."""
+        prefix = "missing required key(s): "
+        if not self.message.startswith(prefix):
+            return ()
+        return tuple(f"{self.path}.{k}" if self.path else k for k in self.message[len(prefix):].split(", "))

@@ -115,12 +115,17 @@ def shortcut_overrides(data: Mapping[str, Any], name: str, value: Any) -> list[O
 _ARM_LABEL = re.compile(r"(?P<backend>[A-Za-z_][\w.:-]*)/(?P<block_size>\d+)")
 
 
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def relabel_arms(before: Mapping[str, Any], after: Mapping[str, Any]) -> Mapping[str, Any]:
     """`after` (`before` with overrides applied) with every A/B arm named for its contents
     (`BACKEND/BLOCK_SIZE`, as the shipped ab.yaml names them) renamed for its new contents
     when an override changed them: `--backend radix` turns `hash/16` into `radix/16` (or
     `radix/16-was-hash/16` when another arm has that name). Other names are the user's
-    and stay."""
+    and stay, and so does a name whose new contents are invalid (`--block-size 0`), so the
+    error names the key the file has."""
     old_arms, arms = before.get("arms"), after.get("arms")
     if not isinstance(old_arms, Mapping) or not isinstance(arms, Mapping):
         return after
@@ -129,7 +134,8 @@ def relabel_arms(before: Mapping[str, Any], after: Mapping[str, Any]) -> Mapping
         label = _ARM_LABEL.fullmatch(str(name))
         old = old_arms.get(name)
         described = (label is not None and isinstance(old, Mapping) and isinstance(arm, Mapping)
-                     and str(old.get("backend")) == label["backend"] and str(old.get("block_size")) == label["block_size"])
+                     and str(old.get("backend")) == label["backend"] and str(old.get("block_size")) == label["block_size"]
+                     and isinstance(arm.get("backend"), str) and _positive_int(arm.get("block_size")))
         new = f"{arm.get('backend')}/{arm.get('block_size')}" if described else str(name)
         if described and new != name and (new in arms or new in renamed):
             new = f"{new}-was-{name}"

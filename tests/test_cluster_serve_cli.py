@@ -18,7 +18,9 @@ import time
 
 import pytest
 
-pytest.importorskip("ray", reason="the `cluster` extra (ray[serve]) is not installed")
+# ray_app, not ray: it sets Ray's local-only switch, which Ray reads at its first import in
+# this process (test_ray_cluster starts a cluster here later).
+pytest.importorskip("prefixcache.serve.ray_app", reason="the `cluster` extra (ray[serve]) is not installed")
 httpx = pytest.importorskip("httpx")
 psutil = pytest.importorskip("psutil")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402

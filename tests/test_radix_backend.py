@@ -15,6 +15,7 @@ import prefixcache
 from prefixcache import AllBlocksCleared, BlockRemoved, BlockStored, CacheConfig, build_cache
 from prefixcache.eviction import EvictionPolicy
 from prefixcache.hashing import block_hashes
+from prefixcache import registry
 from prefixcache.registry import register_eviction_policy
 
 
@@ -393,7 +394,6 @@ def test_priority_policy_uses_admit_priority():
         cache.admit("x", [1], priority="high")
 
 
-@register_eviction_policy("test_longest_first")
 class LongestFirst(EvictionPolicy):
     """A plugin policy with no native order: the tree asks Python once per leaf, when it
     becomes a candidate or changes, and keeps the key in its leaf order."""
@@ -405,7 +405,14 @@ class LongestFirst(EvictionPolicy):
         return (-candidate.num_tokens, candidate.last_access_time)
 
 
-def test_custom_python_policy():
+@pytest.fixture
+def longest_first(monkeypatch):
+    """`test_longest_first` registered for one test: the registry other tests list is left as it was."""
+    monkeypatch.setattr(registry, "_eviction_policies", dict(registry._eviction_policies))
+    register_eviction_policy("test_longest_first")(LongestFirst)
+
+
+def test_custom_python_policy(longest_first):
     cache = radix(block_size=1, eviction="test_longest_first")
     run(cache, "a", [1, 2, 3, 4, 5, 6])
     run(cache, "b", [7, 8])
