@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from prefixcache.engine.batch import SeqChunk
 from prefixcache.engine.hybrid_model import _linear, _rope, check_table, chunk_plan, write_kv
+from prefixcache.engine.model import LlamaModel
 from prefixcache.layout import FULL_ATTENTION, SLIDING_WINDOW, LayerGroup
 
 __all__ = ["Gemma3Config", "Gemma3Weights", "Gemma3Model", "gemma3_config", "read_gemma3", "GEMMA3_CHAT_TEMPLATE", "GEMMA3_PACKAGE", "gemma3_gguf_path"]
@@ -191,25 +192,13 @@ class Gemma3Model:
         self.kinds = c.kinds
         self.kv: list[torch.Tensor] = []
         self.num_blocks = self.block_size = 0
-        self.state_tokens = 0  # no recurrent layer; kept for the engine's call
         #: Tests (`exactness.compare_trace`): a request's recurrent states when it leaves: none.
         self.keep_final_states = False
         self.final_states: dict[Hashable, list[torch.Tensor]] = {}
 
-    def allocate_kv(self, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32) -> None:
-        c = self.config
-        shape = (num_blocks, 2, c.num_kv_heads, block_size, c.head_dim)
-        self.kv = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(c.num_layers)]
-        self.num_blocks, self.block_size = num_blocks, block_size
-
-    @torch.inference_mode()
-    def copy_blocks(self, copies: Sequence[tuple[int, int, int]]) -> None:
-        """Copy-on-write hits: the first n slots of block src into block dst, every layer."""
-        for src, dst, n in copies:
-            if not (0 <= src < self.num_blocks and 0 <= dst < self.num_blocks and 0 < n <= self.block_size):
-                raise ValueError(f"copy {(src, dst, n)}: blocks in [0, {self.num_blocks}), 1 <= n <= {self.block_size}")
-            for kv in self.kv:
-                kv[dst, :, :, :n] = kv[src, :, :, :n]
+    # One KV tensor per layer and copy-on-write hits, as the Llama decoder's.
+    allocate_kv = LlamaModel.allocate_kv
+    copy_blocks = LlamaModel.copy_blocks
 
     def forget(self, request_id: Hashable) -> None:
         """A request left; it has no recurrent state (an empty one for `final_states`)."""
@@ -228,14 +217,14 @@ class Gemma3Model:
     @torch.inference_mode()
     def forward(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
         """Every chunk computed; fp32 logits of the chunks that want them."""
-        out = []
+        c, out = self.config, []
         for ch in chunks:
-            logits = self._chunk(ch, ch.group_tables or (ch.block_table,))
-            if ch.want_logits:
-                out.append(logits)
+            last = self._chunk(ch, ch.group_tables or (ch.block_table,))
+            if ch.want_logits:  # the tied head (262,144 rows on 270M) only where a token is drawn
+                out.append(F.rms_norm(last, (c.hidden_size,), self.weights.norm, c.rms_norm_eps) @ self.weights.embed.t())
         if not out:
-            return torch.empty((0, self.config.vocab_size))
-        return torch.stack(out)
+            return torch.empty((0, c.vocab_size))
+        return torch.cat(out)
 
     # -- internals --------------------------------------------------------------------
     def _chunk(self, ch: SeqChunk, tables: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -251,8 +240,7 @@ class Gemma3Model:
             h = F.rms_norm(x, (c.hidden_size,), p["ffn_norm"], c.rms_norm_eps)
             m = _linear(F.gelu(_linear(h, t["gate"]), approximate="tanh") * _linear(h, t["up"]), t["down"])
             x = x + F.rms_norm(m, (c.hidden_size,), p["post_ffn_norm"], c.rms_norm_eps)
-        last = F.rms_norm(x[n - 1 :], (c.hidden_size,), w.norm, c.rms_norm_eps)
-        return (last @ w.embed.t())[0]  # one row: the tied head
+        return x[n - 1 :]  # the last position's hidden state, [1, hidden]
 
     def _attend(self, h, p, t, start: int, layer: int, table: Sequence[int]) -> torch.Tensor:
         c, n = self.config, h.shape[0]
