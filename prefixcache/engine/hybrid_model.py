@@ -349,11 +349,11 @@ def write_kv(kv: torch.Tensor, table: Sequence[int], start: int, k: torch.Tensor
     """A chunk's keys and values (``[n, kv_heads, head_dim]``, positions from `start`)
     into their slots of `kv` (``[num_blocks, 2, kv_heads, block_size, head_dim]``)."""
     bs = kv.shape[3]
-    for j in range(k.shape[0]):
-        pos = start + j
-        block = table[pos // bs]
-        kv[block, 0, :, pos % bs] = k[j]
-        kv[block, 1, :, pos % bs] = v[j]
+    pos = torch.arange(start, start + k.shape[0])
+    blocks = torch.tensor(table[start // bs : -(-(start + k.shape[0]) // bs)], dtype=torch.int64)[pos // bs - start // bs]
+    slots = pos % bs
+    kv[blocks, 0, :, slots] = k.to(kv.dtype)  # advanced indices apart: [n, kv_heads, head_dim], as k
+    kv[blocks, 1, :, slots] = v.to(kv.dtype)
 
 
 def chunk_plan(start: int, n: int, table: Sequence[int], kv: torch.Tensor, *, window_left: int = -1,
