@@ -73,11 +73,13 @@ no hash collision can make it serve another prompt's or another tenant's blocks.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prefixcache._C import BlockPool, InvariantError, RadixTree, append_step
 from prefixcache.config import CacheConfig
+from prefixcache.errors import ConfigError
 from prefixcache.events import (
     FULL_ATTENTION,
     AllBlocksCleared,
@@ -95,6 +97,8 @@ from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCa
 from prefixcache.registry import register_backend, resolve_eviction_policy
 from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_priority, check_tokens
 from prefixcache.stats import CacheStats, StatsCounter
+
+from .hybrid_radix import HYBRID_RADIX_OPTIONS, HybridRadixCache
 
 __all__ = ["RadixCache"]
 
@@ -134,9 +138,31 @@ class RadixCache(PrefixCache):
 
     token_itemsize = 4  # the tree stores int32 ids
     token_id_range = RADIX_TOKEN_RANGE
+    option_defaults = HYBRID_RADIX_OPTIONS  # a hybrid layout's (backends/hybrid_radix.py)
+
+    def __new__(cls, pool: BlockPool, config: CacheConfig) -> RadixCache:
+        # A hybrid layout is SGLang's UnifiedRadixCache, a class of its own (backends/hybrid_radix.py).
+        if cls is RadixCache and config.groups.hybrid:
+            return HybridRadixCache(pool, config)  # type: ignore[return-value]
+        return super().__new__(cls)
+
+    @classmethod
+    def check_layout(cls, config: CacheConfig, options: Mapping[str, Any]) -> None:
+        """A hybrid layout is checked as HybridRadixCache builds it; a subclass (a plugin)
+        does not cache one; a full-attention layout takes no Mamba option."""
+        if config.groups.hybrid:
+            if cls is not RadixCache:
+                raise ConfigError("layout", f"backend {cls.__qualname__} does not cache hybrid layouts (kinds: "
+                                            f"{', '.join(config.groups.kinds())}); the built-in radix and hash do")  # fmt: skip
+            HybridRadixCache.check_layout(config, options)
+            return
+        changed = sorted(k for k, v in HYBRID_RADIX_OPTIONS.items() if options[k] != v)
+        if changed:
+            raise ConfigError(f"options.{changed[0]}", "applies to a cache.layout with a mamba group only")
 
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)
+        self.check_layout(config, self.options)
         self.policy = resolve_eviction_policy(config.eviction)()
         # The tree keeps its leaves in a persistent order: a native policy's keys are
         # computed in C++; another policy's priority() is called once per leaf when it

@@ -44,6 +44,7 @@ SGLang's. It is cheaper than SGLang's, so timing SGLang with it flatters SGLang.
 
 from __future__ import annotations
 
+import __future__
 import ast
 import importlib.util
 import subprocess
@@ -74,6 +75,30 @@ _FILES = (
     f"{_SRT}/mem_cache/base_prefix_cache.py",
     f"{_SRT}/mem_cache/radix_cache.py",
     f"{_SRT}/mem_cache/common.py",
+    # UnifiedRadixCache (FULL / SWA / MAMBA components) and what its path runs
+    f"{_SRT}/utils/invariants.py",
+    f"{_SRT}/mem_cache/hicache_storage.py",
+    f"{_SRT}/mem_cache/storage_prefetch.py",
+    f"{_SRT}/mem_cache/allocator/token.py",
+    f"{_SRT}/mem_cache/allocator/paged.py",
+    f"{_SRT}/mem_cache/allocator/swa.py",
+    f"{_SRT}/mem_cache/allocator/mamba.py",
+    f"{_SRT}/mem_cache/allocation.py",
+    f"{_SRT}/mem_cache/memory_pool.py",
+    f"{_SRT}/mem_cache/unified_cache/cache_action.py",
+    f"{_SRT}/mem_cache/unified_cache/unified_tree_core_interface.py",
+    f"{_SRT}/mem_cache/unified_cache/components/__init__.py",
+    f"{_SRT}/mem_cache/unified_cache/components/base.py",
+    f"{_SRT}/mem_cache/unified_cache/components/full.py",
+    f"{_SRT}/mem_cache/unified_cache/components/swa.py",
+    f"{_SRT}/mem_cache/unified_cache/components/mamba.py",
+    f"{_SRT}/mem_cache/unified_cache/unified_tree_core.py",
+    f"{_SRT}/mem_cache/unified_cache/tree_core_registry.py",
+    f"{_SRT}/mem_cache/unified_cache/session_ref_tracker.py",
+    f"{_SRT}/session/streaming_session.py",
+    f"{_SRT}/mem_cache/unified_radix_cache.py",
+    f"{_SRT}/runtime_context.py",
+    f"{_SRT}/mem_cache/allocation_sizing.py",
 )
 
 
@@ -192,7 +217,9 @@ def _definitions(source: SGLangSource, rel: str, names: dict[str, list[str] | No
         if methods is not None and len(body) != len(methods):
             raise SGLangUnavailable(f"{rel}: {node.name} lacks some of {methods}")
         module = ast.Module(body=body, type_ignores=[])
-        exec(compile(module, str(source.path(rel)), "exec"), namespace)  # noqa: S102 (SGLang's code, read-only)
+        # Annotations stay strings (SGLang's files have `from __future__ import annotations`).
+        code = compile(module, str(source.path(rel)), "exec", flags=__future__.annotations.compiler_flag, dont_inherit=True)
+        exec(code, namespace)  # noqa: S102 (SGLang's code, read-only)
         if methods is None:
             out[node.name] = namespace[node.name]
         else:
@@ -503,3 +530,407 @@ class SGLangArm:
         assert self.tree.protected_size() == 0
         total = self.alloc.available_size() + self.tree.total_size()
         assert total == self.alloc.num_pages * self.page, (total, self.alloc.num_pages * self.page)
+
+
+# -- SGLang's UnifiedRadixCache (FULL / SWA / MAMBA components) -------------------------
+class HybridRuntime(types.SimpleNamespace):
+    """The server arguments SGLang's runtime context gives the unified cache's path, at
+    SGLang 0.5.23's defaults for a model served with the extra_buffer Mamba strategy
+    (overlap schedule on, not lazy) and no DCP: `page_size`, the model's `mamba_chunk`
+    (FLA's 64 for Qwen3-Next) and `mamba_track_interval` (256). Set by each arm."""
+
+
+_RUNTIME = HybridRuntime(page_size=1, mamba_chunk=64, mamba_track_interval=256)
+_UNIFIED: SGLang | None = None
+
+
+def load_sglang_unified(src: str | Path | None, cache_dir: str | Path) -> SGLang:
+    """SGLang's UnifiedRadixCache with the Python TreeCore, its SWA and paged allocators,
+    the Mamba slot allocator and request pools, and the scheduler functions around them
+    (`allocation.py`, `common.py`, and `ScheduleBatch`'s SWA and Mamba-track methods),
+    heavy imports stubbed. Raises SGLangUnavailable."""
+    global _UNIFIED
+    if _UNIFIED is not None:
+        return _UNIFIED
+    base = load_sglang(src, cache_dir)
+    source = base.source
+    import dataclasses
+    import enum
+    import math
+    from typing import Any as _Any
+    from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
+
+    import torch
+
+    # Kernels, platforms and the KV tensors: CPU paths only (SGLang's naive allocator
+    # kernels run when the platform says it has no Triton).
+    _stub("sglang.srt.platforms", current_platform=types.SimpleNamespace(
+        capabilities=types.SimpleNamespace(supports_triton=False), get_paged_allocator_cls=lambda: None,
+        is_pin_memory_available=lambda device: False))  # fmt: skip
+    _stub("sglang.kernels.ops.memory.allocator", alloc_decode_kernel=_unused("alloc_decode_kernel"),
+          alloc_extend_kernel=_unused("alloc_extend_kernel"), get_and_clear_swa_pages=_unused("get_and_clear_swa_pages"))
+    common_fns = _definitions(source, f"{_SRT}/utils/common.py", {
+        "ceil_div": None, "ceil_align": None, "get_num_new_pages": None, "next_power_of_2": None}, {"torch": torch,
+        "Optional": Optional, "List": List})  # fmt: skip
+    utils_common = sys.modules["sglang.srt.utils.common"]
+    utils_common.__dict__.update(common_fns, async_h2d=lambda args, *, dtype, device: torch.tensor(args, dtype=dtype),
+                                 is_npu=lambda: False, is_pin_memory_available=lambda device=None: False)
+    sys.modules["sglang.srt.utils"].__dict__.update(
+        common_fns, get_bool_env_var=lambda name, default="false": False, is_hip=lambda: False, is_npu=lambda: False,
+        is_cuda=lambda: False, is_cpu=lambda: True, is_xpu=lambda: False, support_triton=lambda backend: False)
+    _load(source, "sglang.srt.utils.invariants", f"{_SRT}/utils/invariants.py")
+    # KV events are off (the recorder is built disabled); the storage media are named.
+    kv_events = sys.modules["sglang.srt.disaggregation.kv_events"]
+    kv_events.StorageMedium = enum.Enum("StorageMedium", {"GPU": "GPU", "CPU": "CPU_PINNED"}, type=str)
+    _stub("sglang.srt.distributed.communication_tags", P2PTag=object)
+    _stub("sglang.srt.managers.cache_controller", CacheOperation=object)
+    _stub("sglang.srt.mem_cache.buffer_mode")
+    _stub("sglang.srt.mem_cache.buffer_mode.pipeline", BufferModePipeline=object,
+          validate_buffer_only_stack=_unused("buffer-only host memory"))
+    _stub("sglang.srt.mem_cache.buffer_mode.storage_existence_cache", PoolBeliefPolicy=object,
+          StorageExistenceCache=lambda: types.SimpleNamespace(clear_inflight=lambda: None),
+          default_belief_policy=_unused("storage beliefs"))  # fmt: skip
+    _stub("sglang.srt.mem_cache.hybrid_cache")
+    _stub("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller", HybridCacheController=object,
+          PPPrefetchDecision=object, PrefetchOperation=object)
+    _stub("sglang.srt.mem_cache.swa_memory_pool", SWAKVPool=object)
+    _stub("sglang.srt.mem_cache.unified_cache.storage_attachment", StorageAttachment=object)
+    _stub("sglang.srt.mem_cache.unified_cache.unified_cache_linker", UnifiedCacheLinker=object,
+          UnifiedCacheLinkerWrapper=object)
+    metrics = sys.modules["sglang.srt.observability.metrics_collector"]
+    metrics.StorageMetrics = metrics.StorageMetricsCollector = object
+    _stub("sglang.srt.utils.poll_timer", PollTimer=object)
+    _stub("sglang.srt.utils.rank_consensus_checker", rank_consensus=lambda *a, **k: (lambda fn: fn))
+    _stub("sglang.srt.session")
+    # DeepSeek V4's per-request SWA ring (the unified_kv gate): off for these models.
+    for pkg in ("sglang.srt.layers", "sglang.srt.layers.attention", "sglang.srt.layers.attention.dsv4"):
+        _stub(pkg)
+    _stub("sglang.srt.layers.attention.dsv4.unified_kv_gate", is_unified_kv_triton=lambda: False)
+
+    class BaseSWAKVPool:
+        """SGLang's SWA KV pool as the allocator reads it: the full-to-SWA index mapping
+        (the KV tensors themselves are not needed to decide hits)."""
+
+        full_kv_pool = swa_kv_pool = swa_req_ring_size = None
+
+        def register_mapping(self, mapping):
+            self.full_to_swa_index_mapping = mapping
+
+        def translate_loc_from_full_to_swa(self, kv_indices):  # SWAKVPool's: a lookup
+            return self.full_to_swa_index_mapping[kv_indices]
+
+    _stub("sglang.srt.mem_cache.base_swa_memory_pool", BaseSWAKVPool=BaseSWAKVPool)
+
+    # The runtime context: defaults, and the arm's page size, Mamba chunk and interval.
+    runtime = sys.modules["sglang.srt.runtime_context"]
+    exec_bag = types.SimpleNamespace(mamba=types.SimpleNamespace(
+        mamba_max_states_per_path=-1, enable_mamba_extra_buffer=True, enable_mamba_extra_buffer_lazy=False))
+    runtime.get_exec = lambda: types.SimpleNamespace(mamba=types.SimpleNamespace(
+        **vars(exec_bag.mamba), mamba_track_interval=_RUNTIME.mamba_track_interval))  # fmt: skip
+    runtime.get_disagg = lambda: types.SimpleNamespace(disaggregation_mode="null",
+                                                       disaggregation_decode_retraction_backup=None)
+    runtime.get_parallel = lambda: types.SimpleNamespace(dcp_enabled=False, attn_dcp_size=1)
+    runtime.get_memory = _unused("memory server arguments (HiCache, linkers)")
+    runtime.get_model = _unused("model server arguments")
+    # overrides.mamba_cache_chunk_size: max(the model's Mamba chunk, page_size).
+    runtime.mamba_cache_chunk_size = lambda: max(_RUNTIME.mamba_chunk, _RUNTIME.page_size)
+    runtime.__dict__.update(_definitions(source, f"{_SRT}/runtime_context.py", {
+        "mamba_checkpoint_grid": None, "mamba_track_grid": None}, {**runtime.__dict__, "math": math}))  # fmt: skip
+
+    _load(source, "sglang.srt.mem_cache.hicache_storage", f"{_SRT}/mem_cache/hicache_storage.py")
+    _load(source, "sglang.srt.mem_cache.storage_prefetch", f"{_SRT}/mem_cache/storage_prefetch.py")
+    alloc_pkg = sys.modules["sglang.srt.mem_cache.allocator"]
+    for name, rel in (("token", "token.py"), ("paged", "paged.py"), ("swa", "swa.py"), ("mamba", "mamba.py")):
+        _load(source, f"sglang.srt.mem_cache.allocator.{name}", f"{_SRT}/mem_cache/allocator/{rel}")
+    alloc_pkg.TokenToKVPoolAllocator = sys.modules["sglang.srt.mem_cache.allocator.token"].TokenToKVPoolAllocator
+    # DeepSeek V4's HiSparse allocator (the SWA component accepts it too): not this path.
+    _stub("sglang.srt.mem_cache.allocator.hisparse", DeepSeekV4HiSparseTokenToKVPoolAllocator=type("Unused", (), {}))
+    # The unified (shared-pool) SWA allocator: these arms run SGLang's static SWA pools.
+    _stub("sglang.srt.mem_cache.allocator.unified_hybrid_swa", UnifiedSWAAllocatorBase=type("Unused", (), {}))
+
+    # Request pools: SGLang's ReqToTokenPool and HybridReqToTokenPool classes, whole,
+    # from memory_pool.py (constructed through `make_req_pool`, which skips the GPU
+    # state tensors their constructors allocate).
+    sizing = _definitions(source, f"{_SRT}/mem_cache/allocation_sizing.py", {"get_mamba_tracking_slots": None}, {})
+    pool_ns: dict = {"torch": torch, "Optional": Optional, "List": List, "Callable": Callable, "Any": _Any,
+                     "async_h2d": utils_common.async_h2d, "_MAMBA_DEBUG_ASSERTS": False, "MambaPool": object,
+                     "logger": types.SimpleNamespace(info=lambda *a, **k: None), **sizing}  # fmt: skip
+    pools = _definitions(source, f"{_SRT}/mem_cache/memory_pool.py", {"ReqToTokenPool": None}, pool_ns)
+    pools.update(_definitions(source, f"{_SRT}/mem_cache/memory_pool.py", {"HybridReqToTokenPool": None}, pool_ns))
+    memory_pool = sys.modules["sglang.srt.mem_cache.memory_pool"]
+    memory_pool.ReqToTokenPool = pools["ReqToTokenPool"]
+    memory_pool.HybridReqToTokenPool = pools["HybridReqToTokenPool"]
+    memory_pool.MHATokenToKVPool = object
+
+    uc = "sglang.srt.mem_cache.unified_cache"
+    for name in ("cache_action", "unified_tree_core_interface"):
+        _load(source, f"{uc}.{name}", f"{_SRT}/mem_cache/unified_cache/{name}.py")
+    _stub(f"{uc}.components")
+    for name in ("base", "full", "swa", "mamba"):
+        _load(source, f"{uc}.components.{name}", f"{_SRT}/mem_cache/unified_cache/components/{name}.py")
+    components = _load(source, f"{uc}.components", f"{_SRT}/mem_cache/unified_cache/components/__init__.py")
+    tree_core = _load(source, f"{uc}.unified_tree_core", f"{_SRT}/mem_cache/unified_cache/unified_tree_core.py")
+    _load(source, f"{uc}.tree_core_registry", f"{_SRT}/mem_cache/unified_cache/tree_core_registry.py")
+    _load(source, f"{uc}.session_ref_tracker", f"{_SRT}/mem_cache/unified_cache/session_ref_tracker.py")
+    sys.modules["sglang.srt.managers.schedule_batch"] = types.ModuleType("sglang.srt.managers.schedule_batch")
+    sys.modules["sglang.srt.managers.schedule_batch"].ReqKvInfo = base.ReqKvInfo
+    _load(source, "sglang.srt.session.streaming_session", f"{_SRT}/session/streaming_session.py")
+    unified = _load(source, "sglang.srt.mem_cache.unified_radix_cache", f"{_SRT}/mem_cache/unified_radix_cache.py")
+
+    # The scheduler's side: allocation.py's functions (its Triton kernels unused on CPU)
+    # and ScheduleBatch's SWA-eviction and Mamba-track methods, run on a one-request batch.
+    common = base.common
+    sched_ns: dict = {"torch": torch, "Optional": Optional, "List": List, "NamedTuple": NamedTuple, "BasePrefixCache": object,
+                      "EvictParams": sys.modules["sglang.srt.mem_cache.base_prefix_cache"].EvictParams,
+                      "HybridReqToTokenPool": pools["HybridReqToTokenPool"], "ReqToTokenPool": pools["ReqToTokenPool"],
+                      "evict_from_tree_cache": common.evict_from_tree_cache,
+                      "available_and_evictable_str": common.available_and_evictable_str,
+                      "page_interleave_shard_size": lambda allocator: 1, "logger": types.SimpleNamespace(
+                          error=lambda *a, **k: None), "envs": sys.modules["sglang.srt.environ"].envs,
+                      "ComponentType": sys.modules[f"{uc}.component_type"].ComponentType, "_is_hip": False,
+                      "mamba_cache_chunk_size": runtime.mamba_cache_chunk_size,
+                      "mamba_checkpoint_grid": runtime.mamba_checkpoint_grid, "get_parallel": runtime.get_parallel,
+                      "get_exec": runtime.get_exec}  # fmt: skip
+    allocation = _definitions(source, f"{_SRT}/mem_cache/allocation.py", {
+        "alloc_token_slots": None, "alloc_paged_token_slots_extend": None, "alloc_paged_token_slots_decode": None,
+        "ensure_mamba_capacity": None, "alloc_req_slots": None}, sched_ns)  # fmt: skip
+    batch_src = f"{_SRT}/managers/schedule_batch.py"
+    sched_ns.update(_definitions(source, batch_src, {"_MambaRadixCacheV2TrackEntry": None}, sched_ns))
+    batch_methods = _definitions(source, batch_src, {"ScheduleBatch": [
+        "maybe_evict_swa", "_swa_eviction_trigger", "_evict_swa", "_mamba_radix_cache_v2_req_prepare_for_extend"]},
+        sched_ns)["ScheduleBatch"]  # fmt: skip
+    req_methods = _definitions(source, batch_src, {"Req": ["seqlen", "get_fill_ids", "extend_len"]}, sched_ns)["Req"]
+    _UNIFIED = SGLang(source=source, base=base, unified=unified, tree_core=tree_core, components=components,
+                      allocators=alloc_pkg, pools=pools, allocation=allocation, batch_methods=batch_methods,
+                      req_methods={**base.req_methods, **req_methods}, runtime=runtime,
+                      base_prefix_cache=sys.modules["sglang.srt.mem_cache.base_prefix_cache"])  # fmt: skip
+    return _UNIFIED
+
+
+class SGLangHybridArm:
+    """SGLang 0.5.23's UnifiedRadixCache over full + SWA or full + Mamba components,
+    driven as its scheduler drives it, one request at a time (prefill unchunked,
+    requests at priority None, no speculative decoding):
+
+    - admission (`Req.init_next_round_input`, `PrefillAdder`, `prepare_for_extend`):
+      `match_kv_cache` on the prompt (limit `_compute_max_prefix_len`, copy-on-write of
+      the matched Mamba state), `req.lock = tree_cache.lock(req.last_node)`, then
+      `alloc_for_extend`: `maybe_evict_swa`, `alloc_req_slots` (the Mamba running slot
+      and ping-pong track slots, evicting for them) and the extend's KV slots
+      (`alloc_paged_token_slots_extend` / `alloc_token_slots`, evicting the allocator's
+      demand); with Mamba, `_mamba_radix_cache_v2_req_prepare_for_extend` picks the
+      state the extend tracks (the branching point or the last chunk-aligned position);
+    - after the prefill: `checkpoint_kv_cache` (insert up to what the components allow);
+    - each decode step: `check_decode_mem`, `alloc_for_decode` (its `maybe_evict_swa`,
+      then a page of room and a slot), then, on a step that lands on the Mamba track
+      interval, the result processor's track update (the non-overlapped order: the
+      step's state is the one tracked);
+    - finish: `release_kv_cache(req, tree_cache, checkpoint=True)`.
+
+    Pool sizes are SGLang's separate pools: `full_pages` of `page_size` tokens,
+    `swa_pages` for the SWA pool, `mamba_slots` state slots. `window` is the model's
+    sliding window in TOKENS a query attends to, itself included (Hugging Face's
+    `sliding_window`); SGLang's `sliding_window_size` is one less (gpt-oss, Gemma 3).
+    """
+
+    def __init__(self, sglang: SGLang, page_size: int, full_pages: int, *, window: int | None = None,
+                 swa_pages: int = 0, mamba_slots: int = 0, mamba_chunk: int = 64, mamba_track_interval: int = 256,
+                 max_len: int = 1 << 14, rows: int = 16) -> None:  # fmt: skip
+        import torch
+
+        _RUNTIME.page_size, _RUNTIME.mamba_chunk = page_size, mamba_chunk
+        _RUNTIME.mamba_track_interval = mamba_track_interval
+        sg = sglang
+        ct = sys.modules["sglang.srt.mem_cache.unified_cache.component_type"].ComponentType
+        kinds = [ct.FULL] + ([ct.SWA] if window else []) + ([ct.MAMBA] if mamba_slots else [])
+        alloc_mods = sg.allocators
+        if window:
+            kvcache = sys.modules["sglang.srt.mem_cache.base_swa_memory_pool"].BaseSWAKVPool()
+            allocator = sys.modules["sglang.srt.mem_cache.allocator.swa"].SWATokenToKVPoolAllocator(
+                full_pages * page_size, swa_pages * page_size, page_size, torch.int64, "cpu", kvcache, False)
+        elif page_size > 1:
+            allocator = sys.modules["sglang.srt.mem_cache.allocator.paged"].PagedTokenToKVPoolAllocator(
+                full_pages * page_size, page_size, torch.int64, "cpu", None, False)
+        else:
+            allocator = alloc_mods.TokenToKVPoolAllocator(full_pages, torch.int64, "cpu", None, False)
+        pool = self._req_pool(sg, rows, max_len, mamba_slots)
+        params = sg.base.radix_cache.CacheInitParams(
+            disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator, page_size=page_size,
+            eviction_policy="lru", enable_mamba_extra_buffer=bool(mamba_slots),
+            sliding_window_size=window - 1 if window else None, tree_components=tuple(kinds),
+            tree_core_backend="python")  # fmt: skip
+        self.sg = sg
+        self.tree = sg.unified.UnifiedRadixCache(params)
+        self.alloc = allocator
+        self.pool = pool
+        self.page = page_size
+        self.mamba = bool(mamba_slots)
+        self.track_grid = sg.runtime.mamba_track_grid(page_size) if self.mamba else 0
+        self.mamba_chunk = mamba_chunk
+        self.reqs: dict[Any, Any] = {}
+        self._req_class = self._make_req_class()
+        self._batch_class = self._make_batch_class()
+
+    @staticmethod
+    def _req_pool(sg: SGLang, rows: int, max_len: int, mamba_slots: int):
+        """SGLang's ReqToTokenPool (HybridReqToTokenPool with Mamba) with the fields its
+        constructor sets, minus the GPU state tensors (the hits never read a state)."""
+        import torch
+
+        cls = sg.pools["HybridReqToTokenPool" if mamba_slots else "ReqToTokenPool"]
+        pool = object.__new__(cls)
+        pool.size, pool._alloc_size, pool.max_context_len, pool.device = rows, rows + 1, max_len, "cpu"
+        pool.req_to_token = torch.zeros((rows + 1, max_len), dtype=torch.int64)
+        pool.free_slots = list(range(1, rows + 1))
+        pool.req_generation = torch.zeros(rows + 1, dtype=torch.int64)
+        pool._aux_cache = None
+        if mamba_slots:
+            slots_cls = sys.modules["sglang.srt.mem_cache.allocator.mamba"].MambaSlotAllocator
+            # get_mamba_tracking_slots(extra_buffer=True, overlap=True): two ping-pong slots.
+            pool.mamba_ping_pong_track_buffer_size = pool.mamba_initial_tracking_slots = 2
+            pool.enable_mamba_extra_buffer, pool.enable_mamba_extra_buffer_lazy = True, False
+            pool.mamba_allocator = slots_cls(mamba_slots, "cpu")
+            pool.mamba_pool = types.SimpleNamespace(replayssm_spec_write_pos=None, replayssm_write_pos=None,
+                                                    copy_from=lambda src, dst: None)  # no state tensors
+            pool.mamba_ckpt_pool = None
+            pool.req_index_to_mamba_index_mapping = torch.zeros(rows + 1, dtype=torch.int32)
+            pool.req_index_to_mamba_ping_pong_track_buffer_mapping = torch.zeros((rows + 1, 2), dtype=torch.int64)
+        return pool
+
+    def _make_req_class(self):
+        sg = self.sg
+
+        class Req:
+            """The fields of SGLang's `Req` the cache and scheduler calls read, and its methods for them."""
+
+            def __init__(self, rid, tokens: array, extra_key) -> None:
+                self.rid = rid
+                self.origin_input_ids = tokens
+                self.output_ids = array("q")
+                self.full_untruncated_fill_ids = array("q")
+                self.extra_key = extra_key
+                self.cache_salt = self.priority = self.session = self.session_id = self.kv_rotation_base = None
+                self.kv = sg.base.ReqKvInfo()
+                self.lock = self.last_node = self.extend_end = self.finished_len = self.finished_reason = None
+                self.swa_branching_seqlen = self.mamba_branching_seqlen = self.to_finish = None
+                self.prefix_len = self.reasoning_tokens = self.decode_batch_idx = 0
+                self.skip_radix_cache_insert = self.return_logprob = False
+                self.dllm_config = self.positional_embed_overrides = None
+                self.logprob_start_len = -1
+
+        for name, fn in sg.req_methods.items():
+            setattr(Req, name, fn)
+        return Req
+
+    def _make_batch_class(self):
+        arm = self
+
+        class Batch:
+            """A one-request ScheduleBatch, as far as its SWA and Mamba-track methods read it."""
+
+            def __init__(self, reqs, mode: str) -> None:
+                self.reqs = reqs
+                self.tree_cache = arm.tree
+                self.token_to_kv_pool_allocator = arm.alloc
+                self.req_to_token_pool = arm.pool
+                self.forward_mode = types.SimpleNamespace(is_decode=lambda: mode == "decode",
+                                                          is_extend=lambda: mode == "extend")
+                self.prefix_lens = [r.prefix_len for r in reqs]
+                self.enable_overlap = True
+                self.forward_iter = 0
+                self.model_config = types.SimpleNamespace(
+                    hf_text_config=types.SimpleNamespace(mamba_chunk_size=arm.mamba_chunk))
+
+        for name, fn in self.sg.batch_methods.items():
+            setattr(Batch, name, fn)
+        return Batch
+
+    # -- the scheduler's calls ----------------------------------------------------------
+    def admit(self, rid: Any, tokens: array, namespace: str | None = None) -> tuple[int, int | None]:
+        """Match, lock, allocate; the hit in tokens and the position the prefill tracks a
+        Mamba state at (None if none)."""
+        import torch
+
+        sg, common, allocation = self.sg, self.sg.base.common, self.sg.allocation
+        req = self._req_class(rid, tokens, namespace)
+        # Req.init_next_round_input
+        req.refresh_fill_ids()
+        fill = req.full_untruncated_fill_ids
+        match = common.match_kv_cache(req, self.tree, fill, cow_mamba=self.tree.supports_mamba(),
+                                      max_prefix_len=req._compute_max_prefix_len(len(fill)))  # fmt: skip
+        req.mamba_branching_seqlen = match.mamba_branching_seqlen
+        if match.cache_protected_len is None:
+            req.kv.cache_protected_len = req.prefix_len
+        req.lock = self.tree.lock(req.last_node)  # PrefillAdder._commit_prefill_admission
+        seq_len = len(tokens)
+        req.extend_end = seq_len
+        # alloc_for_extend
+        batch = self._batch_class([req], "extend")
+        batch.maybe_evict_swa()
+        prefix = self.tree.prefix_device_indices(req) if req.prefix_len else torch.empty((0,), dtype=torch.int64)
+        allocation["alloc_req_slots"](self.pool, [req], self.tree)
+        extend = seq_len - req.prefix_len
+        if self.page == 1:
+            out = allocation["alloc_token_slots"](self.tree, extend)
+        else:
+            lens = torch.tensor([req.prefix_len]), torch.tensor([seq_len])
+            last = prefix[-1:] if len(prefix) else torch.tensor([-1])
+            out = allocation["alloc_paged_token_slots_extend"](
+                self.tree, lens[0], lens[0], lens[1], lens[1], last, extend, batch=batch)  # fmt: skip
+        row = self.pool.req_to_token[req.kv.req_pool_idx]
+        row[: req.prefix_len] = prefix
+        row[req.prefix_len : seq_len] = out
+        req.kv.kv_allocated_len = req.kv.kv_committed_len = seq_len
+        track = None
+        if self.mamba:
+            entry = batch._mamba_radix_cache_v2_req_prepare_for_extend(req)
+            track = req.kv.mamba_last_track_seqlen if entry.track_mask else None
+        self.reqs[rid] = req
+        return req.prefix_len, track
+
+    def prefilled(self, rid: Any, sampled: int) -> None:
+        """The prefill ran and sampled `sampled`; the running request is checkpointed."""
+        req = self.reqs[rid]
+        req.output_ids.append(sampled)
+        self.sg.base.common.checkpoint_kv_cache(req, self.tree)
+
+    def decode(self, rid: Any, token: int) -> None:
+        """One decode step computing the KV of the request's newest token; `token` is what it samples."""
+        import torch
+
+        req = self.reqs[rid]
+        kv = req.kv
+        seq_len = kv.kv_committed_len
+        new_pages = 1 if seq_len % self.page == 0 else 0
+        self.alloc.check_decode_capacity(num_tokens=new_pages * self.page, tree_cache=self.tree)  # check_decode_mem
+        # prepare_for_decode -> alloc_for_decode_default
+        self._batch_class([req], "decode").maybe_evict_swa()
+        row = self.pool.req_to_token[kv.req_pool_idx]
+        if self.page == 1:
+            out = self.sg.allocation["alloc_token_slots"](self.tree, 1)
+        else:
+            out = self.sg.allocation["alloc_paged_token_slots_decode"](
+                self.tree, torch.tensor([seq_len + 1]), torch.tensor([seq_len + 1]), row[seq_len - 1 : seq_len])
+        row[seq_len] = out[0]
+        kv.kv_allocated_len += 1
+        kv.kv_committed_len += 1
+        req.decode_batch_idx += 1
+        if self.mamba and (seq_len + 1) % self.track_grid == 0:
+            # The result processor at a completed track boundary (non-lazy, lookahead 0).
+            track_idx = kv.mamba_next_track_idx
+            kv.mamba_last_track_idx = track_idx
+            kv.mamba_prev_track_seqlen = kv.mamba_last_track_seqlen
+            kv.mamba_last_track_seqlen = kv.kv_committed_len
+            kv.mamba_next_track_idx = self.pool.get_mamba_ping_pong_other_idx(track_idx)
+        req.output_ids.append(token)
+
+    def release(self, rid: Any) -> None:
+        """The request finished on its last sampled token (whose KV is never computed)."""
+        req = self.reqs.pop(rid)
+        req.finished_reason = "length"
+        self.sg.base.common.release_kv_cache(req, self.tree, checkpoint=True)
+
+    def check(self) -> None:
+        """Once every request is released nothing is locked and every slot is free or the tree's."""
+        assert not self.reqs
+        self.tree.sanity_check()

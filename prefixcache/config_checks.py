@@ -2,7 +2,8 @@
 
 Owns `check_cache_config`: the backend and eviction names resolve (a "module:Class" path
 is imported, so a typo is reported at load time, not at first use), the `options:` are
-what the backend class declares (`PrefixCache.parse_options`), and a block size is no
+what the backend class declares (`PrefixCache.parse_options`), the layout is one the
+class builds (`PrefixCache.check_layout`), and a block size is no
 larger than hit verification records when the options and hash turn verification on,
 with a `SecurityWarning` when a fast hash is trusted. Also `parse_cache_config` and
 `load_config`: a `cache:` section or file parsed (`prefixcache.config.from_mapping`) and
@@ -42,9 +43,9 @@ def check_cache_config(config: CacheConfig) -> dict[str, Any]:
     backend's defaults otherwise (what the backend's `parse_options` gives it)."""
     registry.check_backend_name(config.backend)
     registry.check_eviction_name(config.eviction)
-    options = registry.backend_class(config.backend).parse_options(
-        config.options, config.backend
-    )
+    cls = registry.backend_class(config.backend)
+    options = cls.parse_options(config.options, config.backend)
+    cls.check_layout(config, options)
     _check_hit_verification(config, options)
     return options
 

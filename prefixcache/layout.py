@@ -76,11 +76,13 @@ class LayerGroup:
                      (K and V, every head); 0 = not given (A/B reports then leave bytes out)
     state_bytes:     mamba: BYTES of one layer's recurrent state (conv + SSM); 0 = not given
     slots:           mamba, `radix` only: recurrent states its state pool holds (SGLang's
-                     separate Mamba pool, `max_mamba_cache_size`); 0 = as many as the
-                     device pool has blocks
+                     separate Mamba pool, `max_mamba_cache_size`), each a block of
+                     num_blocks; 0 = SGLang's `mamba_full_memory_ratio` 0.9 (states :
+                     the other blocks = 0.9 : 1)
     pool_ratio:      sliding_window, `radix` only: the sliding-window pool's size as a
-                     fraction of the device pool's tokens (SGLang's
-                     `swa_full_tokens_ratio`, default 0.8)
+                     fraction of the full-attention pool's (SGLang's
+                     `swa_full_tokens_ratio`, default 0.8); the two split what the
+                     states leave of num_blocks
     """
 
     kind: Kind

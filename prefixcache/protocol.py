@@ -280,6 +280,13 @@ class PrefixCache(ABC):
         return out
 
     @classmethod
+    def check_layout(cls, config: CacheConfig, options: Mapping[str, Any]) -> None:
+        """ConfigError (naming the key) unless this class builds `config.layout` with the
+        parsed `options`; run at config load (`check_cache_config`), so a combination a
+        strategy does not build is refused before any cache is. Default: nothing more
+        than `__init__` checks."""
+
+    @classmethod
     def parse_options(cls, given: Mapping[str, Any], backend: str | None = None) -> dict[str, Any]:
         """`given` over the declared defaults; ConfigError (path `options.<key>`) for an
         unknown key, a value not among `option_choices`, or a value of the wrong type.

@@ -77,6 +77,23 @@ class HybridShadow:
                 if b != NULL_BLOCK and b not in seen:
                     self.content[g].pop(b, None)
 
+    def repointed(self, tables: Sequence[Sequence[int]], before: Sequence[Sequence[int]], namespace: Any,
+                  tokens: Sequence[int], stop: int, what: str) -> None:  # fmt: skip
+        """A commit of the first `stop` tokens may re-point a computed full block of an
+        attention group to another that holds the same prefix (radix frees the request's
+        copy of a block the tree already had, as SGLang): that block must hold it."""
+        bs = self.bs
+        for g, (group, table, old) in enumerate(zip(self.layout, tables, before)):
+            if group.kind == MAMBA:
+                continue
+            for i in range(min(len(table), len(old), stop // bs)):
+                block = table[i]
+                if block != NULL_BLOCK and block != old[i]:
+                    held = self.content[g].get(block)
+                    if held != (namespace, tuple(tokens[: (i + 1) * bs])):
+                        _fail("every group", what, f"group {g} ({group.kind}) block #{i} re-pointed to block {block}, "
+                                                   f"which holds {_describe(held)}")  # fmt: skip
+
     def committed(self, tables: Sequence[Sequence[int]], namespace: Any, tokens: Sequence[int], start: int, stop: int) -> None:
         """A commit of [start, stop): attention blocks it fills hold the prefix through
         their end; a mamba block on which `stop` ends holds the state after `stop`."""
@@ -214,7 +231,9 @@ def _drive(cache: PrefixCache, layout, rng: random.Random, steps: int, bs: int) 
         cache.commit(rid, stop)
         live[rid][2] = stop
         shadow.committed(before, namespace, tokens, start, stop)
-        shadow.allocated(tables(rid), before)
+        after = tables(rid)
+        shadow.repointed(after, before, namespace, tokens, stop, f"commit of {rid} ({stop} tokens)")
+        shadow.allocated(after, before, first=stop // bs)
 
     for _ in range(steps):
         op = rng.random()
@@ -265,5 +284,8 @@ def _drive(cache: PrefixCache, layout, rng: random.Random, steps: int, bs: int) 
     for rid in list(live):
         cache.release(rid)
     cache.check_invariants()
+    # A tree that holds its cached blocks (radix) lets go of them when it evicts everything.
+    cache.evict(cache.pool.num_blocks)
+    cache.check_invariants()
     if cache.pool.num_pinned:
-        raise RuleViolation("rule 7", "after every release", f"{cache.pool.num_pinned} blocks still pinned")
+        raise RuleViolation("rule 7", "after every release and evicting everything", f"{cache.pool.num_pinned} blocks still pinned")

@@ -45,6 +45,10 @@ def validate(path: Path, capsys) -> str:
 
 # ------------------------------------------------------------------------ YAML limits
 
+# What each refusal below replaced took 50 s to 10 minutes; it now takes well under a
+# second. The bound catches that regression, not a speed (a loaded CI machine is slow).
+HANG_S = 15.0
+
 
 @pytest.mark.parametrize("where", ["cache:\n  backend: *h\n", "cache: {}\nother: *h\n"])
 def test_an_alias_bomb_fails_at_once_in_one_line(tmp_path, capsys, where):
@@ -52,14 +56,12 @@ def test_an_alias_bomb_fails_at_once_in_one_line(tmp_path, capsys, where):
     start = time.perf_counter()
     err = validate(write(tmp_path, BOMB + where), capsys)
     assert "YAML aliases expand to more than 10,000 nodes" in err and len(err) < 200
-    assert time.perf_counter() - start < 2
+    assert time.perf_counter() - start < HANG_S
 
 
 def test_a_document_of_too_many_nodes_stops_at_the_limit(tmp_path, capsys):
-    start = time.perf_counter()
     err = validate(write(tmp_path, "cache: {}\nlist:\n" + "- x\n" * 20000), capsys)
     assert "line 9998: YAML holds more than 10,000 nodes" in err  # where the 10,001st node starts
-    assert time.perf_counter() - start < 5  # about 0.2 s on an idle machine
 
 
 def test_a_few_aliases_are_still_fine(tmp_path):
@@ -83,7 +85,7 @@ def test_a_file_past_the_size_limit_is_not_read(tmp_path, capsys):
     big = write(tmp_path, "cache: {}\n" + "# padding\n" * (MAX_CONFIG_BYTES // 10 + 1))
     start = time.perf_counter()
     assert f"config file is larger than {MAX_CONFIG_BYTES:,} bytes" in validate(big, capsys)
-    assert time.perf_counter() - start < 1
+    assert time.perf_counter() - start < HANG_S
 
 
 def test_a_device_that_never_ends_is_not_read(capsys):
@@ -274,7 +276,7 @@ def test_a_huge_generator_is_refused_without_generating_it(tmp_path, capsys):
     assert f"workload.params: generator 'no_sharing' would make 100,000,000 requests; at most {MAX_REQUESTS:,}" in err
     err = validate(ab_file(tmp_path, "{generator: tree_of_thought, params: {branching: 1000, depth: 1000000}}"), capsys)
     assert f"generator 'tree_of_thought' would make more than {MAX_REQUESTS:,} requests" in err
-    assert time.perf_counter() - start < 2
+    assert time.perf_counter() - start < HANG_S
 
 
 def trace(tmp_path, lines: list[bytes | str]) -> Path:

@@ -190,6 +190,7 @@ def test_radix_and_plugins_refuse_a_hybrid_layout_they_do_not_support():
         Mine(prefixcache.BlockPool(64), CacheConfig(num_blocks=64, layout=(FULL, MAMBA)))
 
 
-def test_radix_refuses_a_hybrid_layout_naming_the_key():
+def test_radix_refuses_a_hybrid_layout_it_does_not_build_naming_the_key():
+    # radix keeps one SWA component (SGLang's one sliding_window_size): two windows are refused.
     with pytest.raises(ConfigError, match="layout"):
-        prefixcache.build_cache(CacheConfig(backend="radix", num_blocks=64, layout=(FULL, MAMBA)))
+        prefixcache.build_cache(CacheConfig(backend="radix", num_blocks=64, layout=(FULL, swa(32), swa(64))))

@@ -15,7 +15,7 @@ or compare anything the two runs are not meant to agree on (timing, hit counts).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -71,7 +71,9 @@ def engines_for(
     waiting on a second thread than computing, on a busy machine many times more."""
     engine = EngineConfig(model=loaded.name, max_num_batched_tokens=max_num_batched_tokens, max_tokens=6, num_threads=1)
     cached = Engine(ServingConfig(cache, engine), model=loaded)
-    uncached = Engine(ServingConfig(cache, engine.replace(prefix_caching=False)), model=loaded)
+    # The uncached engine takes no strategy options (a cache's options are its backend's).
+    plain = replace(cache, options={})
+    uncached = Engine(ServingConfig(plain, engine.replace(prefix_caching=False)), model=loaded)
     for e in (cached, uncached):
         e.model.keep_final_states = True
     return cached, uncached
@@ -103,6 +105,9 @@ def compare_trace(
             if not torch.equal(a, b):
                 return _result(outs, stats, before, worst, f"{rid}: recurrent state {i} differs (max {float((a - b).abs().max()):.3g})")
     cached.check_invariants()
+    if cached.cache.pool.num_pinned:
+        # A tree that holds what it caches (radix) lets go of it when it evicts everything.
+        cached.cache.evict(cached.cache.pool.num_blocks)
     if cached.cache.pool.num_pinned:
         return _result(outs, stats, before, worst, f"{cached.cache.pool.num_pinned} blocks pinned after the trace")
     return _result(outs, stats, before, worst, None)

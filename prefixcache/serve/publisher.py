@@ -236,8 +236,8 @@ class ZmqEventPublisher:
         for seq, payload in self._buffer:
             if seq >= start_seq:
                 self._replay.send_multipart((identity, b"", self._topic, encode_seq(seq), payload))  # type: ignore[union-attr]
+        self.num_replays += 1  # before the end marker: a client that has it reads the count
         self._replay.send_multipart((identity, b"", b"", END_SEQ, b""))  # type: ignore[union-attr]
-        self.num_replays += 1
 
     def _close_sockets(self) -> None:
         self._pub.close(linger=0)

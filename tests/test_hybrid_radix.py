@@ -1,0 +1,365 @@
+"""`radix` over hybrid layouts: SGLang 0.5.23's UnifiedRadixCache, scenario by scenario.
+
+`SCENARIOS` are small seeded replays (full + SWA, full + Mamba, each with an ample pool
+and under eviction pressure, and full + SWA + Mamba under pressure); `EXPECTED` holds the
+hit of every request as SGLang 0.5.23's own UnifiedRadixCache made it (the sglang-0.5.23
+wheel's code, run on CPU), recorded by
+
+    python benchmarks/hybrid_radix_parity.py --record
+
+(which replays these same scenarios through SGLang's code). The rest: the hybrid
+kit's rules, the conformance kit, what a hybrid layout configures, events per group,
+and SGLang's named behaviours (a tombstone in a branch's last window, the branching
+point a request checkpoints its state at).
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import unittest
+
+import pytest
+
+import prefixcache
+from prefixcache import BlockPool, CacheConfig, build_cache
+from prefixcache.backends.hybrid_radix import HybridRadixCache
+from prefixcache.config_checks import check_cache_config
+from prefixcache.backends.hybrid_radix_tree import Component
+from prefixcache.backends.radix import RadixCache
+from prefixcache.errors import ConfigError
+from prefixcache.events import BlockRemoved, BlockStored
+from prefixcache.layout import NULL_BLOCK, LayerGroup
+from prefixcache.testing import RULE_CHECKS, conformance_test_case
+from prefixcache.testing_hybrid import LAYOUTS, check_hybrid_backend
+
+FULL = LayerGroup("full_attention")
+
+
+def swa(window: int, ratio: float = 0.8) -> LayerGroup:
+    return LayerGroup("sliding_window", window=window, pool_ratio=ratio)
+
+
+def mamba(slots: int = 0) -> LayerGroup:
+    return LayerGroup("mamba", slots=slots)
+
+
+# -- the scenarios, and SGLang's hits on them --------------------------------------------
+SCENARIOS = {
+    # name: (kind, block size, full pages, SWA pages or Mamba slots (both: a pair), options)
+    "swa-ample": ("swa", 4, 400, 320, {}),
+    "swa-pressure": ("swa", 4, 70, 56, {}),
+    "mamba-ample": ("mamba", 4, 400, 80, {"mamba_chunk": 8, "mamba_track_interval": 16}),
+    "mamba-pressure": ("mamba", 4, 70, 16, {"mamba_chunk": 8, "mamba_track_interval": 16}),
+    "swa-mamba-pressure": ("swa+mamba", 4, 80, (64, 16), {"mamba_chunk": 8, "mamba_track_interval": 16}),
+}
+WINDOW = 13  # TOKENS a query reads (SGLang's sliding_window_size 12)
+CONCURRENCY = 2
+
+
+def workload(seed: int = 7, n: int = 36) -> list[tuple[list[int], list[int], str | None]]:
+    """Prompts that share and branch off earlier prompts and answers (a system prompt,
+    follow-ups, siblings), each with an answer; some in a second namespace."""
+    rng = random.Random(seed)
+    system = [rng.randrange(50) for _ in range(40)]
+    seen: list[list[int]] = [system]
+    out = []
+    for _ in range(n):
+        base = rng.choice(seen)
+        prompt = base[: rng.randint(len(base) // 2, len(base))] + [rng.randrange(50) for _ in range(rng.randint(1, 30))]
+        answer = [rng.randrange(50) for _ in range(rng.choice([2, 5, 9, 20, 40]))]
+        seen.append(prompt + answer)
+        out.append((prompt, answer, rng.choice([None, None, None, "t"])))
+    return out
+
+
+def scenario_cache(name: str) -> HybridRadixCache:
+    kind, bs, full, other, options = SCENARIOS[name]
+    if kind == "swa":
+        layout, blocks = (FULL, swa(WINDOW, other / full)), full + other
+    elif kind == "mamba":
+        layout, blocks = (FULL, mamba(other)), full + other
+    else:
+        layout, blocks = (FULL, swa(WINDOW, other[0] / full), mamba(other[1])), full + sum(other)
+    cache = build_cache(CacheConfig(backend="radix", block_size=bs, num_blocks=blocks, layout=layout, options=options))
+    assert cache._budgets[Component.FULL].capacity == full
+    return cache  # type: ignore[return-value]
+
+
+def replay(cache, reqs) -> list[int]:
+    """One request at a time: admit, prefill (commits at the checkpoints), decode the
+    answer but its last token, keep CONCURRENCY requests live (oldest released first)."""
+    hits, live = [], []
+    for i, (prompt, answer, ns) in enumerate(reqs):
+        adm = cache.admit(i, prompt, namespace=ns)
+        assert adm is not None, f"request {i} refused"
+        hits.append(adm.num_cached_tokens)
+        for c in adm.checkpoints:
+            cache.commit(i, c)
+        n = len(prompt)
+        cache.commit(i, n)
+        for token in answer[:-1]:
+            assert cache.append(i, [token]) is not None
+            n += 1
+            cache.commit(i, n)
+        live.append(i)
+        if len(live) > CONCURRENCY:
+            cache.release(live.pop(0))
+        cache.check_invariants()
+    for i in live:
+        cache.release(i)
+    cache.check_invariants()
+    return hits
+
+
+EXPECTED: dict[str, list[int]] = {}
+EXPECTED.update({
+    'mamba-ample': [0, 0, 0, 24, 32, 0, 0, 32, 32, 0, 24, 24, 24, 24, 32, 48, 48, 16, 32, 32, 32, 40, 48, 40, 24, 16, 24, 40, 24, 32, 16, 40, 24, 40, 48, 40],
+    'mamba-pressure': [0, 0, 0, 24, 32, 0, 0, 32, 32, 0, 16, 16, 24, 24, 24, 32, 32, 0, 32, 32, 32, 0, 40, 40, 0, 0, 24, 24, 0, 24, 16, 32, 0, 32, 32, 32],
+    'swa-ample': [0, 0, 0, 32, 32, 0, 0, 36, 32, 0, 28, 40, 28, 24, 36, 48, 48, 20, 40, 32, 44, 40, 52, 40, 28, 20, 28, 40, 32, 36, 20, 76, 28, 44, 56, 44],
+    'swa-mamba-pressure': [0, 0, 0, 24, 32, 0, 0, 32, 32, 0, 16, 0, 24, 24, 24, 32, 32, 0, 32, 32, 32, 0, 40, 24, 0, 0, 24, 24, 0, 24, 0, 32, 0, 32, 24, 32],
+    'swa-pressure': [0, 0, 0, 32, 32, 0, 0, 32, 32, 0, 28, 28, 28, 24, 32, 48, 48, 0, 32, 32, 32, 0, 48, 40, 28, 20, 28, 40, 0, 32, 20, 32, 28, 32, 28, 32],
+})
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_hits_are_sglangs(name):
+    cache = scenario_cache(name)
+    assert replay(cache, workload()) == EXPECTED[name]
+    if "pressure" in name:
+        assert cache.stats().evictions > 0
+
+
+# -- SGLang's named behaviours -----------------------------------------------------------
+def _prompts() -> list[list[int]]:
+    rng = random.Random(1)
+    a = [rng.randrange(100) for _ in range(90)]
+    return [a, a[:70] + [101, 102, 103], a[:70] + [104, 105], a[:70] + [106]]
+
+
+def _run(cache, prompts) -> list[tuple[int, tuple[int, ...]]]:
+    out = []
+    for i, prompt in enumerate(prompts):
+        adm = cache.admit(i, prompt)
+        out.append((adm.num_cached_tokens, tuple(adm.checkpoints)))
+        for c in adm.checkpoints:
+            cache.commit(i, c)
+        cache.commit(i, len(prompt))
+        cache.release(i)
+        cache.check_invariants()
+    return out
+
+
+def test_a_tombstone_in_the_branchs_last_window_misses_it_until_a_branch_recovers_it():
+    """SGLang issue 35515: a 90-token prompt keeps live SWA only in its last window; a
+    sibling sharing 70 tokens finds full KV for 68 but tombstones in that hit's window:
+    a miss. It checkpoints at the branching point (68), whose window takes its own pages
+    back from the tombstones, and the next sibling hits 68 (numbers: SGLang 0.5.23)."""
+    cache = build_cache(CacheConfig(backend="radix", block_size=4, num_blocks=180, layout=(FULL, swa(13, 0.8))))
+    assert _run(cache, _prompts()) == [(0, ()), (0, ()), (68, ()), (68, ())]
+
+
+def test_a_state_hit_needs_a_state_and_the_branching_point_checkpoints_one():
+    """Mamba states every 8 tokens (mamba_chunk 8): the first prompt's prefill tracks its
+    state at 88; a sibling sharing 70 tokens has full KV for 68 but no state there: a miss,
+    and its prefill checkpoints at the branching point 64 (`Admission.checkpoints`), so
+    the next sibling hits 64 (numbers: SGLang 0.5.23)."""
+    cache = build_cache(CacheConfig(backend="radix", block_size=4, num_blocks=130, layout=(FULL, mamba(30)),
+                                    options={"mamba_chunk": 8, "mamba_track_interval": 16}))  # fmt: skip
+    # The third tracks its state at its end (72): no checkpoint needed there.
+    assert _run(cache, _prompts()) == [(0, (88,)), (0, (64,)), (64, ()), (64, ())]
+
+
+def test_a_state_hit_is_copied_on_write():
+    """The hit's state block is the tree's (the engine reads it once); the request runs on
+    a slot of its own, and tracks into its own ping-pong slots."""
+    cache = build_cache(CacheConfig(backend="radix", block_size=4, num_blocks=130, layout=(FULL, mamba(30)),
+                                    options={"mamba_chunk": 8, "mamba_track_interval": 16}))  # fmt: skip
+    prompts = _prompts()
+    _run(cache, prompts[:2])
+    adm = cache.admit("c", prompts[2])
+    states = adm.group_tables[1]
+    node_state = cache.tree.match(prompts[2][:64], None, mutate=False).node.mamba
+    assert states[64 // 4 - 1] == node_state and states[72 // 4 - 1] not in (NULL_BLOCK, node_state)
+    req = cache._requests.get("c")
+    assert req.running not in (node_state, None) and states[72 // 4 - 1] in req.ping_pong
+    cache.release("c")
+    cache.check_invariants()
+
+
+def test_state_pressure_tombstones_an_inner_state_and_keeps_its_full_kv():
+    """A 10-slot state pool: two branches off a 40-token prefix leave its state on an
+    inner node; unrelated requests then need the slots, the least recently used states
+    go (leaves whole, the inner one as a tombstone: its FULL pages stay), and the
+    prefix, still fully cached, is a miss without its state (hits: SGLang 0.5.23)."""
+    cache = build_cache(CacheConfig(backend="radix", block_size=4, num_blocks=140, layout=(FULL, mamba(10)),
+                                    options={"mamba_chunk": 8, "mamba_track_interval": 16}))  # fmt: skip
+    base = list(range(200, 240))
+    prompts = [base + [1], base + [2] * 17, base + [3] * 17] + [[1000 + 10 * i + k for k in range(17)] for i in range(3, 9)]
+    assert [hit for hit, _ in _run(cache, prompts)] == [0, 40, 40, 0, 0, 0, 0, 0, 0]
+    inner = cache.tree.match(base, None, mutate=False)
+    assert inner.full_hit == 40 and inner.num_tokens == 0
+    node = cache.tree.root.children[(None, tuple(base[:4]))]
+    assert len(node.key) == 40 and node.children and node.full is not None and node.mamba is None
+    assert _run(cache, [base + [9, 9]])[0][0] == 0
+
+
+# -- configuration -----------------------------------------------------------------------
+def test_a_full_attention_layout_is_the_plain_radix_backend():
+    for layout in ((), (FULL,), (FULL, FULL)):
+        cache = build_cache(CacheConfig(backend="radix", num_blocks=64, layout=layout))
+        assert type(cache) is RadixCache
+    assert type(build_cache(CacheConfig(backend="radix", num_blocks=64, layout=(FULL, swa(32))))) is HybridRadixCache
+
+
+@pytest.mark.parametrize(
+    ("layout", "extra", "key"),
+    [
+        ((FULL, swa(32)), {"eviction": "lfu"}, "eviction"),
+        ((FULL, swa(32), swa(64)), {}, "layout"),
+        ((FULL, swa(32, 0.5), swa(32, 0.6)), {}, "layout"),
+        ((FULL, swa(32)), {"options": {"mamba_chunk": 8}}, "options"),
+        ((FULL, mamba()), {"options": {"mamba_chunk": 24}}, "options.mamba_chunk"),
+        ((FULL, mamba()), {"options": {"mamba_track_interval": 0}}, "options.mamba_track_interval"),
+        ((FULL, mamba(64)), {}, "layout"),
+        ((), {"options": {"mamba_chunk": 8}}, "options"),
+    ],
+)
+def test_bad_hybrid_configs_name_the_key(layout, extra, key):
+    config = CacheConfig(backend="radix", block_size=16, num_blocks=64, layout=layout, **extra)
+    with pytest.raises(ConfigError) as err:
+        check_cache_config(config)  # at load (and `prefixcache validate`), before any cache is built
+    assert err.value.path == key or str(err.value).startswith(key), str(err.value)
+    with pytest.raises(ConfigError) as err:
+        RadixCache(BlockPool(64), config)
+    assert err.value.path == key or str(err.value).startswith(key), str(err.value)
+
+
+def test_a_radix_plugin_refuses_a_hybrid_layout_at_load():
+    class Mine(RadixCache):
+        pass
+
+    with pytest.raises(ConfigError, match="^layout: backend .*Mine does not cache hybrid layouts"):
+        Mine.check_layout(CacheConfig(num_blocks=64, layout=(FULL, swa(32))), Mine.parse_options({}))
+
+
+def test_the_mamba_options_bind_only_with_a_mamba_group():
+    """Without one, block 528 (not a multiple of the default mamba_chunk 64) builds."""
+    cache = build_cache(CacheConfig(backend="radix", block_size=528, num_blocks=64, layout=(FULL, swa(1024))))
+    assert type(cache) is HybridRadixCache
+    with pytest.raises(ConfigError, match="^options.mamba_chunk"):
+        build_cache(CacheConfig(backend="radix", block_size=528, num_blocks=64, layout=(FULL, mamba())))
+
+
+def test_the_pools_split_the_one_pool():
+    """num_blocks less the state slots (SGLang's mamba_full_memory_ratio 0.9 by default),
+    split FULL / SWA by pool_ratio (SGLang's swa_full_tokens_ratio)."""
+    def budgets(layout):
+        c = build_cache(CacheConfig(backend="radix", block_size=16, num_blocks=190, layout=layout))
+        return {k.name: b.capacity for k, b in c._budgets.items()}
+
+    assert budgets((FULL, swa(64))) == {"SWA": 84, "FULL": 106}
+    assert budgets((FULL, mamba())) == {"MAMBA": 90, "FULL": 100}
+    assert budgets((FULL, swa(64, 0.5), mamba(40))) == {"MAMBA": 40, "SWA": 50, "FULL": 100}
+
+
+# -- events --------------------------------------------------------------------------------
+def test_events_are_per_group_with_the_hash_backends_block_hashes():
+    layout = (FULL, swa(9), mamba(20))
+    cache = build_cache(CacheConfig(backend="radix", block_size=4, num_blocks=120, layout=layout,
+                                    options={"mamba_chunk": 8, "mamba_track_interval": 16}))  # fmt: skip
+    prompt = list(range(1, 42))
+    adm = cache.admit("a", prompt, namespace="t")
+    for c in adm.checkpoints:
+        cache.commit("a", c)
+    cache.commit("a", len(prompt))
+    stored = [e for e in cache.drain_events() if isinstance(e, BlockStored)]
+    by_group = {g: [e for e in stored if e.group_idx == g] for g in range(3)}
+    assert [e.kv_cache_spec_kind for e in stored if e.group_idx == 1] == ["sliding_window"] * len(by_group[1])
+    assert all(e.kv_cache_spec_sliding_window == 9 for e in by_group[1])
+    # The full group's pages: the chained block hashes the hash backend announces.
+    hashed = build_cache(CacheConfig(backend="hash", block_size=4, num_blocks=64))
+    hashed.admit("a", prompt, namespace="t")
+    hashed.commit("a", len(prompt))
+    want = [h for e in hashed.drain_events() if isinstance(e, BlockStored) for h in e.block_hashes]
+    got = [h for e in by_group[0] for h in e.block_hashes]
+    assert got == want[: len(got)] and len(got) == 40 // 4
+    # One state, at 40 tokens: the block it ends on.
+    assert [e.block_hashes for e in by_group[2]] == [(want[40 // 4 - 1],)]
+    cache.release("a")
+    cache.evict(120)
+    removed = [e for e in cache.drain_events() if isinstance(e, BlockRemoved)]
+    assert {e.group_idx for e in removed} == {0, 1, 2}
+
+
+# -- the kits ------------------------------------------------------------------------------
+def _make(block_size: int, num_blocks: int, layout) -> HybridRadixCache:
+    options = {"mamba_chunk": block_size, "mamba_track_interval": 2 * block_size} if any(
+        g.kind == "mamba" for g in layout) else {}  # fmt: skip
+    return build_cache(CacheConfig(backend="radix", block_size=block_size, num_blocks=num_blocks, layout=layout,
+                                   options=options))  # type: ignore[return-value]
+
+
+def test_the_hybrid_kit_passes():
+    check_hybrid_backend(_make, num_blocks=96)
+    check_hybrid_backend("radix", seeds=range(2))  # SGLang's defaults: a state every 64 tokens
+
+
+def _conformance_factory(layout_of):
+    """The kit's num_blocks as the FULL pool; the SWA and state pools beside it."""
+
+    def make(bs: int, n: int, **config) -> HybridRadixCache:
+        layout = layout_of(n)
+        blocks = n + sum(n if g.kind == "sliding_window" else g.slots for g in layout[1:])
+        return _make_conf(bs, blocks, layout, config)
+
+    return make
+
+
+def _make_conf(bs, blocks, layout, config):
+    options = {"mamba_chunk": bs, "mamba_track_interval": 2 * bs} if any(g.kind == "mamba" for g in layout) else {}
+    return build_cache(CacheConfig(backend="radix", block_size=bs, num_blocks=blocks, layout=layout, options=options,
+                                   **config))  # fmt: skip
+
+
+CONFORMANCE_LAYOUTS = {
+    "full+swa": lambda n: (FULL, swa(6, 1.0)),
+    "full+mamba": lambda n: (FULL, mamba(4 * n)),
+    "full+chunked": lambda n: (FULL, LayerGroup("chunked_local_attention", chunk=8)),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(CONFORMANCE_LAYOUTS))
+def test_the_conformance_kit_passes(layout):
+    """Every rule check and the state machine, but one: SGLang inserts a request's KV at
+    its checkpoints (after the prefill, at its end), not at every decode commit, so the
+    check that a decode step's commit is hittable right away does not apply."""
+    make = _conformance_factory(CONFORMANCE_LAYOUTS[layout])
+    for bs in (1, 4):
+        for check in RULE_CHECKS:
+            if check.__name__ != "rule_commit_and_append_is_both_calls":
+                check(make, bs)
+    case = conformance_test_case(make, block_size=4, max_examples=8)
+    result = unittest.TextTestRunner(stream=io.StringIO()).run(unittest.defaultTestLoader.loadTestsFromTestCase(case))
+    assert result.wasSuccessful(), (result.failures or result.errors)[0][1]
+
+
+# -- the engine ------------------------------------------------------------------------------
+def test_the_engine_on_radix_runs_cached_as_uncached():
+    """The tiny hybrid model (full, sliding-window, chunked-local, recurrent) on `radix`
+    with a pool that evicts: tokens, first logits and recurrent states as uncached, and
+    no block pinned after each trace (benchmarks/hybrid_soak.py --backend radix: more)."""
+    from prefixcache.engine.exactness import compare_trace, engines_for, random_trace, tiny_hybrid
+
+    model = tiny_hybrid(seed=0)
+    config = CacheConfig(backend="radix", block_size=16, num_blocks=60,
+                         options={"mamba_chunk": 16, "mamba_track_interval": 32})  # fmt: skip
+    cached, uncached = engines_for(model, config)
+    assert type(cached.cache) is HybridRadixCache
+    hits = evictions = 0
+    for seed in (3, 4, 5):
+        r = compare_trace(cached, uncached, random_trace(random.Random(seed), model.weights.config.vocab_size, max_prompt=120))
+        assert r.difference is None, r.difference
+        hits += r.hit_tokens
+        evictions += r.evictions
+    assert hits > 0 and evictions > 0
