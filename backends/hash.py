@@ -100,16 +100,7 @@ from prefixcache._C import BlockContents, BlockPool, InvariantError, append_step
 from prefixcache.block_contents import TrustingVerifier
 from prefixcache.config import CacheConfig
 from prefixcache.errors import ConfigError
-from prefixcache.events import (
-    FULL_ATTENTION,
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVEvent,
-    event_extra_keys,
-    event_log,
-    event_lora,
-)
+from prefixcache.events import BlockRemoved, BlockStored, event_log
 from prefixcache.evictors import FreeQueueEvictor, block_evictor
 from prefixcache.hashing import CRYPTOGRAPHIC, chain_digests, namespace_extra_keys, native_chain, none_hash
 from prefixcache.isolation import exact_bytes
@@ -119,23 +110,22 @@ from prefixcache.requests import (
     BlockwiseAppend,
     Request,
     RequestTable,
-    check_count,
     check_namespace,
     check_priority,
     check_tokens,
 )
-from prefixcache.stats import CacheStats, StatsCounter
+from prefixcache.stats import StatsCounter
 from prefixcache.tiers import DEVICE, Tiers, token_block_ids
 
-from .hybrid_hash import HYBRID_OPTIONS, RETENTION, HybridHashCache
+from .hash_base import HashCacheBase, stored_event
+from .hybrid_fine import FineStateHashCache
+from .hybrid_hash import HYBRID_CHOICES, HYBRID_OPTIONS, HybridHashCache
 
 __all__ = ["HashCache", "HashRequest", "VERIFY_HITS"]
 
 VERIFY_HITS = ("auto", "always", "never")
 """`options: {verify_hits: ...}`: auto (verify under xxhash/xxhash_cbor only), always, never."""
 
-# vLLM tags every event with the KV cache group; a single-group cache is group 0.
-_GROUP = 0
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
@@ -172,16 +162,17 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 @register_backend("hash")
-class HashCache(BlockwiseAppend, PrefixCache):
+class HashCache(BlockwiseAppend, HashCacheBase):
     """vLLM V1 automatic prefix caching on a `BlockPool` (see the module docstring)."""
 
     option_defaults = {"verify_hits": "auto", **HYBRID_OPTIONS}
-    option_choices = {"verify_hits": VERIFY_HITS, "retention": RETENTION, "no_tail_cliff": (False, True)}
+    option_choices = {"verify_hits": VERIFY_HITS, **HYBRID_CHOICES}
 
     def __new__(cls, pool: BlockPool, config: CacheConfig) -> HashCache:
         # A hybrid layout is vLLM's hybrid manager, a class of its own (backends/hybrid_hash.py).
         if cls is HashCache and config.groups.hybrid:
-            return HybridHashCache(pool, config)  # type: ignore[return-value]
+            fine = config.options.get("state_granule")  # states finer than the block: backends/hybrid_fine.py
+            return (FineStateHashCache if fine else HybridHashCache)(pool, config)  # type: ignore[return-value]
         return super().__new__(cls)
 
     def __init_subclass__(cls, **kwargs: object) -> None:
@@ -372,42 +363,7 @@ class HashCache(BlockwiseAppend, PrefixCache):
     def block_table(self, request_id: Hashable) -> Sequence[int]:
         return BlockIds(self._requests.get(request_id).block_table)
 
-    # -- maintenance ------------------------------------------------------------------
-    @guarded
-    def evict(self, num_blocks: int) -> int:
-        """Drop the hashes of up to `num_blocks` free cached blocks, in the policy's
-        order (LRU: least recently freed first). They were already free; now they can
-        no longer be hit."""
-        num_blocks = check_count(num_blocks, "num_blocks")
-        removed = self._evictor.evict(num_blocks)
-        self._record_removed(removed)
-        if self.tiers is not None and removed:
-            self.tiers.evicted_keys(removed, self.pool)  # their KV is intact: demote it
-        return len(removed)
-
-    @guarded
-    def reset(self) -> bool:
-        if self.pool.num_pinned:
-            return False
-        self.pool.uncache_all()
-        self._evictor.reset()
-        if self.tiers is not None:
-            self.tiers.reset()
-        self._stats.reset()
-        self._evicted_at_reset = self.pool.num_evicted
-        self._events.record(AllBlocksCleared())
-        return True
-
-    @guarded
-    def stats(self) -> CacheStats:
-        self._stats.evictions = self.pool.num_evicted - self._evicted_at_reset
-        self._stats.events_dropped = self._events.dropped
-        return self._stats.snapshot(self.tiers.stats() if self.tiers is not None else ())
-
-    @guarded
-    def drain_events(self) -> list[KVEvent]:
-        return self._events.drain()
-
+    # -- maintenance (evict, reset, stats, drain_events: HashCacheBase) ----------------
     @guarded
     def drain_transfers(self) -> list[tuple[int, int, int, int]]:
         return self.tiers.drain_transfers() if self.tiers is not None else []
@@ -668,17 +624,9 @@ class HashCache(BlockwiseAppend, PrefixCache):
             self.tiers.evicted(blocks)  # what reuse evicted goes down (its KV is intact until computed over)
         return blocks
 
-    def _record_removed(self, hashes: Sequence[bytes]) -> None:
-        """Record the BlockRemoved of these dropped hashes."""
-        self._events.record_from(self._removed_events, hashes)
-
     def _allocation_events(self, removed: Sequence[bytes]) -> list[BlockRemoved]:
         """The BlockRemoved of the evictor's victims, then of what the latest allocation's reuse dropped."""
         return self._removed_events([*removed, *self.pool.last_removed()])
-
-    def _removed_events(self, hashes: Sequence[bytes]) -> list[BlockRemoved]:
-        """One BlockRemoved per dropped hash, as vLLM (every one the cache records)."""
-        return [BlockRemoved((block_hash,), group_idx=_GROUP) for block_hash in hashes]
 
     def _cache_full_blocks(self, request: HashRequest, num_full_blocks: int) -> None:
         """Index blocks [num_cached_blocks, num_full_blocks) of the request's table."""
@@ -738,18 +686,4 @@ class HashCache(BlockwiseAppend, PrefixCache):
 
     def _stored_event(self, request: HashRequest, start: int, stop: int) -> BlockStored:
         """vLLM's BlockStored for blocks [start, stop) of one request."""
-        bs, namespace = self.block_size, request.namespace
-        first = event_extra_keys(namespace_extra_keys(namespace))
-        later = event_extra_keys(namespace_extra_keys(namespace, first_block=False))
-        lora_id, lora_name = event_lora(namespace)
-        return BlockStored(
-            block_hashes=tuple(self._digest(request, i) for i in range(start, stop)),
-            parent_block_hash=self._digest(request, start - 1) if start else None,
-            token_ids=tuple(request.tokens[start * bs : stop * bs]),
-            block_size=bs,
-            lora_id=lora_id,
-            lora_name=lora_name,
-            extra_keys=tuple(first if i == 0 else later for i in range(start, stop)),
-            group_idx=_GROUP,
-            kv_cache_spec_kind=FULL_ATTENTION,
-        )
+        return stored_event(request.digests, self._digest_size, request.tokens, request.namespace, self.block_size, start, stop)

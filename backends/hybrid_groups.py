@@ -143,6 +143,8 @@ class GroupManager:
         self.pool = pool
         self.block_size = block_size
         self.suffix = group_suffix(index)
+        #: TOKENS a table entry stands for (a mamba group keeping finer states: fewer).
+        self.entry_tokens = block_size
 
     # -- look-up -------------------------------------------------------------------------
     def find_hit(

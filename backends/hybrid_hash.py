@@ -60,31 +60,25 @@ from dataclasses import dataclass, field
 from prefixcache._C import BlockPool, InvariantError
 from prefixcache.config import CRYPTOGRAPHIC, CacheConfig
 from prefixcache.errors import ConfigError
-from prefixcache.events import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVEvent,
-    event_extra_keys,
-    event_log,
-    event_lora,
-)
+from prefixcache.events import BlockStored, event_log
+from prefixcache.evictors import FreeQueueEvictor
 from prefixcache.hashing import chain_digests, namespace_extra_keys, none_hash
 from prefixcache.layout import FULL_ATTENTION, MAMBA, NULL_BLOCK, SLIDING_WINDOW
-from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded
-from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_priority, check_tokens
-from prefixcache.stats import CacheStats, StatsCounter
+from prefixcache.protocol import Admission, BlockIds, Match, Namespace, guarded
+from prefixcache.requests import Request, RequestTable, check_namespace, check_priority, check_tokens
+from prefixcache.stats import StatsCounter
 
+from .hash_base import HashCacheBase, stored_event
 from .hybrid_groups import FullAttentionGroup, GroupManager, GroupState, Lookup, MambaGroup, make_group
 
-__all__ = ["HybridHashCache", "HybridRequest", "HYBRID_OPTIONS", "RETENTION"]
+__all__ = ["HybridHashCache", "HybridRequest", "HitPlan", "HYBRID_OPTIONS", "HYBRID_CHOICES", "RETENTION"]
 
 RETENTION = ("sparse", "dense")
 """`options: {retention: ...}`: sparse (vLLM 0.33's default `prefix_cache_retention_interval`
 0: a window tail or a state only at a reachable boundary) or dense (vLLM's None: every
 block; with `state_interval` a state every so many tokens)."""
 
-HYBRID_OPTIONS = {"retention": "sparse", "state_interval": 0, "no_tail_cliff": False}
+HYBRID_OPTIONS = {"retention": "sparse", "state_interval": 0, "no_tail_cliff": False, "state_granule": 0, "state_cap": 0}
 """Options `hash` takes for a hybrid layout only (defaults: vLLM 0.33). state_interval:
 TOKENS, a multiple of block_size (0: none): the prefill also ends a chunk every that many
 tokens, so a mamba state exists there to keep (`retention: dense` keeps it).
@@ -92,11 +86,60 @@ no_tail_cliff: a cached window or state block a request stopped reading (freed w
 decoded, so older in the LRU than the rest of its branch) is freed again at the
 request's release, after its full-attention blocks: the branch's window tail is evicted
 after the full KV it completes, so its hit never falls from the whole branch to 0 while
-that KV is resident (vLLM evicts the tail first)."""
+that KV is resident (vLLM evicts the tail first).
+state_granule: TOKENS, a proper divisor of block_size (0: the block): keep mamba states
+that much finer than the block (`backends.hybrid_fine`).
+state_cap: states (0: no cap) a request's path keeps cached per mamba group once it is
+released: the others are evicted at once, those that save the least replay first (a
+state's replay length is the TOKENS between it and the next cached state before it on
+the path, what a hit there would recompute without it); the deepest always stays."""
+
+
+HYBRID_CHOICES = {
+    "retention": RETENTION,
+    "no_tail_cliff": (False, True),
+    "state_granule": (0, 1, 2, 4, 8, 16, 32, 64, 128, 256),
+}
+"""The hybrid options with a fixed set of values (`option_choices`); a state_granule
+must also divide block_size."""
+
+
+def replay_victims(states: Sequence[tuple[int, int]], cap: int) -> list[int]:
+    """The blocks to evict so that `cap` of a path's cached `states` ((position in
+    TOKENS, block), by position) remain: repeatedly the one whose replay length (its
+    position minus the previous remaining state's, or 0's) is least, never the
+    deepest."""
+    kept = list(states)
+    out = []
+    while len(kept) > max(cap, 1):
+        k = min(range(len(kept) - 1), key=lambda j: kept[j][0] - (kept[j - 1][0] if j else 0))
+        out.append(kept.pop(k)[1])
+    return out
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+@dataclass
+class HitPlan:
+    """A reconciled hit (`HybridHashCache._find_hit`).
+
+    blocks:   per group, the hit's blocks (NULL_BLOCK where the group holds none)
+    length:   the hit, TOKENS
+    junction: a shared prefix beyond the hit that full attention found, TOKENS (0: none)
+    sources:  per group, the cached block whose head the request's block at index
+              length // block_size copies (`Admission.copies`), NULL_BLOCK for none;
+              empty when the hit is whole blocks (always, at vLLM's defaults)
+    granules: packed digests of the prompt's granules, for a cache that keeps states
+              finer than the block (empty otherwise)
+    """
+
+    blocks: list[list[int]]
+    length: int
+    junction: int = 0
+    sources: tuple[int, ...] = ()
+    granules: bytes = b""
 
 
 @dataclass(eq=False)
@@ -123,15 +166,17 @@ class HybridRequest(Request):
     allocated_to: int = 0
     waiting: bool = False
     retired: list[tuple[int, bytes]] = field(default_factory=list)  # no_tail_cliff: (block, key) freed early
+    sources: list[int] = field(default_factory=list)  # copy sources pinned until the first commit
+    granules: bytearray = field(default_factory=bytearray)  # finer states: packed granule digests
 
 
-class HybridHashCache(PrefixCache):
+class HybridHashCache(HashCacheBase):
     """vLLM 0.33's hybrid KV cache manager on a `BlockPool` (module docstring)."""
 
     name = "hash"
     supports_layout = True
     option_defaults = {"verify_hits": "auto", **HYBRID_OPTIONS}
-    option_choices = {"verify_hits": ("auto", "always", "never"), "retention": RETENTION, "no_tail_cliff": (False, True)}
+    option_choices = {"verify_hits": ("auto", "always", "never"), **HYBRID_CHOICES}
 
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)
@@ -146,17 +191,21 @@ class HybridHashCache(PrefixCache):
                 f"use {' or '.join(CRYPTOGRAPHIC)}, or verify_hits: never",
             )
         interval = self.options["state_interval"]
-        if interval < 0 or interval % self.block_size:
+        step = self.options["state_granule"] or self.block_size
+        if interval < 0 or interval % step:
             raise ConfigError("options.state_interval", f"{interval} is not a multiple of block_size {self.block_size} (TOKENS; 0: none)")
         self.layout = layout
         self.dense = self.options["retention"] == "dense"
         self.no_tail_cliff = self.options["no_tail_cliff"]
         self.state_interval = interval
+        self.state_cap = self.options["state_cap"]
+        if self.state_cap < 0:
+            raise ConfigError("options.state_cap", f"{self.state_cap}: states per path, an integer >= 0 (0: no cap)")
         self._algorithm = config.hash.algorithm
         self._none_hash = none_hash(self._algorithm, config.hash.seed)
-        self._ds = len(self._none_hash)
+        self._digest_size = len(self._none_hash)
         self.managers: tuple[GroupManager, ...] = tuple(make_group(g, i, pool, self.block_size) for i, g in enumerate(layout))
-        self._lookup = Lookup(pool, self._ds)
+        self._lookup = Lookup(pool, self._digest_size)
         # vLLM `verify_and_split_kv_cache_groups`: groups of one spec are looked up
         # together; full attention first (its run bounds the others), else layout order.
         specs: dict[tuple, list[int]] = {}
@@ -168,14 +217,20 @@ class HybridHashCache(PrefixCache):
         self._split = layout.has_mamba  # vLLM's need_mamba_block_aligned_split
         self._requests: RequestTable[HybridRequest] = RequestTable()
         self._events = event_log(config.enable_events)
+        self._evictor = FreeQueueEvictor(pool)
         self._stats = StatsCounter()
         self._evicted_at_reset = pool.num_evicted
 
+    @property
+    def _block_keyed(self) -> tuple[GroupManager, ...]:
+        """The groups `_cache` keys at the block: every group at vLLM's defaults."""
+        return self.managers
+
     # -- look-up --------------------------------------------------------------------
-    def _find_hit(self, digests: bytes, max_length: int) -> tuple[list[list[int]], int, int]:
+    def _find_hit(self, tokens: Sequence[int], namespace: Namespace, digests: bytes, max_length: int) -> HitPlan:
         """vLLM `HybridKVCacheCoordinator.find_longest_cache_hit`: per-group hit blocks,
-        the reconciled hit (TOKENS) and the shared prefix full attention found beyond
-        it (TOKENS; 0 if none)."""
+        the reconciled hit of at most `max_length` TOKENS and the shared prefix full
+        attention found beyond it (the junction)."""
         num_groups = len(self.managers)
         hit_length = max_length
         longest = 0
@@ -189,7 +244,7 @@ class HybridHashCache(PrefixCache):
                 if isinstance(manager, FullAttentionGroup) and blocks[first] is not None:
                     curr = min(curr, lengths[first])  # downward-closed: trim, never look up again
                     continue
-                found, curr = manager.find_hit(digests, self._ds, curr, ids, self._lookup)
+                found, curr = manager.find_hit(digests, self._digest_size, curr, ids, self._lookup)
                 for g, row in zip(ids, found):
                     blocks[g] = row
                     lengths[g] = curr
@@ -203,14 +258,16 @@ class HybridHashCache(PrefixCache):
         for g, manager in enumerate(self.managers):
             if isinstance(manager, FullAttentionGroup) and blocks[g] is not None:
                 del blocks[g][keep:]  # type: ignore[index]
-        return [row if row is not None else [] for row in blocks], hit_length, longest - hit_length
+        rows = [row if row is not None else [] for row in blocks]
+        return HitPlan(rows, hit_length, longest if longest > hit_length else 0)
 
     @guarded
     def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
         tokens = check_tokens(tokens, allow_empty=True)
         namespace = check_namespace(namespace)
-        blocks, hit, _ = self._find_hit(self._prompt_digests(tokens, namespace), len(tokens))
-        return Match(hit, tuple(blocks[0][: hit // self.block_size]))
+        plan = self._find_hit(tokens, namespace, self._prompt_digests(tokens, namespace), len(tokens))
+        blocks = plan.blocks[0][: plan.length // self.block_size]
+        return Match(plan.length, (*blocks, plan.sources[0]) if plan.sources else tuple(blocks))
 
     # -- request lifecycle ------------------------------------------------------------
     @guarded
@@ -224,18 +281,23 @@ class HybridHashCache(PrefixCache):
         self._requests.check_new(request_id)
         digests = self._prompt_digests(tokens, namespace)
         n = len(tokens)
-        hit_blocks, hit, uncached = self._find_hit(digests, n - 1)
-        junction = hit + uncached if uncached else 0
+        plan = self._find_hit(tokens, namespace, digests, n - 1)
+        hit_blocks, hit, junction = plan.blocks, plan.length, plan.junction
         ends = self._chunk_ends(hit, n, junction)
         request = HybridRequest(
             request_id, tokens, namespace, num_cached_tokens=hit, num_computed=hit, digests=bytearray(digests),
             num_prompt=n, groups=[GroupState() for _ in self.managers], junction=junction,
+            granules=bytearray(plan.granules),
         )  # fmt: skip
+        sources = [b for b in plan.sources if b != NULL_BLOCK]
         # vLLM allocate_slots(full_sequence_must_fit=True): the whole prompt must fit, then its first chunk.
-        free = self.pool.num_free
+        free = self.pool.num_free - (self.pool.count_free(sources) if sources else 0)
         if self._needed(request, n, hit_blocks, hit) > free or self._needed(request, ends[0], hit_blocks, hit) > free:
             self._stats.rejected += 1
             return None
+        if sources:  # pinned before any allocation, so none can take them
+            self.pool.touch(sources)
+            request.sources = sources
         for manager, state, row in zip(self.managers, request.groups, hit_blocks):
             if hit:  # vLLM adds computed blocks only when some group hit
                 manager.add_hit(state, row, hit)
@@ -244,7 +306,9 @@ class HybridHashCache(PrefixCache):
         self._requests.add(request)
         self._stats.record_query(n, hit)
         tables = tuple(BlockIds(s.table) for s in request.groups)
-        return Admission(tables[0], hit, checkpoints=tuple(ends[:-1]), group_tables=tables)
+        i = hit // self.block_size
+        copies = tuple((src, s.table[i], hit % self.block_size) for src, s in zip(plan.sources, request.groups) if src != NULL_BLOCK)
+        return Admission(tables[0], hit, copies, checkpoints=tuple(ends[:-1]), group_tables=tables)
 
     def _chunk_ends(self, start: int, prompt_end: int, junction: int) -> list[int]:
         """Where the prefill's chunks end (TOKENS), the last at the prompt's end: vLLM's
@@ -253,7 +317,7 @@ class HybridHashCache(PrefixCache):
         `state_interval` tokens with that option."""
         if not self._split:
             return [prompt_end]
-        bs = self.block_size
+        bs = self.state_tokens  # the block, unless states are kept finer
         last_cache = (prompt_end - 1) // bs * bs
         ends = []
         while start < prompt_end:
@@ -287,7 +351,7 @@ class HybridHashCache(PrefixCache):
     def _take(self, n: int) -> list[int]:
         blocks = self.pool.allocate(n)
         assert blocks is not None, "caller checked the pool has room"
-        self._events.record_from(self._removed_events, self.pool.last_removed())
+        self._record_removed(self.pool.last_removed())
         return blocks
 
     def _free(self, blocks: list[int]) -> None:
@@ -342,6 +406,9 @@ class HybridHashCache(PrefixCache):
     def commit(self, request_id: Hashable, num_computed_tokens: int) -> None:
         request = self._requests.get(request_id)
         n = request.check_commit(num_computed_tokens)
+        if request.sources:  # the engine has copied their heads by now
+            self.pool.free(request.sources)
+            request.sources = []
         # A commit past a checkpoint (a caller that ignored them) passes each in order.
         while request.chunk_ends and not request.waiting and request.allocated_to < n:
             self._cache(request, request.allocated_to)
@@ -361,7 +428,7 @@ class HybridHashCache(PrefixCache):
     def _cache(self, request: HybridRequest, num_tokens: int) -> None:
         """vLLM `cache_blocks`: each group keys its full blocks up to `num_tokens`
         where it keeps them."""
-        bs, ds = self.block_size, self._ds
+        bs, ds = self.block_size, self._digest_size
         num_full = num_tokens // bs
         num_hashed = len(request.digests) // ds
         if num_hashed < num_full:  # blocks completed by append
@@ -375,7 +442,8 @@ class HybridHashCache(PrefixCache):
                 later,
             )
         boundaries = [request.num_prompt - 1] + ([request.junction] if request.junction else [])
-        for manager, state in zip(self.managers, request.groups):
+        for manager in self._block_keyed:
+            state = request.groups[manager.index]
             start = state.num_cached or 0
             if start >= num_full:
                 continue
@@ -403,6 +471,7 @@ class HybridHashCache(PrefixCache):
         request = self._requests.get(request_id)
         # no_tail_cliff: the cached blocks it stopped reading, still free and holding its
         # keys, are taken back and freed again after its full-attention blocks.
+        self._retain(request)
         retired = [b for b, key in reversed(request.retired) if self.pool.ref_count(b) == 0 and self.pool.key(b) == key]
         if retired:
             self.pool.touch(retired)
@@ -412,7 +481,39 @@ class HybridHashCache(PrefixCache):
                 self.pool.free(blocks)
         if retired:
             self.pool.free(retired)
+        if request.sources:
+            self.pool.free(request.sources)
+        if self.state_cap:
+            self._cap_states(request)
         self._requests.pop(request_id)
+
+    def _state_keys(self, request: HybridRequest, manager: GroupManager) -> list[tuple[int, bytes]]:
+        """(position in TOKENS, key) of every state the request's computed path may have
+        cached in a mamba group."""
+        ds = self._digest_size
+        return [((i + 1) * self.block_size, bytes(request.digests[i * ds : (i + 1) * ds]) + manager.suffix)
+                for i in range(min(request.num_computed // self.block_size, len(request.digests) // ds))]  # fmt: skip
+
+    def _cap_states(self, request: HybridRequest) -> None:
+        """options.state_cap: evict the path's cached states beyond the cap, least
+        replay saved first (`replay_victims`); states other requests pin stay."""
+        for manager in self.managers:
+            if manager.kind != MAMBA:
+                continue
+            cached = []
+            for position, key in self._state_keys(request, manager):
+                block = self.pool.lookup(key)
+                if block is not None:
+                    cached.append((position, block))
+            if len(cached) <= self.state_cap:
+                continue
+            free = [b for b in replay_victims(cached, self.state_cap) if self.pool.ref_count(b) == 0]
+            if free:
+                self._record_removed(self.pool.evict_blocks(free))
+
+    def _retain(self, request: HybridRequest) -> None:
+        """Hook: at release, before the tables are freed, key what the request leaves
+        behind beyond its commits. Nothing at vLLM's defaults."""
 
     @guarded
     def block_table(self, request_id: Hashable) -> Sequence[int]:
@@ -422,39 +523,11 @@ class HybridHashCache(PrefixCache):
     def block_tables(self, request_id: Hashable) -> tuple[Sequence[int], ...]:
         return tuple(BlockIds(s.table) for s in self._requests.get(request_id).groups)
 
-    # -- maintenance ------------------------------------------------------------------
-    @guarded
-    def evict(self, num_blocks: int) -> int:
-        """Drop the keys of up to `num_blocks` free cached blocks, least recently freed first."""
-        num_blocks = check_count(num_blocks, "num_blocks")
-        removed = self.pool.evict_front(num_blocks)
-        self._events.record_from(self._removed_events, removed)
-        return len(removed)
-
-    @guarded
-    def reset(self) -> bool:
-        if self.pool.num_pinned:
-            return False
-        self.pool.uncache_all()
-        self._stats.reset()
-        self._evicted_at_reset = self.pool.num_evicted
-        self._events.record(AllBlocksCleared())
-        return True
-
-    @guarded
-    def stats(self) -> CacheStats:
-        self._stats.evictions = self.pool.num_evicted - self._evicted_at_reset
-        self._stats.events_dropped = self._events.dropped
-        return self._stats.snapshot()
-
-    @guarded
-    def drain_events(self) -> list[KVEvent]:
-        return self._events.drain()
-
+    # -- maintenance (evict, reset, stats, drain_events: HashCacheBase) ----------------
     @guarded
     def check_invariants(self) -> None:
         self.pool.check_invariants()
-        bs, ds = self.block_size, self._ds
+        ds = self._digest_size
         refs: Counter[int] = Counter()
         for r in self._requests:
             who = f"request {r.request_id!r}"
@@ -463,15 +536,16 @@ class HybridHashCache(PrefixCache):
                 live = [b for b in table if b != NULL_BLOCK]
                 if len(set(live)) != len(live):
                     raise InvariantError(f"{who}: group {g}: a block appears twice in its table {table}")
-                if len(table) > _cdiv(max(len(r.tokens), r.allocated_to), bs):
+                if len(table) > _cdiv(max(len(r.tokens), r.allocated_to), manager.entry_tokens):
                     raise InvariantError(f"{who}: group {g}: {len(table)} blocks for {len(r.tokens)} tokens")
                 if isinstance(manager, FullAttentionGroup) and NULL_BLOCK in table:
                     raise InvariantError(f"{who}: group {g} (full attention) holds a null block: {table}")
-                for i, block in enumerate(table[: state.num_cached or 0]):
+                for i, block in enumerate(table[: state.num_cached or 0] if manager in self._block_keyed else ()):
                     key = self.pool.key(block) if block != NULL_BLOCK else None
                     if key is not None and key != bytes(r.digests[i * ds : (i + 1) * ds]) + manager.suffix:
                         raise InvariantError(f"{who}: group {g}: block {block} (#{i}) is keyed with another prefix")
                 refs.update(live)
+            refs.update(r.sources)
         for block, count in refs.items():
             if self.pool.ref_count(block) != count:
                 raise InvariantError(f"block {block}: ref count {self.pool.ref_count(block)}, live tables hold it {count} times")
@@ -489,39 +563,17 @@ class HybridHashCache(PrefixCache):
             namespace_extra_keys(namespace, first_block=False),
         )
 
-    def _removed_events(self, keys: Sequence[bytes]) -> list[BlockRemoved]:
-        """One BlockRemoved per dropped key, with the key's group (vLLM; group 0's key is
-        the bare hash)."""
-        ds = self._ds
-        return [
-            BlockRemoved((bytes(k[:ds]),), group_idx=int.from_bytes(k[ds:], "big") if len(k) > ds else 0) for k in keys
-        ]
-
     def _stored_events(
-        self, request: HybridRequest, manager: GroupManager, start: int, stop: int, keyed: list[int]
+        self, request: HybridRequest, manager: GroupManager, start: int, stop: int, keyed: Sequence[int]
     ) -> tuple[BlockStored]:
         """vLLM's BlockStored of one group's commit: the blocks it keyed, the parent and
         the tokens of the whole range [start, stop)."""
-        bs, ds, namespace = self.block_size, self._ds, request.namespace
-        first = event_extra_keys(namespace_extra_keys(namespace))
-        later = event_extra_keys(namespace_extra_keys(namespace, first_block=False))
-        lora_id, lora_name = event_lora(namespace)
-        extra = tuple(first if i == 0 else later for i in keyed)
         group = manager.group
+        window = group.window if group.kind == SLIDING_WINDOW else None
         return (
-            BlockStored(
-                block_hashes=tuple(bytes(request.digests[i * ds : (i + 1) * ds]) for i in keyed),
-                parent_block_hash=bytes(request.digests[(start - 1) * ds : start * ds]) if start else None,
-                token_ids=tuple(request.tokens[start * bs : stop * bs]),
-                block_size=bs,
-                lora_id=lora_id,
-                lora_name=lora_name,
-                extra_keys=extra or None,
-                group_idx=manager.index,
-                kv_cache_spec_kind=group.kind,
-                kv_cache_spec_sliding_window=group.window if group.kind == SLIDING_WINDOW else None,
-            ),
-        )
+            stored_event(request.digests, self._digest_size, request.tokens, request.namespace, self.block_size,
+                         start, stop, keyed, group_idx=manager.index, kind=group.kind, sliding_window=window),
+        )  # fmt: skip
 
 
 # Re-exported for the kit and the engine, which read a layout's kinds by name.

@@ -1,16 +1,25 @@
 """Hybrid layouts in the `hash` strategy: bookkeeping cost, the sliding-window miss, and the options.
 
-Three measurements, side by side in one run (record `cat /proc/loadavg` with them):
+Five measurements, each side by side in one run (record `cat /proc/loadavg` with them):
 
 1. Cost: per-request bookkeeping (hashing + admit + the prompt's commits + release, µs,
-   p50 over the requests, best of `--repeat` replays) of a full-attention-only cache
-   (the plain `HashCache`) and of hybrid layouts on the same workload, and the ratio.
+   p50 over the requests, best of `--repeat` replays), and `admit` alone, of a
+   full-attention-only cache (the plain `HashCache`) and of hybrid layouts on the same
+   workload, and the ratios.
 2. A sliding-window miss: block look-ups a miss costs on a long prompt, ours against the
    right-to-left scan vLLM 0.33 makes (one probe per block): O(blocks / window + window)
    against O(blocks).
 3. Options beyond vLLM: hit tokens of `retention: dense` (+ `state_interval` for mamba)
    against vLLM's defaults (sparse retention), on the second sighting of a shared
    prefix and over whole workloads.
+4. States finer than the block (`state_granule`): full + mamba at block 528 against
+   vLLM's defaults there and full attention at block 16, requests decoded token by
+   token (so a conversation's next turn can start where the last one ended).
+5. A per-path state cap (`state_cap`, replay-length-aware) against LRU alone at equal
+   memory: long conversations, full + mamba at block 528 with `state_granule: 16`,
+   keeping every state written (`retention: dense, state_interval: 64`: a state every
+   64 prompt tokens and every 16 decoded ones, one 528-token page each) or the sparse
+   ones, in pools where the states crowd the KV out.
 
     python benchmarks/bench_hybrid.py [--repeat 5]
 """
@@ -46,37 +55,43 @@ def build(groups, block_size: int, num_blocks: int, **options):
                                                layout=layout, options=options))  # fmt: skip
 
 
-def replay(cache, reqs) -> tuple[list[float], list[int]]:
-    """Per request: seconds of bookkeeping, hit tokens (admit, checkpoints, commit, release)."""
+def replay(cache, reqs, admit_seconds: list[float] | None = None) -> tuple[list[float], list[int]]:
+    """Per request: seconds of bookkeeping, hit tokens (admit, checkpoints, commit, release);
+    the seconds of `admit` alone appended to `admit_seconds`."""
     clock = time.perf_counter
     seconds, hits = [], []
     for i, req in enumerate(reqs):
         t0 = clock()
         adm = cache.admit(i, req.prompt)
+        t1 = clock()
         for c in adm.checkpoints:
             cache.commit(i, c)
         cache.commit(i, len(req.prompt))
         cache.release(i)
         seconds.append(clock() - t0)
         hits.append(adm.num_cached_tokens)
+        if admit_seconds is not None:
+            admit_seconds.append(t1 - t0)
     return seconds, hits
 
 
 def cost(args) -> None:
     reqs = WORKLOADS["shared-system-prompt"](random.Random(args.seed))
     print("\n## 1. Bookkeeping per request (shared system prompt, 64 requests, block 16, ample pool)\n")
-    print("| layout | p50 µs/request | ratio to full attention | hit tokens |")
-    print("|---|---|---|---|")
-    base = None
+    print("| layout | p50 µs/request | ratio to full attention | admit alone: p50 µs | ratio | hit tokens |")
+    print("|---|---|---|---|---|---|")
+    base = admit_base = None
     runs = {name: [] for name in LAYOUTS}
+    admits: dict[str, list[list[float]]] = {name: [] for name in LAYOUTS}
     for _ in range(args.repeat):  # sides alternate, each request keeps its best
         for name, groups in LAYOUTS.items():
-            runs[name].append(replay(build(groups, 16, 20_000), reqs))
+            admits[name].append([])
+            runs[name].append(replay(build(groups, 16, 20_000), reqs, admits[name][-1]))
     for name in LAYOUTS:
-        best = [min(t) for t in zip(*(r[0] for r in runs[name]))]
-        p50 = statistics.median(best) * 1e6
-        base = base or p50
-        print(f"| {name} | {p50:.1f} | {p50 / base:.2f}x | {sum(runs[name][0][1]):,} |")
+        p50 = statistics.median(min(t) for t in zip(*(r[0] for r in runs[name]))) * 1e6
+        admit = statistics.median(min(t) for t in zip(*admits[name])) * 1e6
+        base, admit_base = base or p50, admit_base or admit
+        print(f"| {name} | {p50:.1f} | {p50 / base:.2f}x | {admit:.1f} | {admit / admit_base:.2f}x | {sum(runs[name][0][1]):,} |")
 
 
 def window_miss(args) -> None:
@@ -134,16 +149,127 @@ def options(args) -> None:
                 print(f"| {lname} | {bs} | {wname} | " + " | ".join(cells) + " |")
 
 
+def replay_decoded(cache, reqs) -> list[int]:
+    """Hit tokens per request: admit, commit at each checkpoint and the prompt's end,
+    decode the output one token a step (commit + append), release."""
+    hits = []
+    for i, req in enumerate(reqs):
+        adm = cache.admit(i, req.prompt)
+        for c in adm.checkpoints:
+            cache.commit(i, c)
+            cache.append(i, [])
+        n = len(req.prompt)
+        cache.commit(i, n)
+        for token in req.output[:-1]:
+            cache.append(i, [token])
+            n += 1
+            cache.commit(i, n)
+        cache.release(i)
+        hits.append(adm.num_cached_tokens)
+    cache.check_invariants()
+    return hits
+
+
+def finer_states(args) -> None:
+    g = args.granule
+    print(f"\n## 4. States finer than the block: full+mamba at block 528, `state_granule: {g}` (hit tokens, decoded outputs)\n")
+    print("| workload | full attention, block 16 | vLLM 0.33 default, block 528 | state_granule, block 528 | "
+          "of full attention | requests after the first hitting >= 1,350 |")
+    print("|---|---|---|---|---|---|")
+    for wname, make in WORKLOADS.items():
+        reqs = make(random.Random(args.seed))
+        full16 = replay_decoded(build(FULL, 16, 60_000), reqs)
+        vllm = replay_decoded(build(LAYOUTS["full+mamba"], 528, 2000), reqs)
+        fine = replay_decoded(build(LAYOUTS["full+mamba"], 528, 2000, state_granule=g), reqs)
+        over = f"{sum(h >= 1350 for h in fine[1:])} of {len(fine) - 1} (vLLM: {sum(h >= 1350 for h in vllm[1:])})" \
+            if wname == "1500-shared" else "-"
+        share = f"{sum(fine) / sum(full16):.3f}" if sum(full16) else "-"
+        print(f"| {wname} | {sum(full16):,} | {sum(vllm):,} | {sum(fine):,} | {share} | {over} |")
+
+
+def long_chats(rng: random.Random, sessions: int = 24, turns: int = 6):
+    """Conversations round-robin by turn: a 256-400-token first prompt, each turn adding
+    the answer (32-96 tokens, decoded) and a 32-96-token message."""
+    from hybrid_parity import VOCAB, Req
+
+    histories = [[rng.randrange(VOCAB) for _ in range(rng.randint(256, 400))] for _ in range(sessions)]
+    out = []
+    for _ in range(turns):
+        for s in range(sessions):
+            answer = [rng.randrange(VOCAB) for _ in range(rng.randint(32, 96))]
+            out.append(Req(list(histories[s]), answer))
+            histories[s] = histories[s] + answer + [rng.randrange(VOCAB) for _ in range(rng.randint(32, 96))]
+    return out
+
+
+def replay_pressed(cache, reqs, concurrency: int = 4) -> list[int]:
+    """`replay_decoded` with up to `concurrency` requests live (released oldest first,
+    and early when the pool refuses)."""
+    from collections import deque
+
+    live: deque[int] = deque()
+    hits = []
+
+    def until(call):
+        while (out := call()) is None:
+            if not live:
+                raise SystemExit("a request does not fit the pool alone")
+            cache.release(live.popleft())
+        return out
+
+    for i, req in enumerate(reqs):
+        adm = until(lambda: cache.admit(i, req.prompt))
+        live.append(i)
+        for c in adm.checkpoints:
+            cache.commit(i, c)
+            until(lambda: cache.append(i, []))
+        n = len(req.prompt)
+        cache.commit(i, n)
+        for token in req.output[:-1]:
+            until(lambda: cache.append(i, [token]))
+            n += 1
+            cache.commit(i, n)
+        hits.append(adm.num_cached_tokens)
+        while len(live) > concurrency:
+            cache.release(live.popleft())
+    while live:
+        cache.release(live.popleft())
+    cache.check_invariants()
+    return hits
+
+
+def state_cap(args) -> None:
+    reqs = long_chats(random.Random(args.seed))
+    prompts = sum(len(r.prompt) for r in reqs)
+    dense = {"state_granule": 16, "retention": "dense", "state_interval": 64}
+    sparse = {"state_granule": 16}
+    print(f"\n## 5. Per-path state cap against LRU at equal memory ({len(reqs)} requests, {prompts:,} prompt tokens; "
+          "full+mamba, block 528, `state_granule: 16`; hit ratio)\n")
+    arms = [("dense, LRU", dense, 0), ("dense, state_cap: 1", dense, 1), ("dense, state_cap: 2", dense, 2),
+            ("sparse, LRU", sparse, 0), ("sparse, state_cap: 1", sparse, 1)]  # fmt: skip
+    print("| pool (blocks of 528) | " + " | ".join(name for name, _, _ in arms) + " | dense: cap 1 - LRU (points) |")
+    print("|---|" + "---|" * (len(arms) + 1))
+    for blocks in args.pools:
+        ratios = [sum(replay_pressed(build(LAYOUTS["full+mamba"], 528, blocks, **opts, state_cap=c), reqs)) / prompts
+                  for _, opts, c in arms]  # fmt: skip
+        print(f"| {blocks} | " + " | ".join(f"{r:.3f}" for r in ratios) + f" | {100 * (ratios[1] - ratios[0]):+.1f} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--granule", type=int, default=16, help="state_granule of section 4 (TOKENS)")
+    parser.add_argument("--only", choices=("cost", "window", "options", "finer", "cap"), help="one section only")
+    parser.add_argument("--pools", type=int, nargs="+", default=[64, 96, 128, 160, 192, 256, 384],
+                        help="section 5's pool sizes (BLOCKS of 528)")
     args = parser.parse_args()
     print(f"# bench_hybrid: {cpu_model()}, load {open('/proc/loadavg').read().split()[:3]}, {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"# command: {' '.join(sys.argv)}")
-    cost(args)
-    window_miss(args)
-    options(args)
+    sections = {"cost": cost, "window": window_miss, "options": options, "finer": finer_states, "cap": state_cap}
+    for name, section in sections.items():
+        if args.only in (None, name):
+            section(args)
     return 0
 
 

@@ -29,13 +29,25 @@ def main() -> int:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--backend", default="hash")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--state-granule", type=int, default=0,
+                        help="options.state_granule (TOKENS; on a full-attention + recurrent variant of the model)")
     args = parser.parse_args()
 
     from prefixcache.config import CacheConfig
     from prefixcache.engine.exactness import compare_trace, engines_for, random_trace, tiny_hybrid
 
     model = tiny_hybrid(seed=args.seed)
-    cache = CacheConfig(backend=args.backend, block_size=args.block_size, num_blocks=args.num_blocks)
+    options = {}
+    if args.state_granule:  # finer states need full attention and recurrent layers only
+        from prefixcache.engine.hybrid_model import HybridConfig, random_hybrid_weights
+        from prefixcache.engine.loader import LoadedModel
+        from prefixcache.engine.tokenizer import ByteTokenizer
+
+        config = HybridConfig(layers=("full_attention", "mamba", "full_attention"))
+        model = LoadedModel("tiny-hybrid", random_hybrid_weights(config, args.seed), ByteTokenizer(config.vocab_size),
+                            config.layout)  # fmt: skip
+        options = {"state_granule": args.state_granule}
+    cache = CacheConfig(backend=args.backend, block_size=args.block_size, num_blocks=args.num_blocks, options=options)
     cached, uncached = engines_for(model, cache)
     print(f"# hybrid_soak: {cpu_model()}, load {open('/proc/loadavg').read().split()[:3]}, {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"# command: {' '.join(sys.argv)}")

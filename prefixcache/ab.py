@@ -32,6 +32,18 @@ request (every block an earlier request computed is committed before i is admitt
 Tokens reach each cache as one int64 buffer per request (`TokenRuns.to_array`, expanded in
 C++), never as Python ints.
 
+Hybrid layouts (`cache.layout` with a group that is not full attention). Beside each
+such arm, its layout's ceiling (`layout_ceiling`): the same replay through the same
+configuration with a pool large enough that nothing is ever evicted, so it hits what the
+layout and the options let any pool hit (where states are kept, at which granularity,
+which window tails) and loses nothing to capacity or eviction. The tokens the
+full-attention ceiling at the arm's block size hits on a request and the layout's
+ceiling does not are "uncacheable by layout", counted apart from the misses a larger pool
+or a better policy could avoid (`uncacheable_by_layout`, `of_layout_ceiling`). It is a
+reference line measured on the arm's own rules, not a proof: a replay hits what it
+hits, request by request. And the bytes a cached token costs in each group, from the
+layout's sizes (`bytes_per_token`). There is no hybrid-aware Belady line.
+
 Measured per arm: per-request hit tokens (`HitCounts`), evicted blocks (the cache's own
 `stats().evictions`), peak pinned blocks (the most distinct blocks that live requests'
 block tables hold at once: backend-neutral, unlike the pool's ref counts, which for
@@ -121,6 +133,8 @@ class ArmResult(HitRatios):
     prefill_s_saved:  modelled prefill SECONDS the hits saved, loads' time subtracted
                       (`prefixcache.tiers.prefill_seconds_saved`, the arm's cost_model)
     declined_tokens:  TOKENS found in lower tiers that admissions recomputed (cost model)
+    layout_ceiling:   hybrid layouts: per-request hits of the same replay with a pool that
+                      never evicts (module docstring); None otherwise
     """
 
     name: str
@@ -137,6 +151,7 @@ class ArmResult(HitRatios):
     tiers: tuple[TierStats, ...] = ()
     prefill_s_saved: float = 0.0
     declined_tokens: int = 0
+    layout_ceiling: HitCounts | None = None
 
     @property
     def block_size(self) -> int:
@@ -170,6 +185,22 @@ class ArmResult(HitRatios):
     def events_total(self) -> int:
         return sum(self.events.values())
 
+    def uncacheable_by_layout(self, full_ceiling: HitCounts) -> int | None:
+        """TOKENS `full_ceiling` (full attention, same block size) hits that the layout's
+        ceiling does not, summed over requests; None without a hybrid layout."""
+        if self.layout_ceiling is None:
+            return None
+        return sum(max(0, f - h) for f, h in zip(full_ceiling.hit_tokens, self.layout_ceiling.hit_tokens))
+
+    @property
+    def bytes_per_token(self) -> str | None:
+        """BYTES a cached token costs per group, as 'kind: bytes | ...' (None without a
+        hybrid layout or sizes)."""
+        groups = self.config.groups
+        if not groups.hybrid or not any(g.bytes_per_token or g.state_bytes for g in groups):
+            return None
+        return " | ".join(f"{g.kind}: {g.bytes_per_cached_token(self.block_size):,.0f}" for g in groups)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -190,6 +221,7 @@ class ArmResult(HitRatios):
             "bookkeeping_us": list(self.bookkeeping_us),
             **({"tiers": [dataclasses.asdict(t) for t in self.tiers], "prefill_s_saved": self.prefill_s_saved,
                 "declined_tokens": self.declined_tokens} if self.tiers else {}),
+            "layout_ceiling_hit_tokens": None if self.layout_ceiling is None else list(self.layout_ceiling.hit_tokens),
         }
 
     @classmethod
@@ -201,6 +233,7 @@ class ArmResult(HitRatios):
             data["waits"], data["wall_s"], data.get("first_eviction"),
             tuple(TierStats(**t) for t in data.get("tiers", ())), data.get("prefill_s_saved", 0.0),
             data.get("declined_tokens", 0),
+            None if data.get("layout_ceiling_hit_tokens") is None else HitCounts(data["layout_ceiling_hit_tokens"], prompt_tokens),
         )
 
 
@@ -361,12 +394,27 @@ def replay_arm(
     if progress is not None:
         progress(name, n, n)
     prompts = [len(r.prompt) for r in workload.requests]
+    ceiling = None
+    if config.groups.hybrid:
+        ceiling = HitCounts(_layout_ceiling(workload, config, max_concurrent), prompts)
     stats = cache.stats()
     return ArmResult(
         name, config, HitCounts(state.hits, prompts), tuple(t / 1000.0 for t in state.ns),
         stats.evictions, state.peak_pinned, dict(state.events), tuple(rejected), state.waits,
-        time.perf_counter() - t0, state.first_eviction, stats.tiers, state.saved_s, state.declined,
+        time.perf_counter() - t0, state.first_eviction, stats.tiers, state.saved_s, state.declined, ceiling,
     )
+
+
+def _layout_ceiling(workload: Workload, config: CacheConfig, max_concurrent: int) -> list[int]:
+    """Per-request hits of `config`'s rules with a pool nothing is evicted from: every
+    request's blocks (every group's, ceil((P + O) / B) each) for the whole run."""
+    footprint = sum(-(-(len(r.prompt) + len(r.output)) // config.block_size) for r in workload.requests)
+    unbounded = config.replace(num_blocks=max(config.num_blocks, footprint * len(config.groups) + 1), enable_events=False)
+    state = _Replay(workload, "layout ceiling", build_cache(unbounded), max_concurrent)
+    for i in range(len(workload)):
+        state.run(i)
+    state.drain()
+    return state.hits
 
 
 class ReferenceBounds:
@@ -452,6 +500,7 @@ class ABResult:
                 "evicted_tokens": a.evicted_tokens, "peak_pinned_blocks": a.peak_pinned_blocks,
                 "bookkeeping_us_p50": a.us_p50, "bookkeeping_us_p99": a.us_p99, "events": a.events_total,
                 "rejected": len(a.rejected), "waits": a.waits, **tier_columns(a, depth),
+                **self._layout_columns(a),
             })
         for b in self.bounds:
             blocks = b.capacity_blocks
@@ -464,8 +513,24 @@ class ABResult:
                 "evicted_tokens": b.evictions * b.block_size, "peak_pinned_blocks": None,
                 "bookkeeping_us_p50": None, "bookkeeping_us_p99": None, "events": None,
                 "rejected": len(b.rejected), "waits": None, **tier_columns(None, depth),
+                "layout_ceiling_hit_ratio": None, "of_layout_ceiling": None, "uncacheable_by_layout": None,
+                "bytes_per_token": None,
             })
         return rows
+
+    def _layout_columns(self, a: ArmResult) -> dict[str, Any]:
+        """A hybrid arm's ceiling columns (None for a full-attention arm)."""
+        if a.layout_ceiling is None:
+            return {"layout_ceiling_hit_ratio": None, "of_layout_ceiling": None, "uncacheable_by_layout": None,
+                    "bytes_per_token": a.bytes_per_token}  # fmt: skip
+        ceiling = a.layout_ceiling.total_hit_tokens
+        full = next((b for b in self.bounds if b.bound == "infinite" and b.block_size == a.block_size), None)
+        return {
+            "layout_ceiling_hit_ratio": a.layout_ceiling.hit_ratio,
+            "of_layout_ceiling": a.prefill_tokens_saved / ceiling if ceiling else None,
+            "uncacheable_by_layout": None if full is None else a.uncacheable_by_layout(full.hits),
+            "bytes_per_token": a.bytes_per_token,
+        }
 
     def request_rows(self) -> list[dict[str, Any]]:
         """One row per request: prompt tokens, hit tokens of every series, µs of every arm."""

@@ -63,6 +63,10 @@ _AB_COLUMNS = (
     Column("events", "events", _count, keep=0),
     Column("rejected", "rejected", _count, keep=6),
     Column("waits", "waits", _count, keep=6),
+    Column("layout_ceiling_hit_ratio", "layout ceiling", _fixed(4), keep=6),
+    Column("of_layout_ceiling", "of it", _fixed(3), keep=6),
+    Column("uncacheable_by_layout", "uncacheable by layout", _count, keep=5),
+    Column("bytes_per_token", "bytes/token per group", lambda v: "-" if v is None else v, keep=0, left=True),
 )
 
 
@@ -90,7 +94,9 @@ def ab_table(result: ABResult) -> Table:
     w = result.workload
     analytic = ", ".join(f"B={b}: {r:.4f}" for b, r in w["analytic_hit_ratio"].items() if r is not None)
     rows = result.summary_rows()
-    hidden = {key for key in ("rejected", "waits") if not any(r[key] for r in rows)}
+    optional = ("rejected", "waits", "layout_ceiling_hit_ratio", "of_layout_ceiling", "uncacheable_by_layout",
+                "bytes_per_token")  # fmt: skip
+    hidden = {key for key in optional if not any(r[key] is not None and r[key] != 0 for r in rows)}
     return Table(
         title=f"A/B on {w['name']}: {w['requests']:,} requests, {w['prompt_tokens']:,} prompt tokens, "
         f"pool {result.capacity_tokens:,} tokens, max_concurrent {result.max_concurrent}",

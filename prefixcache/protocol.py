@@ -84,8 +84,8 @@ group has its own block table (`block_tables(request_id)`, `Admission.group_tabl
 layout order), where `NULL_BLOCK` (-1) marks a block the group does not hold: one a
 sliding-window or chunked-local group no longer reads, a recurrent state (mamba) not
 kept. Block i of a mamba group's table holds the state after exactly (i + 1) *
-block_size tokens; the engine writes it when a commit lands there, reads it back at a
-hit. `block_table` is the first group's table. The hit is valid for every group.
+`state_tokens` tokens (the block size, unless the backend keeps finer states); the
+engine writes it when a commit lands there, reads it back at a hit. `block_table` is the first group's table. The hit is valid for every group.
 `Admission.checkpoints` lists prompt positions (TOKENS, increasing, past the hit, before
 the prompt's end) where the engine ends a prefill chunk and commits, so that a state
 exists there (vLLM's scheduler splits a Mamba prefill so; SGLang checkpoints at the
@@ -429,6 +429,12 @@ class PrefixCache(ABC):
     @abstractmethod
     def block_table(self, request_id: Hashable) -> Sequence[int]:
         """Block ids of a live request, in token order. `KeyError` if not live."""
+
+    @property
+    def state_tokens(self) -> int:
+        """TOKENS per entry of a mamba group's table (module docstring, "Hybrid
+        layouts"): `block_size`, unless the backend keeps states at finer positions."""
+        return self.block_size
 
     def block_tables(self, request_id: Hashable) -> tuple[Sequence[int], ...]:
         """Each layout group's block table, in layout order (module docstring, "Hybrid

@@ -15,7 +15,12 @@ raises a `RuleViolation` naming the first rule a hit breaks:
   will read, nothing pinned for it);
 - "state": a state restored is the state saved: the mamba block a hit of h tokens
   starts from holds the state after exactly the request's first h tokens, saved by a
-  commit that landed there.
+  commit that landed there (entry i of a mamba table stands for (i + 1) *
+  `cache.state_tokens` tokens).
+
+A hit that ends inside a block (a backend with `partial_hits`) must come with a copy
+(`Admission.copies`) for each attention group, from a block that holds the request's
+prefix through the hit, into the request's own block at that index ("every group").
 
 A block's content is what an engine would have written: attention K/V of the tokens a
 commit covers (a block holds the prefix through its last slot once it is full), a
@@ -57,17 +62,18 @@ class HybridShadow:
     """What each group's blocks hold: `content[group][block]` is `(namespace, tokens)`,
     the prefix whose KV (attention) or state (mamba) the block holds, or absent."""
 
-    def __init__(self, layout: Sequence[LayerGroup], block_size: int) -> None:
+    def __init__(self, layout: Sequence[LayerGroup], block_size: int, state_tokens: int | None = None) -> None:
         self.layout = Layout(layout)
         self.bs = block_size
+        self.step = state_tokens or block_size  # TOKENS per mamba table entry
         self.content: list[dict[int, tuple]] = [{} for _ in self.layout]
 
-    def allocated(self, tables: Sequence[Sequence[int]], before: Sequence[Sequence[int]], *, first: int = 0) -> None:
-        """Blocks newly in a table, from index `first` on (an admission's hit blocks
-        come before it), hold nothing yet: a fresh allocation."""
-        for g, (table, old) in enumerate(zip(tables, before)):
+    def allocated(self, tables: Sequence[Sequence[int]], before: Sequence[Sequence[int]], *, hit: int = 0) -> None:
+        """Blocks newly in a table, past an admission's `hit` TOKENS (its hit blocks),
+        hold nothing yet: a fresh allocation."""
+        for g, (group, table, old) in enumerate(zip(self.layout, tables, before)):
             seen = set(old)
-            for b in table[first:]:
+            for b in table[hit // (self.step if group.kind == MAMBA else self.bs) :]:
                 if b != NULL_BLOCK and b not in seen:
                     self.content[g].pop(b, None)
 
@@ -94,8 +100,8 @@ class HybridShadow:
         bs = self.bs
         for g, (group, table) in enumerate(zip(self.layout, tables)):
             if group.kind == MAMBA:
-                i = stop // bs - 1
-                if stop % bs == 0 and 0 <= i < len(table) and table[i] != NULL_BLOCK:
+                i = stop // self.step - 1
+                if stop % self.step == 0 and 0 <= i < len(table) and table[i] != NULL_BLOCK:
                     self.content[g][table[i]] = (namespace, tuple(tokens[:stop]))
                 continue
             for i in range(start // bs, -(-stop // bs)):
@@ -103,13 +109,33 @@ class HybridShadow:
                     end = min((i + 1) * bs, stop)
                     self.content[g][table[i]] = (namespace, tuple(tokens[:end]))
 
+    def copied(self, tables: Sequence[Sequence[int]], copies: Sequence[tuple[int, int, int]], namespace: Any,
+               tokens: Sequence[int], hit: int, what: str) -> None:
+        """A hit inside a block: each attention group copies the head of a block that
+        holds the request's prefix through the hit into its own block at that index."""
+        i = hit // self.bs
+        by_dst = {dst: (src, n) for src, dst, n in copies}
+        for g, (group, table) in enumerate(zip(self.layout, tables)):
+            if group.kind == MAMBA or not hit % self.bs:
+                continue
+            dst = table[i] if i < len(table) else NULL_BLOCK
+            if dst not in by_dst or by_dst[dst][1] != hit % self.bs:
+                _fail("every group", what, f"a hit of {hit} tokens ends inside block #{i} of group {g} ({group.kind}) "
+                                           f"but copies {list(copies)} fill no block there")  # fmt: skip
+            src = by_dst[dst][0]
+            held = self.content[g].get(src)
+            if held is None or held[0] != namespace or tuple(held[1][:hit]) != tuple(tokens[:hit]) or len(held[1]) < hit:
+                _fail("every group", what, f"group {g} ({group.kind}) copies block {src}, which holds {_describe(held)}, "
+                                           f"not the request's first {hit} tokens")  # fmt: skip
+            self.content[g][dst] = (namespace, tuple(tokens[:hit]))
+
     def check_hit(self, tables: Sequence[Sequence[int]], namespace: Any, tokens: Sequence[int], hit: int, what: str) -> None:
         bs = self.bs
         for g, (group, table) in enumerate(zip(self.layout, tables)):
             if group.kind == MAMBA:
                 if hit == 0:
                     continue
-                i = hit // bs - 1
+                i = hit // self.step - 1
                 block = table[i] if 0 <= i < len(table) else NULL_BLOCK
                 if block == NULL_BLOCK:
                     _fail("every group", what, f"a hit of {hit} tokens but group {g} (mamba) has no state at block #{i}")
@@ -191,7 +217,7 @@ def check_hybrid_backend(
 
 
 def _drive(cache: PrefixCache, layout, rng: random.Random, steps: int, bs: int) -> None:
-    shadow = HybridShadow(layout, bs)
+    shadow = HybridShadow(layout, bs, cache.state_tokens)
     live: dict[Hashable, list] = {}  # id -> [tokens, namespace, computed]
     prompts: list[list[int]] = []
     n = 0
@@ -226,8 +252,10 @@ def _drive(cache: PrefixCache, layout, rng: random.Random, steps: int, bs: int) 
                 continue
             live[rid] = [list(tokens), namespace, adm.num_cached_tokens]
             got = tables(rid)
-            shadow.check_hit(got, namespace, tokens, adm.num_cached_tokens, f"admit of {rid} ({len(tokens)} tokens)")
-            shadow.allocated(got, [()] * len(got), first=adm.num_cached_tokens // bs)
+            what = f"admit of {rid} ({len(tokens)} tokens)"
+            shadow.check_hit(got, namespace, tokens, adm.num_cached_tokens, what)
+            shadow.allocated(got, [()] * len(got), hit=adm.num_cached_tokens)
+            shadow.copied(got, adm.copies, namespace, tokens, adm.num_cached_tokens, what)
             for c in adm.checkpoints:
                 commit(rid, c)
                 if cache.append(rid, []) is None:

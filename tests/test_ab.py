@@ -292,3 +292,31 @@ def test_parse_tokens():
     for bad in ("0", "1.5", "lots", "inf"):
         with pytest.raises(ValueError, match="TOKENS"):
             parse_tokens(bad)
+
+
+def test_hybrid_arms_report_their_layout_ceiling_and_the_tokens_it_cannot_cache(tmp_path):
+    """A hybrid arm carries its layout's ceiling (the same rules, a pool that never
+    evicts): at most what the full-attention ceiling hits, request by request; the
+    difference is "uncacheable by layout"; a finer state granule leaves less."""
+    from prefixcache.layout import LayerGroup
+
+    w = multi_turn(num_conversations=6, turns=4, system_prompt_len=70, question_len=20, answer_len=30)
+    layout = (LayerGroup("full_attention", bytes_per_token=4096), LayerGroup("mamba", state_bytes=65536))
+    mamba = CacheConfig(backend="hash", block_size=64, layout=layout)
+    fine = mamba.replace(options={"state_granule": 16})
+    result = run_ab(ab(capacity=1024, hash_64=CacheConfig(backend="hash", block_size=64), mamba=mamba, fine=fine), w)
+    full = result.bound("infinite", 64)
+    assert result.arm("hash/64").layout_ceiling is None
+    for name in ("mamba", "fine"):
+        arm = result.arm(name)
+        assert all(h <= c for h, c in zip(arm.hits.hit_tokens, arm.layout_ceiling.hit_tokens))
+    mamba_arm = result.arm("mamba")
+    assert all(c <= f for c, f in zip(mamba_arm.layout_ceiling.hit_tokens, full.hits.hit_tokens))
+    lost = mamba_arm.uncacheable_by_layout(full.hits)
+    assert lost == full.hits.total_hit_tokens - mamba_arm.layout_ceiling.total_hit_tokens > 0
+    assert result.arm("fine").uncacheable_by_layout(full.hits) < lost
+    rows = {r["series"]: r for r in result.summary_rows()}
+    assert rows["mamba"]["uncacheable_by_layout"] == lost and rows["hash/64"]["uncacheable_by_layout"] is None
+    assert rows["fine"]["bytes_per_token"] == "full_attention: 4,096 | mamba: 1,024"
+    result.write_json(tmp_path / "ab.json")
+    assert ABResult.read_json(tmp_path / "ab.json") == result

@@ -39,7 +39,7 @@ def run_validate(tmp_path, capsys, text: str, name: str = "f.yaml"):
     "text, message",
     [
         ("cache: {backend: hash, options: {verify_hit: never}}",
-         "cache.options.verify_hit: unknown option for backend hash; allowed: no_tail_cliff, retention, state_interval, verify_hits"),
+         "cache.options.verify_hit: unknown option for backend hash; allowed: no_tail_cliff, retention, state_cap, state_granule, state_interval, verify_hits"),
         ("cache: {backend: hash, options: {verify_hits: maybe}}",
          "cache.options.verify_hits: 'maybe' is not allowed for backend hash; allowed values: auto, always, never"),
         ("cach: {block_size: 4}",
@@ -57,7 +57,7 @@ ENGINE_ERRORS = [
     ("engine: {attention: gpu}", "engine.attention: 'gpu' is not allowed; allowed values: auto, cpu, reference"),
     ("engine: {prefix_cache: true}", "engine.prefix_cache: unknown key; allowed keys: model, seed"),
     ("engine: {model: huge}", "engine.model: 'huge' is not a built-in model or a .gguf path; "
-     "allowed: smollm2, tiny, tiny-hybrid (built-in) or the path of an existing .gguf file"),
+     "allowed: smollm2, tiny, tiny-hybrid, gemma3 (built-in) or the path of an existing .gguf file"),
     ("engine: {model: /nonexist.gguf}", "engine.model: no such file '/nonexist.gguf'"),
     ("engin: {}", "engin: unknown section; allowed sections: cache, engine; did you mean 'engine'?"),
 ]

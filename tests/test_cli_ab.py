@@ -125,7 +125,7 @@ def test_validate_an_ab_file_prints_resolved_arms_and_the_workload(tmp_path, cap
          "arms.radix/1.options.x: unknown option for backend radix; allowed: mamba_chunk, mamba_track_interval"),
         (("hash/16: {backend: hash, block_size: 16}",
           "hash/16: {backend: hash, block_size: 16, options: {verify_hitz: never}}"),
-         "arms.hash/16.options.verify_hitz: unknown option for backend hash; allowed: no_tail_cliff, retention, state_interval, verify_hits"),
+         "arms.hash/16.options.verify_hitz: unknown option for backend hash; allowed: no_tail_cliff, retention, state_cap, state_granule, state_interval, verify_hits"),
         (("hash/16: {backend: hash, block_size: 16}",
           "hash/16: {backend: hash, block_size: 16, options: {verify_hits: maybe}}"),
          "arms.hash/16.options.verify_hits: 'maybe' is not allowed for backend hash; allowed values: auto, always"),

@@ -94,7 +94,7 @@ def test_defaults(tmp_path):
         ("cache: {blocksize: 16}", "unknown key; allowed keys: backend, block_size"),
         # Backend options are checked at load against the class the backend name resolves to.
         ("cache: {backend: hash, options: {verify_hit: never}}",
-         "cache.options.verify_hit: unknown option for backend hash; allowed: no_tail_cliff, retention, state_interval, verify_hits"),
+         "cache.options.verify_hit: unknown option for backend hash; allowed: no_tail_cliff, retention, state_cap, state_granule, state_interval, verify_hits"),
         ("cache: {backend: hash, options: {verify_hits: maybe}}",
          "cache.options.verify_hits: 'maybe' is not allowed for backend hash; allowed values: auto, always, never"),
         ("cache: {backend: hash, options: {verify_hits: true}}",
@@ -157,9 +157,9 @@ def test_other_sections_may_share_a_cache_file(tmp_path):
 
 def test_options_are_checked_for_programmatic_configs_and_replace():
     assert CacheConfig(options={"verify_hits": "always"}).options == {"verify_hits": "always"}
-    assert check_cache_config(CacheConfig(options={"verify_hits": "always"})) == {"verify_hits": "always", "retention": "sparse", "state_interval": 0, "no_tail_cliff": False}
+    assert check_cache_config(CacheConfig(options={"verify_hits": "always"})) == {"verify_hits": "always", "retention": "sparse", "state_interval": 0, "no_tail_cliff": False, "state_granule": 0, "state_cap": 0}
     for check in (check_cache_config, prefixcache.build_cache):
-        with pytest.raises(ConfigError, match="^options.verify_hit: unknown option for backend hash; allowed: no_tail_cliff, retention, state_interval, verify_hits$"):
+        with pytest.raises(ConfigError, match="^options.verify_hit: unknown option for backend hash; allowed: no_tail_cliff, retention, state_cap, state_granule, state_interval, verify_hits$"):
             check(CacheConfig(options={"verify_hit": "always"}))
         with pytest.raises(ConfigError, match="options.verify_hits: unknown option for backend radix; allowed: mamba_chunk, mamba_track_interval"):
             check(CacheConfig(options={"verify_hits": "always"}).replace(backend="radix"))

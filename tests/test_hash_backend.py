@@ -388,7 +388,7 @@ def test_admit_copies_the_prompt():
 def test_config_errors():
     with pytest.raises(ConfigError, match="eviction: unknown eviction policy 'nope'"):
         make(4, eviction="nope")
-    with pytest.raises(ConfigError, match="options.x: unknown option for backend hash; allowed: no_tail_cliff, retention, state_interval, verify_hits"):
+    with pytest.raises(ConfigError, match="options.x: unknown option for backend hash; allowed: no_tail_cliff, retention, state_cap, state_granule, state_interval, verify_hits"):
         make(4, options={"x": 1})
 
 

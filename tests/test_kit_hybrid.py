@@ -2,7 +2,8 @@
 
 A gallery of `hash` hybrid caches wrong in one way each: a hit that ignores the mamba
 and window groups ("every group"), a sliding window looked up and handed out like full
-attention ("window"), and a hit that restores the state one block before it ("state"). Each is rejected by `check_hybrid_backend`, naming its rule.
+attention ("window"), a hit that restores the state one block before it ("state"), and a hit inside a block
+(states finer than the block) that copies the head of the wrong block ("every group"). Each is rejected by `check_hybrid_backend`, naming its rule.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from prefixcache.backends.hybrid_groups import FullAttentionGroup, MambaGroup, SlidingWindowGroup
+from prefixcache.backends.hybrid_fine import FineStateHashCache
 from prefixcache.backends.hybrid_hash import HybridHashCache
 from prefixcache.layout import NULL_BLOCK, LayerGroup
 from prefixcache.testing import RuleViolation
@@ -68,10 +70,25 @@ class RestoresTheStateABlockEarlier(HybridHashCache):
         )
 
 
+class CopiesTheBlockBefore(FineStateHashCache):
+    """States every 2 tokens (`state_granule`), and a hit inside a block copies the head
+    of the block BEFORE the one that holds the prefix (another position's KV)."""
+
+    def __init__(self, pool, config):
+        super().__init__(pool, config.replace(options={"state_granule": 2}))
+
+    def _sources(self, rows, p, granule_key):
+        i = p // self.block_size
+        if i >= 1 and all(len(row) >= i for row in rows):
+            return tuple(row[i - 1] for row in rows)
+        return super()._sources(rows, p, granule_key)
+
+
 GALLERY = [
     (HitIgnoresOtherGroups, "every group", LAYOUTS),
     (WindowHandsOutEveryBlock, "window", [LAYOUTS[0]]),
     (RestoresTheStateABlockEarlier, "state", [LAYOUTS[2]]),
+    (CopiesTheBlockBefore, "every group", [LAYOUTS[2]]),
 ]
 
 

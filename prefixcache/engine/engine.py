@@ -42,6 +42,7 @@ from prefixcache.config import ConfigError
 from prefixcache.engine.batch import SeqChunk
 from prefixcache.engine.config import ServingConfig, load_serving_config
 from prefixcache.engine.kv_tiers import KVTiers
+from prefixcache.engine.gemma3 import Gemma3Model, Gemma3Weights
 from prefixcache.engine.hybrid_model import HybridModel, HybridWeights
 from prefixcache.engine.loader import LoadedModel, load_model
 from prefixcache.engine.memory import check_engine_memory
@@ -70,7 +71,7 @@ class GenerationRequest:
     tokenizer's chat template), its `namespace` (cache isolation), and optional
     overrides of the engine's defaults. `keep_first_logits`: return the fp32 logits the
     first output token was drawn from. `ignore_eos`: the tokenizer's end-of-sequence
-    token does not stop it (vLLM's `ignore_eos`; other stop tokens still do).
+    and end-of-turn tokens do not stop it (vLLM's `ignore_eos`; configured stop tokens still do).
     `arrival_s`: when it arrived (`time.perf_counter()` SECONDS; default: when added),
     the start of its TTFT and latency."""
 
@@ -145,11 +146,15 @@ class Engine:
             cc = cc.replace(layout=tuple(self.loaded.layout))
         self.config = replace(config, cache=cc)
         pool = BlockPool(cc.num_blocks)
-        self.cache: PrefixCache = build_cache(cc, pool) if ec.prefix_caching else NoPrefixCache(pool, cc)
+        self.cache: PrefixCache = build_cache(cc, pool) if ec.prefix_caching else NoPrefixCache(pool, cc.replace(options={}))
         if isinstance(self.loaded.weights, HybridWeights):
-            self.model: LlamaModel | HybridModel = HybridModel(self.loaded.weights, attention_impl=ec.attention)
+            self.model: LlamaModel | HybridModel | Gemma3Model = HybridModel(self.loaded.weights, attention_impl=ec.attention)
+        elif isinstance(self.loaded.weights, Gemma3Weights):
+            self.model = Gemma3Model(self.loaded.weights, attention_impl=ec.attention)
         else:
             self.model = LlamaModel(self.loaded.weights, attention_impl=ec.attention)
+        if isinstance(self.model, HybridModel):
+            self.model.state_tokens = self.cache.state_tokens  # where the cache keeps states
         self.model.allocate_kv(cc.num_blocks, cc.block_size)
         #: The data of the cache's lower tiers (`cache.tiers`): host pools, disk files.
         self.kv_tiers: KVTiers | None = None
@@ -163,7 +168,7 @@ class Engine:
             self.cache, max_num_batched_tokens=ec.max_num_batched_tokens, max_num_seqs=ec.max_num_seqs
         )
         self._config_stop_ids = frozenset(ec.stop_token_ids)
-        self._stop_ids = self._config_stop_ids | {self.tokenizer.eos_token_id}
+        self._stop_ids = self._config_stop_ids | {self.tokenizer.eos_token_id, *self.tokenizer.stop_token_ids}
         self._next_id = 0
         self._finished: list[Seq] = []
         self.reset_stats()
@@ -344,7 +349,7 @@ class Engine:
         return (torch.cat(rows) if rows else self._no_logits()), kept, failed
 
     def _forward_chunks(self, work: list[Scheduled]) -> torch.Tensor:
-        hybrid = isinstance(self.model, HybridModel)
+        hybrid = isinstance(self.model, (HybridModel, Gemma3Model))  # a table per layout group
         chunks = [
             SeqChunk(w.seq.tokens[w.start : w.start + w.num_tokens], w.start, self.scheduler.block_table(w.seq), w.samples,
                      self.scheduler.block_tables(w.seq) if hybrid else (), w.seq.request_id, w.fresh)
@@ -404,7 +409,7 @@ class Engine:
 
     def _forget(self, request_id: str) -> None:
         """A request left: a recurrent model drops its running state."""
-        if isinstance(self.model, HybridModel):
+        if isinstance(self.model, (HybridModel, Gemma3Model)):
             self.model.forget(request_id)
 
     def _output(self, seq: Seq) -> RequestOutput:

@@ -8,8 +8,9 @@ paged storage group by group: an attention layer's K/V in its group's blocks
 attention kernel with the layer's window or chunk (`window_left`, `chunk_size`); a
 recurrent layer's state in its group's blocks (one tensor per layer, ``[num_blocks,
 inner, state_dim]``): block i of a request's mamba table holds the state after (i + 1)
-* block_size tokens, written when a chunk ends there and read back when a request's
-hit starts there. The recurrent layer is a diagonal selective state-space scan
+* `state_tokens` tokens (the cache's: the block size, or finer), written when a chunk
+ends there and read back when a request's hit starts there. A copy-on-write hit
+(`copy_blocks`) copies the head of a block in every attention layer. The recurrent layer is a diagonal selective state-space scan
 (Mamba's recurrence without its convolution): h = exp(-dt * A) * h + dt * u * B,
 y = h . C + D * u, gated by silu(z).
 
@@ -175,6 +176,8 @@ class HybridModel:
         self._lm_head_t = weights.lm_head.t().contiguous()
         self.storage: list[torch.Tensor] = []
         self.num_blocks = self.block_size = 0
+        #: TOKENS per entry of a mamba table (the cache's `state_tokens`; set by the engine).
+        self.state_tokens = 0
         self._running: dict[Hashable, list[torch.Tensor]] = {}
         #: Tests: keep each request's running states when it leaves, in `final_states`.
         self.keep_final_states = False
@@ -191,10 +194,18 @@ class HybridModel:
             for kind in self.kinds
         ]
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.state_tokens = self.state_tokens or block_size
 
     def copy_blocks(self, copies: Sequence[tuple[int, int, int]]) -> None:
-        if copies:
-            raise ValueError("the hybrid model takes no copy-on-write hits (partial_hits)")
+        """Copy-on-write hits (`Admission.copies`): for each (src, dst, n), the K/V of
+        the first n slots of block src into block dst, in every attention layer (a
+        block id belongs to one group at a time, so the others' copy is never read)."""
+        for src, dst, n in copies:
+            if not (0 <= src < self.num_blocks and 0 <= dst < self.num_blocks and 0 < n <= self.block_size):
+                raise ValueError(f"copy {(src, dst, n)}: blocks in [0, {self.num_blocks}), 1 <= n <= {self.block_size}")
+            for kind, kv in zip(self.kinds, self.storage):
+                if kind != MAMBA:
+                    kv[dst, :, :, :n] = kv[src, :, :, :n]
 
     def forget(self, request_id: Hashable) -> None:
         """The request left (finished, preempted, aborted): drop its running state."""
@@ -242,7 +253,7 @@ class HybridModel:
         admission, the cached state its hit ends on (zeros at position 0)."""
         if not ch.fresh and ch.request_id in self._running:
             return self._running[ch.request_id]  # copied by the caller
-        c, bs = self.config, self.block_size
+        c, step = self.config, self.state_tokens
         states = []
         for layer, kind in enumerate(self.kinds):
             if kind != MAMBA:
@@ -251,23 +262,23 @@ class HybridModel:
                 states.append(torch.zeros((c.hidden_size, c.state_dim)))
                 continue
             table = self._table(tables, layer)
-            i = ch.start // bs - 1
-            if ch.start % bs or i >= len(table) or table[i] == NULL_BLOCK:
+            i = ch.start // step - 1
+            if ch.start % step or i >= len(table) or table[i] == NULL_BLOCK:
                 raise ValueError(f"request {ch.request_id!r}: no cached state at position {ch.start} to resume from")
             states.append(self.storage[layer][table[i]].clone())
         return states
 
     def _save(self, end: int, tables: Sequence[Sequence[int]], state: list[torch.Tensor]) -> None:
-        """A chunk that ends on a block boundary leaves each state in its block."""
-        bs = self.block_size
-        if end % bs:
+        """A chunk that ends on a state boundary leaves each state in its block."""
+        step = self.state_tokens
+        if end % step:
             return
         m = 0
         for layer, kind in enumerate(self.kinds):
             if kind != MAMBA:
                 continue
             table = self._table(tables, layer)
-            i = end // bs - 1
+            i = end // step - 1
             if i < len(table) and table[i] != NULL_BLOCK:
                 self.storage[layer][table[i]].copy_(state[m])
             m += 1
@@ -291,37 +302,17 @@ class HybridModel:
         return _linear(last, self._lm_head_t)[0]
 
     def _attend(self, h, p, start: int, kind: str, table: Sequence[int], kv: torch.Tensor) -> torch.Tensor:
-        c, bs = self.config, self.block_size
-        n = h.shape[0]
-        end = start + n
-        if len(table) * bs < end or NULL_BLOCK in table[start // bs : -(-end // bs)]:
-            raise ValueError(f"a {kind} table {list(table)} has no block for positions {start}..{end - 1}")
+        c, n = self.config, h.shape[0]
+        check_table(table, start, n, self.block_size, f"a {kind} table")
         cos, sin = self.cos_table[start : start + n], self.sin_table[start : start + n]
         q = _rope(_linear(h, p["q"]).view(n, c.num_heads, c.head_dim), cos, sin).contiguous()
         k = _rope(_linear(h, p["k"]).view(n, c.num_kv_heads, c.head_dim), cos, sin)
         v = _linear(h, p["v"]).view(n, c.num_kv_heads, c.head_dim)
-        for j in range(n):
-            pos = start + j
-            block = table[pos // bs]
-            kv[block, 0, :, pos % bs] = k[j]
-            kv[block, 1, :, pos % bs] = v[j]
-        o = self._plan(start, n, table, kind).run(q, kv, impl=self.attention_impl)
+        write_kv(kv, table, start, k, v)
+        plan = chunk_plan(start, n, table, kv, window_left=c.window - 1 if kind == SLIDING_WINDOW else -1,
+                          chunk_size=c.chunk if kind == CHUNKED_LOCAL_ATTENTION else 0)  # fmt: skip
+        o = plan.run(q, kv, impl=self.attention_impl)
         return _linear(o.view(n, c.num_heads * c.head_dim), p["o"])
-
-    def _plan(self, start: int, n: int, table: Sequence[int], kind: str) -> PagedAttentionPlan:
-        """The chunk's queries over the request's blocks, built directly: the indices
-        are the cache's own table, and the kernel checks every one it reads again."""
-        c, bs = self.config, self.block_size
-        end = start + n
-        used = -(-end // bs)
-        ints = [torch.tensor(v, dtype=torch.int32) for v in ([0, n], [0, used], list(table[:used]), [end])]
-        return PagedAttentionPlan(
-            batch_size=1, total_q=n, num_blocks=self.num_blocks, block_size=bs, max_q_len=n, max_kv_len=end,
-            device=self.device, q_indptr=ints[0], kv_indptr=ints[1], kv_indices=ints[2], kv_lens=ints[3],
-            host_q_indptr=ints[0], host_kv_indptr=ints[1], host_kv_indices=ints[2], host_kv_lens=ints[3],
-            window_left=c.window - 1 if kind == SLIDING_WINDOW else -1,
-            chunk_size=c.chunk if kind == CHUNKED_LOCAL_ATTENTION else 0,
-        )  # fmt: skip
 
     def _scan(self, h, p, t, state: torch.Tensor) -> torch.Tensor:
         u = _linear(h, t["in_proj"])  # [n, inner]
@@ -343,6 +334,43 @@ def _linear(x: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
     it, as one GEMM's may, so a token computes the same numbers in a long prefill chunk
     and in a chunk of one."""
     return torch.bmm(x[:, None, :], wt.expand(x.shape[0], *wt.shape))[:, 0]
+
+
+
+def check_table(table: Sequence[int], start: int, n: int, block_size: int, what: str) -> None:
+    """ValueError unless `table` holds a block for every position start..start+n-1
+    (TOKENS): the chunk's own KV is written there."""
+    end = start + n
+    if len(table) * block_size < end or NULL_BLOCK in table[start // block_size : -(-end // block_size)]:
+        raise ValueError(f"{what} {list(table)} has no block for positions {start}..{end - 1}")
+
+
+def write_kv(kv: torch.Tensor, table: Sequence[int], start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    """A chunk's keys and values (``[n, kv_heads, head_dim]``, positions from `start`)
+    into their slots of `kv` (``[num_blocks, 2, kv_heads, block_size, head_dim]``)."""
+    bs = kv.shape[3]
+    pos = torch.arange(start, start + k.shape[0])
+    blocks = torch.tensor(table[start // bs : -(-(start + k.shape[0]) // bs)], dtype=torch.int64)[pos // bs - start // bs]
+    slots = pos % bs
+    kv[blocks, 0, :, slots] = k.to(kv.dtype)  # advanced indices apart: [n, kv_heads, head_dim], as k
+    kv[blocks, 1, :, slots] = v.to(kv.dtype)
+
+
+def chunk_plan(start: int, n: int, table: Sequence[int], kv: torch.Tensor, *, window_left: int = -1,
+               chunk_size: int = 0) -> PagedAttentionPlan:
+    """One chunk's n queries from position `start` over its request's blocks, built
+    directly: the indices are the cache's own table (NULL_BLOCK before a window or a
+    chunk), and the kernel checks every one it reads again."""
+    num_blocks, bs = kv.shape[0], kv.shape[3]
+    end = start + n
+    used = -(-end // bs)
+    ints = [torch.tensor(v, dtype=torch.int32) for v in ([0, n], [0, used], list(table[:used]), [end])]
+    return PagedAttentionPlan(
+        batch_size=1, total_q=n, num_blocks=num_blocks, block_size=bs, max_q_len=n, max_kv_len=end,
+        device=kv.device, q_indptr=ints[0], kv_indptr=ints[1], kv_indices=ints[2], kv_lens=ints[3],
+        host_q_indptr=ints[0], host_kv_indptr=ints[1], host_kv_indices=ints[2], host_kv_lens=ints[3],
+        window_left=window_left, chunk_size=chunk_size,
+    )  # fmt: skip
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

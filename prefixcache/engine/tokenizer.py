@@ -1,7 +1,11 @@
 """Tokenizers: byte-level BPE built from a GGUF file's metadata, and a byte tokenizer for
 the tiny test model; both render chat messages with a Jinja chat template.
 
-Owns text <-> token ids and chat templating. `GGUFTokenizer` builds a Hugging Face
+Owns text <-> token ids and chat templating. `SPMTokenizer` is llama.cpp's SentencePiece
+tokenizer of a GGUF whose `tokenizer.ggml.model` is "llama" (Gemma's): spaces as U+2581,
+the adjacent pair whose merge is a vocabulary piece with the highest score merged first
+(leftmost on a tie), bytes with no piece as `<0xXX>` tokens; control and user-defined
+tokens matched whole. `GGUFTokenizer` builds a Hugging Face
 `tokenizers` byte-level BPE from `tokenizer.ggml.tokens` / `merges`, with llama.cpp's
 pre-tokenizer for the file's `tokenizer.ggml.pre` ("smollm": every digit on its own,
 then GPT-2's split, as SmolLM2's tokenizer.json does); control tokens (`token_type` 3,
@@ -29,7 +33,7 @@ from typing import Any
 
 from prefixcache.engine.chat_template import DEFAULT_MAX_CHARS, DEFAULT_TIMEOUT_S, render_chat
 
-__all__ = ["Tokenizer", "GGUFTokenizer", "ByteTokenizer", "SMOLLM2_CHAT_TEMPLATE", "render_chat"]
+__all__ = ["Tokenizer", "GGUFTokenizer", "SPMTokenizer", "ByteTokenizer", "SMOLLM2_CHAT_TEMPLATE", "render_chat"]
 
 SMOLLM2_CHAT_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -46,10 +50,12 @@ Message = Mapping[str, str]
 
 
 class Tokenizer(ABC):
-    """Text <-> token ids. `eos_token_id` ends generation; `chat_template` renders chats;
+    """Text <-> token ids. `eos_token_id` ends generation, and so do `stop_token_ids`
+    (a chat's end-of-turn token where it is not the eos); `chat_template` renders chats;
     `max_chars_per_token`: the most characters of text one token stands for."""
 
     eos_token_id: int
+    stop_token_ids: tuple[int, ...] = ()
     chat_template: str
     vocab_size: int
     max_chars_per_token: int
@@ -144,6 +150,109 @@ class GGUFTokenizer(Tokenizer):
     def to_json(self) -> str:
         """The Hugging Face `tokenizer.json` of this tokenizer (`tokenizer_export`)."""
         return self._tok.to_str()
+
+
+class SPMTokenizer(Tokenizer):
+    """SentencePiece (llama.cpp's "llama" GGUF tokenizer) from `tokenizer.ggml.*` (module
+    docstring). Encoding is O(n log n) in the text's characters."""
+
+    def __init__(self, reader: Any, chat_template: str | None = None) -> None:
+        def field(key: str, default: Any = None) -> Any:
+            f = reader.fields.get(key)
+            return default if f is None else f.contents()
+
+        kind = field("tokenizer.ggml.model")
+        if kind != "llama":
+            raise ValueError(f"SPMTokenizer reads 'llama' GGUF tokenizers, got {kind!r}")
+        tokens: list[str] = field("tokenizer.ggml.tokens")
+        self._tokens = tokens
+        self._scores: list[float] = field("tokenizer.ggml.scores", [0.0] * len(tokens))
+        types = field("tokenizer.ggml.token_type", [1] * len(tokens))
+        self._ids = {t: i for i, t in enumerate(tokens)}
+        self._byte_ids = {int(t[3:5], 16): i for i, t in enumerate(tokens) if types[i] == 6 and len(t) == 6}
+        special = sorted((t for t, ty in zip(tokens, types) if ty in (3, 4) and t), key=len, reverse=True)
+        self._split = re.compile("(" + "|".join(re.escape(t) for t in special) + ")") if special else None
+        self._bytes = [self._piece_bytes(t, ty) for t, ty in zip(tokens, types)]
+        self.vocab_size = len(tokens)
+        self.max_chars_per_token = max(len(t) for t in tokens)
+        self.eos_token_id = int(field("tokenizer.ggml.eos_token_id", 1))
+        eot = field("tokenizer.ggml.eot_token_id", self._ids.get("<end_of_turn>"))  # llama.cpp's end of turn
+        self.stop_token_ids = () if eot is None or int(eot) == self.eos_token_id else (int(eot),)
+        self.bos_token_id = field("tokenizer.ggml.bos_token_id")
+        self.add_bos = bool(field("tokenizer.ggml.add_bos_token", True))
+        self.add_space_prefix = bool(field("tokenizer.ggml.add_space_prefix", False))
+        self.chat_template = chat_template or field("tokenizer.chat_template") or SMOLLM2_CHAT_TEMPLATE
+
+    @staticmethod
+    def _piece_bytes(piece: str, kind: int) -> bytes:
+        if kind == 6 and len(piece) == 6 and piece.startswith("<0x"):
+            return bytes([int(piece[3:5], 16)])
+        if kind == 3:  # control tokens print nothing
+            return b""
+        return piece.replace("\u2581", " ").encode("utf-8")
+
+    def encode(self, text: str) -> list[int]:
+        out: list[int] = []
+        if self.add_bos and self.bos_token_id is not None:
+            out.append(int(self.bos_token_id))
+        parts = self._split.split(text) if self._split else [text]
+        for i, part in enumerate(parts):
+            if i % 2:
+                out.append(self._ids[part])
+            elif part:
+                prefix = " " if self.add_space_prefix and i == 0 else ""
+                out += self._encode_piece((prefix + part).replace(" ", "\u2581"))
+        return out
+
+    def _encode_piece(self, text: str) -> list[int]:
+        """llama.cpp's `llm_tokenizer_spm`: merge the best-scoring adjacent pair until none
+        merges into a piece; then each symbol is its piece, else its bytes."""
+        import heapq
+
+        syms = list(text)
+        nxt = list(range(1, len(syms) + 1))
+        prv = list(range(-1, len(syms) - 1))
+        heap: list[tuple[float, int, int, str]] = []
+
+        def push(left: int) -> None:
+            right = nxt[left]
+            if right >= len(syms):
+                return
+            merged = syms[left] + syms[right]
+            i = self._ids.get(merged)
+            if i is not None:
+                heapq.heappush(heap, (-self._scores[i], left, right, merged))
+
+        for j in range(len(syms) - 1):
+            push(j)
+        while heap:
+            _, left, right, merged = heapq.heappop(heap)
+            if not syms[left] or not syms[right] or nxt[left] != right or syms[left] + syms[right] != merged:
+                continue  # stale: one side merged since
+            syms[left], syms[right] = merged, ""
+            nxt[left] = nxt[right]
+            if nxt[right] < len(syms):
+                prv[nxt[right]] = left
+            if prv[left] >= 0:
+                push(prv[left])
+            push(left)
+        out: list[int] = []
+        j = 0
+        while j < len(syms):
+            piece = syms[j]
+            i = self._ids.get(piece)
+            if i is not None:
+                out.append(i)
+            else:
+                out += [self._byte_ids[b] for b in piece.encode("utf-8") if b in self._byte_ids]
+            j = nxt[j]
+        return out
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in ids).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._bytes[token_id]
 
 
 def _byte_level_alphabet() -> dict[str, int]:

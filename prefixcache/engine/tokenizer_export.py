@@ -68,7 +68,7 @@ def tokenizer_json(tokenizer: Tokenizer) -> str:
         return tokenizer.to_json()
     if isinstance(tokenizer, ByteTokenizer):
         return _byte_tokenizer_json(tokenizer)
-    raise TypeError(f"no Hugging Face form for {type(tokenizer).__name__}")
+    raise ValueError(f"no tokenizer.json export for a {type(tokenizer).__name__} (byte-level BPE GGUF files and the tiny models have one)")
 
 
 def tokenizer_config(tokenizer: Tokenizer, hf: Any, model_max_length: int) -> dict[str, Any]:

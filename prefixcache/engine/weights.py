@@ -192,7 +192,7 @@ def read_gguf_config(reader: Any) -> LlamaConfig:
     that is missing or wrong."""
     arch = _field(reader, "general.architecture")
     if arch != "llama":
-        raise ValueError(f"only the 'llama' architecture is supported, this GGUF file is {str(arch)[:40]!r}")
+        raise ValueError(f"only the 'llama' and 'gemma3' architectures are supported, this GGUF file is {str(arch)[:40]!r}")
     hidden = _number(reader, "llama.embedding_length", int)
     num_heads = _number(reader, "llama.attention.head_count", int)
     if num_heads < 1:
