@@ -233,7 +233,7 @@ def _drive(cache: PrefixCache, layout, rng: random.Random, steps: int, bs: int) 
         shadow.committed(before, namespace, tokens, start, stop)
         after = tables(rid)
         shadow.repointed(after, before, namespace, tokens, stop, f"commit of {rid} ({stop} tokens)")
-        shadow.allocated(after, before, first=stop // bs)
+        shadow.allocated(after, before, hit=stop)
 
     for _ in range(steps):
         op = rng.random()

@@ -101,11 +101,14 @@ def test_nvrtc_compiles_every_kernel_to_ptx():
     opts = [b"--gpu-architecture=compute_80", b"--std=c++17"]
     (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
     _, log_size = nvrtc.nvrtcGetProgramLogSize(prog)
-    log = b" " * log_size
+    # NVRTC writes into the buffer it is given: a bytearray, never `b" " * n`, which for
+    # n == 1 is CPython's shared one-byte object (an empty log would turn every b" " in
+    # the process into b"\x00").
+    log = bytearray(log_size)
     nvrtc.nvrtcGetProgramLog(prog, log)
     assert result == nvrtc.nvrtcResult.NVRTC_SUCCESS, log.decode(errors="replace")
     _, size = nvrtc.nvrtcGetPTXSize(prog)
-    ptx = b" " * size
+    ptx = bytearray(size)
     nvrtc.nvrtcGetPTX(prog, ptx)
     entries = set(re.findall(rb"\.entry (\w+)\(", ptx))
     assert {n.encode() for n in expected_kernels()} <= entries

@@ -103,7 +103,7 @@ def test_validate_lists_every_mistake_with_a_did_you_mean_for_names(tmp_path, ca
         f"error: {bad}: cache.block_size: must be an integer >= 1, got 0",
         f"error: {bad}: cache.backend: unknown backend 'radx'; known: hash, radix, or 'package.module:ClassName'; "
         "did you mean 'radix'?",
-        f"error: {bad}: cache.eviction: unknown eviction policy 'lfuu'; known: fifo, filo, gslru, lfu, lru, mru, "
+        f"error: {bad}: cache.eviction: unknown eviction policy 'lfuu'; known: chain, fifo, filo, gslru, lfu, lru, mru, "
         "priority, slru, tlru, or 'package.module:ClassName'; did you mean 'lfu'?",
     ]
     section = tmp_path / "section.yaml"

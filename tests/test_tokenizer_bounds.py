@@ -46,7 +46,7 @@ def test_the_shipped_template_renders_as_before():
 HOSTILE = {
     "nested loops with output": "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
     "nested loops, silent": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
-    "loops over a message list": "{% for a in range(100000) %}{% for m in messages %}{% endfor %}{% endfor %}",
+    "loops over a message list": "{% for a in range(10000000) %}{% for m in messages %}{% endfor %}{% endfor %}",
     "string times n": "{{ 'x' * 1000000000 }}",
     "a huge power": "{{ 2 ** 1000000000 }}",
     "the center filter": "{{ 'x'|center(1000000000) }}",
