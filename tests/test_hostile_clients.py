@@ -21,6 +21,7 @@ import resource
 import signal
 import socket
 import subprocess
+import statistics
 import sys
 import threading
 import time
@@ -39,7 +40,9 @@ from prefixcache.event_subscriber import EventSubscriber  # noqa: E402
 from serve_cases import DEADLINE_S, idle, in_engine, running, wait_until  # noqa: E402
 
 # The freezes these tests guard held /health for 18-20 s; an answering server takes
-# milliseconds, and up to a second or two on a 2-core machine under a load of 15.
+# milliseconds. The issue's bound (1 s) holds for the median probe; a single probe may take
+# a second or two on a 2-core machine under a load of 15, so the slowest gets 3 s.
+HEALTH_MEDIAN_WITHIN_S = 1.0
 HEALTH_WITHIN_S = 3.0
 POISON = 2  # a token id no other request of the suite holds
 
@@ -62,7 +65,8 @@ class _Others:
 def others_are_served(base_url: str, *, bystander: bool = True, fresh_connections: bool = False) -> Iterator[_Others]:
     """While the block runs: `/health` every 100 ms (a new connection each time with
     `fresh_connections`), and a bystander's streamed completion; after it, both must
-    have been served (each `/health` 200 within 1 s) and one more request is."""
+    have been served (every `/health` 200, the median within 1 s and the slowest within
+    3 s) and one more request is."""
     others, stop = _Others(), threading.Event()
 
     def poll_health() -> None:
@@ -103,6 +107,8 @@ def others_are_served(base_url: str, *, bystander: bool = True, fresh_connection
             t.join(DEADLINE_S)
     assert not others.health_failures, others.health_failures
     assert others.health_s and max(others.health_s) < HEALTH_WITHIN_S, f"/health took {max(others.health_s):.2f} s"
+    median = statistics.median(others.health_s)
+    assert median < HEALTH_MEDIAN_WITHIN_S, f"/health took {median:.2f} s (median of {len(others.health_s)})"
     if bystander:
         assert others.bystander == "ok", others.bystander
     after = httpx.post(base_url + "/v1/completions", json={"prompt": "after", "max_tokens": 2}, timeout=DEADLINE_S)
