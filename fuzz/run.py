@@ -1,6 +1,6 @@
 """Run every fuzz harness for a bounded time, or replay saved inputs.
 
-    python fuzz/run.py                        # each harness 30 s (CI: --seconds 10 --seed 1); --jobs N runs N at once
+    python fuzz/run.py                        # each harness 30 s (CI: --seconds 6 --seed 1); --jobs N runs N at once
     python fuzz/run.py --seconds 3600         # the long run: an hour each
     python fuzz/run.py --only fuzz_backends --seconds 600
     python fuzz/run.py --replay fuzz/artifacts/crash-...   # without atheris, with a traceback
