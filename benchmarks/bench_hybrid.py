@@ -1,11 +1,11 @@
-"""Hybrid layouts in the `hash` strategy: bookkeeping cost, the sliding-window miss, and the options.
+"""Hybrid layouts: bookkeeping cost (both strategies), and in `hash` the sliding-window miss and the options.
 
 Five measurements, each side by side in one run (record `cat /proc/loadavg` with them):
 
 1. Cost: per-request bookkeeping (hashing + admit + the prompt's commits + release, µs,
    p50 over the requests, best of `--repeat` replays), and `admit` alone, of a
-   full-attention-only cache (the plain `HashCache`) and of hybrid layouts on the same
-   workload, and the ratios.
+   full-attention-only cache (the plain `HashCache`, or `RadixCache` for `radix`) and of
+   hybrid layouts on the same workload, and the ratios to the same strategy's plain cache.
 2. A sliding-window miss: block look-ups a miss costs on a long prompt, ours against the
    right-to-left scan vLLM 0.33 makes (one probe per block): O(blocks / window + window)
    against O(blocks).
@@ -39,20 +39,20 @@ from machine import cpu_model  # noqa: E402
 
 FULL = [("full_attention", None, None)]
 LAYOUTS = {
-    "full (HashCache)": FULL,
+    "full": FULL,
     "full+swa": FULL + [("sliding_window", 1024, None)],
     "full+mamba": FULL + [("mamba", None, None)],
     "full+swa+mamba": FULL + [("sliding_window", 1024, None), ("mamba", None, None)],
 }
 
 
-def build(groups, block_size: int, num_blocks: int, **options):
+def build(groups, block_size: int, num_blocks: int, backend: str = "hash", **options):
     import prefixcache
     from prefixcache.config import CacheConfig
 
     layout = our_layout(groups) if len(groups) > 1 else ()
-    return prefixcache.build_cache(CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_events=False,
-                                               layout=layout, options=options))  # fmt: skip
+    return prefixcache.build_cache(CacheConfig(backend=backend, block_size=block_size, num_blocks=num_blocks,
+                                               enable_events=False, layout=layout, options=options))  # fmt: skip
 
 
 def replay(cache, reqs, admit_seconds: list[float] | None = None) -> tuple[list[float], list[int]]:
@@ -78,20 +78,23 @@ def replay(cache, reqs, admit_seconds: list[float] | None = None) -> tuple[list[
 def cost(args) -> None:
     reqs = WORKLOADS["shared-system-prompt"](random.Random(args.seed))
     print("\n## 1. Bookkeeping per request (shared system prompt, 64 requests, block 16, ample pool)\n")
-    print("| layout | p50 µs/request | ratio to full attention | admit alone: p50 µs | ratio | hit tokens |")
-    print("|---|---|---|---|---|---|")
-    base = admit_base = None
-    runs = {name: [] for name in LAYOUTS}
-    admits: dict[str, list[list[float]]] = {name: [] for name in LAYOUTS}
+    print("| strategy | layout | p50 µs/request | ratio to its full attention | admit alone: p50 µs | ratio | hit tokens |")
+    print("|---|---|---|---|---|---|---|")
+    arms = [(backend, name) for backend in args.backends for name in LAYOUTS]
+    runs: dict[tuple[str, str], list] = {arm: [] for arm in arms}
+    admits: dict[tuple[str, str], list[list[float]]] = {arm: [] for arm in arms}
     for _ in range(args.repeat):  # sides alternate, each request keeps its best
-        for name, groups in LAYOUTS.items():
-            admits[name].append([])
-            runs[name].append(replay(build(groups, 16, 20_000), reqs, admits[name][-1]))
-    for name in LAYOUTS:
-        p50 = statistics.median(min(t) for t in zip(*(r[0] for r in runs[name]))) * 1e6
-        admit = statistics.median(min(t) for t in zip(*admits[name])) * 1e6
-        base, admit_base = base or p50, admit_base or admit
-        print(f"| {name} | {p50:.1f} | {p50 / base:.2f}x | {admit:.1f} | {admit / admit_base:.2f}x | {sum(runs[name][0][1]):,} |")
+        for backend, name in arms:
+            admits[backend, name].append([])
+            cache = build(LAYOUTS[name], 16, 20_000, backend)
+            runs[backend, name].append(replay(cache, reqs, admits[backend, name][-1]))
+    base: dict[str, tuple[float, float]] = {}
+    for backend, name in arms:
+        p50 = statistics.median(min(t) for t in zip(*(r[0] for r in runs[backend, name]))) * 1e6
+        admit = statistics.median(min(t) for t in zip(*admits[backend, name])) * 1e6
+        b, a = base.setdefault(backend, (p50, admit))
+        hits = sum(runs[backend, name][0][1])
+        print(f"| {backend} | {name} | {p50:.1f} | {p50 / b:.2f}x | {admit:.1f} | {admit / a:.2f}x | {hits:,} |")
 
 
 def window_miss(args) -> None:
@@ -261,6 +264,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--granule", type=int, default=16, help="state_granule of section 4 (TOKENS)")
     parser.add_argument("--only", choices=("cost", "window", "options", "finer", "cap"), help="one section only")
+    parser.add_argument("--backends", nargs="+", choices=("hash", "radix"), default=["hash", "radix"],
+                        help="the strategies section 1 measures (each against its own full-attention cache)")
     parser.add_argument("--pools", type=int, nargs="+", default=[64, 96, 128, 160, 192, 256, 384],
                         help="section 5's pool sizes (BLOCKS of 528)")
     args = parser.parse_args()
