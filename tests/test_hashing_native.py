@@ -140,3 +140,20 @@ def test_packed_chain_is_the_list_joined():
 
 def test_a_block_size_beyond_the_tokens_hashes_nothing():
     assert native(list(range(10)), 2**62) == [] == native([], 2**40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data(), st.sampled_from(["b", "h", "i", "l", "q"]))
+def test_a_buffer_of_any_signed_width_hashes_as_its_list(data, code):
+    """Narrow buffers (radix's array('i') among them) are widened in one typed loop, not
+    item by item: the ids read must be the list's, negative ones included, strided too."""
+    import array
+
+    bits = array.array(code).itemsize * 8
+    ids = data.draw(st.lists(st.integers(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1), max_size=80))
+    buf = array.array(code, ids)
+    want = chain_digests(ids, 4, "sha256_cbor", ROOT)
+    assert chain_digests(buf, 4, "sha256_cbor", ROOT) == want
+    assert chain_digests(memoryview(buf), 4, "sha256_cbor", ROOT) == want
+    doubled = array.array(code, [x for i in ids for x in (i, 0)])
+    assert chain_digests(memoryview(doubled)[::2], 4, "sha256_cbor", ROOT) == want  # strided: the item loop
