@@ -297,3 +297,20 @@ def test_without_a_capacity_a_replica_holds_what_its_device_leaves_for_kv():
     assert cfg.capacity_tokens == tokens and cfg.cache.num_blocks == tokens // 512
     h200 = config(capacity_tokens=None, service={"device": "h200"})
     assert h200.capacity_tokens == ServiceModel(device="h200").capacity_tokens() > 2 * tokens - 10_000
+
+
+@pytest.mark.parametrize("backend", ["hash", "radix"])
+def test_replicas_with_a_host_tier_route_on_per_tier_residency(backend):
+    """Each replica's cache keeps a CPU tier below a device too small for the groups: the
+    index the event-fed routers read holds per-tier residency, every request runs, and the
+    host tier serves hits the device alone would have lost."""
+    tiers = [{"medium": "CPU", "num_blocks": 512}]
+    cache = {"backend": backend, "block_size": 16, "tiers": tiers}
+    routers = {"kv_events": {}, "estimated_ttft": {}, "round_robin": {}}
+    flat = run_cluster(config(cache={"backend": backend, "block_size": 16}, routers=routers, capacity_tokens=1024))
+    tiered = run_cluster(config(cache=cache, routers=routers, capacity_tokens=1024))
+    n = len(config().workload.build())
+    for label in routers:
+        run = tiered.run(label, 3)
+        assert len(run.hits) == n and not run.rejected and sum(run.requests_per_replica) == n, label
+    assert sum(tiered.run(r, 3).hit_ratio for r in routers) > sum(flat.run(r, 3).hit_ratio for r in routers)
