@@ -740,7 +740,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tok = command("tokenizer", "write an engine model's tokenizer as Hugging Face files (tokenizer.json, "
                   "tokenizer_config.json) for benchmark clients")
-    tok.add_argument("model", help="tiny | smollm2 | path/to/model.gguf (engine.model)")
+    tok.add_argument("model", help="tiny | smollm2 | gemma3 | path/to/model.gguf (engine.model)")
     tok.add_argument("--out", help="folder to write (default: out/tokenizer/MODEL)")
     tok.set_defaults(func=cmd_tokenizer)
 

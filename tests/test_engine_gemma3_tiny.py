@@ -10,6 +10,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 import torch.nn.functional as F
 
@@ -186,7 +188,7 @@ def test_cached_runs_equal_uncached_past_the_window_while_the_pool_evicts(loaded
     assert hits > 0 and evictions > 0
 
 
-def test_the_cli_sizes_it_and_names_what_it_cannot_export(gguf_file, tmp_path, capsys):
+def test_the_cli_sizes_it_and_exports_its_tokenizer(gguf_file, tmp_path, capsys):
     from prefixcache.cli import main
 
     path = str(gguf_file[0])
@@ -195,8 +197,34 @@ def test_the_cli_sizes_it_and_names_what_it_cannot_export(gguf_file, tmp_path, c
     (tmp_path / "small.yaml").write_text(f"cache: {{block_size: 16, num_blocks: 64}}\nengine: {{model: {path}, max_memory_bytes: 4096}}\n")
     assert main(["validate", str(tmp_path / "small.yaml")]) == 2  # sized from the file's gemma3 geometry
     assert "6 layers" in capsys.readouterr().err
-    assert main(["tokenizer", path, "--out", str(tmp_path / "tok")]) == 2
-    assert "no tokenizer.json export for a SPMTokenizer" in capsys.readouterr().err
+    assert main(["tokenizer", path, "--out", str(tmp_path / "tok")]) == 0
+    assert (tmp_path / "tok" / "tokenizer.json").is_file() and (tmp_path / "tok" / "tokenizer_config.json").is_file()
+
+
+# Pieces, characters with no piece (byte fallback), spaces and control tokens, mixed.
+TEXT = st.lists(st.sampled_from([*"abcdefghthe  \n", "é", "€", "<start_of_turn>", "<end_of_turn>", "the", " the", "ab"]),
+                max_size=30).map("".join)
+
+
+@pytest.fixture(scope="module")
+def exported(gguf_file, tmp_path_factory):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from prefixcache.engine.tokenizer_export import export_tokenizer
+
+    written = export_tokenizer(str(gguf_file[0]), tmp_path_factory.mktemp("tok"))
+    return HFTokenizer.from_file(str(written[0]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=TEXT)
+def test_the_exported_tokenizer_encodes_and_decodes_as_the_engine(loaded, exported, text):
+    """The SentencePiece export (a BPE whose merges rank by the merged piece's score) makes
+    the engine's ids for any text, and a client decoding with skip_special_tokens gets the
+    engine's text."""
+    ids = loaded.tokenizer.encode(text)
+    assert exported.encode(text).ids == ids
+    assert exported.decode(ids, skip_special_tokens=True) == loaded.tokenizer.decode(ids)
 
 
 def test_it_serves_chats_over_http_with_its_layout_and_template(gguf_file, loaded):

@@ -168,6 +168,7 @@ class SPMTokenizer(Tokenizer):
         self._tokens = tokens
         self._scores: list[float] = field("tokenizer.ggml.scores", [0.0] * len(tokens))
         types = field("tokenizer.ggml.token_type", [1] * len(tokens))
+        self._types: list[int] = [int(t) for t in types]  # llama.cpp's: 1 normal, 3 control, 4 user-defined, 6 byte
         self._ids = {t: i for i, t in enumerate(tokens)}
         self._byte_ids = {int(t[3:5], 16): i for i, t in enumerate(tokens) if types[i] == 6 and len(t) == 6}
         special = sorted((t for t, ty in zip(tokens, types) if ty in (3, 4) and t), key=len, reverse=True)

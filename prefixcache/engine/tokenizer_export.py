@@ -8,6 +8,13 @@ tokens exactly as the engine does: `prefixcache tokenizer MODEL --out DIR`.
 
 - A GGUF model's tokenizer is already a `tokenizers` byte-level BPE
   (`GGUFTokenizer.to_json`): written as it is.
+- A SentencePiece GGUF (llama.cpp's "llama" tokenizer: Gemma) becomes what transformers'
+  own conversion makes of a SentencePiece BPE model: a BPE over the same pieces whose merges
+  are every split of a piece into two pieces, ranked by the merged piece's score (the
+  highest-scoring merge first, as `SPMTokenizer` merges), `<0xXX>` byte fallback, spaces
+  as "▁" (and one prepended where the file says `add_space_prefix`), control and
+  user-defined tokens matched whole. Control tokens print nothing in the engine's
+  decode: a client decodes with `skip_special_tokens=True` for the same text.
 - The tiny model's `ByteTokenizer` (UTF-8 bytes as ids 0..255, then ChatML's three
   special tokens) is written as a byte-level BPE with no merges: each byte its own
   token through GPT-2's byte-to-character table, the special tokens matched whole. Its
@@ -27,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from prefixcache.engine.loader import load_model_config, load_tokenizer
-from prefixcache.engine.tokenizer import ByteTokenizer, GGUFTokenizer, Tokenizer
+from prefixcache.engine.tokenizer import ByteTokenizer, GGUFTokenizer, SPMTokenizer, Tokenizer
 
 __all__ = ["export_tokenizer", "tokenizer_json", "tokenizer_config", "FILES"]
 
@@ -46,6 +53,37 @@ def _byte_tokenizer_json(tokenizer: ByteTokenizer) -> str:
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     hf.decoder = decoders.ByteLevel()
     hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ByteTokenizer.SPECIAL])
+    return hf.to_str()
+
+
+def _spm_tokenizer_json(tokenizer: SPMTokenizer) -> str:
+    from tokenizers import AddedToken, decoders, models, normalizers, processors
+    from tokenizers import Tokenizer as HFTokenizer
+
+    pieces, scores, types = tokenizer._tokens, tokenizer._scores, tokenizer._types
+    vocab = {p: i for i, p in enumerate(pieces)}
+    mergeable = {i for i, t in enumerate(types) if t == 1}  # normal pieces; control, user and byte tokens never merge
+    merges = []
+    for i in mergeable:
+        piece = pieces[i]
+        for cut in range(1, len(piece)):
+            left, right = vocab.get(piece[:cut]), vocab.get(piece[cut:])
+            if left in mergeable and right in mergeable:
+                merges.append((-scores[i], i, left, right))
+    merges.sort()
+    hf = HFTokenizer(models.BPE(vocab=vocab, merges=[(pieces[a], pieces[b]) for _, _, a, b in merges],
+                                byte_fallback=True, fuse_unk=False))  # fmt: skip
+    steps = [normalizers.Replace(" ", "\u2581")]
+    if tokenizer.add_space_prefix:
+        steps.insert(0, normalizers.Prepend(" "))
+    hf.normalizer = normalizers.Sequence(steps)
+    hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    hf.add_special_tokens([AddedToken(p, special=True, normalized=False) for p, t in zip(pieces, types) if t == 3 and p])
+    hf.add_tokens([AddedToken(p, special=False, normalized=False) for p, t in zip(pieces, types) if t == 4 and p])
+    if tokenizer.add_bos and tokenizer.bos_token_id is not None:
+        bos = pieces[int(tokenizer.bos_token_id)]
+        hf.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                                          special_tokens=[(bos, int(tokenizer.bos_token_id))])  # fmt: skip
     return hf.to_str()
 
 
@@ -68,7 +106,9 @@ def tokenizer_json(tokenizer: Tokenizer) -> str:
         return tokenizer.to_json()
     if isinstance(tokenizer, ByteTokenizer):
         return _byte_tokenizer_json(tokenizer)
-    raise ValueError(f"no tokenizer.json export for a {type(tokenizer).__name__} (byte-level BPE GGUF files and the tiny models have one)")
+    if isinstance(tokenizer, SPMTokenizer):
+        return _spm_tokenizer_json(tokenizer)
+    raise ValueError(f"no tokenizer.json export for a {type(tokenizer).__name__} (GGUF files and the tiny models have one)")
 
 
 def tokenizer_config(tokenizer: Tokenizer, hf: Any, model_max_length: int) -> dict[str, Any]:
