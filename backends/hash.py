@@ -102,7 +102,7 @@ from prefixcache.config import CacheConfig
 from prefixcache.errors import ConfigError
 from prefixcache.events import BlockRemoved, BlockStored, event_log
 from prefixcache.evictors import FreeQueueEvictor, block_evictor
-from prefixcache.hashing import CRYPTOGRAPHIC, chain_digests, namespace_extra_keys, native_chain, none_hash
+from prefixcache.hashing import CRYPTOGRAPHIC, native_chain, none_hash
 from prefixcache.isolation import exact_bytes
 from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded
 from prefixcache.registry import register_backend, resolve_eviction_policy
@@ -593,17 +593,6 @@ class HashCache(BlockwiseAppend, HashCacheBase):
         self._evictor.free(blocks, request.num_cached_blocks * self.block_size)
 
     # -- internals --------------------------------------------------------------------
-    def _prompt_digests(self, tokens: list[int], namespace: Namespace) -> bytes:
-        """Packed hashes of the full blocks of `tokens`, the first salted with the namespace."""
-        return chain_digests(
-            tokens,
-            self.block_size,
-            self._algorithm,
-            self._none_hash,
-            namespace_extra_keys(namespace),
-            namespace_extra_keys(namespace, first_block=False),
-        )
-
     def _digest(self, request: HashRequest, i: int) -> bytes:
         """The hash of the request's block i."""
         return bytes(request.digests[i * self._digest_size : (i + 1) * self._digest_size])
@@ -643,21 +632,10 @@ class HashCache(BlockwiseAppend, HashCacheBase):
                                        bytes(request.digests[start * ds : num_full_blocks * ds]))  # fmt: skip
                 return
         num_hashed = len(request.digests) // ds
-        keys = None
-        if num_hashed < num_full_blocks:  # blocks completed by append
-            later = namespace_extra_keys(request.namespace, first_block=False)
-            new = chain_digests(
-                request.tokens[num_hashed * bs : num_full_blocks * bs],
-                bs,
-                self._algorithm,
-                bytes(request.digests[-ds:]) if num_hashed else self._none_hash,
-                later if num_hashed else namespace_extra_keys(request.namespace),
-                later,
-            )
-            request.digests += new
-            if num_hashed == start:  # a decode step's commit: the new hashes are the keys
-                keys = new
-        if keys is None:
+        new = self._extend_chain(request.digests, request.tokens, num_full_blocks, request.namespace)
+        if new and num_hashed == start:  # a decode step's commit: the new hashes are the keys
+            keys = new
+        else:
             keys = bytes(request.digests[start * ds : num_full_blocks * ds])
         blocks = request.block_table[start:num_full_blocks]
         # Recorded first: it validates the tokens (all or nothing), and blocks without a

@@ -10,8 +10,8 @@ the ones a group keeps) and `removed_events` (a `BlockRemoved` per dropped key, 
 group its key names).
 
 A subclass sets, in its `__init__`: `_evictor`, `_stats` (`StatsCounter`), `_events`
-(`event_log(...)`), `_evicted_at_reset` (`pool.num_evicted` then) and `_digest_size` (bytes per
-block hash); and `tiers` when it keeps lower tiers (`prefixcache.tiers.Tiers`): what `evict`
+(`event_log(...)`), `_evicted_at_reset` (`pool.num_evicted` then), `_digest_size` (bytes per
+block hash), `_algorithm` and `_none_hash` (the chain's algorithm and root); and `tiers` when it keeps lower tiers (`prefixcache.tiers.Tiers`): what `evict`
 drops then goes down, `reset` clears them and `stats` counts them.
 
 Must never: decide hits, allocate, or know a request's lifecycle (the subclasses do).
@@ -30,7 +30,7 @@ from prefixcache.events import (
     event_extra_keys,
     event_lora,
 )
-from prefixcache.hashing import namespace_extra_keys
+from prefixcache.hashing import chain_digests, namespace_extra_keys
 from prefixcache.protocol import Namespace, PrefixCache, guarded
 from prefixcache.requests import check_count
 from prefixcache.stats import CacheStats
@@ -91,6 +91,37 @@ class HashCacheBase(PrefixCache):
     docstring); the request lifecycle is the subclass's."""
 
     tiers: Tiers | None = None
+
+    def _prompt_digests(self, tokens: Sequence[int], namespace: Namespace) -> bytes:
+        """Packed hashes of the full blocks of `tokens`, the first salted with the namespace."""
+        return chain_digests(
+            tokens,
+            self.block_size,
+            self._algorithm,
+            self._none_hash,
+            namespace_extra_keys(namespace),
+            namespace_extra_keys(namespace, first_block=False),
+        )
+
+    def _extend_chain(self, digests: bytearray, tokens: Sequence[int], num_full: int, namespace: Namespace) -> bytes:
+        """Hash a request's full blocks past the `digests` it has (blocks completed by
+        append), up to block `num_full`, appending their hashes to `digests`; those hashes
+        (empty when none was missing)."""
+        bs, ds = self.block_size, self._digest_size
+        num_hashed = len(digests) // ds
+        if num_hashed >= num_full:
+            return b""
+        later = namespace_extra_keys(namespace, first_block=False)
+        new = chain_digests(
+            tokens[num_hashed * bs : num_full * bs],
+            bs,
+            self._algorithm,
+            bytes(digests[-ds:]) if num_hashed else self._none_hash,
+            later if num_hashed else namespace_extra_keys(namespace),
+            later,
+        )
+        digests += new
+        return new
 
     def _removed_events(self, keys: Sequence[bytes]) -> list[BlockRemoved]:
         return removed_events(keys, self._digest_size)

@@ -4,7 +4,7 @@ Owns `GroupManager` and its four kinds (`FullAttentionGroup`, `SlidingWindowGrou
 `ChunkedLocalGroup`, `MambaGroup`): for one group of a hybrid layout, the longest hit it
 accepts (`find_hit`), the blocks a chunk needs (`blocks_needed`, `allocate`), the blocks
 it frees once no query reads them (`remove_skipped`), which full blocks it keys at a
-commit (`cache_mask`), and its block table per request. Each method is the method of
+commit (`kept`), and its block table per request. Each method is the method of
 the same role in vLLM 0.33's `vllm/v1/core/single_type_kv_cache_manager.py`, under the
 configuration our `hash` backend runs: one block size for every group (the hash block
 is the block), no EAGLE, no KV connector, Mamba in "align" mode without speculative or
@@ -217,15 +217,10 @@ class GroupManager:
             free(freed)
 
     # -- caching -------------------------------------------------------------------------
-    def cache_mask(self, start: int, stop: int, boundaries: Sequence[int]) -> list[bool] | None:
-        """Which of the full blocks [start, stop) are keyed at a commit; None: all
-        (vLLM `reachable_block_mask`)."""
-        return None
-
     def kept(self, start: int, stop: int, boundaries: Sequence[int]) -> Sequence[int] | None:
-        """The indices in [start, stop) that `cache_mask` keeps, in order; None: all."""
-        mask = self.cache_mask(start, stop, boundaries)
-        return None if mask is None else [start + i for i, keep in enumerate(mask) if keep]
+        """The indices of the full blocks [start, stop) keyed at a commit, in order;
+        None: all (vLLM's `reachable_block_mask`, as indices)."""
+        return None
 
     def release_order(self, state: GroupState) -> list[int]:
         """The table's blocks in the order they are freed at release (vLLM `free`:
@@ -300,14 +295,8 @@ class SlidingWindowGroup(GroupManager):
         rows = lookup.run(digests, 0, min(need, max_blocks) if need else max_blocks, members)
         return rows, len(rows[0]) * bs
 
-    def cache_mask(self, start: int, stop: int, boundaries: Sequence[int]) -> list[bool] | None:
-        # Sparse retention: only the `need` blocks that end at each reachable boundary.
-        mask = [False] * (stop - start)
-        for j in self.kept(start, stop, boundaries):
-            mask[j - start] = True
-        return mask
-
     def kept(self, start: int, stop: int, boundaries: Sequence[int]) -> Sequence[int]:
+        # Sparse retention: only the `need` blocks that end at each reachable boundary.
         bs, need = self.block_size, self.need
         out: set[int] = set()
         for boundary in boundaries:
@@ -374,14 +363,8 @@ class MambaGroup(GroupManager):
                 free([state.table[held]])
                 state.table[held] = NULL_BLOCK
 
-    def cache_mask(self, start: int, stop: int, boundaries: Sequence[int]) -> list[bool] | None:
-        # Sparse retention: only the state that ends on each reachable boundary.
-        mask = [False] * (stop - start)
-        for j in self.kept(start, stop, boundaries):
-            mask[j - start] = True
-        return mask
-
     def kept(self, start: int, stop: int, boundaries: Sequence[int]) -> Sequence[int]:
+        # Sparse retention: only the state that ends on each reachable boundary.
         blocks = {b // self.block_size - 1 for b in boundaries}
         return sorted(j for j in blocks if start <= j < stop)
 

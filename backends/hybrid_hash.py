@@ -62,7 +62,7 @@ from prefixcache.config import CRYPTOGRAPHIC, CacheConfig
 from prefixcache.errors import ConfigError
 from prefixcache.events import BlockStored, event_log
 from prefixcache.evictors import FreeQueueEvictor
-from prefixcache.hashing import chain_digests, namespace_extra_keys, none_hash
+from prefixcache.hashing import none_hash
 from prefixcache.layout import FULL_ATTENTION, MAMBA, NULL_BLOCK, SLIDING_WINDOW
 from prefixcache.protocol import Admission, BlockIds, Match, Namespace, guarded
 from prefixcache.requests import Request, RequestTable, check_namespace, check_priority, check_tokens
@@ -430,17 +430,7 @@ class HybridHashCache(HashCacheBase):
         where it keeps them."""
         bs, ds = self.block_size, self._digest_size
         num_full = num_tokens // bs
-        num_hashed = len(request.digests) // ds
-        if num_hashed < num_full:  # blocks completed by append
-            later = namespace_extra_keys(request.namespace, first_block=False)
-            request.digests += chain_digests(
-                request.tokens[num_hashed * bs : num_full * bs],
-                bs,
-                self._algorithm,
-                bytes(request.digests[-ds:]) if num_hashed else self._none_hash,
-                later if num_hashed else namespace_extra_keys(request.namespace),
-                later,
-            )
+        self._extend_chain(request.digests, request.tokens, num_full, request.namespace)
         boundaries = [request.num_prompt - 1] + ([request.junction] if request.junction else [])
         for manager in self._block_keyed:
             state = request.groups[manager.index]
@@ -553,16 +543,6 @@ class HybridHashCache(HashCacheBase):
             raise InvariantError(f"{self.pool.num_pinned} blocks pinned but live tables hold {len(refs)}")
 
     # -- internals --------------------------------------------------------------------
-    def _prompt_digests(self, tokens: Sequence[int], namespace: Namespace) -> bytes:
-        return chain_digests(
-            tokens,
-            self.block_size,
-            self._algorithm,
-            self._none_hash,
-            namespace_extra_keys(namespace),
-            namespace_extra_keys(namespace, first_block=False),
-        )
-
     def _stored_events(
         self, request: HybridRequest, manager: GroupManager, start: int, stop: int, keyed: Sequence[int]
     ) -> tuple[BlockStored]:

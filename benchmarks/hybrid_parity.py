@@ -215,17 +215,24 @@ def replay_vllm(core, reqs, groups, num_blocks, concurrency, events=True) -> Tra
     return trace
 
 
-def first_difference(ours: Trace, theirs: Trace) -> str | None:
-    for what in ("hits", "checkpoints", "tables", "events"):
+def first_field_difference(ours: object, theirs: object, fields: tuple[str, ...], reference: str) -> str | None:
+    """The first entry where two traces' sequences `fields` differ, in order; None if equal.
+    (hybrid_radix_parity.py compares its traces with it too.)"""
+    for what in fields:
         a, b = getattr(ours, what), getattr(theirs, what)
         for i, (x, y) in enumerate(zip(a, b)):
             if x != y:
-                return f"{what} #{i}: ours {repr(x)[:400]} vs vLLM {repr(y)[:400]}"
+                return f"{what} #{i}: ours {repr(x)[:400]} vs {reference} {repr(y)[:400]}"
         if len(a) != len(b):
             return f"{what}: {len(a)} vs {len(b)}"
-    if ours.refused != theirs.refused:
-        return f"refusals: ours {ours.refused} vs vLLM {theirs.refused}"
     return None
+
+
+def first_difference(ours: Trace, theirs: Trace) -> str | None:
+    diff = first_field_difference(ours, theirs, ("hits", "checkpoints", "tables", "events"), "vLLM")
+    if diff is None and ours.refused != theirs.refused:
+        return f"refusals: ours {ours.refused} vs vLLM {theirs.refused}"
+    return diff
 
 
 def pool_sizes(reqs, block_size: int, num_groups: int, concurrency: int) -> dict[str, int]:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hybrid_parity import WORKLOADS  # noqa: E402
+from hybrid_parity import WORKLOADS, first_field_difference  # noqa: E402
 from machine import cpu_model  # noqa: E402
 
 WINDOW = 1024
@@ -161,14 +161,7 @@ def replay_sglang(sg, reqs, block_size: int, full: int, swa: int, slots: int, co
 
 
 def first_difference(ours: Trace, theirs: Trace) -> str | None:
-    for what in ("hits", "checkpoints", "pools"):
-        a, b = getattr(ours, what), getattr(theirs, what)
-        for i, (x, y) in enumerate(zip(a, b)):
-            if x != y:
-                return f"{what} #{i}: ours {x} vs SGLang {y}"
-        if len(a) != len(b):
-            return f"{what}: {len(a)} vs {len(b)}"
-    return None
+    return first_field_difference(ours, theirs, ("hits", "checkpoints", "pools"), "SGLang")
 
 
 def record(sg) -> None:

@@ -408,11 +408,11 @@ def test_other_algorithms_hit_the_same(algorithm):
 
 
 def test_a_refused_admission_is_retried_without_hashing_again(monkeypatch):
-    from prefixcache.backends import hash as backend
+    from prefixcache.backends import hash_base  # where both hash caches hash their chains
 
     calls = []
-    real = backend.chain_digests
-    monkeypatch.setattr(backend, "chain_digests", lambda *a: calls.append(1) or real(*a))
+    real = hash_base.chain_digests
+    monkeypatch.setattr(hash_base, "chain_digests", lambda *a: calls.append(1) or real(*a))
     cache = make(3)
     run(cache, "big", list(range(40)))
     prompt = list(range(100, 140))
