@@ -154,6 +154,8 @@ class GroupManager:
         accepts, per member group (groups of one spec are looked up together, vLLM's
         `SpecGroup`), with NULL_BLOCK for blocks it need not hold; and the hit in
         TOKENS. `digests` packs the request's block hashes, `digest_size` bytes each."""
+        # Each kind the hybrid cache looks up defines it; hybrid_fine's mamba group does
+        # not, its cache finds the hit through its own granule index.
         raise NotImplementedError
 
     # -- allocation ----------------------------------------------------------------------
