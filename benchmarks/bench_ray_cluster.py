@@ -73,7 +73,8 @@ def config_for(router: str, args: argparse.Namespace, port: int):
     return parse_cluster_serve_config({
         "cache": {"backend": args.backend, "block_size": args.block_size, "num_blocks": args.num_blocks},
         "engine": {"model": args.model, "num_threads": args.threads, "max_num_seqs": args.max_num_seqs,
-                   "max_num_batched_tokens": args.max_num_batched_tokens},
+                   "max_num_batched_tokens": args.max_num_batched_tokens,
+                   **({"pace": {"speedup_ratio": args.pace}} if args.pace is not None else {})},
         "cluster": {"replicas": args.replicas, "router": router, "num_cpus": args.num_cpus, "port": port,
                     "replica_cpus": 1.0},
     })
@@ -105,10 +106,20 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads per replica")
     p.add_argument("--num-cpus", type=int, default=None, help="the local Ray cluster's logical CPUs")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--slo-ttft", type=float, default=2.0, help="goodput's TTFT objective, SECONDS")
-    p.add_argument("--slo-itl", type=float, default=0.025, help="goodput's TPOT objective, SECONDS")
+    p.add_argument("--pace", type=float, default=None, metavar="SPEEDUP_RATIO",
+                   help="pace the replicas (engine.pace): every step lasts what an 8B model on one H100 takes, "
+                        "divided by this (0.05: twenty times slower); the router estimates with the same model")
+    p.add_argument("--slo-ttft", type=float, default=None,
+                   help="goodput's TTFT objective, SECONDS (default 2 s, divided by --pace)")
+    p.add_argument("--slo-itl", type=float, default=None,
+                   help="goodput's TPOT objective, SECONDS (default 25 ms, divided by --pace)")
     p.add_argument("--out", type=Path, default=Path("out/bench_ray_cluster"))
     args = p.parse_args()
+    if args.pace is not None and not args.pace > 0:
+        p.error(f"--pace must be > 0, got {args.pace}")
+    slow = 1.0 if args.pace is None else args.pace
+    args.slo_ttft = SLO().ttft_s / slow if args.slo_ttft is None else args.slo_ttft
+    args.slo_itl = SLO().itl_s / slow if args.slo_itl is None else args.slo_itl
     if args.num_cpus is None:
         args.num_cpus = args.replicas + 1  # logical: a replica each, the ingress, controller and proxy
     workload_args = {"num_groups": args.num_groups, "prompts_per_group": args.prompts_per_group,
@@ -118,7 +129,8 @@ def main() -> int:
           f"{time.strftime('%Y-%m-%d')}, load average {os.getloadavg()[0]:.1f} at start")
     print(f"# command: {' '.join(sys.argv)}")
     print(f"# {args.replicas} replicas of model {args.model} ({args.backend}, block_size {args.block_size}, "
-          f"{args.num_blocks} blocks, {args.threads} thread(s)); workload shared_prefix {workload_args}, "
+          f"{args.num_blocks} blocks, {args.threads} thread(s), "
+          f"{'unpaced' if args.pace is None else f'paced: an 8B model on one H100 x {args.pace:g}'}); workload shared_prefix {workload_args}, "
           f"Poisson {args.request_rate} req/s, max concurrency {args.max_concurrency}, seed {args.seed}")
     args.out.mkdir(parents=True, exist_ok=True)
     port = free_port()

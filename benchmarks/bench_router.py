@@ -51,7 +51,7 @@ from prefixcache.cluster.routers import (  # noqa: E402
     RoundRobinRouter,
     WeightedScorersRouter,
 )
-from prefixcache.cluster.service_model import ServiceModel  # noqa: E402
+from prefixcache.service_model import ServiceModel  # noqa: E402
 from prefixcache.events import BlockRemoved, BlockStored  # noqa: E402
 
 BLOCK_SIZE = 16

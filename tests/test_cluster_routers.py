@@ -27,7 +27,7 @@ from prefixcache.cluster.routers.estimated_ttft import EstimatedTTFTOptions
 from prefixcache.cluster.routers.kv_events import KVEventsOptions
 from prefixcache.cluster.routers.prefix_affinity import PrefixAffinityOptions
 from prefixcache.cluster.routers.weighted_scorers import WeightedScorersOptions
-from prefixcache.cluster.service_model import ModelSpec, DeviceSpec, ServiceModel
+from prefixcache.service_model import ModelSpec, DeviceSpec, ServiceModel
 
 BS = 16
 HASHER = PromptHasher(BS)

@@ -15,7 +15,7 @@ import pytest
 from prefixcache.cluster.config import ClusterConfig, parse_cluster_config
 from prefixcache.cluster.results import SLO
 from prefixcache.cluster.router import Router
-from prefixcache.cluster.service_model import ServiceModel
+from prefixcache.service_model import ServiceModel
 from prefixcache.cluster.simulate import SHARED, run_cluster, simulate, simulate_shared
 from prefixcache.workloads import Request, TokenRuns, Workload
 

@@ -60,6 +60,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "prefixcache.machine",
             "prefixcache.tables",
             "prefixcache.percentiles",
+            "prefixcache.service_model",
             "prefixcache.stats",
             "prefixcache.requests",
             "prefixcache.tier_file",

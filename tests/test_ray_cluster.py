@@ -33,7 +33,7 @@ psutil = pytest.importorskip("psutil")  # a dependency of ray
 import lossy_forwarder  # noqa: E402
 from lossy_forwarder import LossyForwarder  # noqa: E402
 from prefixcache.cluster.ray_router import METADATA_KEY  # noqa: E402
-from prefixcache.cluster.service_model import ServiceModel  # noqa: E402
+from prefixcache.service_model import ServiceModel  # noqa: E402
 from prefixcache.config import from_mapping  # noqa: E402
 from prefixcache.serve.cluster_config import parse_cluster_serve_config  # noqa: E402
 from prefixcache.serve.ray_app import APP_NAME, ENGINE_DEPLOYMENT, ClusterServer  # noqa: E402

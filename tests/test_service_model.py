@@ -1,12 +1,13 @@
 """The service model by hand: KV bytes per token and capacity from a model and a device,
 a step's roofline (decode slowing with the batch's contexts, prefill's attention term),
-the router's closed-form estimate, the lower-tier seam, presets and bad values."""
+a step over an engine's chunks, the speedup ratio, the router's closed-form estimate, the
+lower-tier seam, presets and bad values."""
 
 from __future__ import annotations
 
 import pytest
 
-from prefixcache.cluster.service_model import DEVICES, GIB, MODELS, DeviceSpec, ModelSpec, ServiceModel
+from prefixcache.service_model import DEVICES, GIB, MODELS, DeviceSpec, ModelSpec, ServiceModel
 from prefixcache.config import ConfigError
 
 H100 = ServiceModel()
@@ -56,6 +57,30 @@ def test_lower_tier_loads_cost_their_bytes_over_the_host_link():
     assert H100.load_s(0) == 0.0
     assert H100.load_s(1000) == pytest.approx(1000 * 131_072 / 64e9)
     assert H100.step_s(1, 1000, 1000, loaded_tokens=1000) == pytest.approx(H100.decode_step_s(1, 1000) + H100.load_s(1000))
+
+
+def test_a_step_over_chunks_counts_each_chunks_tokens_pairs_and_kv():
+    # a 100-token chunk from position 400 and two decodes at contexts 50 and 70
+    chunks = [(400, 100), (50, 1), (70, 1)]
+    tokens, pairs, kv = 102, 100 * 400 + 100 * 101 // 2 + 51 + 71, 500 + 51 + 71
+    assert H100.chunks_s(chunks) == H100.step_s(tokens, pairs, kv)
+    assert H100.chunks_s([]) == H100.step_s(0, 0, 0) == pytest.approx(5e-4 + H100.weights_s)
+    # a cached prefix is work not done: the same prompt's tail alone is a shorter step
+    assert H100.chunks_s([(1024, 64)]) < H100.chunks_s([(0, 1088)])
+
+
+def test_the_speedup_ratio_divides_every_time_and_leaves_ratios_alone():
+    slow = ServiceModel(speedup_ratio=0.05)
+    for a, b in ((slow.chunks_s([(400, 100), (50, 1)]), H100.chunks_s([(400, 100), (50, 1)])),
+                 (slow.prefill_s(5000, start=1000, decode_requests=8), H100.prefill_s(5000, start=1000, decode_requests=8)),
+                 (slow.decode_step_s(16, 16_000), H100.decode_step_s(16, 16_000)), (slow.load_s(512), H100.load_s(512)),
+                 (slow.overhead_s, H100.step_overhead_s)):
+        assert a == pytest.approx(b / 0.05, rel=1e-12)
+    assert slow.capacity_tokens() == H100.capacity_tokens()  # memory is not time
+    for bad in (0, -1, float("inf")):
+        with pytest.raises(ConfigError) as err:
+            ServiceModel(speedup_ratio=bad)
+        assert err.value.path == "speedup_ratio"
 
 
 def test_presets_and_bad_values():

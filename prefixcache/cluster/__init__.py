@@ -10,8 +10,8 @@ Layer: above the experiment layer (it replays `prefixcache.workloads` through re
     routers/        the built-in routers: round_robin, power_of_two, approx_tree,
                     prefix_affinity, kv_events, weighted_scorers, estimated_ttft
     routed_prefixes a router-side predicted cache (the approximate trees)
-    service_model   how long a replica takes: a roofline over a model and a device
-    replica         one simulated engine: vLLM's scheduler over a real cache
+    replica         one simulated engine: vLLM's scheduler over a real cache, timed by
+                    prefixcache.service_model (shared with the engine's `engine.pace`)
     results         what a run measured: hits, TTFT, queueing, TPOT, goodput, load
     config          the cluster experiment file (cluster.yaml)
     simulate        the cluster A/B by arrival time

@@ -45,7 +45,7 @@ from typing import Any
 from prefixcache.ab_config import ARM_NAME, MooncakeSpec, WorkloadSpec, _check_trace_exists
 from prefixcache.cluster.registry import resolve_router_spec
 from prefixcache.cluster.results import SLO
-from prefixcache.cluster.service_model import ServiceModel
+from prefixcache.service_model import ServiceModel
 from prefixcache.config import CacheConfig, ConfigError, from_mapping, load_yaml, to_plain
 from prefixcache.config_checks import check_cache_config
 

@@ -75,7 +75,7 @@ from prefixcache.cluster.live_routers import register
 from prefixcache.cluster.prompt_hashes import PromptHasher
 from prefixcache.cluster.registry import resolve_router_spec
 from prefixcache.cluster.router import Candidates, Router, RouterContext, RoutingRequest
-from prefixcache.cluster.service_model import ServiceModel
+from prefixcache.service_model import ServiceModel
 from prefixcache.config import HashConfig, from_mapping
 from prefixcache.hashing import resolve_seed
 from prefixcache.isolation import Namespace

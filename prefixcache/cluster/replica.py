@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prefixcache.cluster.service_model import ServiceModel
+from prefixcache.service_model import ServiceModel
 from prefixcache.protocol import PrefixCache
 from prefixcache.workloads import Workload
 

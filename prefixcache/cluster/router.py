@@ -52,7 +52,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from prefixcache.cluster.kv_index import KVIndex, ReplicaId
 from prefixcache.cluster.prompt_hashes import PromptHasher, PromptHashes
-from prefixcache.cluster.service_model import ServiceModel
+from prefixcache.service_model import ServiceModel
 from prefixcache.config import ConfigError, from_mapping
 from prefixcache.isolation import Namespace
 

@@ -39,6 +39,7 @@ from prefixcache.config import (
     require_section,
 )
 from prefixcache.config_checks import parse_cache_config
+from prefixcache.service_model import ServiceModel
 
 __all__ = ["SamplingConfig", "SAMPLING_EPS", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "EngineConfig", "ServingConfig",
            "load_serving_config", "parse_serving_config", "check_sections", "BUILTIN_MODELS", "SECTIONS"]
@@ -169,6 +170,15 @@ class EngineConfig:
                             bookkeeping + fp32 weights), checked before anything is
                             allocated (`engine.memory`); null: 90% of what the machine
                             has available then
+    pace:                   null, or a service model (`prefixcache.service_model`, the
+                            keys of a cluster's `service:`): every step lasts at least
+                            the time that model gives its work, the engine sleeping out
+                            the rest, as Dynamo's mocker and llm-d's inference simulator
+                            pace theirs; the model still computes, so outputs and the
+                            cache are real. Its scheduler limits are this section's
+                            (`max_num_seqs`, `max_num_batched_tokens`) and its capacity
+                            is `cache.num_blocks`: a pace that sets them otherwise is
+                            refused
     """
 
     model: str = "smollm2"
@@ -183,6 +193,7 @@ class EngineConfig:
     attention: AttentionImpl = "auto"
     chat_template: str | None = None
     max_memory_bytes: int | None = None
+    pace: ServiceModel | None = None
 
     def __post_init__(self) -> None:
         _check_model(self.model)
@@ -199,6 +210,23 @@ class EngineConfig:
             _check_int("max_memory_bytes", self.max_memory_bytes, 1)
         if self.attention not in ATTENTION_IMPLS:
             raise ConfigError("attention", f"{self.attention!r} is not allowed; allowed values: {', '.join(ATTENTION_IMPLS)}")
+        if self.pace is not None:
+            object.__setattr__(self, "pace", self._own_pace(self.pace))
+
+    def _own_pace(self, pace: ServiceModel) -> ServiceModel:
+        """`pace` with this section's scheduler limits; ConfigError for a limit or a
+        capacity key it sets otherwise (the engine would not follow it)."""
+        default = ServiceModel()
+        own = {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens}
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(pace, name)
+            if value not in (own[name], getattr(default, name)):
+                raise ConfigError(f"pace.{name}", f"is engine.{name} ({own[name]}) in a paced engine, got {value!r}; "
+                                  "leave it out")
+        for name in ("gpu_memory_utilization", "reserved_gib"):
+            if getattr(pace, name) != getattr(default, name):
+                raise ConfigError(f"pace.{name}", "a paced engine's capacity is cache.num_blocks; leave it out")
+        return dataclasses.replace(pace, **own)
 
     def replace(self, **changes: Any) -> EngineConfig:
         """A copy with some fields changed (validated again)."""

@@ -17,6 +17,10 @@ The cache decides which prompt tokens are already computed; the engine computes 
 the rest, so a hit is prefill skipped, and rule 6 of the protocol (cached KV equals
 recomputed KV) is what keeps the output unchanged (tests/test_engine.py checks it).
 
+Pacing (`engine.pace`, a `ServiceModel`): a step lasts at least the time the model gives
+its chunks; the engine sleeps out the rest after the forward pass, before it commits and
+samples, so a small host's replicas time their steps as the modelled GPU would.
+
 One request's fault ends that request alone, as vLLM's `FinishReason.ERROR` does: a
 forward pass that raises is retried request by request and only a request that fails on
 its own is finished with reason "error"; a row of logits that cannot be sampled fails
@@ -167,6 +171,7 @@ class Engine:
         self.scheduler = Scheduler(
             self.cache, max_num_batched_tokens=ec.max_num_batched_tokens, max_num_seqs=ec.max_num_seqs
         )
+        self._pace = ec.pace
         self._config_stop_ids = frozenset(ec.stop_token_ids)
         self._stop_ids = self._config_stop_ids | {self.tokenizer.eos_token_id, *self.tokenizer.stop_token_ids}
         self._next_id = 0
@@ -318,7 +323,10 @@ class Engine:
         # A partial-hit backend (Admission.copies) reuses the head of a cached block by
         # copying it into the request's own block; the copy must land before this pass.
         self.model.copy_blocks(self.scheduler.take_copies())
+        pace_until = t0 + self._pace.chunks_s((w.start, w.num_tokens) for w in work) if self._pace else 0.0
         logits, work, failed = self._forward(work)
+        if self._pace is not None:
+            self._sleep_until(pace_until)
         self.scheduler.computed(work)
         self._run_transfers()  # what the commits wrote through, copied down now that it is computed
         sampled, finished = self._sample([w for w in work if w.samples], logits)
@@ -326,6 +334,16 @@ class Engine:
         self._wall_s += time.perf_counter() - t0
         self._publish_events()
         return StepOutput(tuple(sampled), tuple(failed + finished))
+
+    def _sleep_until(self, until: float) -> None:
+        """Pace the step (`engine.pace`): its logits come out when the model says the
+        step ends, so first tokens, commits and events are timed by it."""
+        left = until - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+            self._paced_s += left
+        else:
+            self._overrun_steps += 1
 
     def _forward(self, work: list[Scheduled]) -> tuple[torch.Tensor, list[Scheduled], list[RequestOutput]]:
         """The logits of `work`'s sampling chunks, the chunks that ran, and the requests
@@ -477,8 +495,8 @@ class Engine:
     # -- measurements -------------------------------------------------------------------
     def reset_stats(self) -> None:
         """Start counting RunStats afresh (the cache's own counters are not reset)."""
-        self._requests = self._prompt_tokens = self._output_tokens = self._steps = 0
-        self._wall_s = 0.0
+        self._requests = self._prompt_tokens = self._output_tokens = self._steps = self._overrun_steps = 0
+        self._wall_s = self._paced_s = 0.0
         self._base = (
             self.scheduler.prefill_tokens_computed,
             self.scheduler.prefill_tokens_saved,
@@ -501,6 +519,8 @@ class Engine:
             wall_s=self._wall_s,
             cache_s=s.cache_s - cache_s,
             cache=self.cache.stats(),
+            paced_s=self._paced_s,
+            overrun_steps=self._overrun_steps,
         )
 
     def check_invariants(self) -> None:

@@ -64,6 +64,9 @@ class RunStats:
     prefill_tokens_saved: prompt tokens served from the cache (sum of admission hits)
     cache_s:              time spent inside the cache's calls (admit, append, commit,
                           release, block_table): the bookkeeping cost of caching
+    paced_s:              SECONDS slept to pace steps (`engine.pace`)
+    overrun_steps:        paced steps whose own work took longer than the model gives
+                          them (the host too slow for the pace: those steps ran late)
     """
 
     requests: int
@@ -76,6 +79,8 @@ class RunStats:
     wall_s: float
     cache_s: float
     cache: CacheStats
+    paced_s: float = 0.0
+    overrun_steps: int = 0
 
     @property
     def output_tokens_per_s(self) -> float:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from prefixcache.cluster.registry import resolve_router_spec
-from prefixcache.cluster.service_model import ServiceModel
+from prefixcache.service_model import ServiceModel
 from prefixcache.config import ConfigError, from_mapping, load_yaml, to_plain
 from prefixcache.engine.config import check_sections
 from prefixcache.hashing import resolve_seed
@@ -87,8 +87,9 @@ class RayClusterConfig:
     host, port:            where Ray Serve's HTTP proxy listens
     served_model_name:     what requests name as `model` (null: engine.model)
     service:               the replicas' service model (`ServiceModel` keys) for the
-                           routers that estimate time (estimated_ttft); null: an 8B model
-                           on one H100, the router's default
+                           routers that estimate time (estimated_ttft); null: the
+                           replicas' own `engine.pace` when they are paced, else an 8B
+                           model on one H100, the router's default
     """
 
     replicas: int = 2
@@ -241,7 +242,12 @@ def parse_cluster_serve_config(data: Any, source: str | None = None) -> ClusterS
     cache_data["hash"] = {**dict(cache_data.get("hash") or {}), "seed": resolve_seed(cache.hash.algorithm, cache.hash.seed)}
     replica["cache"] = cache_data
     replica["kv_events"] = per_replica
-    return ClusterServeConfig(parse_serve_config(replica, source), types.MappingProxyType(replica), cluster)
+    serve_config = parse_serve_config(replica, source)
+    pace = serve_config.serving.engine.pace
+    if cluster.service is None and pace is not None and not cluster.is_ray_router:
+        # The router estimates with the model that times the replicas it routes to.
+        cluster = dataclasses.replace(cluster, service=pace)
+    return ClusterServeConfig(serve_config, types.MappingProxyType(replica), cluster)
 
 
 def load_cluster_serve_config(source: str | Path) -> ClusterServeConfig:

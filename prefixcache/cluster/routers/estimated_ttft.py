@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from prefixcache._C import estimated_ttft_costs, estimated_ttft_lowest
 from prefixcache.cluster.registry import register_router
 from prefixcache.cluster.router import Candidates, Ranked, Router, RouterContext, RoutingRequest
-from prefixcache.cluster.service_model import ServiceModel
+from prefixcache.service_model import ServiceModel
 from prefixcache.config import ConfigError
 
 __all__ = ["EstimatedTTFTRouter", "EstimatedTTFTOptions"]

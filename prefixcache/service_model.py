@@ -1,11 +1,12 @@
-"""How long a simulated replica takes: a roofline over one model on one device.
+"""How long a step takes: a roofline over one model on one device.
 
-Owns `ServiceModel` (the `service:` section of a cluster file), its parts `ModelSpec`
-and `DeviceSpec` with their named presets (`MODELS`, `DEVICES`), the cost of one
-scheduler step (`step_s`), the KV capacity a device leaves for the cache
-(`capacity_tokens`), and the closed-form estimates a router may read (`prefill_s`,
-`decode_step_s`). Must never: touch a cache, decide a hit or schedule a request (the
-simulated replica does, `prefixcache.cluster.replica`).
+Owns `ServiceModel` (the `service:` section of a cluster file, and an engine's
+`engine.pace`), its parts `ModelSpec` and `DeviceSpec` with their named presets (`MODELS`,
+`DEVICES`), the cost of one scheduler step (`step_s`, and `chunks_s` over a step's
+chunks), the KV capacity a device leaves for the cache (`capacity_tokens`), and the
+closed-form estimates a router may read (`prefill_s`, `decode_step_s`). Must never:
+touch a cache, decide a hit or schedule a request (the simulated replica does,
+`prefixcache.cluster.replica`; a paced engine, `prefixcache.engine`).
 
 A replica runs vLLM V1's continuous batching with chunked prefill: every step processes
 up to `max_num_batched_tokens` tokens of at most `max_num_seqs` requests, one token for
@@ -33,10 +34,16 @@ KV: (memory x utilization - weights - reserved) / kv_bytes_per_token; kv_bytes_p
 one H100 holds 440k tokens and one H200 888k: an 8B model's KV in one GPU's
 memory, where caches churn.
 
-Lower tiers (the tiered cache, issue 23) enter as `load_s`: a block loaded from host
-memory costs its bytes over `host_link_gb_s`. Nothing reports such loads yet (an
-`Admission` has no lower-tier loads until the tiers land), so the simulation passes 0
-and the term is 0: the seam where tier loads join the step.
+Lower tiers enter as `load_s`: a block loaded from host memory costs its bytes over
+`host_link_gb_s`. The cluster simulation passes no tier loads to it yet (0), and a paced
+engine's loads are real copies that take their own time: the seam where tier loads join
+the modelled step.
+
+Speed. `speedup_ratio` divides every time (Dynamo's mocker engine calls its knob the
+same): 1 is the modelled hardware, 0.1 ten times slower. Routing does not change with it
+(a router's estimates all scale alike); it is there so that a small host can run paced
+engines (`engine.pace`) at their knee, where the real forward pass of a tiny model stays
+well inside each modelled step.
 
 Defaults (`ServiceModel()`): Llama-3.1-8B on one H100 SXM with vLLM's defaults there.
 Sources: the model's config.json (hidden 4,096 = 32 heads x 128, 8 KV heads, 32 layers,
@@ -53,7 +60,7 @@ overhead and 3 GiB reserved. Every number is a YAML key.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from prefixcache.config import ConfigError
@@ -148,7 +155,8 @@ class ServiceModel:
     gpu_memory_utilization: share of device memory the engine may use (vLLM's)
     reserved_gib:           of it, what neither weights nor KV take
     mfu, mbu:               achieved shares of peak FLOP/s and of peak bandwidth
-    step_overhead_s:        SECONDS a step costs besides its roofline (scheduling, sampling)"""
+    step_overhead_s:        SECONDS a step costs besides its roofline (scheduling, sampling)
+    speedup_ratio:          the modelled hardware's speed multiple: every time is divided by it"""
 
     model: ModelSpec | str = "llama-3.1-8b"
     device: DeviceSpec | str = "h100"
@@ -159,6 +167,7 @@ class ServiceModel:
     mfu: float = 0.5
     mbu: float = 0.8
     step_overhead_s: float = 5e-4
+    speedup_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", _preset(self.model, MODELS, "model"))
@@ -170,6 +179,7 @@ class ServiceModel:
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ConfigError(name, f"must be in (0, 1], got {value!r}")
+        _positive(self, "speedup_ratio")
         for name in ("reserved_gib", "step_overhead_s"):
             value = getattr(self, name)
             if not 0 <= value < math.inf:
@@ -190,22 +200,23 @@ class ServiceModel:
     @property
     def token_s(self) -> float:
         """SECONDS of compute per token processed (the linear term: 2 x params FLOPs)."""
-        return 2.0 * self.spec.params / (self.hardware.tflops * 1e12 * self.mfu)
+        return 2.0 * self.spec.params / (self.hardware.tflops * 1e12 * self.mfu * self.speedup_ratio)
 
     @property
     def pair_s(self) -> float:
         """SECONDS of compute per query-key pair (attention: 4 x layers x attention_dim FLOPs)."""
-        return 4.0 * self.spec.layers * self.spec.attention_dim / (self.hardware.tflops * 1e12 * self.mfu)
+        return 4.0 * self.spec.layers * self.spec.attention_dim / (self.hardware.tflops * 1e12 * self.mfu
+                                                                   * self.speedup_ratio)
 
     @property
     def weights_s(self) -> float:
         """SECONDS to read the weights once (a step's memory floor)."""
-        return self.spec.weight_bytes / (self.hardware.bandwidth_tb_s * 1e12 * self.mbu)
+        return self.spec.weight_bytes / (self.hardware.bandwidth_tb_s * 1e12 * self.mbu * self.speedup_ratio)
 
     @property
     def kv_token_s(self) -> float:
         """SECONDS to read one token's KV."""
-        return self.spec.kv_bytes_per_token / (self.hardware.bandwidth_tb_s * 1e12 * self.mbu)
+        return self.spec.kv_bytes_per_token / (self.hardware.bandwidth_tb_s * 1e12 * self.mbu * self.speedup_ratio)
 
     # -- one step -----------------------------------------------------------------------
     def step_s(self, tokens: float, pairs: float, kv_tokens: float, loaded_tokens: float = 0.0) -> float:
@@ -213,12 +224,27 @@ class ServiceModel:
         attended, `kv_tokens` of KV read, `loaded_tokens` of KV loaded from a lower tier."""
         compute = self.token_s * tokens + self.pair_s * pairs
         memory = self.weights_s + self.kv_token_s * kv_tokens
-        return self.step_overhead_s + max(compute, memory) + self.load_s(loaded_tokens)
+        return self.overhead_s + max(compute, memory) + self.load_s(loaded_tokens)
+
+    @property
+    def overhead_s(self) -> float:
+        """SECONDS a step costs besides its roofline, at this speed."""
+        return self.step_overhead_s / self.speedup_ratio
+
+    def chunks_s(self, chunks: Iterable[tuple[int, int]]) -> float:
+        """SECONDS one step takes over `chunks`, (start, tokens) pairs: each computes
+        `tokens` TOKENS of a sequence from position `start` (a decode is one token at its
+        context length), attending to its prefix and itself."""
+        tokens = pairs = kv = 0
+        for start, n in chunks:
+            tokens += n
+            pairs += n * start + n * (n + 1) // 2
+            kv += start + n
+        return self.step_s(tokens, pairs, kv)
 
     def load_s(self, tokens: float) -> float:
-        """SECONDS to bring `tokens` of KV from host memory over the host link (0 for 0:
-        no lower tier reports loads yet; module docstring)."""
-        return tokens * self.spec.kv_bytes_per_token / (self.hardware.host_link_gb_s * 1e9)
+        """SECONDS to bring `tokens` of KV from host memory over the host link."""
+        return tokens * self.spec.kv_bytes_per_token / (self.hardware.host_link_gb_s * 1e9 * self.speedup_ratio)
 
     # -- capacity -------------------------------------------------------------------------
     def capacity_tokens(self) -> int:
@@ -248,7 +274,7 @@ class ServiceModel:
         steps = tokens / chunk
         pairs = tokens * start + tokens * (tokens + 1) / 2
         compute = self.token_s * (tokens + decode_requests * steps) + self.pair_s * pairs
-        return steps * self.step_overhead_s + max(compute, steps * self.weights_s)
+        return steps * self.overhead_s + max(compute, steps * self.weights_s)
 
     def decode_step_s(self, requests: int, context_tokens: float) -> float:
         """SECONDS of a step that only decodes: `requests` tokens over `context_tokens` of
