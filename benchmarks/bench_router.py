@@ -10,7 +10,9 @@ case for memory per pair). Then, on one core:
   cached chain's first m blocks (m uniform in [1, chain]) and go on with new blocks;
   the prompt's hashes are computed beforehand (hashing a prompt is per request, not per
   replica: `prompt hash` reports it separately for a 16-block x 16-token prompt), and
-  the candidate loads are random columns. MICROSECONDS per decision (choose + pick),
+  the candidate loads are random columns, and the active sequences (the in-flight
+  prompts' blocks, which `kv_events` and `estimated_ttft` also read) hold 8 of the
+  requests' prompts a replica. MICROSECONDS per decision (choose + pick),
   best of 7 rounds (this machine is shared: other jobs only add time). `approx_tree` and
   `prefix_affinity` read their own predicted
   caches (Python LRU dicts), filled with the same chains for 20,000 blocks a replica.
@@ -58,6 +60,7 @@ BLOCK_SIZE = 16
 REQUESTS = 2000
 TREE_BLOCKS = 20_000  # per replica, for the routers that predict from what they routed
 ROUNDS = 7
+ACTIVE_PER_REPLICA = 8  # in-flight prompts a replica, in the active sequences
 
 
 def fill(index: KVIndex, replicas: int, blocks_per_replica: int, chain: int, rng: random.Random) -> list[list[int]]:
@@ -188,7 +191,13 @@ def main() -> int:
               f"{index.memory_bytes / pairs:.1f} bytes per pair")
         requests = requests_of(sample, args.chain, rng)
         candidates = candidates_of(replicas, rng)
-        context = RouterContext(BLOCK_SIZE, 1 << 20, index, random.Random(args.seed), service=ServiceModel())
+        active = KVIndex()
+        for r in range(replicas):
+            active.add_replica(r)
+        for k in range(ACTIVE_PER_REPLICA * replicas):
+            active.store(k % replicas, requests[rng.randrange(len(requests))].hashes.digests())
+        context = RouterContext(BLOCK_SIZE, 1 << 20, index, random.Random(args.seed), active=active,
+                                service=ServiceModel())
         query_us = best_us(lambda request: index.longest_prefix(request.hashes), requests)
         print(f"  index.longest_prefix ({2 * args.chain}-block chains): {query_us:.2f} us")
         for cls in (RoundRobinRouter, PowerOfTwoRouter, KVEventsRouter, EstimatedTTFTRouter, WeightedScorersRouter,

@@ -317,6 +317,53 @@ def test_a_long_miss_goes_where_fewer_requests_decode():
     assert router.costs(c, short) == pytest.approx([ttft_twin(0, 8, 0, 160), ttft_twin(300, 1, 0, 160)])
 
 
+def test_in_flight_counts_what_a_replica_is_prefilling_before_its_events_arrive():
+    index, active = indexed(2), indexed(2, [(1, PROMPT[:96])])  # replica 1 prefills 6 of the prompt's 10 blocks
+    c = columns({}, {"prefill_tokens": 96, "num_requests": 1})
+    # the index alone: a miss everywhere, and replica 1 has a queue
+    alone = EstimatedTTFTOptions(in_flight=False)
+    assert choose(EstimatedTTFTRouter(context(index, active=active, service=SERVICE), alone), c, request(PROMPT)) == 0
+    router = EstimatedTTFTRouter(context(index, active=active, service=SERVICE))  # in_flight: the default
+    assert router.costs(c, request(PROMPT)) == pytest.approx(
+        [ttft_twin(0, 0, 0, 160), ttft_twin(96, 1, 96, 160)])
+    assert choose(router, c, request(PROMPT)) == 1
+    # where the index shows more than is in flight, the index counts
+    cached(index, 0, PROMPT)
+    assert router.costs(c, request(PROMPT))[0] == pytest.approx(ttft_twin(0, 0, 144, 160))
+    # without active sequences the option changes nothing
+    without = EstimatedTTFTRouter(context(index, service=SERVICE))
+    assert without.costs(c, request(PROMPT)) == EstimatedTTFTRouter(context(index, service=SERVICE), alone).costs(
+        c, request(PROMPT))
+    with pytest.raises(ConfigError, match="in_flight"):
+        EstimatedTTFTOptions(in_flight="yes")
+
+
+def test_in_flight_takes_what_it_credited_off_the_prefill_queue_until_the_first_token():
+    index, active = indexed(2), indexed(2, [(1, PROMPT)])  # replica 1 prefills the prompt: 160 tokens queued
+    router = EstimatedTTFTRouter(context(index, active=active, service=SERVICE), EstimatedTTFTOptions(in_flight=True))
+    c = columns({}, {"prefill_tokens": 160, "num_requests": 1})
+    second = request(PROMPT, i=2)
+    assert choose(router, c, second) == 1  # a hit of 9 blocks there, though no event says so yet
+    # the cluster counts the second request whole on replica 1 (the index showed nothing); the router
+    # credits what the cluster would not have counted had the index shown the prefix (all 10 blocks)
+    c.prefill_tokens[1] += 160
+    cached(active, 1, PROMPT)
+    assert router.costs(c, request(PROMPT, i=3))[1] == pytest.approx(ttft_twin(160, 1, 144, 160))
+    router.on_first_token(second, 1)  # the credit ends at the first token; the cluster's count drops later here
+    assert router.costs(c, request(PROMPT, i=3))[1] == pytest.approx(ttft_twin(320, 1, 144, 160))
+    c.prefill_tokens[1] -= 160
+    # a request chosen for but routed elsewhere, or never routed, is credited nothing
+    router.choose_replicas(c, request(PROMPT, i=4))
+    router.on_request_routed(request(PROMPT, i=4), 0)
+    router.on_request_completed(request(PROMPT, i=4), 0)
+    assert router.costs(c, request(PROMPT, i=5))[1] == pytest.approx(ttft_twin(160, 1, 144, 160))
+    third = request(PROMPT, i=6)
+    assert choose(router, c, third) == 1
+    router.on_replica_removed(1)
+    router.on_first_token(third, 1)  # late news of a removed replica: nothing left to drop
+    assert router.costs(c, request(PROMPT, i=7))[1] == pytest.approx(ttft_twin(160, 1, 144, 160))
+
+
 def test_the_native_ttft_cost_is_its_twin():
     from array import array
 

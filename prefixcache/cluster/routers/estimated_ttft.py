@@ -9,7 +9,7 @@ to prefill, from position h_w. The replica has `prefill_tokens_w` prompt tokens 
 requests ahead of it (the requests routed there whose first token is not out: Dynamo's
 prefill load), and b_w = `num_requests_w` - `queued_requests_w` requests running, each
 taking one token of every step. With the service model's rates (`ServiceModel.token_s`,
-`pair_s`, `weights_s`, `step_overhead_s`, `max_num_batched_tokens`), X = prefill_tokens_w
+`pair_s`, `weights_s`, `overhead_s`, `max_num_batched_tokens`), X = prefill_tokens_w
 + n_w, steps = X / (budget - b_w):
 
     ttft_w = steps x overhead + max(token_s (X + b_w steps) + pair_s (n_w h_w + n_w (n_w + 1) / 2),
@@ -31,6 +31,20 @@ The defaults (1.0, 0.1) are measured, not derived: on the Mooncake conversation 
 inter-token objective) for a few percent of TTFT p99 (the long prompts it moves wait a
 little longer); `decode_weight: 0` keeps the p99.
 
+In flight. With `in_flight` on, o_w is the larger of what the index shows on w and what
+the requests routed to w and not finished hold (`RouterContext.active`, the active
+sequences the cluster keeps): a prompt routed a moment ago is being prefilled there, and
+its blocks will be cached before this request's turn comes, but its `BlockStored` has not
+arrived yet (on a real cluster, a step and a message later). The prefill queue is read
+the same way: the cluster counts each queued request's prompt less what the INDEX showed
+when it was routed (Dynamo's estimate), so a request this router sent after an in-flight
+prefix counts whole there; the router remembers the TOKENS it credited to each such
+request and takes them off that replica's `prefill_tokens` until the request's first
+token (or its end). Without both, a burst of one prefix looks like a queue of misses on
+the replica computing it, and the router scatters the burst. On by default; off: the
+index alone, as Dynamo's and llm-d's precise routers read it. Where the cluster keeps no
+active sequences the option changes nothing.
+
 Computed natively over the load columns (csrc/ttft_cost.h), like `kv_events`. Where the
 cluster passes no service model (`RouterContext.service` None), the defaults
 (`ServiceModel()`: an 8B model on one H100) set the rates: only their ratios matter to
@@ -39,31 +53,42 @@ the choice.
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from prefixcache._C import estimated_ttft_costs, estimated_ttft_lowest
 from prefixcache.cluster.registry import register_router
-from prefixcache.cluster.router import Candidates, Ranked, Router, RouterContext, RoutingRequest
+from prefixcache.cluster.router import Candidates, Ranked, ReplicaId, Router, RouterContext, RoutingRequest
 from prefixcache.service_model import ServiceModel
 from prefixcache.config import ConfigError
 
 __all__ = ["EstimatedTTFTRouter", "EstimatedTTFTOptions"]
+
+_MAX_CHOSEN = 4096
+"""Requests chosen for and not yet routed that the router remembers (a cluster may choose
+for a request and never route it: a cancelled call)."""
 
 
 @dataclass(frozen=True)
 class EstimatedTTFTOptions:
     """load_weight: the charge for the delay a request's prefill adds for those queued behind it
     decode_weight: the charge for the delay it adds for each request decoding there
-    (both 0: the greedy lowest-estimated-TTFT choice)"""
+    (both 0: the greedy lowest-estimated-TTFT choice)
+    in_flight: also count as cached the prompt blocks of requests in flight on a replica,
+    which its events have not reported yet (module docstring)"""
 
     load_weight: float = 1.0
     decode_weight: float = 0.1
+    in_flight: bool = True
 
     def __post_init__(self) -> None:
         for name in ("load_weight", "decode_weight"):
             value = getattr(self, name)
             if not 0 <= value < float("inf"):
                 raise ConfigError(name, f"must be a finite number >= 0, got {value!r}")
+        if not isinstance(self.in_flight, bool):
+            raise ConfigError("in_flight", f"must be true or false, got {self.in_flight!r}")
 
 
 @register_router("estimated_ttft")
@@ -77,19 +102,81 @@ class EstimatedTTFTRouter(Router):
         super().__init__(context, options)
         self.index = context.index
         service = context.service if context.service is not None else ServiceModel()
-        self._model = (service.token_s, service.pair_s, service.weights_s, service.step_overhead_s,
+        self._model = (service.token_s, service.pair_s, service.weights_s, service.overhead_s,
                        service.max_num_batched_tokens, self.options.load_weight, self.options.decode_weight)
+        self._in_flight = self.options.in_flight and context.active is not None
+        # in_flight: per request chosen for, the BLOCKS of its prompt the index and the active
+        # sequences showed on each replica; per request routed, the TOKENS credited (its
+        # replica's prefill_tokens count them, this router does not), and their sum per replica.
+        self._chosen: dict[Hashable, tuple[dict[ReplicaId, int], dict[ReplicaId, int]]] = {}
+        self._credit: dict[Hashable, tuple[ReplicaId, int]] = {}
+        self._credited: dict[ReplicaId, int] = {}
 
     def costs(self, candidates: Candidates, request: RoutingRequest) -> list[float]:
         """Each candidate's cost in SECONDS, in candidate order (the module docstring)."""
-        hashes = request.hashes
-        overlaps = candidates.by_position(self.index.longest_prefix(hashes)) if len(hashes) else None
-        return estimated_ttft_costs(candidates.prefill_tokens, candidates.num_requests, candidates.queued_requests,
-                                    overlaps, request.num_prompt_tokens, self.context.block_size, *self._model)
+        return estimated_ttft_costs(*self._arguments(candidates, request))
 
     def choose_replicas(self, candidates: Candidates, request: RoutingRequest) -> Ranked:
-        hashes = request.hashes
-        overlaps = candidates.by_position(self.index.longest_prefix(hashes)) if len(hashes) else None
-        lowest = estimated_ttft_lowest(candidates.prefill_tokens, candidates.num_requests, candidates.queued_requests,
-                                       overlaps, request.num_prompt_tokens, self.context.block_size, *self._model)
+        lowest = estimated_ttft_lowest(*self._arguments(candidates, request))
         return [[lowest[0] if len(lowest) == 1 else self.context.rng.choice(lowest)]]
+
+    def on_request_routed(self, request: RoutingRequest, replica: ReplicaId) -> None:
+        chosen = self._chosen.pop(request.request_id, None)
+        if chosen is None:
+            return
+        indexed, active = chosen
+        prompt, block = request.num_prompt_tokens, self.context.block_size
+        seen = indexed.get(replica, 0)
+        credit = max(prompt - seen * block, 0) - max(prompt - max(seen, active.get(replica, 0)) * block, 0)
+        if credit > 0:
+            self._uncredit(request)  # routed again (a retry): its old credit goes
+            self._credit[request.request_id] = (replica, credit)
+            self._credited[replica] = self._credited.get(replica, 0) + credit
+
+    def on_first_token(self, request: RoutingRequest, replica: ReplicaId) -> None:
+        self._uncredit(request)
+
+    def on_request_completed(self, request: RoutingRequest, replica: ReplicaId) -> None:
+        self._uncredit(request)
+
+    def on_replica_removed(self, replica: ReplicaId) -> None:
+        self._credited.pop(replica, None)
+        for rid in [rid for rid, (r, _) in self._credit.items() if r == replica]:
+            del self._credit[rid]
+
+    def _uncredit(self, request: RoutingRequest) -> None:
+        credit = self._credit.pop(request.request_id, None)
+        if credit is not None:
+            replica, tokens = credit
+            left = self._credited.get(replica, 0) - tokens
+            if left > 0:
+                self._credited[replica] = left
+            else:
+                self._credited.pop(replica, None)
+
+    def _arguments(self, candidates: Candidates, request: RoutingRequest) -> tuple:
+        """The native cost's arguments: the load columns (prefill TOKENS less what this
+        router credited), each candidate's cached BLOCKS of the prompt (by position), the
+        prompt's TOKENS and the model."""
+        hashes = request.hashes
+        overlaps = None
+        prefill = candidates.prefill_tokens
+        if len(hashes):
+            indexed = self.index.longest_prefix(hashes)
+            overlaps = candidates.by_position(indexed)
+            if self._in_flight:
+                active = self.context.active.longest_prefix(hashes)
+                for i, blocks in candidates.by_position(active).items():
+                    if blocks > overlaps.get(i, 0):
+                        overlaps[i] = blocks
+                if len(self._chosen) >= _MAX_CHOSEN:
+                    self._chosen.pop(next(iter(self._chosen)))
+                self._chosen[request.request_id] = (indexed, active)
+        if self._credited:
+            prefill = array("q", prefill)
+            for replica, tokens in self._credited.items():
+                i = candidates.get_row(replica)
+                if i is not None:
+                    prefill[i] = max(prefill[i] - tokens, 0)
+        return (prefill, candidates.num_requests, candidates.queued_requests, overlaps,
+                request.num_prompt_tokens, self.context.block_size, *self._model)
