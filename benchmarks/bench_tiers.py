@@ -11,7 +11,8 @@ trace, next to the infinite-cache ceiling and Belady at the same total capacity
   policy    device 1M + host 2M under lru, gslru and chain (ours) on the host tier,
             against Belady at 3M. Target: >= 0.25.
   disk      device 1M + host 2M + disk 8M (7 GB/s): a write_through disk against on_evict
-            disks with min_hits 0, 1, 2 (Dynamo's frequency filter). Target: <= 25% of
+            disks with min_hits 0, 1, 2 (Dynamo's frequency filter) and store_threshold 2
+            (reuse trackers of 4x, 2x and 1x the disk's blocks) and 3. Target: <= 25% of
             write_through's bytes written for <= 0.01 hit-ratio loss.
   cost      the replay with a host tier against the same replay without (wall time, one
             run each, side by side), and the tier manager alone per block moved
@@ -108,13 +109,26 @@ def disk(workload, plan, path: Path) -> None:
     for name, d in (("write_through", TierConfig("DISK", write="write_through", **disk)),
                     ("on_evict", TierConfig("DISK", **disk)),
                     ("on_evict min_hits 1", TierConfig("DISK", min_hits=1, **disk)),
-                    ("on_evict min_hits 2", TierConfig("DISK", min_hits=2, **disk))):  # fmt: skip
+                    ("on_evict min_hits 2", TierConfig("DISK", min_hits=2, **disk)),
+                    ("on_evict store_threshold 2", TierConfig("DISK", store_threshold=2, **disk)),
+                    ("on_evict store_threshold 2, tracker 2x", TierConfig("DISK", store_threshold=2,
+                                                                          reuse_tracker_size=2 * disk["num_blocks"], **disk)),
+                    ("on_evict store_threshold 2, tracker 1x", TierConfig("DISK", store_threshold=2,
+                                                                          reuse_tracker_size=disk["num_blocks"], **disk)),
+                    ("on_evict store_threshold 3", TierConfig("DISK", store_threshold=3, **disk))):  # fmt: skip
         r = results[name] = replay_arm(workload, name, arm("hash", 1 * M, host(2 * M), d))
         base = results["write_through"]
         ratio = r.tiers[1].bytes_written / base.tiers[1].bytes_written
         loss = base.hit_ratio - r.hit_ratio
         verdict = "ok" if ratio <= 0.25 and loss <= 0.01 else "not both"
         row(f"hash disk {name}", r, f"| disk bytes {ratio:.1%} of write_through, loss {loss:+.4f} -> {verdict}")
+    # radix: the same keys, write_through against the filter that meets the target on hash
+    base = replay_arm(workload, "write_through", arm("radix", 1 * M, host(2 * M), TierConfig("DISK", write="write_through", **disk)))
+    row("radix disk write_through", base, "")
+    r = replay_arm(workload, "st2", arm("radix", 1 * M, host(2 * M), TierConfig("DISK", store_threshold=2, **disk)))
+    ratio, loss = r.tiers[1].bytes_written / base.tiers[1].bytes_written, base.hit_ratio - r.hit_ratio
+    row("radix disk on_evict store_threshold 2", r, f"| disk bytes {ratio:.1%} of write_through, loss {loss:+.4f} -> "
+        f"{'ok' if ratio <= 0.25 and loss <= 0.01 else 'not both'}")
 
 
 def cost(workload) -> None:
@@ -137,7 +151,7 @@ def cost(workload) -> None:
     n, per = 20_000, 20
     keys = [os.urandom(32 * per) for _ in range(n)]
     root = os.urandom(32)
-    manager = TierManager(2000, B, 32, [(4000, "on_evict", 0, "lru", False, {}, False)], False, False)
+    manager = TierManager(2000, B, 32, [(4000, "on_evict", 0, "lru", False, {}, False, 0, 0)], False, False)
     ids = list(range(per))
     t0 = time.process_time()
     for k in keys:  # each round: 20 blocks cached, then evicted (demoted, evicting 20 host blocks)

@@ -21,11 +21,13 @@ TierWrite parse_write(const std::string& write) {
 }
 
 // A tier from Python: (num_slots, write, min_hits, eviction, leaves_only, params: dict of OrderParams
-// names, keep_on_load).
+// names, keep_on_load, store_threshold, reuse_slots).
 TierSpec to_spec(py::handle obj) {
   auto t = py::reinterpret_borrow<py::tuple>(obj);
-  if (t.size() != 7) {
-    throw py::type_error("a tier is (num_slots, write, min_hits, eviction, leaves_only, params, keep_on_load)");
+  if (t.size() != 9) {
+    throw py::type_error(
+        "a tier is (num_slots, write, min_hits, eviction, leaves_only, params, keep_on_load, store_threshold, "
+        "reuse_slots)");
   }
   TierSpec s;
   s.num_slots = saturated_int64(t[0], "num_slots");
@@ -34,6 +36,8 @@ TierSpec to_spec(py::handle obj) {
   s.order = parse_eviction_order(t[3].cast<std::string>());
   s.leaves_only = t[4].cast<bool>();
   s.keep_on_load = t[6].cast<bool>();
+  s.store_threshold = saturated_int64(t[7], "store_threshold");
+  s.reuse_slots = saturated_int64(t[8], "reuse_slots");
   auto params = py::reinterpret_borrow<py::dict>(t[5]);
   for (auto [name, value] : params) {
     const std::string key = name.cast<std::string>();
@@ -95,7 +99,8 @@ The lower tiers of one cache (host memory, disk) below its device pool: slots ke
 chained block hash, each tier's eviction order and write policy, the device mirror
 demotions read from, and the ordered log of transfers an engine performs.
 TierManager(num_device_blocks, block_size, key_size, tiers, keep_tokens, record_events),
-each tier (num_slots, write, min_hits, eviction, leaves_only, params, keep_on_load). See
+each tier (num_slots, write, min_hits, eviction, leaves_only, params, keep_on_load, store_threshold,
+reuse_slots). See
 csrc/tier_manager.h; prefixcache.tiers wraps it.
 )doc")
       .def(py::init([](py::handle num_device_blocks, py::handle block_size, py::handle key_size, py::handle tiers,

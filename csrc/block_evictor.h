@@ -45,13 +45,6 @@
 
 namespace prefixcache {
 
-// The ghost key of a block hash: its first 8 bytes (hashes are uniform).
-inline uint64_t block_ghost_key(std::string_view key) {
-  uint64_t out = 0;
-  std::memcpy(&out, key.data(), std::min<size_t>(8, key.size()));
-  return out;
-}
-
 template <class Key>
 class BlockEvictor {
  public:

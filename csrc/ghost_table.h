@@ -12,8 +12,11 @@
 // Cost: O(1) amortized per put / take; memory O(capacity).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <deque>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 
@@ -37,6 +40,12 @@ class GhostTable {
     // Re-puts and takes leave stale entries in order_; drop them once they
     // outnumber the live ones, so memory stays O(capacity).
     if (order_.size() > 2 * capacity_ + 16) compact();
+  }
+
+  // The use count remembered for `key` (0 if none), leaving it where it is.
+  int64_t peek(uint64_t key) const {
+    auto it = uses_.find(key);
+    return it == uses_.end() ? 0 : it->second.first;
   }
 
   // The use count remembered for `key` (0 if none), forgetting it.
@@ -80,6 +89,13 @@ class GhostTable {
   std::unordered_map<uint64_t, std::pair<int64_t, uint64_t>> uses_;  // key -> (uses, seq of its put)
   std::deque<std::pair<uint64_t, uint64_t>> order_;                  // (key, seq), oldest first
 };
+
+// The ghost key of a block hash: its first 8 bytes (hashes are uniform).
+inline uint64_t block_ghost_key(std::string_view key) {
+  uint64_t out = 0;
+  std::memcpy(&out, key.data(), std::min<size_t>(8, key.size()));
+  return out;
+}
 
 // The 64-bit content key of a radix page: its parent's key chained with the
 // page's tokens (FNV-1a over 32-bit words, then a splitmix64 finalizer).

@@ -18,7 +18,8 @@ TierManager::Slots::Slots(const TierSpec& s, int64_t /*key_size*/)
       stamp(s.num_slots, 0),
       created(s.num_slots, 0),
       version(s.num_slots, 0),
-      free_pos(s.num_slots, -1) {
+      free_pos(s.num_slots, -1),
+      reuse(s.store_threshold >= 2 ? s.reuse_slots : 0) {
   free_slots.reserve(s.num_slots);
   for (int64_t i = s.num_slots - 1; i >= 0; --i) {  // slot 0 is taken first
     free_pos[i] = static_cast<int32_t>(free_slots.size());
@@ -52,6 +53,15 @@ TierManager::TierManager(int64_t num_device_blocks, int64_t block_size, int64_t 
     if (s.min_hits < 0) {
       throw std::invalid_argument("tiers[" + std::to_string(t) + "].min_hits must be >= 0, got " +
                                   std::to_string(s.min_hits));
+    }
+    if (s.store_threshold < 0) {
+      throw std::invalid_argument("tiers[" + std::to_string(t) + "].store_threshold must be >= 0, got " +
+                                  std::to_string(s.store_threshold));
+    }
+    if (s.store_threshold >= 2 && (s.reuse_slots < 1 || s.reuse_slots > kMaxBlocks)) {
+      throw std::invalid_argument("tiers[" + std::to_string(t) + "].reuse_tracker_size must be in [1, " +
+                                  std::to_string(kMaxBlocks) + "] with store_threshold >= 2, got " +
+                                  std::to_string(s.reuse_slots));
     }
   }
   tiers_.reserve(tiers.size());
@@ -190,8 +200,21 @@ void TierManager::demote(int32_t from, int32_t src, std::string_view key, const 
   // which does not make this one hold it.
   if (next >= num_tiers() || tiers_[next].index.first(key) >= 0) return;
   const Slots& s = tiers_[next];
-  if (s.spec.write != TierWrite::kOnEvict || meta.hits < s.spec.min_hits) return;  // dropped
+  if (s.spec.write != TierWrite::kOnEvict || meta.hits < s.spec.min_hits || !reused_enough(s, key)) return;  // dropped
   store(next, from, src, key, parent, tokens, meta);
+}
+
+void TierManager::count_use(std::string_view key) {
+  for (Slots& s : tiers_) {
+    if (s.reuse.enabled()) {
+      const uint64_t k = block_ghost_key(key);
+      s.reuse.put(k, s.reuse.peek(k) + 1);
+    }
+  }
+}
+
+bool TierManager::reused_enough(const Slots& s, std::string_view key) {
+  return s.spec.store_threshold < 2 || s.reuse.peek(block_ghost_key(key)) >= s.spec.store_threshold;
 }
 
 int32_t TierManager::take_slot(int32_t t) {
@@ -285,6 +308,7 @@ void TierManager::device_cached(const std::vector<int64_t>& blocks, std::string_
                                            : parent;
     if (device_.index.has_key(b)) continue;  // holds this key already (a loaded block)
     device_.index.insert(b, key);
+    count_use(key);
     device_.has_parent[b] = up.has_value();
     if (up) device_.parent[b].assign(up->data(), up->size());
     device_.meta[b] = BlockMeta{0, 1, depth, traffic_, request_tokens, tag};
@@ -296,7 +320,8 @@ void TierManager::device_cached(const std::vector<int64_t>& blocks, std::string_
     }
     const std::string* par = up ? &device_.parent[b] : nullptr;
     for (int32_t t = 0; t < num_tiers(); ++t) {
-      if (tiers_[t].spec.write == TierWrite::kWriteThrough && tiers_[t].index.first(key) < 0) {
+      if (tiers_[t].spec.write == TierWrite::kWriteThrough && tiers_[t].index.first(key) < 0 &&
+          reused_enough(tiers_[t], key)) {
         store(t, kDevice, b, key, par, toks, device_.meta[b]);
       }
     }
@@ -324,11 +349,13 @@ int64_t TierManager::admitted(int64_t tokens, const std::vector<int64_t>& blocks
     m.request_tokens = request_tokens;
     m.depth = std::max(m.depth, depth);
     std::string_view key = device_.index.key(b);
+    count_use(key);
     const std::string* par = device_.has_parent[b] ? &device_.parent[b] : nullptr;
     const int64_t* toks = keep_tokens_ ? device_tokens_.data() + static_cast<size_t>(b) * block_size_ : nullptr;
     for (int32_t t = 0; t < num_tiers(); ++t) {
       const Slots& s = tiers_[t];
-      if (s.spec.write == TierWrite::kSelective && m.hits >= s.spec.min_hits && s.index.first(key) < 0) {
+      if (s.spec.write == TierWrite::kSelective && m.hits >= s.spec.min_hits && s.index.first(key) < 0 &&
+          reused_enough(s, key)) {
         store(t, kDevice, b, key, par, toks, m);
       }
     }
@@ -714,6 +741,10 @@ void TierManager::check_invariants(const BlockPool* pool) const {
       if (evictable(s, i) && entries[i] != 1) {
         fail(where + " may leave but has " + std::to_string(entries[i]) + " live heap entries");
       }
+    }
+    if (s.reuse.size() > s.reuse.capacity()) {
+      fail("tier " + std::to_string(t) + ": the reuse tracker holds " + std::to_string(s.reuse.size()) +
+           " keys, more than its " + std::to_string(s.reuse.capacity()));
     }
     if (num_free != static_cast<int64_t>(s.free_slots.size())) {
       fail("tier " + std::to_string(t) + ": " + std::to_string(num_free) + " free slots, the free list holds " +

@@ -24,6 +24,11 @@
 //   * `write_through` tiers receive a copy of every block the device caches;
 //     `selective` tiers a copy of a device block once it has `min_hits` hits
 //     (SGLang's write_through_selective).
+//   * A tier with `store_threshold` k >= 2 takes none of these stores until k
+//     requests have used the block (computed it or hit it, each request once),
+//     counted in a reuse tracker of the tier's last `reuse_slots` keys, which
+//     outlives the block: a block computed again after it left every tier counts
+//     its earlier use (vLLM's offloading store_threshold).
 //   * A load (tier -> device block) takes a block out of an `on_evict` tier
 //     (exclusive: it lives on the device now, and comes back down when evicted) and
 //     refreshes it in an inclusive (`write_through` / `selective`) tier or one that
@@ -51,6 +56,7 @@
 
 #include "block_pool.h"
 #include "eviction_order.h"
+#include "ghost_table.h"
 #include "key_index.h"
 
 namespace prefixcache {
@@ -67,6 +73,8 @@ struct TierSpec {
   bool leaves_only = false;        // only chain tails leave (the `chain` policy)
   bool keep_on_load = false;       // a load leaves the block here too (a disk tier: its file
                                    // outlives the process, so a restart finds the block)
+  int64_t store_threshold = 0;     // requests that must have used a block before it enters (<= 1: any)
+  int64_t reuse_slots = 0;         // keys the reuse tracker remembers (store_threshold >= 2)
 };
 
 // What travels with a block from tier to tier.
@@ -238,6 +246,9 @@ class TierManager {
       uint32_t version;
     };
     std::vector<Entry> heap;
+    // Requests that used each of the last reuse_slots keys (store_threshold >= 2 only):
+    // a GhostTable whose count is put back one higher at every use.
+    GhostTable reuse;
     uint64_t next_seq = 0;
     int64_t clock = 0;
     TierCounters counters;
@@ -260,6 +271,10 @@ class TierManager {
   int32_t store(int32_t t, int32_t src_tier, int32_t src, std::string_view key, const std::string* parent,
                 const int64_t* tokens, const BlockMeta& meta);
   void remove_slot(int32_t t, int32_t slot);
+  // A request used the block `key` (computed or hit it): every reuse tracker counts it.
+  void count_use(std::string_view key);
+  // Whether tier s's store_threshold lets `key` in.
+  static bool reused_enough(const Slots& s, std::string_view key);
   // A leaves-only tier's child counts, once `slot` holds its key and parent.
   void link_children(Slots& s, int32_t slot);
   // Unpin a loaded slot, and take it out of an on_evict tier (or refresh it in an inclusive one).

@@ -176,6 +176,10 @@ class CacheConfig:
         for i, tier in enumerate(self.tiers):
             if tier.num_blocks > limits.MAX_NUM_BLOCKS:
                 raise ConfigError(f"tiers[{i}].num_blocks", f"must be at most {limits.MAX_NUM_BLOCKS}, got {tier.num_blocks}")
+            if tier.reuse_slots > limits.MAX_NUM_BLOCKS:
+                raise ConfigError(f"tiers[{i}].reuse_tracker_size",
+                                  f"must be at most {limits.MAX_NUM_BLOCKS} hashes, got {tier.reuse_slots}"
+                                  f"{'' if tier.reuse_tracker_size is not None else ' (the default: 4 x num_blocks)'}")
         if not isinstance(self.cost_model, CostModel):
             raise ConfigError("cost_model", f"must be a mapping, got {short_repr(self.cost_model)}")
         if isinstance(self.layout, list):

@@ -60,6 +60,11 @@ DEFAULT_PREFILL_TOKENS_PER_S = 20000.0
 SELECTIVE_MIN_HITS = 2
 """Hits before a `selective` tier copies a block: SGLang 0.5.23's write_through_selective threshold."""
 
+REUSE_TRACKER_BLOCKS = 4
+"""A reuse tracker's default size, in hashes per block of its tier: on the Mooncake
+conversation trace a disk tier's filter keeps its hits at 4x and loses 0.005 at 2x
+(docs/tiers.md, "Disk")."""
+
 Medium = Literal["CPU", "DISK"]
 WritePolicy = Literal["on_evict", "write_through", "selective"]
 
@@ -84,6 +89,12 @@ class TierConfig:
     min_hits:       hits a block needs to enter the tier (null: 2 for selective, as
                     SGLang's write_through_selective; 0 otherwise). On a DISK tier below
                     another it is Dynamo KVBM's disk frequency filter
+    store_threshold: requests that must have used a block (computed or hit it) before
+                    it enters the tier, counted across its evictions (vLLM's offloading
+                    store_threshold; 0 or 1: no filter)
+    reuse_tracker_size: with store_threshold >= 2, the block hashes whose uses are
+                    remembered, least recently used forgotten first (null:
+                    `REUSE_TRACKER_BLOCKS` x num_blocks)
     bandwidth_gbps: GB/s a load from it reads at (null: `DEFAULT_BANDWIDTH_GBPS`)
     latency_us:     MICROSECONDS before an admission's first byte from it (null:
                     `DEFAULT_LATENCY_US`)
@@ -95,6 +106,8 @@ class TierConfig:
     eviction: str | None = None
     path: str | None = None
     min_hits: int | None = None
+    store_threshold: int = 0
+    reuse_tracker_size: int | None = None
     bandwidth_gbps: float | None = None
     latency_us: float | None = None
 
@@ -123,6 +136,14 @@ class TierConfig:
                 raise ConfigError("min_hits", "write_through copies every block; copying after hits is write: selective")
             if self.write == "selective" and self.min_hits < 1:
                 raise ConfigError("min_hits", "a selective tier copies after at least 1 hit")
+        if isinstance(self.store_threshold, bool) or not isinstance(self.store_threshold, int) or self.store_threshold < 0:
+            raise ConfigError("store_threshold", f"must be an integer >= 0, got {short_repr(self.store_threshold)}")
+        size = self.reuse_tracker_size
+        if size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ConfigError("reuse_tracker_size", f"must be an integer >= 1 or null, got {short_repr(size)}")
+            if self.store_threshold < 2:
+                raise ConfigError("reuse_tracker_size", "only a tier with store_threshold >= 2 tracks reuse")
         _positive("bandwidth_gbps", self.bandwidth_gbps)
         if self.latency_us is not None and not 0 <= self.latency_us < float("inf"):
             raise ConfigError("latency_us", f"must be a finite number >= 0, got {short_repr(self.latency_us)}")
@@ -138,6 +159,15 @@ class TierConfig:
         if self.min_hits is not None:
             return self.min_hits
         return SELECTIVE_MIN_HITS if self.write == "selective" else 0
+
+    @property
+    def reuse_slots(self) -> int:
+        """Block hashes the reuse tracker remembers (0: the tier tracks none)."""
+        if self.store_threshold < 2:
+            return 0
+        if self.reuse_tracker_size is not None:
+            return self.reuse_tracker_size
+        return REUSE_TRACKER_BLOCKS * self.num_blocks
 
     @property
     def gbps(self) -> float:

@@ -71,7 +71,8 @@ class Tiers:
         self.policies = tuple(resolve_eviction_policy(t.eviction or config.eviction)() for t in config.tiers)
         # A disk tier keeps what it loads: its file outlives the process, and a restart finds it.
         native_tiers = [
-            (t.num_blocks, t.write, t.hits_to_enter, p.native, p.leaves_only, p.native_params(), t.medium == "DISK")
+            (t.num_blocks, t.write, t.hits_to_enter, p.native, p.leaves_only, p.native_params(), t.medium == "DISK",
+             t.store_threshold, t.reuse_slots)
             for t, p in zip(config.tiers, self.policies, strict=True)
         ]
         # Token ids travel with blocks for events and for a disk file's records.

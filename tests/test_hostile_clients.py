@@ -256,7 +256,7 @@ def test_overload_past_the_queue_gets_503_with_retry_after_and_is_counted(tiny):
 
 def test_a_paused_subscriber_is_counted_and_the_others_still_get_every_batch(tiny):
     events = {"hwm": 1, "buffer_steps": 100_000}
-    with running(tiny, "hash", block_size=1, events=events) as replica:
+    with running(tiny, "hash", block_size=1, num_blocks=1024, events=events) as replica:
         pub = replica.publisher
         paused = zmq.Context.instance().socket(zmq.SUB)  # subscribes, then never reads
         paused.setsockopt(zmq.RCVHWM, 1)
@@ -277,9 +277,12 @@ def test_a_paused_subscriber_is_counted_and_the_others_still_get_every_batch(tin
             time.sleep(0.3)  # both subscriptions reach the publisher
             reader.start()
             with others_are_served(replica.base_url):
+                # block 1, each prompt's 640 blocks new: hundreds of events a request, more than the
+                # kernel's socket buffers hold for the paused subscriber (100-token prompts fit, now
+                # and then, and nothing was dropped)
                 for i in range(12):
                     r = httpx.post(replica.base_url + "/v1/completions", timeout=DEADLINE_S,
-                                   json={"prompt": [i % 300] * 40 + list(range(60)), "max_tokens": 20})
+                                   json={"prompt": [i % 300] * 40 + list(range(300)) * 2, "max_tokens": 20})
                     assert r.status_code == 200
             assert pub.flush()
             published = pub.num_published

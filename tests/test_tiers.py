@@ -59,6 +59,14 @@ def run(cache, rid, tokens):
         ({"medium": "CPU", "num_blocks": 4, "min_hits": 1, "write": "write_through"}, "cache.tiers[0].min_hits",
          "write: selective"),
         ({"medium": "CPU", "num_blocks": 4, "bandwidth_gbps": 0}, "cache.tiers[0].bandwidth_gbps", "> 0"),
+        ({"medium": "CPU", "num_blocks": 4, "store_threshold": -1}, "cache.tiers[0].store_threshold", "integer >= 0"),
+        ({"medium": "CPU", "num_blocks": 4, "store_threshold": True}, "cache.tiers[0].store_threshold", "must be an integer"),
+        ({"medium": "CPU", "num_blocks": 4, "reuse_tracker_size": 8}, "cache.tiers[0].reuse_tracker_size",
+         "store_threshold >= 2"),
+        ({"medium": "CPU", "num_blocks": 4, "store_threshold": 2, "reuse_tracker_size": 0},
+         "cache.tiers[0].reuse_tracker_size", "integer >= 1"),
+        ({"medium": "CPU", "num_blocks": 2**29, "store_threshold": 2}, "cache.tiers[0].reuse_tracker_size",
+         "the default: 4 x num_blocks"),
         ({"medium": "CPU", "num_blocks": 4, "wrte": "on_evict"}, "cache.tiers[0].wrte", "did you mean 'write'"),
     ],
 )
@@ -145,6 +153,35 @@ def test_an_evicted_prefix_is_demoted_then_loaded_back(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_store_threshold_admits_a_block_at_its_second_use_even_after_it_was_lost(backend):
+    cache = tiered(backend, tiers=({"medium": "CPU", "num_blocks": 4, "store_threshold": 2},))
+    first, other = [1, 2, 3, 4, 5, 6, 7], [11, 12, 13, 14, 15, 16, 17]
+    run(cache, "a", first)
+    run(cache, "b", other)  # a's three blocks leave the device after one use: dropped, not stored
+    assert cache.drain_transfers() == [] and cache.match(first).num_tokens == 0
+    run(cache, "c", first)  # a miss that computes them again: their second use
+    run(cache, "d", [21, 22, 23, 24, 25, 26, 27])  # c's blocks are demoted now, b's (one use) are not
+    assert sorted(t[:3:2] for t in cache.drain_transfers()) == [(-1, 0)] * 3
+    m = cache.match(first)
+    assert m.num_tokens == 6 and m.tiers == (0, 0, 0)
+    assert cache.match(other).num_tokens == 0
+    assert cache.stats().tiers[0].stores == 3
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_reuse_tracker_forgets_the_least_recently_used_hashes(backend):
+    tier = {"medium": "CPU", "num_blocks": 4, "store_threshold": 2, "reuse_tracker_size": 3}
+    cache = tiered(backend, tiers=(tier,))
+    run(cache, "a", [1, 2, 3, 4, 5, 6, 7])
+    run(cache, "b", [11, 12, 13, 14, 15, 16, 17])  # three more hashes: a's are forgotten
+    run(cache, "c", [1, 2, 3, 4, 5, 6, 7])  # so this use counts as their first
+    run(cache, "d", [21, 22, 23, 24, 25, 26, 27])
+    assert cache.drain_transfers() == [] and cache.stats().tiers[0].stores == 0
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_slow_tier_is_declined_by_the_cost_model_and_says_so(backend):
     slow = {"medium": "CPU", "num_blocks": 4, "bandwidth_gbps": 1e-6}  # a block takes ~hours to load
     cache = tiered(backend, tiers=(slow,))
@@ -201,8 +238,9 @@ def test_tier_events_name_the_medium_and_carry_real_tokens(backend):
         (TierConfig("CPU", 2, eviction="chain"), TierConfig("CPU", 3, write="on_evict", eviction="lfu")),
         (TierConfig("CPU", 4, write="write_through"),),
         (TierConfig("CPU", 2, write="selective", min_hits=1), TierConfig("CPU", 3)),
+        (TierConfig("CPU", 2), TierConfig("CPU", 3, store_threshold=2, reuse_tracker_size=6)),
     ],
-    ids=["cpu", "cpu+cpu-chain", "write-through", "selective+cpu"],
+    ids=["cpu", "cpu+cpu-chain", "write-through", "selective+cpu", "cpu+reused-cpu"],
 )
 def test_both_strategies_pass_the_kit_with_tiers(backend, tiers):
     # The plain host tier at the kit's block sizes; the other layouts at one (the suite's time).
@@ -289,7 +327,7 @@ def config_mapping():
 def test_persist_copies_what_is_held_above_a_disk_tier_once():
     from prefixcache._C import TierManager
 
-    host, disk = (4, "on_evict", 0, "lru", False, {}, False), (8, "on_evict", 0, "lru", False, {}, True)
+    host, disk = (4, "on_evict", 0, "lru", False, {}, False, 0, 0), (8, "on_evict", 0, "lru", False, {}, True, 0, 0)
     m = TierManager(4, 2, 32, [host, disk], True, True)
     keys = [bytes([i]) * 32 for i in range(6)]
     m.device_cached([0, 1, 2, 3], b"".join(keys[:4]), None, list(range(8)), 0, 0, 0)

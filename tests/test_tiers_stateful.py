@@ -16,23 +16,27 @@ from reference.tiers import PyTierManager
 BS = 2
 DEVICE_BLOCKS = 6
 KEYS = [bytes([k, 0, 0, 0]) for k in range(12)]  # a small universe: keys come back
-CONFIGS = [  # (num_slots, write, min_hits, eviction, keep_on_load)
-    [(3, "on_evict", 0, "lru", False), (4, "on_evict", 0, "chain", True)],
-    [(3, "write_through", 0, "lfu", False)],
-    [(2, "selective", 1, "lru", False), (3, "on_evict", 1, "lru", True)],
-    [(4, "on_evict", 0, "chain", False)],
+CONFIGS = [  # (num_slots, write, min_hits, eviction, keep_on_load, store_threshold, reuse_slots)
+    [(3, "on_evict", 0, "lru", False, 0, 0), (4, "on_evict", 0, "chain", True, 0, 0)],
+    [(3, "write_through", 0, "lfu", False, 0, 0)],
+    [(2, "selective", 1, "lru", False, 0, 0), (3, "on_evict", 1, "lru", True, 0, 0)],
+    [(4, "on_evict", 0, "chain", False, 0, 0)],
+    # reuse trackers smaller than the key universe, so they forget
+    [(2, "on_evict", 0, "lru", False, 0, 0), (4, "on_evict", 0, "lru", True, 2, 5)],
+    [(3, "write_through", 0, "lru", False, 3, 4)],
+    [(2, "selective", 1, "lru", False, 2, 6), (3, "on_evict", 0, "chain", False, 2, 3)],
 ]
 
 
 class TierMachine(RuleBasedStateMachine):
     @initialize(config=st.sampled_from(CONFIGS))
     def start(self, config):
-        policies = [resolve_eviction_policy(name)() for _, _, _, name, _ in config]
-        native = [(n, w, h, p.native, p.leaves_only, p.native_params(), keep)
-                  for (n, w, h, _, keep), p in zip(config, policies)]  # fmt: skip
+        policies = [resolve_eviction_policy(name)() for _, _, _, name, _, _, _ in config]
+        native = [(n, w, h, p.native, p.leaves_only, p.native_params(), keep, k, size)
+                  for (n, w, h, _, keep, k, size), p in zip(config, policies)]  # fmt: skip
         self.native = TierManager(DEVICE_BLOCKS, BS, 4, native, True, False)
-        self.model = PyTierManager(DEVICE_BLOCKS, BS, [(n, w, h, p, p.leaves_only, keep) for (n, w, h, _, keep), p in
-                                                       zip(config, policies)])  # fmt: skip
+        self.model = PyTierManager(DEVICE_BLOCKS, BS, [(n, w, h, p, p.leaves_only, keep, k, size)
+                                                       for (n, w, h, _, keep, k, size), p in zip(config, policies)])  # fmt: skip
 
     def free_blocks(self):
         return [b for b in range(DEVICE_BLOCKS) if b not in self.model.device]

@@ -35,14 +35,9 @@ from typing import Any
 from prefixcache._C import InvariantError
 
 from .candidate import CandidateRecord
-from .ghost_table import GhostTable
+from .ghost_table import GhostTable, ghost_key
 
 __all__ = ["PyBlockEvictor", "ghost_key"]
-
-
-def ghost_key(block_hash: bytes) -> int:
-    """A block hash's key in the ghost table: its first 8 bytes, little-endian."""
-    return int.from_bytes(block_hash[:8].ljust(8, b"\0"), "little")
 
 
 class PyBlockEvictor:

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-__all__ = ["GhostTable", "mix64", "chain_page_key", "namespace_key"]
+__all__ = ["GhostTable", "ghost_key", "mix64", "chain_page_key", "namespace_key"]
 
 _M64 = (1 << 64) - 1
+
+
+def ghost_key(block_hash: bytes) -> int:
+    """A block hash's key in the ghost table: its first 8 bytes, little-endian."""
+    return int.from_bytes(block_hash[:8].ljust(8, b"\0"), "little")
 
 
 class GhostTable:
@@ -40,6 +45,9 @@ class GhostTable:
         self._uses[key] = uses
         while len(self._uses) > self.capacity:
             self._uses.popitem(last=False)
+
+    def peek(self, key: int) -> int:
+        return self._uses.get(key, 0)
 
     def take(self, key: int) -> int:
         return self._uses.pop(key, 0)

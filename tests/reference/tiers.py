@@ -7,7 +7,9 @@ tokens), pins, an eviction order ranked by the policy's `priority()` (eviction.p
 native order mirrors it), ties broken by the order candidates were ranked in,
 leaves-only eviction for a policy that asks for it; the device mirror; the write
 policies (on_evict moves a block down when it leaves the tier above, write_through
-copies at caching, selective after `min_hits` hits); loads that promote; and the
+copies at caching, selective after `min_hits` hits), each gated by the tier's
+`store_threshold` over its reuse tracker (a ghost table of uses per block hash, bumped
+once per request that computes or hits the block); loads that promote; and the
 ordered transfer log. tests/test_tiers_stateful.py drives both with the same random
 operations and requires the same answers, transfers and counters after every step.
 
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 
 from prefixcache.eviction import EvictionPolicy
 from .candidate import CandidateRecord
+from .ghost_table import GhostTable, ghost_key
 
 DEVICE = -1
 
@@ -54,6 +57,8 @@ class Tier:
     policy: EvictionPolicy
     leaves_only: bool
     keep_on_load: bool = False
+    store_threshold: int = 0
+    reuse_slots: int = 0
     slots: dict[int, Slot] = field(default_factory=dict)
     free: list[int] = field(default_factory=list)
     clock: int = 0
@@ -64,6 +69,10 @@ class Tier:
 
     def __post_init__(self) -> None:
         self.free = list(range(self.num_slots - 1, -1, -1))
+        self.reuse = GhostTable(self.reuse_slots if self.store_threshold >= 2 else 0)
+
+    def reused_enough(self, key: bytes) -> bool:
+        return self.store_threshold < 2 or self.reuse.peek(ghost_key(key)) >= self.store_threshold
 
     def slot_of(self, key: bytes) -> int | None:
         return next((i for i, s in self.slots.items() if s.key == key), None)
@@ -88,7 +97,8 @@ class PyTierManager:
     def __init__(self, num_device_blocks: int, block_size: int, tiers: list[tuple], keep_tokens: bool = True) -> None:
         self.block_size = block_size
         self.keep_tokens = keep_tokens
-        self.tiers = [Tier(*tier) for tier in tiers]  # (num_slots, write, min_hits, policy, leaves_only, keep_on_load)
+        # (num_slots, write, min_hits, policy, leaves_only, keep_on_load, store_threshold, reuse_slots)
+        self.tiers = [Tier(*tier) for tier in tiers]
         self.device: dict[int, tuple[bytes, bytes | None, Meta, tuple[int, ...]]] = {}
         self.traffic = 0
         self.transfers: list[tuple[int, int, int, int]] = []
@@ -129,7 +139,7 @@ class PyTierManager:
         if nxt >= len(self.tiers) or self.tiers[nxt].slot_of(key) is not None:
             return
         tier = self.tiers[nxt]
-        if tier.write != "on_evict" or meta.hits < tier.min_hits:
+        if tier.write != "on_evict" or meta.hits < tier.min_hits or not tier.reused_enough(key):
             return
         self._store(nxt, t, src, key, parent, tokens, meta)
 
@@ -145,6 +155,12 @@ class PyTierManager:
         tier.counters["stores"] += 1
         self._push(t, i)
 
+    def _count_use(self, key: bytes) -> None:
+        for tier in self.tiers:
+            if tier.reuse.enabled:
+                k = ghost_key(key)
+                tier.reuse.put(k, tier.reuse.peek(k) + 1)
+
     # -- the native API ------------------------------------------------------------------
     def device_cached(self, blocks: list[int], keys: list[bytes], parent: bytes | None, tokens: list[int],
                       depth: int, request_tokens: int) -> None:  # fmt: skip
@@ -156,8 +172,9 @@ class PyTierManager:
             toks = tuple(tokens[j * bs : (j + 1) * bs])
             meta = Meta(0, 1, depth, self.traffic, request_tokens)
             self.device[b] = (key, up, meta, toks)
+            self._count_use(key)
             for t, tier in enumerate(self.tiers):
-                if tier.write == "write_through" and tier.slot_of(key) is None:
+                if tier.write == "write_through" and tier.slot_of(key) is None and tier.reused_enough(key):
                     self._store(t, DEVICE, b, key, up, toks, meta)
 
     def admitted(self, tokens: int, blocks: list[int], request_tokens: int) -> int:
@@ -174,8 +191,10 @@ class PyTierManager:
             m.last_use = self.traffic
             m.request_tokens = request_tokens
             m.depth = max(m.depth, depth)
+            self._count_use(key)
             for t, tier in enumerate(self.tiers):
-                if tier.write == "selective" and m.hits >= tier.min_hits and tier.slot_of(key) is None:
+                if (tier.write == "selective" and m.hits >= tier.min_hits and tier.slot_of(key) is None
+                        and tier.reused_enough(key)):
                     self._store(t, DEVICE, b, key, up, toks, m)
         return depth
 
