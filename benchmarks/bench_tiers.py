@@ -66,7 +66,8 @@ def load() -> str:
 
 def row(name: str, r: ArmResult, extra: str = "") -> None:
     tiers = " ".join(f"{t.medium}: hit {t.loaded_tokens / sum(r.hits.prompt_tokens):.4f} "
-                     f"loads {t.loads:,} written {t.bytes_written / 1e12:.2f} TB" for t in r.tiers)  # fmt: skip
+                     f"loads {t.loads:,} written {t.bytes_written / 1e12:.2f} TB"
+                     + (f" filtered {t.filtered:,}" if t.filtered else "") for t in r.tiers)  # fmt: skip
     print(f"  {name:<34} {r.hit_ratio:.4f} / {r.last_half_hit_ratio:.4f}  {r.wall_s:6.1f} s  {tiers} {extra}",
           flush=True)
 

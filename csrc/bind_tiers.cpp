@@ -134,6 +134,7 @@ csrc/tier_manager.h; prefixcache.tiers wraps it.
             d["demotions"] = c.demotions;
             d["refused"] = c.refused;
             d["errors"] = c.errors;
+            d["filtered"] = c.filtered;
             return d;
           },
           py::arg("tier"))

@@ -199,8 +199,12 @@ void TierManager::demote(int32_t from, int32_t src, std::string_view key, const 
   // The next tier only: an inclusive tier further down may hold a copy (written through),
   // which does not make this one hold it.
   if (next >= num_tiers() || tiers_[next].index.first(key) >= 0) return;
-  const Slots& s = tiers_[next];
-  if (s.spec.write != TierWrite::kOnEvict || meta.hits < s.spec.min_hits || !reused_enough(s, key)) return;  // dropped
+  Slots& s = tiers_[next];
+  if (s.spec.write != TierWrite::kOnEvict) return;  // dropped: an inclusive tier copies on its own terms
+  if (meta.hits < s.spec.min_hits || !reused_enough(s, key)) {
+    ++s.counters.filtered;  // dropped by the filter
+    return;
+  }
   store(next, from, src, key, parent, tokens, meta);
 }
 
@@ -320,9 +324,12 @@ void TierManager::device_cached(const std::vector<int64_t>& blocks, std::string_
     }
     const std::string* par = up ? &device_.parent[b] : nullptr;
     for (int32_t t = 0; t < num_tiers(); ++t) {
-      if (tiers_[t].spec.write == TierWrite::kWriteThrough && tiers_[t].index.first(key) < 0 &&
-          reused_enough(tiers_[t], key)) {
-        store(t, kDevice, b, key, par, toks, device_.meta[b]);
+      if (tiers_[t].spec.write == TierWrite::kWriteThrough && tiers_[t].index.first(key) < 0) {
+        if (reused_enough(tiers_[t], key)) {
+          store(t, kDevice, b, key, par, toks, device_.meta[b]);
+        } else {
+          ++tiers_[t].counters.filtered;
+        }
       }
     }
   }
@@ -353,10 +360,13 @@ int64_t TierManager::admitted(int64_t tokens, const std::vector<int64_t>& blocks
     const std::string* par = device_.has_parent[b] ? &device_.parent[b] : nullptr;
     const int64_t* toks = keep_tokens_ ? device_tokens_.data() + static_cast<size_t>(b) * block_size_ : nullptr;
     for (int32_t t = 0; t < num_tiers(); ++t) {
-      const Slots& s = tiers_[t];
-      if (s.spec.write == TierWrite::kSelective && m.hits >= s.spec.min_hits && s.index.first(key) < 0 &&
-          reused_enough(s, key)) {
-        store(t, kDevice, b, key, par, toks, m);
+      Slots& s = tiers_[t];
+      if (s.spec.write == TierWrite::kSelective && m.hits >= s.spec.min_hits && s.index.first(key) < 0) {
+        if (reused_enough(s, key)) {
+          store(t, kDevice, b, key, par, toks, m);
+        } else {
+          ++s.counters.filtered;
+        }
       }
     }
   }

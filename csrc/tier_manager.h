@@ -112,6 +112,7 @@ struct TierCounters {
   int64_t demotions = 0;   // of those, moved down to the next tier
   int64_t refused = 0;     // stores refused: no unpinned slot, or a failed write
   int64_t errors = 0;      // blocks found bad when loaded (checksum, truncation)
+  int64_t filtered = 0;    // blocks its admission filter kept out (store_threshold; min_hits on on_evict)
 };
 
 class TierManager {

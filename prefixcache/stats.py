@@ -28,6 +28,9 @@ class TierStats:
     demotions:     of those, BLOCKS moved down to the next tier
     refused:       stores refused: no slot could be freed, or the write failed (a full disk)
     errors:        BLOCKS found bad when read (checksum, truncation): misses, never KV
+    filtered:      BLOCKS the tier's admission filter kept out: offered (demoted from
+                   above, written through, copied) before `store_threshold` requests used
+                   them, or demoted to an on_evict tier with fewer than `min_hits` hits
     bytes_written: BYTES of KV stored into it (stores x block bytes of the cost model,
                    or of the engine's model)
     used_blocks:   BLOCKS it holds now
@@ -42,6 +45,7 @@ class TierStats:
     demotions: int = 0
     refused: int = 0
     errors: int = 0
+    filtered: int = 0
     bytes_written: int = 0
     used_blocks: int = 0
 

@@ -290,6 +290,7 @@ class Tiers:
                     demotions=c["demotions"],
                     refused=c["refused"],
                     errors=c["errors"],
+                    filtered=c["filtered"],
                     bytes_written=c["stores"] * self.block_bytes,
                     used_blocks=self.native.num_used(t),
                 )

@@ -165,7 +165,7 @@ def test_store_threshold_admits_a_block_at_its_second_use_even_after_it_was_lost
     m = cache.match(first)
     assert m.num_tokens == 6 and m.tiers == (0, 0, 0)
     assert cache.match(other).num_tokens == 0
-    assert cache.stats().tiers[0].stores == 3
+    assert (cache.stats().tiers[0].stores, cache.stats().tiers[0].filtered) == (3, 6)  # a's, then b's, kept out
     cache.check_invariants()
 
 
@@ -178,6 +178,7 @@ def test_a_reuse_tracker_forgets_the_least_recently_used_hashes(backend):
     run(cache, "c", [1, 2, 3, 4, 5, 6, 7])  # so this use counts as their first
     run(cache, "d", [21, 22, 23, 24, 25, 26, 27])
     assert cache.drain_transfers() == [] and cache.stats().tiers[0].stores == 0
+    assert cache.stats().tiers[0].filtered == 9
     cache.check_invariants()
 
 

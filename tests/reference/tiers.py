@@ -64,7 +64,8 @@ class Tier:
     clock: int = 0
     seq: int = 0
     counters: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(("hits", "loads", "stores", "evictions", "demotions", "refused", "errors"), 0)
+        default_factory=lambda: dict.fromkeys(
+            ("hits", "loads", "stores", "evictions", "demotions", "refused", "errors", "filtered"), 0)
     )
 
     def __post_init__(self) -> None:
@@ -139,7 +140,10 @@ class PyTierManager:
         if nxt >= len(self.tiers) or self.tiers[nxt].slot_of(key) is not None:
             return
         tier = self.tiers[nxt]
-        if tier.write != "on_evict" or meta.hits < tier.min_hits or not tier.reused_enough(key):
+        if tier.write != "on_evict":
+            return
+        if meta.hits < tier.min_hits or not tier.reused_enough(key):
+            tier.counters["filtered"] += 1
             return
         self._store(nxt, t, src, key, parent, tokens, meta)
 
@@ -174,8 +178,11 @@ class PyTierManager:
             self.device[b] = (key, up, meta, toks)
             self._count_use(key)
             for t, tier in enumerate(self.tiers):
-                if tier.write == "write_through" and tier.slot_of(key) is None and tier.reused_enough(key):
-                    self._store(t, DEVICE, b, key, up, toks, meta)
+                if tier.write == "write_through" and tier.slot_of(key) is None:
+                    if tier.reused_enough(key):
+                        self._store(t, DEVICE, b, key, up, toks, meta)
+                    else:
+                        tier.counters["filtered"] += 1
 
     def admitted(self, tokens: int, blocks: list[int], request_tokens: int) -> int:
         self.traffic += tokens
@@ -193,9 +200,11 @@ class PyTierManager:
             m.depth = max(m.depth, depth)
             self._count_use(key)
             for t, tier in enumerate(self.tiers):
-                if (tier.write == "selective" and m.hits >= tier.min_hits and tier.slot_of(key) is None
-                        and tier.reused_enough(key)):
-                    self._store(t, DEVICE, b, key, up, toks, m)
+                if tier.write == "selective" and m.hits >= tier.min_hits and tier.slot_of(key) is None:
+                    if tier.reused_enough(key):
+                        self._store(t, DEVICE, b, key, up, toks, m)
+                    else:
+                        tier.counters["filtered"] += 1
         return depth
 
     def device_evicted(self, blocks: list[int]) -> None:
