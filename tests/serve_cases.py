@@ -16,11 +16,12 @@ LOOPBACK_ZMQ = "tcp://127.0.0.1:*"
 
 
 def serve_config(backend: str = "hash", *, prefix_caching: bool = True, block_size: int = 4, num_blocks: int = 256,
-                 events: bool | dict[str, Any] = False, server: dict[str, Any] | None = None, **engine: Any):
+                 events: bool | dict[str, Any] = False, server: dict[str, Any] | None = None,
+                 cache: dict[str, Any] | None = None, **engine: Any):
     """A tiny-model serve config; `events`: True or extra `kv_events:` keys; `server`:
-    the `server:` section's keys."""
+    the `server:` section's keys; `cache`: more `cache:` keys (`tiers`)."""
     data: dict[str, Any] = {
-        "cache": {"backend": backend, "block_size": block_size, "num_blocks": num_blocks},
+        "cache": {"backend": backend, "block_size": block_size, "num_blocks": num_blocks, **(cache or {})},
         "engine": {"model": "tiny", "prefix_caching": prefix_caching, "num_threads": 1, **engine},
     }
     if events:

@@ -81,3 +81,22 @@ def test_gauges_show_requests_in_flight(tiny):
             assert 0 < value(m, "vllm:kv_cache_usage_perc") <= 1
         idle(replica)
         assert value(scrape(replica.base_url), "vllm:request_success_total", finished_reason="abort") == 2
+
+
+@pytest.mark.parametrize("backend", ["hash", "radix"])
+def test_a_lower_tier_has_its_counters_and_they_agree_with_stats(tiny, backend):
+    cpu = {"medium": "CPU", "num_blocks": 64}
+    with running(tiny, backend, num_blocks=24, cache={"tiers": [cpu]}) as replica, \
+            httpx.Client(base_url=replica.base_url, timeout=30) as http:
+        first = list(range(10, 50))
+        for prompt in (first, list(range(100, 140)), list(range(200, 240)), first):  # first: demoted, loaded back
+            http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2, "ignore_eos": True})
+        idle(replica)
+        tier = in_engine(replica, lambda e: e.cache.stats()).tiers[0]
+        m = scrape(replica.base_url)
+        labels = {"backend": backend, "tier": "0", "medium": "CPU"}
+        assert tier.loads > 0 and tier.stores > 0
+        for field in ("hit_tokens", "loaded_tokens", "loads", "stores", "evictions", "refused", "errors", "filtered",
+                      "bytes_written"):
+            assert value(m, f"prefixcache:tier_{field}_total", **labels) == getattr(tier, field), field
+        assert value(m, "prefixcache:tier_used_blocks", **labels) == tier.used_blocks > 0

@@ -28,6 +28,13 @@ prometheus_client and vLLM write it.
 - `prefixcache:kv_event_batches_dropped` (label `reason`), counter: KV event batches
   the publisher could not deliver (`sync_publisher`, read at scrape time): hwm (a
   subscriber's queue was full), replay (asked for after the replay buffer let it go).
+- With lower tiers (`cache.tiers`), per tier (labels `tier`, its index below the device,
+  and `medium`, as its KV events name it: CPU, STORAGE), counters from `stats().tiers`:
+  `prefixcache:tier_hit_tokens`, `prefixcache:tier_loaded_tokens` (TOKENS),
+  `prefixcache:tier_loads`, `prefixcache:tier_stores`, `prefixcache:tier_evictions`,
+  `prefixcache:tier_refused`, `prefixcache:tier_errors`, `prefixcache:tier_filtered`
+  (BLOCKS), `prefixcache:tier_bytes_written` (BYTES); and the gauge
+  `prefixcache:tier_used_blocks`.
 
 Must never: call the engine or the cache from outside the engine thread (the scrape
 handler asks the engine loop to run `sync_gauges`), or register into the global registry.
@@ -42,7 +49,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from prefixcache.engine.engine import Engine, StepOutput
-from prefixcache.stats import CacheStats
+from prefixcache.stats import CacheStats, TierStats
 
 __all__ = ["ServingMetrics", "CONTENT_TYPE_LATEST", "TTFT_BUCKETS", "ITL_BUCKETS", "LATENCY_BUCKETS", "REFUSALS",
            "BATCH_DROPS", "FINISH_REASONS"]
@@ -60,6 +67,18 @@ FINISH_REASONS = ("stop", "length", "abort", "error")
 REFUSALS = ("queue_full", "body_too_large", "body_timeout", "header_timeout", "connection_shed", "connection_refused")
 # Why the publisher could not deliver a batch (`prefixcache:kv_event_batches_dropped`).
 BATCH_DROPS = ("hwm", "replay")
+# A lower tier's counters (`TierStats` fields) and their help, as `prefixcache:tier_<field>`.
+TIER_COUNTERS = {
+    "hit_tokens": "Prompt tokens admissions found in this tier (TOKENS).",
+    "loaded_tokens": "Prompt tokens loaded from this tier to the device (TOKENS).",
+    "loads": "Blocks loaded from this tier to the device (BLOCKS).",
+    "stores": "Blocks written into this tier (BLOCKS).",
+    "evictions": "Blocks this tier dropped or moved down to make room (BLOCKS).",
+    "refused": "Stores this tier refused: no slot, or a failed write (BLOCKS).",
+    "errors": "Blocks found bad when read from this tier (BLOCKS).",
+    "filtered": "Blocks this tier's admission filter kept out (BLOCKS).",
+    "bytes_written": "KV written into this tier (BYTES).",
+}
 
 
 @dataclass
@@ -130,6 +149,10 @@ class ServingMetrics:
                         "KV event batches the publisher could not deliver to a subscriber.", ours + ["reason"])
         self.batch_drops = {reason: drops.labels(*o, reason) for reason in BATCH_DROPS}
         self._batch_drops_seen = dict.fromkeys(BATCH_DROPS, 0)
+        tier_labels = ours + ["tier", "medium"]
+        self._tier_counters = {field: counter(f"prefixcache:tier_{field}", doc, tier_labels)
+                               for field, doc in TIER_COUNTERS.items()}
+        self._tier_used = gauge("prefixcache:tier_used_blocks", "Blocks this tier holds now (BLOCKS).", tier_labels)
         Gauge("prefixcache:backend_info", "The caching strategy of this replica (value 1).",
               ours + ["block_size", "num_blocks"], registry=r).labels(*o, str(block_size), str(num_blocks)).set(1)
         self._live: dict[str, _Live] = {}
@@ -179,6 +202,12 @@ class ServingMetrics:
             self.evictions.inc(stats.evictions - seen.evictions)
             self.rejections.inc(stats.rejected - seen.rejected)
             self.events_dropped.inc(stats.events_dropped - seen.events_dropped)
+            for t, tier in enumerate(stats.tiers):
+                before = seen.tiers[t] if t < len(seen.tiers) else TierStats(tier.medium)
+                labels = (*self._ours, str(t), tier.medium)
+                for field, family in self._tier_counters.items():
+                    family.labels(*labels).inc(getattr(tier, field) - getattr(before, field))
+                self._tier_used.labels(*labels).set(tier.used_blocks)
             self._seen = stats
             preemptions = engine.scheduler.num_preemptions
             self.num_preemptions.inc(preemptions - self._preemptions_seen)
