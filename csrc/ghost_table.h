@@ -1,14 +1,16 @@
-// GhostTable: a bounded memory of evicted content, for policies that count
-// reuse across evictions (ARC's ghost lists, in one table).
+// GhostTable: a bounded memory of content use that outlives the content, for
+// policies that count reuse across evictions (ARC's ghost lists, in one table)
+// and for a lower tier's reuse filter (TierManager's `store_threshold`).
 //
-// Owns: content key -> use count of the content when it was evicted, for at
-// most `capacity` keys; the oldest put is forgotten first (a FIFO by put
-// order, re-putting a key moves it to the back). Mirrors GhostTable in
-// tests/reference/ghost_table.py, entry for entry.
+// Owns: content key -> a use count (the content's when it was evicted; a tier's
+// uses so far), for at most `capacity` keys; the oldest put is forgotten first
+// (a FIFO by put order, re-putting a key moves it to the back). Mirrors
+// GhostTable in tests/reference/ghost_table.py, entry for entry.
 //
 // Never does: know what a key means. Keys are 64-bit content hashes (a block
 // hash's first 8 bytes, or a radix page's chained hash); a collision only
-// makes a policy count a use it should not, never a wrong hit.
+// makes a policy count a use it should not (or a tier store a block early),
+// never a wrong hit.
 // Cost: O(1) amortized per put / take; memory O(capacity).
 #pragma once
 

@@ -1,9 +1,11 @@
 """The ghost table in plain Python: the readable twin of csrc/ghost_table.h.
 
-Owns the bounded memory of evicted content that history-aware policies read (key ->
-use count at eviction) and the 64-bit content keys the radix tree chains its pages
-under. Entry for entry what the native table keeps; the twins of the tree and the
-block evictor use it, and the tests compare their answers with the native ones.
+Owns the bounded memory of content use that outlives the content (key -> use count:
+at eviction, for the history-aware policies; so far, for a tier's reuse filter), the
+block-hash key (`ghost_key`), and the 64-bit content keys the radix tree chains its
+pages under. Entry for entry what the native table keeps; the twins of the tree, the
+block evictor and the tier manager use it, and the tests compare their answers with
+the native ones.
 
 Must never: rank candidates or touch a pool; it only remembers.
 """
