@@ -105,6 +105,12 @@ def disk(workload, plan, path: Path) -> None:
     # model (64 MiB) loads slower than it computes, and the cost model declines every disk hit.
     print(f"\n== disk (7 GB/s) below device 1M + host 2M: 8M tokens ({load()}); target <= 25% of write_through's "
           "bytes for <= 0.01 loss")
+    def against(r: ArmResult, base: ArmResult) -> str:
+        ratio = r.tiers[1].bytes_written / base.tiers[1].bytes_written
+        loss = base.hit_ratio - r.hit_ratio
+        verdict = "ok" if ratio <= 0.25 and loss <= 0.01 else "not both"
+        return f"| disk bytes {ratio:.1%} of write_through, loss {loss:+.4f} -> {verdict}"
+
     results = {}
     disk = dict(num_blocks=blocks(8 * M), path=str(path), bandwidth_gbps=7.0)
     for name, d in (("write_through", TierConfig("DISK", write="write_through", **disk)),
@@ -118,18 +124,12 @@ def disk(workload, plan, path: Path) -> None:
                                                                           reuse_tracker_size=disk["num_blocks"], **disk)),
                     ("on_evict store_threshold 3", TierConfig("DISK", store_threshold=3, **disk))):  # fmt: skip
         r = results[name] = replay_arm(workload, name, arm("hash", 1 * M, host(2 * M), d))
-        base = results["write_through"]
-        ratio = r.tiers[1].bytes_written / base.tiers[1].bytes_written
-        loss = base.hit_ratio - r.hit_ratio
-        verdict = "ok" if ratio <= 0.25 and loss <= 0.01 else "not both"
-        row(f"hash disk {name}", r, f"| disk bytes {ratio:.1%} of write_through, loss {loss:+.4f} -> {verdict}")
+        row(f"hash disk {name}", r, against(r, results["write_through"]))
     # radix: the same keys, write_through against the filter that meets the target on hash
     base = replay_arm(workload, "write_through", arm("radix", 1 * M, host(2 * M), TierConfig("DISK", write="write_through", **disk)))
     row("radix disk write_through", base, "")
     r = replay_arm(workload, "st2", arm("radix", 1 * M, host(2 * M), TierConfig("DISK", store_threshold=2, **disk)))
-    ratio, loss = r.tiers[1].bytes_written / base.tiers[1].bytes_written, base.hit_ratio - r.hit_ratio
-    row("radix disk on_evict store_threshold 2", r, f"| disk bytes {ratio:.1%} of write_through, loss {loss:+.4f} -> "
-        f"{'ok' if ratio <= 0.25 and loss <= 0.01 else 'not both'}")
+    row("radix disk on_evict store_threshold 2", r, against(r, base))
 
 
 def cost(workload) -> None:

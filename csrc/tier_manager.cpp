@@ -209,11 +209,9 @@ void TierManager::demote(int32_t from, int32_t src, std::string_view key, const 
 }
 
 void TierManager::count_use(std::string_view key) {
+  const uint64_t k = block_ghost_key(key);
   for (Slots& s : tiers_) {
-    if (s.reuse.enabled()) {
-      const uint64_t k = block_ghost_key(key);
-      s.reuse.put(k, s.reuse.peek(k) + 1);
-    }
+    if (s.reuse.enabled()) s.reuse.put(k, s.reuse.peek(k) + 1);
   }
 }
 

@@ -364,6 +364,23 @@ def test_in_flight_takes_what_it_credited_off_the_prefill_queue_until_the_first_
     assert router.costs(c, request(PROMPT, i=7))[1] == pytest.approx(ttft_twin(160, 1, 144, 160))
 
 
+def test_in_flight_a_request_routed_again_loses_its_old_credit():
+    index, active = indexed(2), indexed(2, [(1, PROMPT)])
+    router = EstimatedTTFTRouter(context(index, active=active, service=SERVICE))
+    c = columns({}, {"prefill_tokens": 160, "num_requests": 1})
+    retried = request(PROMPT, i=2)
+    assert choose(router, c, retried) == 1  # credited 160 tokens on replica 1
+    c.prefill_tokens[1] += 160
+    assert router.costs(c, request(PROMPT, i=3))[1] == pytest.approx(ttft_twin(160, 1, 144, 160))
+    router.choose_replicas(c, retried)  # its call failed; the retry goes to replica 0, with nothing to credit
+    router.on_request_routed(retried, 0)
+    assert router.costs(c, request(PROMPT, i=3))[1] == pytest.approx(ttft_twin(320, 1, 144, 160))
+    # costs() is a query: it records no choice, so routing after it credits nothing
+    router.costs(c, request(PROMPT, i=4))
+    router.on_request_routed(request(PROMPT, i=4), 1)
+    assert router.costs(c, request(PROMPT, i=3))[1] == pytest.approx(ttft_twin(320, 1, 144, 160))
+
+
 def test_the_native_ttft_cost_is_its_twin():
     from array import array
 

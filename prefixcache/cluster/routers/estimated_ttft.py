@@ -114,10 +114,15 @@ class EstimatedTTFTRouter(Router):
 
     def costs(self, candidates: Candidates, request: RoutingRequest) -> list[float]:
         """Each candidate's cost in SECONDS, in candidate order (the module docstring)."""
-        return estimated_ttft_costs(*self._arguments(candidates, request))
+        return estimated_ttft_costs(*self._arguments(candidates, request)[0])
 
     def choose_replicas(self, candidates: Candidates, request: RoutingRequest) -> Ranked:
-        lowest = estimated_ttft_lowest(*self._arguments(candidates, request))
+        arguments, seen = self._arguments(candidates, request)
+        if seen is not None:  # kept for on_request_routed, which credits what the index missed
+            if len(self._chosen) >= _MAX_CHOSEN:
+                self._chosen.pop(next(iter(self._chosen)))
+            self._chosen[request.request_id] = seen
+        lowest = estimated_ttft_lowest(*arguments)
         return [[lowest[0] if len(lowest) == 1 else self.context.rng.choice(lowest)]]
 
     def on_request_routed(self, request: RoutingRequest, replica: ReplicaId) -> None:
@@ -128,8 +133,8 @@ class EstimatedTTFTRouter(Router):
         prompt, block = request.num_prompt_tokens, self.context.block_size
         seen = indexed.get(replica, 0)
         credit = max(prompt - seen * block, 0) - max(prompt - max(seen, active.get(replica, 0)) * block, 0)
+        self._uncredit(request)  # routed again (a retry): its old credit goes, whatever the new one
         if credit > 0:
-            self._uncredit(request)  # routed again (a retry): its old credit goes
             self._credit[request.request_id] = (replica, credit)
             self._credited[replica] = self._credited.get(replica, 0) + credit
 
@@ -154,12 +159,13 @@ class EstimatedTTFTRouter(Router):
             else:
                 self._credited.pop(replica, None)
 
-    def _arguments(self, candidates: Candidates, request: RoutingRequest) -> tuple:
+    def _arguments(self, candidates: Candidates, request: RoutingRequest) -> tuple[tuple, tuple | None]:
         """The native cost's arguments: the load columns (prefill TOKENS less what this
         router credited), each candidate's cached BLOCKS of the prompt (by position), the
-        prompt's TOKENS and the model."""
+        prompt's TOKENS and the model; and with in_flight, the BLOCKS the index and the
+        active sequences showed per replica (None without)."""
         hashes = request.hashes
-        overlaps = None
+        overlaps = seen = None
         prefill = candidates.prefill_tokens
         if len(hashes):
             indexed = self.index.longest_prefix(hashes)
@@ -169,9 +175,7 @@ class EstimatedTTFTRouter(Router):
                 for i, blocks in candidates.by_position(active).items():
                     if blocks > overlaps.get(i, 0):
                         overlaps[i] = blocks
-                if len(self._chosen) >= _MAX_CHOSEN:
-                    self._chosen.pop(next(iter(self._chosen)))
-                self._chosen[request.request_id] = (indexed, active)
+                seen = (indexed, active)
         if self._credited:
             prefill = array("q", prefill)
             for replica, tokens in self._credited.items():
@@ -179,4 +183,4 @@ class EstimatedTTFTRouter(Router):
                 if i is not None:
                     prefill[i] = max(prefill[i] - tokens, 0)
         return (prefill, candidates.num_requests, candidates.queued_requests, overlaps,
-                request.num_prompt_tokens, self.context.block_size, *self._model)
+                request.num_prompt_tokens, self.context.block_size, *self._model), seen
