@@ -41,8 +41,13 @@ full-attention ceiling at the arm's block size hits on a request and the layout'
 ceiling does not are "uncacheable by layout", counted apart from the misses a larger pool
 or a better policy could avoid (`uncacheable_by_layout`, `of_layout_ceiling`). It is a
 reference line measured on the arm's own rules, not a proof: a replay hits what it
-hits, request by request. And the bytes a cached token costs in each group, from the
-layout's sizes (`bytes_per_token`). There is no hybrid-aware Belady line.
+hits, request by request. Then Belady over the layout's units at the arm's pool
+(`layout_belady`, `prefixcache.workloads.layout_bounds`): what eviction alone could
+keep at that size when a hit needs every group's blocks, with every window block and
+every state a request computed offered to the cache (so it may pass the layout
+ceiling, which keeps only what the arm's retention keeps), planned at the arm's
+`state_granule` where it has one. And the bytes a cached token
+costs in each group, from the layout's sizes (`bytes_per_token`).
 
 Measured per arm: per-request hit tokens (`HitCounts`), evicted blocks (the cache's own
 `stats().evictions`), peak pinned blocks (the most distinct blocks that live requests'
@@ -74,7 +79,7 @@ from prefixcache.percentiles import percentile
 from prefixcache.protocol import PrefixCache
 from prefixcache.stats import TierStats
 from prefixcache.tiers import prefill_seconds_saved
-from prefixcache.workloads import BlockPlan, BoundResult, HitCounts, Workload, belady, infinite_cache
+from prefixcache.workloads import BlockPlan, BoundResult, HitCounts, Workload, belady, infinite_cache, layout_belady
 from prefixcache.workloads.tokens import TokenRuns
 from prefixcache.workloads.metrics import HitRatios
 
@@ -135,6 +140,8 @@ class ArmResult(HitRatios):
     declined_tokens:  TOKENS found in lower tiers that admissions recomputed (cost model)
     layout_ceiling:   hybrid layouts: per-request hits of the same replay with a pool that
                       never evicts (module docstring); None otherwise
+    layout_belady:    hybrid layouts: per-request hits of Belady over the layout's units
+                      with the arm's pool (module docstring); None otherwise
     """
 
     name: str
@@ -152,6 +159,7 @@ class ArmResult(HitRatios):
     prefill_s_saved: float = 0.0
     declined_tokens: int = 0
     layout_ceiling: HitCounts | None = None
+    layout_belady: HitCounts | None = None
 
     @property
     def block_size(self) -> int:
@@ -222,6 +230,7 @@ class ArmResult(HitRatios):
             **({"tiers": [dataclasses.asdict(t) for t in self.tiers], "prefill_s_saved": self.prefill_s_saved,
                 "declined_tokens": self.declined_tokens} if self.tiers else {}),
             "layout_ceiling_hit_tokens": None if self.layout_ceiling is None else list(self.layout_ceiling.hit_tokens),
+            "layout_belady_hit_tokens": None if self.layout_belady is None else list(self.layout_belady.hit_tokens),
         }
 
     @classmethod
@@ -234,6 +243,7 @@ class ArmResult(HitRatios):
             tuple(TierStats(**t) for t in data.get("tiers", ())), data.get("prefill_s_saved", 0.0),
             data.get("declined_tokens", 0),
             None if data.get("layout_ceiling_hit_tokens") is None else HitCounts(data["layout_ceiling_hit_tokens"], prompt_tokens),
+            None if data.get("layout_belady_hit_tokens") is None else HitCounts(data["layout_belady_hit_tokens"], prompt_tokens),
         )
 
 
@@ -394,14 +404,18 @@ def replay_arm(
     if progress is not None:
         progress(name, n, n)
     prompts = [len(r.prompt) for r in workload.requests]
-    ceiling = None
+    ceiling = unit_belady = None
     if config.groups.hybrid:
         ceiling = HitCounts(_layout_ceiling(workload, config, max_concurrent), prompts)
+        # Hits finer than the block (hash's `state_granule`) are planned at that granule.
+        granule = config.options.get("state_granule") or bs
+        unit_belady = layout_belady(BlockPlan.of(workload, granule), config.groups, config.num_blocks, bs).hits
     stats = cache.stats()
     return ArmResult(
         name, config, HitCounts(state.hits, prompts), tuple(t / 1000.0 for t in state.ns),
         stats.evictions, state.peak_pinned, dict(state.events), tuple(rejected), state.waits,
         time.perf_counter() - t0, state.first_eviction, stats.tiers, state.saved_s, state.declined, ceiling,
+        unit_belady,
     )
 
 
@@ -514,7 +528,7 @@ class ABResult:
                 "bookkeeping_us_p50": None, "bookkeeping_us_p99": None, "events": None,
                 "rejected": len(b.rejected), "waits": None, **tier_columns(None, depth),
                 "layout_ceiling_hit_ratio": None, "of_layout_ceiling": None, "uncacheable_by_layout": None,
-                "bytes_per_token": None,
+                "layout_belady_hit_ratio": None, "bytes_per_token": None,
             })
         return rows
 
@@ -522,13 +536,14 @@ class ABResult:
         """A hybrid arm's ceiling columns (None for a full-attention arm)."""
         if a.layout_ceiling is None:
             return {"layout_ceiling_hit_ratio": None, "of_layout_ceiling": None, "uncacheable_by_layout": None,
-                    "bytes_per_token": a.bytes_per_token}  # fmt: skip
+                    "layout_belady_hit_ratio": None, "bytes_per_token": a.bytes_per_token}  # fmt: skip
         ceiling = a.layout_ceiling.total_hit_tokens
         full = next((b for b in self.bounds if b.bound == "infinite" and b.block_size == a.block_size), None)
         return {
             "layout_ceiling_hit_ratio": a.layout_ceiling.hit_ratio,
             "of_layout_ceiling": a.prefill_tokens_saved / ceiling if ceiling else None,
             "uncacheable_by_layout": None if full is None else a.uncacheable_by_layout(full.hits),
+            "layout_belady_hit_ratio": None if a.layout_belady is None else a.layout_belady.hit_ratio,
             "bytes_per_token": a.bytes_per_token,
         }
 

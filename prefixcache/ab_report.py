@@ -66,6 +66,7 @@ _AB_COLUMNS = (
     Column("layout_ceiling_hit_ratio", "layout ceiling", _fixed(4), keep=6),
     Column("of_layout_ceiling", "of it", _fixed(3), keep=6),
     Column("uncacheable_by_layout", "uncacheable by layout", _count, keep=5),
+    Column("layout_belady_hit_ratio", "layout Belady", _fixed(4), keep=6),
     Column("bytes_per_token", "bytes/token per group", lambda v: "-" if v is None else v, keep=0, left=True),
 )
 
@@ -95,7 +96,7 @@ def ab_table(result: ABResult) -> Table:
     analytic = ", ".join(f"B={b}: {r:.4f}" for b, r in w["analytic_hit_ratio"].items() if r is not None)
     rows = result.summary_rows()
     optional = ("rejected", "waits", "layout_ceiling_hit_ratio", "of_layout_ceiling", "uncacheable_by_layout",
-                "bytes_per_token")  # fmt: skip
+                "layout_belady_hit_ratio", "bytes_per_token")  # fmt: skip
     hidden = {key for key in optional if not any(r[key] is not None and r[key] != 0 for r in rows)}
     return Table(
         title=f"A/B on {w['name']}: {w['requests']:,} requests, {w['prompt_tokens']:,} prompt tokens, "

@@ -320,3 +320,26 @@ def test_hybrid_arms_report_their_layout_ceiling_and_the_tokens_it_cannot_cache(
     assert rows["fine"]["bytes_per_token"] == "full_attention: 4,096 | mamba: 1,024"
     result.write_json(tmp_path / "ab.json")
     assert ABResult.read_json(tmp_path / "ab.json") == result
+
+
+def test_hybrid_arms_carry_belady_over_the_layouts_units(tmp_path):
+    """Beside a hybrid arm, Belady over its layout's units at the arm's pool: the bound's
+    own result on the workload's plan, reported as a column, kept in the JSON, and here
+    above what the arm's LRU and sparse retention hit; none for a full-attention arm."""
+    from prefixcache.layout import LayerGroup, Layout
+    from prefixcache.workloads import BlockPlan, layout_belady
+
+    w = multi_turn(num_conversations=6, turns=4, system_prompt_len=70, question_len=20, answer_len=30)
+    layout = (LayerGroup("full_attention"), LayerGroup("sliding_window", window=48), LayerGroup("mamba"))
+    hybrid = CacheConfig(backend="hash", block_size=16, layout=layout)
+    result = run_ab(ab(capacity=1024, hash_16=CacheConfig(backend="hash", block_size=16), hybrid=hybrid), w)
+    arm = result.arm("hybrid")
+    expected = layout_belady(BlockPlan.of(w, 16), Layout(layout), 64)
+    assert arm.layout_belady == expected.hits
+    assert arm.layout_belady.total_hit_tokens > arm.hits.total_hit_tokens
+    assert result.arm("hash/16").layout_belady is None
+    rows = {r["series"]: r for r in result.summary_rows()}
+    assert rows["hybrid"]["layout_belady_hit_ratio"] == expected.hit_ratio
+    assert rows["hash/16"]["layout_belady_hit_ratio"] is None
+    result.write_json(tmp_path / "ab.json")
+    assert ABResult.read_json(tmp_path / "ab.json") == result

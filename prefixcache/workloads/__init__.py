@@ -4,7 +4,8 @@ A workload is a deterministic (seeded) stream of requests (arrival time, prompt 
 output tokens, namespace). This package owns the data model (`workload`, `tokens`), the
 generators (one module each, listed in `catalog`), the Mooncake trace reader and writer
 (`mooncake`), its own save format (`files`), and the block-level replay model with the
-infinite-cache ceiling and Belady's rule (`blocks`, `bounds`, `metrics`).
+infinite-cache ceiling and Belady's rule (`blocks`, `bounds`, `metrics`), and Belady's rule
+over a hybrid layout's units (`layout_bounds`).
 
 Must never: import a backend or the engine; it talks to caches only through what a replay
 hands to `PrefixCache`, and the bounds model that replay without any cache.
@@ -23,6 +24,7 @@ from prefixcache.workloads.bounds import BoundResult, belady, infinite_cache
 from prefixcache.workloads.catalog import GENERATORS, analytic_for, generate
 from prefixcache.workloads.few_shot import few_shot
 from prefixcache.workloads.files import load_workload, save_workload
+from prefixcache.workloads.layout_bounds import layout_belady
 from prefixcache.workloads.metrics import HitCounts
 from prefixcache.workloads.mooncake import (
     MooncakeRecord,
@@ -71,4 +73,5 @@ __all__ = [
     "HitCounts",
     "infinite_cache",
     "belady",
+    "layout_belady",
 ]
