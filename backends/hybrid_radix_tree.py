@@ -43,6 +43,7 @@ SGLang's scheduler and UnifiedRadixCache do), or free an id it does not own.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -63,6 +64,13 @@ FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
 # Cascade priority on an inner node (a leaf: all 0): evicting one component of a node
 # evicts the node's components of lower or equal priority.
 _INNER_PRIORITY = {FULL: 2, SWA: 1, MAMBA: 0}
+_NO_TOKENS = array("q")  # the root's key; keys are only ever sliced, never changed in place
+
+
+def _int64_tokens(tokens: Sequence[int]) -> array:
+    """`tokens` as an int64 array, the type of every node's key (the requests' own
+    token buffers already are: no copy)."""
+    return tokens if isinstance(tokens, array) and tokens.typecode == "q" else array("q", tokens)
 
 
 class TreeNode:
@@ -78,7 +86,7 @@ class TreeNode:
         self.id = node_id
         self.parent: TreeNode | None = None
         self.children: dict = {}
-        self.key: tuple[int, ...] = ()
+        self.key: array = _NO_TOKENS  # int64, as the requests' tokens: compared in C, never as tuples
         self.full: list[int] | None = None
         self.swa: list[int] | None = None
         self.mamba: int | None = None
@@ -304,7 +312,8 @@ class HybridTree:
         """SGLang's device leaf: FULL pages, no lock on any component, no child with pages."""
         if node is self.root or node.full is None or any(node.locks):
             return False
-        return not any(ch.full is not None for ch in node.children.values())
+        # Every child has pages: a node loses them only as it leaves the tree (check_invariants).
+        return not node.children
 
     def _refresh_leaf(self, node: TreeNode) -> None:
         if self.is_leaf(node):
@@ -326,16 +335,17 @@ class HybridTree:
             self._on_store(node, c, 0, len(node.key) // self.page)
 
     # -- matching ----------------------------------------------------------------------
-    def _match_len(self, node_key: tuple[int, ...], tokens: Sequence[int], offset: int) -> int:
-        """Tokens of `node_key` that `tokens[offset:]` starts with, whole pages."""
+    def _match_len(self, node_key: array, tokens: array, offset: int) -> int:
+        """Tokens of `node_key` that `tokens[offset:]` starts with, whole pages (two
+        int64 arrays: each comparison is one typed loop in C)."""
         n = min(len(node_key), len(tokens) - offset)
-        if tuple(tokens[offset : offset + n]) == node_key[:n]:
+        if tokens[offset : offset + n] == node_key[:n]:
             m = n
         else:
             lo, hi = 0, n  # first mismatch lies in [lo, hi)
             while hi - lo > 1:
                 mid = (lo + hi) // 2
-                if tuple(tokens[offset + lo : offset + mid]) == node_key[lo:mid]:
+                if tokens[offset + lo : offset + mid] == node_key[lo:mid]:
                     lo = mid
                 else:
                     hi = mid
@@ -347,6 +357,7 @@ class HybridTree:
         every component accepts (module docstring). `mutate`: SGLang's match_prefix
         (splits the node a match ends inside, refreshes recency); else a pure look-up
         with the same answer."""
+        tokens = _int64_tokens(tokens)
         n = len(tokens) // self.page * self.page
         node = self.root
         best, best_len, full_hit = self.root, 0, 0
@@ -440,7 +451,7 @@ class HybridTree:
         first = self._child_key(parent, child.key, 0, child.ns)
         new.parent, new.key, new.ns = parent, child.key[:split_len], child.ns
         child.parent, child.key = new, child.key[split_len:]
-        new.children = {child.key[: self.page]: child}
+        new.children = {self._child_key(new, child.key, 0, child.ns): child}
         new.full, child.full = child.full[:p], child.full[p:]  # type: ignore[index]
         new.locks[FULL] = child.locks[FULL]
         if self.has_swa:
@@ -459,7 +470,7 @@ class HybridTree:
         self._refresh_leaf(child)
         return new
 
-    def _add_leaf(self, parent: TreeNode, key: tuple[int, ...], pages: list[int], ns: object,
+    def _add_leaf(self, parent: TreeNode, key: array, pages: list[int], ns: object,
                   hashes: list[bytes] | None) -> TreeNode:  # fmt: skip
         node = self._new_node()
         node.parent, node.key, node.full, node.ns, node.hashes = parent, key, pages, ns, hashes
@@ -588,6 +599,7 @@ class HybridTree:
         below `swa_evicted`. Duplicates are freed through `free`; pages the tree keeps
         are the tree's from now on."""
         page = self.page
+        tokens = _int64_tokens(tokens)
         n = len(tokens) // page * page
         self.root.last_access = self._tick()
         if n == 0:
@@ -619,7 +631,7 @@ class HybridTree:
         out = InsertOutcome(total, node)
         if total < n:
             a = self._pages(total)
-            leaf = self._add_leaf(node, tuple(tokens[total:n]), list(pages[a : self._pages(n)]), ns,
+            leaf = self._add_leaf(node, tokens[total:n], list(pages[a : self._pages(n)]), ns,
                                   list(hashes[a : self._pages(n)]) if hashes is not None else None)  # fmt: skip
             target, new_leaf = leaf, True
         else:
@@ -868,7 +880,7 @@ class HybridTree:
             if not self.has_swa and node.swa is not None or not self.has_mamba and node.mamba is not None:
                 raise AssertionError(f"{nid}: a value for a component the tree does not have")
             for key, ch in node.children.items():
-                if ch.parent is not node or key != ch.key[:page]:
+                if ch.parent is not node or key != tuple(ch.key[:page]):
                     raise AssertionError(f"{nid}: child {ch.id} is linked wrong")
             got = node.locks
             exp = want.get(node.id, [0, 0, 0])
@@ -882,7 +894,7 @@ class HybridTree:
             if self.is_leaf(node) != (node in self.leaves):
                 raise AssertionError(f"{nid}: the evictable-leaf set is wrong about it")
         for root_key, ch in self.root.children.items():
-            if root_key != (ch.ns, ch.key[:page]):
+            if root_key != (ch.ns, tuple(ch.key[:page])):
                 raise AssertionError(f"root child {ch.id} is keyed wrong")
         if count != self.num_nodes:
             raise AssertionError(f"{count} nodes reachable, {self.num_nodes} counted")
