@@ -20,8 +20,8 @@ digests as they are, as in the single-group cache.
 
 Must never: decide the hit of the whole request (`hybrid_hash.HybridHashCache`, vLLM's
 coordinator, reconciles the groups), record events or stats, or run a Python loop per
-block where a native call does the work (the full-attention chain is one
-`lookup_chain_packed`).
+block where a native call does the work (every group's chain is one
+`lookup_chain_packed`, the group's suffix appended in C++).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ __all__ = [
     "group_key",
     "group_suffix",
     "make_group",
+    "live_blocks",
 ]
 
 
@@ -68,6 +69,19 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def live_blocks(row: Sequence[int]) -> Sequence[int]:
+    """The entries of `row` that are not NULL_BLOCK, in order (`row` itself when it has
+    none: read it, do not change it). A hit row's NULL_BLOCKs all lead (the blocks a
+    group skips), so that case costs two C-level scans and a slice, not a Python step
+    per block."""
+    nulls = row.count(NULL_BLOCK)
+    if not nulls:
+        return row
+    if row[:nulls] == [NULL_BLOCK] * nulls:  # (a row that is no list falls through: same answer)
+        return row[nulls:]
+    return [b for b in row if b != NULL_BLOCK]
+
+
 class Lookup:
     """The pool's index seen through group keys (`group_key`)."""
 
@@ -82,14 +96,7 @@ class Lookup:
         that every member holds (vLLM: `get_cached_block` block by block, all members
         or a miss)."""
         ds = self.digest_size
-        rows = []
-        for g in members:
-            if g == 0:
-                rows.append(self.pool.lookup_chain_packed(digests, ds))
-                continue
-            suffix = group_suffix(g)
-            keys = b"".join(digests[i : i + ds] + suffix for i in range(0, len(digests), ds))
-            rows.append(self.pool.lookup_chain_packed(keys, ds + 4))
+        rows = [self.pool.lookup_chain_packed(digests, ds, group_suffix(g)) for g in members]
         n = min(len(r) for r in rows)
         return [list(r[:n]) for r in rows]
 
@@ -173,7 +180,7 @@ class GroupManager:
             return max(required - held, 0)
         skipped_blocks = self.skipped_tokens(total_computed) // bs
         new = max(required - max(skipped_blocks, len(hit) + held), 0)
-        live_hit = [b for b in hit[max(0, skipped_blocks - held) :] if b != NULL_BLOCK]
+        live_hit = live_blocks(hit[max(0, skipped_blocks - held) :])
         return new + (self.pool.count_free(live_hit) if live_hit else 0)
 
     def add_hit(self, state: GroupState, hit: Sequence[int], num_hit_tokens: int) -> None:
@@ -181,7 +188,7 @@ class GroupManager:
         and put them in the table after NULL_BLOCKs for the ones it skips."""
         skipped = self.skipped_tokens(num_hit_tokens) // self.block_size
         kept = list(hit[skipped:]) if skipped > 0 else list(hit)
-        live = [b for b in kept if b != NULL_BLOCK]
+        live = live_blocks(kept)
         if live:
             self.pool.touch(live)
         state.table.extend([NULL_BLOCK] * max(skipped, 0))
@@ -227,7 +234,7 @@ class GroupManager:
     def release_order(self, state: GroupState) -> list[int]:
         """The table's blocks in the order they are freed at release (vLLM `free`:
         reversed, leading NULL_BLOCKs trimmed, inner ones skipped)."""
-        return [b for b in reversed(state.table) if b != NULL_BLOCK]
+        return live_blocks(state.table)[::-1]
 
 
 class FullAttentionGroup(GroupManager):
@@ -328,7 +335,7 @@ class MambaGroup(GroupManager):
         new = required - len(hit) - len(state.table)
         if new > 0:
             new = min(new, 1)  # one physical block a chunk: the state it ends on
-        live_hit = [b for b in hit if b != NULL_BLOCK]
+        live_hit = live_blocks(hit)
         return new + (self.pool.count_free(live_hit) if live_hit else 0)
 
     def allocate(self, state, num_tokens, take):  # type: ignore[override]
@@ -353,7 +360,7 @@ class MambaGroup(GroupManager):
             last = min(skipped // self.block_size, len(state.table))
             first = max(0, state.retired)
             if first < last:
-                freed = [state.table[i] for i in range(last - 1, first - 1, -1) if state.table[i] != NULL_BLOCK]
+                freed = live_blocks(state.table[first:last])[::-1]
                 for i in range(first, last):
                     state.table[i] = NULL_BLOCK
                 if freed:

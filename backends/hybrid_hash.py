@@ -447,12 +447,11 @@ class HybridHashCache(HashCacheBase):
                 keyed = [i for i in (range(start, num_full) if kept is None else kept) if table[i] != NULL_BLOCK]
                 blocks = [table[i] for i in keyed]
             if blocks:
-                suffix = manager.suffix
-                if not suffix and isinstance(keyed, range):
+                if isinstance(keyed, range):
                     keys = bytes(request.digests[start * ds : num_full * ds])
                 else:
-                    keys = b"".join(request.digests[i * ds : (i + 1) * ds] + suffix for i in keyed)
-                self.pool.cache_many_packed(blocks, keys, ds + len(suffix))
+                    keys = b"".join(request.digests[i * ds : (i + 1) * ds] for i in keyed)
+                self.pool.cache_many_packed(blocks, keys, ds, manager.suffix)
             state.num_cached = num_full
             self._events.record_from(self._stored_events, request, manager, start, num_full, keyed)
 

@@ -88,12 +88,13 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
           py::arg("ids"), py::arg("keys"), "cache(ids[i], keys[i]) for each i, all or nothing.")
       .def(
           "cache_many_packed",
-          [](BlockPool& p, py::handle ids, py::handle keys, py::handle key_size) {
+          [](BlockPool& p, py::handle ids, py::handle keys, py::handle key_size, py::handle suffix) {
             ByteBuffer packed(keys, "keys");
-            p.cache_many_packed(to_ids(ids), packed.view(), arg(key_size, "key_size"));
+            p.cache_many_packed(to_ids(ids), packed.view(), arg(key_size, "key_size"), bytes_view(suffix, "suffix"));
           },
-          py::arg("ids"), py::arg("keys"), py::arg("key_size"),
-          "cache_many with the keys packed back to back in one bytes, key_size bytes each.")
+          py::arg("ids"), py::arg("keys"), py::arg("key_size"), py::arg("suffix") = py::bytes(),
+          "cache_many with the keys packed back to back in one bytes, key_size bytes each, each "
+          "followed by `suffix`.")
       .def(
           "uncache", [](BlockPool& p, py::handle id) { return to_bytes(p.uncache(arg(id, "id"))); }, py::arg("id"),
           "Drop block `id`'s key; return it (None if it had none).")
@@ -107,12 +108,13 @@ and leave the pool unchanged. Not thread-safe: call it from one thread.
           py::arg("keys"), "Blocks for the keys in order, stopping at the first miss.")
       .def(
           "lookup_chain_packed",
-          [](const BlockPool& p, py::handle keys, py::handle key_size) {
+          [](const BlockPool& p, py::handle keys, py::handle key_size, py::handle suffix) {
             ByteBuffer packed(keys, "keys");
-            return to_list(p.lookup_chain_packed(packed.view(), arg(key_size, "key_size")));
+            return to_list(p.lookup_chain_packed(packed.view(), arg(key_size, "key_size"), bytes_view(suffix, "suffix")));
           },
-          py::arg("keys"), py::arg("key_size"),
-          "lookup_chain over keys packed back to back in one bytes, key_size bytes each.")
+          py::arg("keys"), py::arg("key_size"), py::arg("suffix") = py::bytes(),
+          "lookup_chain over keys packed back to back in one bytes, key_size bytes each, each "
+          "followed by `suffix`.")
       .def(
           "evict_front",
           [](BlockPool& p, py::handle n) {

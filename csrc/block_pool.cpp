@@ -175,8 +175,14 @@ void BlockPool::cache_many(const std::vector<int64_t>& ids, const std::vector<st
   for (size_t i = 0; i < ids.size(); ++i) index_.insert(static_cast<int32_t>(ids[i]), keys[i]);
 }
 
-void BlockPool::cache_many_packed(const std::vector<int64_t>& ids, std::string_view keys, int64_t key_size) {
-  cache_many(ids, split_packed(keys, key_size, "cache_many_packed"));
+void BlockPool::cache_many_packed(const std::vector<int64_t>& ids, std::string_view keys, int64_t key_size,
+                                  std::string_view suffix) {
+  auto views = split_packed(keys, key_size, "cache_many_packed");
+  if (suffix.empty()) return cache_many(ids, views);
+  std::vector<std::string> owned;
+  owned.reserve(views.size());
+  for (auto v : views) owned.emplace_back(std::string(v).append(suffix));
+  cache_many(ids, std::vector<std::string_view>(owned.begin(), owned.end()));
 }
 
 std::optional<std::string> BlockPool::uncache(int64_t id) {
@@ -209,8 +215,19 @@ std::vector<int32_t> BlockPool::lookup_chain(const std::vector<std::string_view>
   return out;
 }
 
-std::vector<int32_t> BlockPool::lookup_chain_packed(std::string_view keys, int64_t key_size) const {
-  return lookup_chain(split_packed(keys, key_size, "lookup_chain_packed"));
+std::vector<int32_t> BlockPool::lookup_chain_packed(std::string_view keys, int64_t key_size,
+                                                    std::string_view suffix) const {
+  auto views = split_packed(keys, key_size, "lookup_chain_packed");
+  if (suffix.empty()) return lookup_chain(views);
+  std::vector<int32_t> out;
+  std::string key;
+  for (auto v : views) {
+    key.assign(v).append(suffix);
+    int32_t b = index_.first(key);
+    if (b < 0) break;
+    out.push_back(b);
+  }
+  return out;
 }
 
 std::vector<std::string> BlockPool::evict_front(int64_t n) {

@@ -74,8 +74,10 @@ class BlockPool {
   // cache(ids[i], keys[i]) for each i; validated first, so all or nothing.
   void cache_many(const std::vector<int64_t>& ids, const std::vector<std::string_view>& keys);
   // cache_many with the keys packed back to back in `keys`, `key_size` bytes
-  // each (a request's chain of digests as one buffer, no object per key).
-  void cache_many_packed(const std::vector<int64_t>& ids, std::string_view keys, int64_t key_size);
+  // each (a request's chain of digests as one buffer, no object per key), each
+  // key followed by `suffix` (a layer group's mark; empty: none).
+  void cache_many_packed(const std::vector<int64_t>& ids, std::string_view keys, int64_t key_size,
+                         std::string_view suffix = {});
   // Drops block `id`'s key if it has one; returns the key it held.
   std::optional<std::string> uncache(int64_t id);
   // Drops every key (used by reset); returns how many blocks lost one.
@@ -84,8 +86,10 @@ class BlockPool {
   std::optional<int32_t> lookup(std::string_view key) const;
   // Block for each key in order, stopping at the first key not cached.
   std::vector<int32_t> lookup_chain(const std::vector<std::string_view>& keys) const;
-  // lookup_chain over keys packed back to back, `key_size` bytes each.
-  std::vector<int32_t> lookup_chain_packed(std::string_view keys, int64_t key_size) const;
+  // lookup_chain over keys packed back to back, `key_size` bytes each, each
+  // followed by `suffix` (empty: none).
+  std::vector<int32_t> lookup_chain_packed(std::string_view keys, int64_t key_size,
+                                           std::string_view suffix = {}) const;
   // Drops the keys of the first n keyed blocks of the free queue (front =
   // least recently freed) and returns them in queue order; fewer if fewer are
   // free and keyed. The blocks stay where they are: every block ahead of them

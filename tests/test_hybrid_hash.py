@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import prefixcache
 from prefixcache.config import CacheConfig
@@ -194,3 +196,12 @@ def test_radix_refuses_a_hybrid_layout_it_does_not_build_naming_the_key():
     # radix keeps one SWA component (SGLang's one sliding_window_size): two windows are refused.
     with pytest.raises(ConfigError, match="layout"):
         prefixcache.build_cache(CacheConfig(backend="radix", num_blocks=64, layout=(FULL, swa(32), swa(64))))
+
+
+@given(st.lists(st.sampled_from([NULL_BLOCK, NULL_BLOCK, 0, 1, 2, 7]), max_size=12), st.booleans())
+def test_live_blocks_are_the_rows_entries_but_null_blocks_in_order(row, as_tuple):
+    from prefixcache.backends.hybrid_groups import live_blocks
+
+    given_row = tuple(row) if as_tuple else row
+    assert list(live_blocks(given_row)) == [b for b in row if b != NULL_BLOCK]
+    assert given_row == (tuple(row) if as_tuple else row)  # read, never changed
