@@ -320,6 +320,21 @@ def test_packed_keys_are_the_same_as_a_list(make):
     pool.check_invariants()
 
 
+def test_packed_keys_with_a_suffix_are_the_suffixed_keys(make):
+    """A layer group's keys: each packed key followed by the group's mark."""
+    pool = make(6)
+    pool.allocate(4)
+    pool.cache_many_packed([2, 0], b"aabb", 2, b"#1")
+    pool.cache_many_packed([1], b"aa", 2)
+    assert [pool.key(b) for b in (2, 0, 1)] == [b"aa#1", b"bb#1", b"aa"]
+    assert pool.lookup_chain_packed(b"aabbcc", 2, b"#1") == [2, 0]
+    assert pool.lookup_chain_packed(b"aabb", 2) == [1]
+    assert pool.lookup_chain_packed(b"aabb", 2, b"") == [1]
+    with pytest.raises(TypeError, match="suffix"):
+        pool.lookup_chain_packed(b"aa", 2, "#1")
+    pool.check_invariants()
+
+
 def test_packed_keys_errors_change_nothing(make):
     pool = make(4)
     pool.allocate(2)

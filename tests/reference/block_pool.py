@@ -94,6 +94,12 @@ def _split_packed(keys: bytes | bytearray, key_size: int, what: str) -> list[byt
     return [keys[at : at + key_size] for at in range(0, len(keys), key_size)]
 
 
+def _suffix(suffix: bytes) -> bytes:
+    if not isinstance(suffix, bytes):
+        raise TypeError(f"suffix must be bytes, got {type(suffix).__name__}")
+    return suffix
+
+
 class PyBlockPool:
     """Pure-Python model of `BlockPool`, same API and errors. For tests and benchmarks."""
 
@@ -220,9 +226,11 @@ class PyBlockPool:
         for block, key in zip(blocks, keys):
             self._insert_key(block, key)
 
-    def cache_many_packed(self, ids: Sequence[int], keys: bytes, key_size: int) -> None:
-        """cache_many with the keys packed back to back in `keys`, key_size bytes each."""
-        self.cache_many(ids, _split_packed(keys, key_size, "cache_many_packed"))
+    def cache_many_packed(self, ids: Sequence[int], keys: bytes, key_size: int, suffix: bytes = b"") -> None:
+        """cache_many with the keys packed back to back in `keys`, key_size bytes each,
+        each followed by `suffix`."""
+        suffix = _suffix(suffix)
+        self.cache_many(ids, [k + suffix for k in _split_packed(keys, key_size, "cache_many_packed")])
 
     def uncache(self, block_id: int) -> bytes | None:
         block = self._block(block_id, "uncache")
@@ -290,9 +298,11 @@ class PyBlockPool:
             self._queue.insert_before(block, front)
         return keys
 
-    def lookup_chain_packed(self, keys: bytes, key_size: int) -> list[int]:
-        """lookup_chain over keys packed back to back in `keys`, key_size bytes each."""
-        return self.lookup_chain(_split_packed(keys, key_size, "lookup_chain_packed"))
+    def lookup_chain_packed(self, keys: bytes, key_size: int, suffix: bytes = b"") -> list[int]:
+        """lookup_chain over keys packed back to back in `keys`, key_size bytes each,
+        each followed by `suffix`."""
+        suffix = _suffix(suffix)
+        return self.lookup_chain([k + suffix for k in _split_packed(keys, key_size, "lookup_chain_packed")])
 
     def last_removed(self) -> list[bytes]:
         return list(self._last_removed)
