@@ -292,7 +292,9 @@ class HybridHashCache(HashCacheBase):
         sources = [b for b in plan.sources if b != NULL_BLOCK]
         # vLLM allocate_slots(full_sequence_must_fit=True): the whole prompt must fit, then its first chunk.
         free = self.pool.num_free - (self.pool.count_free(sources) if sources else 0)
-        if self._needed(request, n, hit_blocks, hit) > free or self._needed(request, ends[0], hit_blocks, hit) > free:
+        if self._needed(request, n, hit_blocks, hit) > free or (
+            ends[0] < n and self._needed(request, ends[0], hit_blocks, hit) > free
+        ):
             self._stats.rejected += 1
             return None
         if sources:  # pinned before any allocation, so none can take them
