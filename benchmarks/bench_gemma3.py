@@ -24,16 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model  # noqa: E402
-
-
-def best_of(repeat: int, fn) -> float:
-    """The fastest of `repeat` runs of fn(), SECONDS."""
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+from timing import best_of  # noqa: E402
 
 
 def one_step(model, args) -> None:
@@ -61,8 +52,8 @@ def one_step(model, args) -> None:
             alone = torch.cat([model.forward(model.plan([ch])) for ch in chunks])
             if not torch.equal(batched, alone):
                 raise SystemExit(f"{b} requests, {label}: the batch's logits differ from one chunk a step")
-            t_batch = best_of(args.repeat, lambda: model.forward(model.plan(chunks)))
-            t_alone = best_of(args.repeat, lambda: [model.forward(model.plan([ch])) for ch in chunks])
+            t_batch = best_of(lambda: model.forward(model.plan(chunks)), args.repeat)
+            t_alone = best_of(lambda: [model.forward(model.plan([ch])) for ch in chunks], args.repeat)
             print(f"| {b} | {label} | {t_batch * 1e3:.1f} | {t_alone * 1e3:.1f} | {t_alone / t_batch:.2f}x |", flush=True)
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
-import time
-from collections.abc import Callable
+
+from timing import best_of
 
 from prefixcache.engine.tokenizer import ByteTokenizer, Tokenizer
 from prefixcache.serve.responses import IncrementalText
@@ -55,15 +55,6 @@ def _stream(tok: Tokenizer, ids: list[int]) -> str:
     return "".join(text.add([i]) for i in ids)
 
 
-def _best(fn: Callable[[], object], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
@@ -78,7 +69,7 @@ def main() -> None:
     for n in sizes:
         text = "<|im_end|>a" * (n // 11)
         assert _before_encode(tiny, text) == tiny.encode(text)
-        b, a = _best(lambda: _before_encode(tiny, text), repeat), _best(lambda: tiny.encode(text), repeat)
+        b, a = best_of(lambda: _before_encode(tiny, text), repeat), best_of(lambda: tiny.encode(text), repeat)
         rb, ra = (f"{b / prev[0]:.1f}", f"{a / prev[1]:.1f}") if prev else ("", "")
         print(f"{len(text):>8} {b * 1e3:>9.1f} {rb:>5} {a * 1e3:>8.2f} {ra:>5} {b / a:>8.0f}x")
         prev = (b, a)
@@ -98,7 +89,7 @@ def main() -> None:
         for n in lengths:
             ids = [(100 + 37 * i) % min(tok.vocab_size, 5000) for i in range(n)]
             assert tok.decode(ids).startswith(_stream(tok, ids))
-            b, a = _best(lambda: _before_stream(tok, ids), 1), _best(lambda: _stream(tok, ids), repeat)
+            b, a = best_of(lambda: _before_stream(tok, ids), 1), best_of(lambda: _stream(tok, ids), repeat)
             rb, ra = (f"{b / prev[0]:.1f}", f"{a / prev[1]:.1f}") if prev else ("", "")
             print(f"{n:>8} {b * 1e3:>9.1f} {rb:>5} {a * 1e3:>8.2f} {ra:>5} {b / a:>8.0f}x")
             prev = (b, a)

@@ -46,8 +46,8 @@ hits, request by request. Then Belady over the layout's units at the arm's pool
 keep at that size when a hit needs every group's blocks, with every window block and
 every state a request computed offered to the cache (so it may pass the layout
 ceiling, which keeps only what the arm's retention keeps), planned at the arm's
-`state_granule` where it has one. And the bytes a cached token
-costs in each group, from the layout's sizes (`bytes_per_token`).
+`state_granule` where it has one. And the bytes a cached token costs in each group, from
+the layout's sizes (`bytes_per_token`).
 
 Measured per arm: per-request hit tokens (`HitCounts`), evicted blocks (the cache's own
 `stats().evictions`), peak pinned blocks (the most distinct blocks that live requests'
