@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from prefixcache._C import BlockPool
+from prefixcache._C import BlockPool, HybridHitFinder
 from prefixcache.layout import (
     CHUNKED_LOCAL_ATTENTION,
     FULL_ATTENTION,
@@ -51,6 +51,7 @@ __all__ = [
     "group_suffix",
     "make_group",
     "live_blocks",
+    "hit_finder",
 ]
 
 
@@ -389,3 +390,27 @@ _KINDS: dict[str, type[GroupManager]] = {
 def make_group(group: LayerGroup, index: int, pool: BlockPool, block_size: int) -> GroupManager:
     """The manager of layout group `index`."""
     return _KINDS[group.kind](group, index, pool, block_size)
+
+
+# The native finder's kind codes (csrc/hybrid_hit.h `HitKind`), by manager class: only these
+# four classes' `find_hit` is what the native code mirrors.
+_HIT_KINDS: dict[type[GroupManager], int] = {
+    FullAttentionGroup: 0,
+    SlidingWindowGroup: 1,
+    ChunkedLocalGroup: 2,
+    MambaGroup: 3,
+}
+
+
+def hit_finder(
+    managers: Sequence[GroupManager], spec_groups: Sequence[Sequence[int]], single_pass: bool, digest_size: int
+) -> HybridHitFinder | None:
+    """The native reconciled look-up (`_C.HybridHitFinder`) of exactly these managers, or
+    None when one of them is not a built-in kind (a subclass answers in Python)."""
+    if not managers or any(type(m) not in _HIT_KINDS for m in managers):
+        return None
+    groups = [
+        (_HIT_KINDS[type(m)], getattr(m, "need", 0), m.group.chunk or 0, m.suffix)
+        for m in managers
+    ]  # fmt: skip
+    return HybridHitFinder(groups, [list(ids) for ids in spec_groups], single_pass, managers[0].block_size, digest_size)

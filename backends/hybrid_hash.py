@@ -7,7 +7,8 @@ managers), and the coordination vLLM's `HybridKVCacheCoordinator` and `KVCacheMa
 do around them. vLLM's names in brackets:
 
   admit    Hash the prompt's full blocks once [Request.block_hashes]. The hit is
-           reconciled over the groups [find_longest_cache_hit]: groups of one spec
+           reconciled over the groups [find_longest_cache_hit] in one native call
+           (`_C.HybridHitFinder`; `_reconcile` is its Python definition): groups of one spec
            are looked up together, full attention first (its left-to-right run is the
            first bound), and each other group accepts the candidate length or lowers
            it, until no group lowers it (one pass when the layout is full attention
@@ -57,7 +58,7 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from prefixcache._C import BlockPool, InvariantError
+from prefixcache._C import BlockPool, HybridHitFinder, InvariantError
 from prefixcache.config import CRYPTOGRAPHIC, CacheConfig
 from prefixcache.errors import ConfigError
 from prefixcache.events import BlockStored, event_log
@@ -69,7 +70,7 @@ from prefixcache.requests import Request, RequestTable, check_namespace, check_p
 from prefixcache.stats import StatsCounter
 
 from .hash_base import HashCacheBase, stored_event
-from .hybrid_groups import FullAttentionGroup, GroupManager, GroupState, Lookup, MambaGroup, make_group
+from .hybrid_groups import FullAttentionGroup, GroupManager, GroupState, Lookup, MambaGroup, hit_finder, make_group
 
 __all__ = ["HybridHashCache", "HybridRequest", "HitPlan", "HYBRID_OPTIONS", "HYBRID_CHOICES", "RETENTION"]
 
@@ -214,6 +215,7 @@ class HybridHashCache(HashCacheBase):
         order = sorted(specs.values(), key=lambda ids: layout[ids[0]].kind != FULL_ATTENTION)
         self._spec_groups: tuple[tuple[int, ...], ...] = tuple(tuple(ids) for ids in order)
         self._simple = len(order) == 2 and layout[order[0][0]].kind == FULL_ATTENTION
+        self._hit_finder: tuple = ()  # (managers, spec groups, single pass, finder) it was built for
         self._split = layout.has_mamba  # vLLM's need_mamba_block_aligned_split
         self._requests: RequestTable[HybridRequest] = RequestTable()
         self._events = event_log(config.enable_events)
@@ -230,7 +232,28 @@ class HybridHashCache(HashCacheBase):
     def _find_hit(self, tokens: Sequence[int], namespace: Namespace, digests: bytes, max_length: int) -> HitPlan:
         """vLLM `HybridKVCacheCoordinator.find_longest_cache_hit`: per-group hit blocks,
         the reconciled hit of at most `max_length` TOKENS and the shared prefix full
-        attention found beyond it (the junction)."""
+        attention found beyond it (the junction). Native (`hit_finder`) when every
+        manager is a built-in kind, else `_reconcile`."""
+        finder = self.hit_finder
+        if finder is None:
+            return self._reconcile(digests, max_length)
+        length, junction, rows = finder.find(self.pool, digests, max_length)
+        return HitPlan(rows, length, junction)
+
+    @property
+    def hit_finder(self) -> HybridHitFinder | None:
+        """The native `_reconcile` of the current managers and spec groups (built again if
+        a subclass replaced them); None when a manager is not a built-in kind."""
+        built = self._hit_finder
+        if not built or built[0] is not self.managers or built[1] is not self._spec_groups or built[2] != self._simple:
+            finder = hit_finder(self.managers, self._spec_groups, self._simple, self._digest_size)
+            built = self._hit_finder = (self.managers, self._spec_groups, self._simple, finder)
+        return built[3]
+
+    def _reconcile(self, digests: bytes, max_length: int) -> HitPlan:
+        """`_find_hit` in Python, group by group: the definition the native finder
+        (csrc/hybrid_hit.h) follows, and what a cache whose managers are not the
+        built-in kinds runs."""
         num_groups = len(self.managers)
         hit_length = max_length
         longest = 0

@@ -10,13 +10,14 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import prefixcache
 from prefixcache.config import CacheConfig
 from prefixcache.errors import ConfigError
 from prefixcache.events import BlockRemoved, BlockStored
+from prefixcache.backends.hybrid_groups import SlidingWindowGroup
 from prefixcache.layout import NULL_BLOCK, LayerGroup
 
 FULL = LayerGroup("full_attention")
@@ -205,3 +206,89 @@ def test_live_blocks_are_the_rows_entries_but_null_blocks_in_order(row, as_tuple
     given_row = tuple(row) if as_tuple else row
     assert list(live_blocks(given_row)) == [b for b in row if b != NULL_BLOCK]
     assert given_row == (tuple(row) if as_tuple else row)  # read, never changed
+
+
+def chunked(chunk: int) -> LayerGroup:
+    return LayerGroup("chunked_local_attention", chunk=chunk)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.lists(st.one_of(st.integers(2, 40).map(swa), st.sampled_from([8, 12, 20]).map(chunked), st.just(MAMBA)),
+             min_size=1, max_size=2),
+    st.booleans(),
+    st.sampled_from([1, 2, 4]),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+)
+def test_the_native_hit_is_the_python_reconciliation(extra, second_full, block_size, dense, seed):
+    """On pools filled by random traffic with shared prefixes (evicting, some requests
+    left running), the native finder's hit, junction and per-group rows equal
+    `_reconcile`'s, the Python definition, for prompts and limits of every length."""
+    rng = random.Random(seed)
+    options = {"retention": "dense"} if dense else {}
+    groups = (FULL, *extra, FULL) if second_full else (FULL, *extra)
+    cache = make(*groups, block_size=block_size, num_blocks=rng.randrange(24, 90), **options)
+    assert cache.hit_finder is not None
+    stems = [[rng.randrange(5) for _ in range(rng.randrange(1, 40))] for _ in range(4)]
+    live = []
+    for i in range(30):
+        prompt = rng.choice(stems)[: rng.randrange(1, 41)] + [rng.randrange(5) for _ in range(rng.randrange(1, 12))]
+        adm = cache.admit(i, prompt)
+        if adm is not None:
+            for c in adm.checkpoints:
+                cache.commit(i, c)
+                if cache.append(i, []) is None:  # no room for the next chunk: give up on it
+                    break
+            else:
+                cache.commit(i, len(prompt))
+            live.append(i)
+        if live and (len(live) > 3 or rng.random() < 0.6):
+            cache.release(live.pop(rng.randrange(len(live))))
+        query = rng.choice(stems) + [rng.randrange(5) for _ in range(rng.randrange(0, 20))]
+        digests = cache._prompt_digests(query, None)
+        for limit in (len(query) - 1, len(query), rng.randrange(0, len(query) + 1)):
+            length, junction, rows = cache.hit_finder.find(cache.pool, digests, limit)
+            want = cache._reconcile(digests, limit)
+            assert (length, junction, rows) == (want.length, want.junction, want.blocks)
+    for rid in live:
+        cache.release(rid)
+    cache.check_invariants()
+
+
+def test_a_subclass_that_replaces_the_managers_or_the_look_up_order_answers_in_python():
+    cache = make(FULL, swa(32), block_size=4)
+    finder = cache.hit_finder
+    assert finder is not None and cache.hit_finder is finder  # built once
+    cache._spec_groups = cache._spec_groups[:1]
+    assert cache.hit_finder is not finder  # rebuilt for the new order
+    cache.managers = (cache.managers[0], _PythonWindow(cache.managers[1].group, 1, cache.pool, 4))
+    assert cache.hit_finder is None
+
+
+class _PythonWindow(SlidingWindowGroup):
+    """A window manager of a plugin's own: the native finder does not know its find_hit."""
+
+
+def test_the_native_finder_refuses_bad_arguments_by_name():
+    from prefixcache._C import BlockPool, HybridHitFinder
+
+    suffix = (1).to_bytes(4, "big")
+    with pytest.raises(ValueError, match="kind must be 0-3, got 7"):
+        HybridHitFinder([(0, 0, 0, b""), (7, 0, 0, suffix)], [[0], [1]], True, 16, 32)
+    with pytest.raises(TypeError, match=r"each group is \(kind, window_blocks, chunk, suffix\)"):
+        HybridHitFinder([[0, 0, 0, b""]], [[0]], True, 16, 32)
+    with pytest.raises(TypeError, match="suffix must be bytes"):
+        HybridHitFinder([(0, 0, 0, "")], [[0]], True, 16, 32)
+    with pytest.raises(ValueError, match="spec group names group 2 of 2"):
+        HybridHitFinder([(0, 0, 0, b""), (1, 2, 0, suffix)], [[0], [2]], True, 16, 32)
+    with pytest.raises(ValueError, match="a chunked group needs chunk >= 1"):
+        HybridHitFinder([(0, 0, 0, b""), (2, 0, 0, suffix)], [[0], [1]], True, 16, 32)
+    finder = HybridHitFinder([(0, 0, 0, b""), (1, 2, 0, suffix)], [[0], [1]], True, 16, 32)
+    pool = BlockPool(8)
+    with pytest.raises(ValueError, match="33 digest bytes are not whole digests of 32"):
+        finder.find(pool, b"x" * 33, 64)
+    with pytest.raises(TypeError, match="digests must be bytes or bytearray"):
+        finder.find(pool, "x" * 32, 64)
+    assert finder.find(pool, bytearray(64), -5) == (0, 0, [[], []])  # nothing cached, no length
+    assert finder.find(pool, b"", 2**70) == (0, 0, [[], []])
