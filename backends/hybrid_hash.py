@@ -472,8 +472,8 @@ class HybridHashCache(HashCacheBase):
                 keyed = [i for i in (range(start, num_full) if kept is None else kept) if table[i] != NULL_BLOCK]
                 blocks = [table[i] for i in keyed]
             if blocks:
-                if isinstance(keyed, range):
-                    keys = bytes(request.digests[start * ds : num_full * ds])
+                if keyed[-1] - keyed[0] + 1 == len(keyed):  # one run (a range, a window tail): one slice
+                    keys = bytes(request.digests[keyed[0] * ds : (keyed[-1] + 1) * ds])
                 else:
                     keys = b"".join(request.digests[i * ds : (i + 1) * ds] for i in keyed)
                 self.pool.cache_many_packed(blocks, keys, ds, manager.suffix)
