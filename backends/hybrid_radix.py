@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from itertools import chain
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -603,7 +604,7 @@ class HybridRadixCache(PrefixCache):
         bs = self.block_size
         nodes = self.tree.path_nodes(outcome.node)
         first, last = req.protected // bs, aligned // bs
-        pages: list[int] = [b for node in nodes for b in node.full]  # type: ignore[union-attr]
+        pages: list[int] = list(chain.from_iterable(node.full for node in nodes))  # type: ignore[arg-type]
         assert len(pages) == last, "an insert's path covers its key"
         req.block_table[first:last] = pages[first:last]
         if self.window:

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from heapq import heapify, heappop, heappush
+from itertools import chain
 
 __all__ = ["Component", "HybridTree", "TreeNode", "MatchOutcome", "InsertOutcome", "LockReceipt"]
 
@@ -429,7 +430,7 @@ class HybridTree:
         while node is not self.root:
             chunks.append(node.full)
             node = node.parent  # type: ignore[assignment]
-        return [b for chunk in reversed(chunks) for b in chunk]  # type: ignore[union-attr]
+        return list(chain.from_iterable(reversed(chunks)))  # type: ignore[arg-type]
 
     def path_nodes(self, node: TreeNode) -> list[TreeNode]:
         out = []
