@@ -45,20 +45,14 @@ HybridHitFinder::Rows HybridHitFinder::chain(const BlockPool& pool, std::string_
   const int64_t have = static_cast<int64_t>(digests.size()) / digest_size_;
   stop = std::min(stop, have);
   first = std::min(first, stop);
+  const std::string_view run = digests.substr(static_cast<size_t>(first * digest_size_),
+                                              static_cast<size_t>((stop - first) * digest_size_));
   Rows rows;
   rows.reserve(members.size());
   size_t n = static_cast<size_t>(stop - first);
   for (int g : members) {
-    std::vector<int32_t> row;
-    for (int64_t i = first; i < stop; ++i) {
-      key_.assign(digests.substr(static_cast<size_t>(i * digest_size_), static_cast<size_t>(digest_size_)));
-      key_.append(groups_[g].suffix);
-      auto b = pool.lookup(key_);
-      if (!b) break;
-      row.push_back(*b);
-    }
-    n = std::min(n, row.size());
-    rows.push_back(std::move(row));
+    rows.push_back(pool.lookup_chain_packed(run, digest_size_, groups_[g].suffix));
+    n = std::min(n, rows.back().size());
   }
   for (auto& row : rows) row.resize(n);
   return rows;
