@@ -2,6 +2,7 @@
 #include "hashing.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstring>
 #include <stdexcept>
@@ -203,35 +204,83 @@ constexpr uint8_t kProto = 0x80, kFrame = 0x95, kShortBinBytes = 'C', kMemoize =
                   kTuple = 't', kTuple1 = 0x85, kTuple2 = 0x86, kTuple3 = 0x87, kStop = '.', kNone = 'N',
                   kBinInt1 = 'K', kBinInt2 = 'M', kBinInt = 'J', kLong1 = 0x8a;
 
-// One int as pickle's save_long writes it (protocol >= 2), at p; returns the end.
-// Written through a pointer into a buffer sized for the whole link: per token, so no
-// per-byte capacity check.
-uint8_t* pickle_int(uint8_t* p, int64_t v) {
-  if (v >= 0 && v <= 0xff) {
-    *p++ = kBinInt1;
-    *p++ = static_cast<uint8_t>(v);
-  } else if (v >= 0 && v <= 0xffff) {
-    *p++ = kBinInt2;
-    *p++ = static_cast<uint8_t>(v & 0xff);
-    *p++ = static_cast<uint8_t>(v >> 8);
-  } else if (v >= INT32_MIN && v <= INT32_MAX) {
-    *p++ = kBinInt;
-    const auto u = static_cast<uint32_t>(v);
-    for (int i = 0; i < 4; ++i) *p++ = static_cast<uint8_t>(u >> (8 * i));
-  } else {
-    // LONG1: little-endian two's complement in (bit_length(|v|) / 8 + 1) bytes, one
-    // fewer for a negative value whose top byte is only sign (as save_long trims).
-    const uint64_t magnitude = v < 0 ? ~static_cast<uint64_t>(v) + 1 : static_cast<uint64_t>(v);
-    size_t nbytes = static_cast<size_t>(64 - __builtin_clzll(magnitude)) / 8 + 1;
-    uint8_t bytes[9];
-    const auto u = static_cast<uint64_t>(v);
-    for (size_t i = 0; i < nbytes; ++i) bytes[i] = i < 8 ? static_cast<uint8_t>(u >> (8 * i)) : (v < 0 ? 0xff : 0);
-    if (v < 0 && nbytes > 1 && bytes[nbytes - 1] == 0xff && (bytes[nbytes - 2] & 0x80) != 0) --nbytes;
-    *p++ = kLong1;
-    *p++ = static_cast<uint8_t>(nbytes);
-    std::memcpy(p, bytes, nbytes);
-    p += nbytes;
+// A little-endian store of v's low bytes at p (all of v's bytes are written).
+template <typename U>
+void store_little_endian(uint8_t* p, U v) {
+  if constexpr (std::endian::native == std::endian::big) {
+    if constexpr (sizeof(U) == 4) v = __builtin_bswap32(v);
+    if constexpr (sizeof(U) == 8) v = __builtin_bswap64(v);
   }
+  std::memcpy(p, &v, sizeof v);
+}
+
+// One int as pickle's save_long writes it (protocol >= 2), at p; returns the end.
+// Written through a pointer into a buffer sized for the whole link, with at least 5
+// bytes after the end of any int: an int32 is one opcode and a 4-byte store, of which
+// BININT1 keeps 1 and BININT2 2, chosen without a branch (token widths vary from
+// one id to the next, and a mispredicted branch per token cost more than the SHA).
+uint8_t* pickle_int(uint8_t* p, int64_t v) {
+  if (v >= INT32_MIN && v <= INT32_MAX) [[likely]] {
+    const unsigned width = (static_cast<uint64_t>(v) > 0xff) + (static_cast<uint64_t>(v) > 0xffff);  // 0..2
+    static constexpr uint8_t kOp[3] = {kBinInt1, kBinInt2, kBinInt}, kBytes[3] = {1, 2, 4};
+    p[0] = kOp[width];
+    store_little_endian(p + 1, static_cast<uint32_t>(v));
+    return p + 1 + kBytes[width];
+  }
+  // LONG1: little-endian two's complement in (bit_length(|v|) / 8 + 1) bytes, one
+  // fewer for a negative value whose top byte is only sign (as save_long trims).
+  const uint64_t magnitude = v < 0 ? ~static_cast<uint64_t>(v) + 1 : static_cast<uint64_t>(v);
+  size_t nbytes = static_cast<size_t>(64 - __builtin_clzll(magnitude)) / 8 + 1;
+  uint8_t bytes[9];
+  const auto u = static_cast<uint64_t>(v);
+  for (size_t i = 0; i < nbytes; ++i) bytes[i] = i < 8 ? static_cast<uint8_t>(u >> (8 * i)) : (v < 0 ? 0xff : 0);
+  if (v < 0 && nbytes > 1 && bytes[nbytes - 1] == 0xff && (bytes[nbytes - 2] & 0x80) != 0) --nbytes;
+  *p++ = kLong1;
+  *p++ = static_cast<uint8_t>(nbytes);
+  std::memcpy(p, bytes, nbytes);
+  return p + nbytes;
+}
+
+// Ids of one pickle width from `t` on, each an opcode and a fixed-size store, up to the
+// first of another width (returned). Synthetic ids (a trace's hash ids times the block
+// size, plus the offset) share one width for whole blocks: a fixed stride, and the one
+// branch per id is always taken the same way.
+template <unsigned Bytes>
+const int64_t* pickle_run(uint8_t*& out, const int64_t* t, const int64_t* end) {
+  uint8_t* p = out;  // a local: a byte store through `out` could alias it, as far as the compiler knows
+  for (; t != end; ++t) {
+    const auto u = static_cast<uint64_t>(*t);
+    if constexpr (Bytes == 1) {
+      if (u > 0xff) break;
+      p[0] = kBinInt1;
+    } else if constexpr (Bytes == 2) {
+      if (u - 0x100 > 0xffff - 0x100) break;
+      p[0] = kBinInt2;
+    } else {  // an int32 outside [0, 0xffff]
+      if (u - static_cast<uint64_t>(INT32_MIN) > UINT32_MAX || u <= 0xffff) break;
+      p[0] = kBinInt;
+    }
+    store_little_endian(p + 1, static_cast<uint32_t>(u));
+    p += 1 + Bytes;
+  }
+  out = p;
+  return t;
+}
+
+// Every id as pickle_int writes it: a run of the first id's width (whole blocks of
+// synthetic ids), then id by id without a branch (text mixes widths from one id to the next).
+uint8_t* pickle_ints(uint8_t* p, std::span<const int64_t> tokens) {
+  const int64_t *t = tokens.data(), *const end = t + tokens.size();
+  if (t == end) return p;
+  const auto first = static_cast<uint64_t>(*t);
+  if (first <= 0xff) {
+    t = pickle_run<1>(p, t, end);
+  } else if (first <= 0xffff) {
+    t = pickle_run<2>(p, t, end);
+  } else if (first - static_cast<uint64_t>(INT32_MIN) <= UINT32_MAX) {
+    t = pickle_run<4>(p, t, end);
+  }
+  for (; t != end; ++t) p = pickle_int(p, *t);
   return p;
 }
 
@@ -252,7 +301,7 @@ size_t pickle_link(uint8_t* out, std::string_view parent, std::span<const int64_
   p += parent.size();
   *p++ = kMemoize;
   if (tokens.size() > 3) *p++ = kMark;
-  for (int64_t t : tokens) p = pickle_int(p, t);
+  p = pickle_ints(p, tokens);
   static constexpr uint8_t kTupleOf[4] = {0, kTuple1, kTuple2, kTuple3};
   *p++ = tokens.size() > 3 ? kTuple : kTupleOf[tokens.size()];
   *p++ = kMemoize;
@@ -302,6 +351,86 @@ uint8_t* cbor_head(uint8_t* p, uint8_t type, uint64_t arg) {
   return p + 9;
 }
 
+// A CBOR argument's encoding by its bit length (1..64): the head's additional
+// information, the bytes after the head, and the shift that puts them at the top of a
+// 64-bit word. Arguments below 24 (bit length <= 5) are inline: cbor_int checks that.
+struct CborWidth {
+  uint8_t info, bytes, shift;
+};
+constexpr std::array<CborWidth, 65> kCborWidths = [] {
+  std::array<CborWidth, 65> w{};
+  for (int bits = 0; bits <= 64; ++bits) {
+    w[bits] = bits <= 8 ? CborWidth{24, 1, 56} : bits <= 16 ? CborWidth{25, 2, 48} : bits <= 32 ? CborWidth{26, 4, 32} : CborWidth{27, 8, 0};
+  }
+  return w;
+}();
+
+// One int as cbor_head would write it (major type 0 for v >= 0, 1 carrying -1 - v for
+// v < 0), chosen without a branch: per token, where widths vary from one id to the
+// next (two in five ids of English text are below 256) and a mispredicted branch per
+// token cost more than the SHA. Always stores 9 bytes at p (the buffer holds 9 per
+// token and more after; bytes past the returned end are overwritten or not hashed).
+uint8_t* cbor_int(uint8_t* p, int64_t v) {
+  const uint64_t sign = static_cast<uint64_t>(v >> 63);  // all ones for v < 0
+  const uint64_t arg = static_cast<uint64_t>(v) ^ sign;   // ~v for v < 0
+  const CborWidth w = kCborWidths[64 - std::countl_zero(arg | 1)];
+  const bool inline_arg = arg < 24;
+  p[0] = static_cast<uint8_t>((sign & (1 << 5)) | (inline_arg ? arg : w.info));
+  store_big_endian(p + 1, arg << w.shift);
+  return p + 1 + (inline_arg ? 0 : w.bytes);
+}
+
+// Ids of one CBOR head (sign and argument width) from `t` on, each a fixed-size store,
+// up to the first of another (returned): pickle_run's fast path for CBOR. Bytes is the
+// argument's size after the head, 0 for an argument inside it (below 24).
+template <unsigned Bytes>
+const int64_t* cbor_run(uint8_t*& out, const int64_t* t, const int64_t* end, uint64_t sign) {
+  uint8_t* p = out;  // a local, as in pickle_run
+  constexpr uint64_t lo = Bytes == 0 ? 0 : Bytes == 1 ? 24 : Bytes == 2 ? 0x100 : Bytes == 4 ? 0x10000 : 1ULL << 32;
+  constexpr uint64_t hi = Bytes == 0 ? 23 : Bytes == 1 ? 0xff : Bytes == 2 ? 0xffff : Bytes == 4 ? 0xffffffffULL : ~0ULL;
+  constexpr uint8_t info = Bytes == 1 ? 24 : Bytes == 2 ? 25 : Bytes == 4 ? 26 : 27;
+  const auto major = static_cast<uint8_t>(sign & (1 << 5));
+  for (; t != end; ++t) {
+    const auto s = static_cast<uint64_t>(*t >> 63);
+    const uint64_t arg = static_cast<uint64_t>(*t) ^ s;
+    if (s != sign || arg - lo > hi - lo) break;
+    if constexpr (Bytes == 0) {
+      *p = major | static_cast<uint8_t>(arg);
+    } else {
+      p[0] = major | info;
+      if constexpr (Bytes == 1) p[1] = static_cast<uint8_t>(arg);
+      if constexpr (Bytes == 2) store_big_endian(p + 1, static_cast<uint16_t>(arg));
+      if constexpr (Bytes == 4) store_big_endian(p + 1, static_cast<uint32_t>(arg));
+      if constexpr (Bytes == 8) store_big_endian(p + 1, arg);
+    }
+    p += 1 + Bytes;
+  }
+  out = p;
+  return t;
+}
+
+// Every id as cbor_int writes it: a run of the first id's head, then id by id without
+// a branch (pickle_ints says why).
+uint8_t* cbor_ints(uint8_t* p, std::span<const int64_t> tokens) {
+  const int64_t *t = tokens.data(), *const end = t + tokens.size();
+  if (t == end) return p;
+  const auto sign = static_cast<uint64_t>(*t >> 63);
+  const uint64_t arg = static_cast<uint64_t>(*t) ^ sign;
+  if (arg < 24) {
+    t = cbor_run<0>(p, t, end, sign);
+  } else if (arg <= 0xff) {
+    t = cbor_run<1>(p, t, end, sign);
+  } else if (arg <= 0xffff) {
+    t = cbor_run<2>(p, t, end, sign);
+  } else if (arg <= 0xffffffffULL) {
+    t = cbor_run<4>(p, t, end, sign);
+  } else {
+    t = cbor_run<8>(p, t, end, sign);
+  }
+  for (; t != end; ++t) p = cbor_int(p, *t);
+  return p;
+}
+
 // cbor2.dumps((parent, tuple(tokens), extra), canonical=True) into `out`, which holds
 // at least link_size_bound(...) bytes; returns its length. Integers: major type 0 for
 // v >= 0, major type 1 carrying -1 - v (~v in two's complement) for v < 0.
@@ -312,7 +441,7 @@ size_t cbor_link(uint8_t* out, std::string_view parent, std::span<const int64_t>
   std::memcpy(p, parent.data(), parent.size());
   p += parent.size();
   p = cbor_head(p, 4 << 5, tokens.size());
-  for (int64_t t : tokens) p = t >= 0 ? cbor_head(p, 0, static_cast<uint64_t>(t)) : cbor_head(p, 1 << 5, ~static_cast<uint64_t>(t));
+  p = cbor_ints(p, tokens);
   if (extra) {
     std::memcpy(p, extra->data(), extra->size());
     p += extra->size();
@@ -325,9 +454,10 @@ size_t cbor_link(uint8_t* out, std::string_view parent, std::span<const int64_t>
 }  // namespace
 
 size_t link_size_bound(size_t parent_size, size_t block_size, size_t extra_size) {
-  // CBOR: array head, parent byte string, token array head, 9 bytes per token, the
-  // extra keys. Pickle: 11 header bytes, 2 + parent + 1, 2 tuple bytes, at most 10
-  // bytes per token, the extra keys, 3 closing bytes.
+  // CBOR: array head, parent byte string, token array head, 9 bytes per token (and
+  // cbor_int's 9-byte store), the extra keys. Pickle: 11 header bytes, 2 + parent + 1,
+  // 2 tuple bytes, at most 10 bytes per token (pickle_int's stores are 5), the extra
+  // keys, 3 closing bytes.
   return 16 + parent_size + 10 * block_size + extra_size + 16;
 }
 

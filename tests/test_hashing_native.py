@@ -50,6 +50,8 @@ int64 = st.one_of(
     st.integers(2**32, 2**63 - 1),
     st.integers(-(2**63), -1),
     st.sampled_from([2**63 - 1, -(2**63), -1, -24, -25, -256, -257, 2**32, 2**32 - 1]),
+    # pickle's widths: BININT1 / BININT2 / BININT (int32) / LONG1
+    st.sampled_from([255, 256, 65535, 65536, 2**31 - 1, 2**31, -(2**31), -(2**31) - 1]),
 )
 extra_keys = st.one_of(
     st.none(),
@@ -68,6 +70,29 @@ extra_keys = st.one_of(
 )
 def test_chain_matches_reference(tokens, block_size, parent, extra):
     assert native(tokens, block_size, parent, extra) == reference(tokens, block_size, parent, extra)
+
+
+# Runs of consecutive ids (as synthetic traces make them), some crossing a width's edge.
+runs = st.lists(
+    st.tuples(st.one_of(int64, st.sampled_from([20, 250, 65530, 2**31 - 5, 2**32 - 5, -30, -260, -(2**31) - 3])),
+              st.integers(1, 40)),
+    max_size=6,
+).map(lambda rs: [max(-(2**63), min(2**63 - 1, v + i)) for v, n in rs for i in range(n)])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tokens=st.one_of(st.lists(int64, max_size=120), runs),
+    block_size=st.integers(1, 40),
+    algorithm=st.sampled_from(["sha256_cbor", "sha256", "xxhash", "xxhash_cbor"]),
+)
+def test_every_algorithm_encodes_every_width_as_the_reference(tokens, block_size, algorithm):
+    """The native encoders write a block's leading run of one width at a fixed stride,
+    the rest id by id without branching: every width of both encodings (CBOR heads,
+    pickle's BININT1/2, BININT, LONG1), in runs that end mid-block and mixed."""
+    root = none_hash(algorithm, "s")
+    got = _C.chain_digests(tokens, block_size, algorithm, root, None, None, True)
+    assert got == b"".join(reference_chain_hashes(tokens, block_size, algorithm, root))
 
 
 def test_empty_partial_and_huge_inputs():
