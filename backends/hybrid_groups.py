@@ -18,6 +18,11 @@ chained block hash followed by the group index as 4 big-endian bytes, as vLLM's
 alone (no other group's key has its length), so its chain is the request's packed
 digests as they are, as in the single-group cache.
 
+For the four built-in kinds, `hit_finder` and `admitter` build the native twins of
+`find_hit` (the reconciled hit, `_C.HybridHitFinder`) and of a new request's
+`blocks_needed`, `add_hit` and `allocate` (`_C.HybridAdmitter`); these methods stay their
+definition and what a subclass runs.
+
 Must never: decide the hit of the whole request (`hybrid_hash.HybridHashCache`, vLLM's
 coordinator, reconciles the groups), record events or stats, or run a Python loop per
 block where a native call does the work (every group's chain is one
@@ -29,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from prefixcache._C import BlockPool, HybridHitFinder
+from prefixcache._C import BlockPool, HybridAdmitter, HybridHitFinder
 from prefixcache.layout import (
     CHUNKED_LOCAL_ATTENTION,
     FULL_ATTENTION,
@@ -52,6 +57,7 @@ __all__ = [
     "make_group",
     "live_blocks",
     "hit_finder",
+    "admitter",
 ]
 
 
@@ -414,3 +420,13 @@ def hit_finder(
         for m in managers
     ]  # fmt: skip
     return HybridHitFinder(groups, [list(ids) for ids in spec_groups], single_pass, managers[0].block_size, digest_size)
+
+
+def admitter(managers: Sequence[GroupManager]) -> HybridAdmitter | None:
+    """The native admission (`_C.HybridAdmitter`: `blocks_needed`, `add_hit` and
+    `allocate` of a new request, every group in one call) of exactly these managers, or
+    None when one of them is not a built-in kind (a subclass answers in Python)."""
+    if not managers or any(type(m) not in _HIT_KINDS for m in managers):
+        return None
+    groups = [(_HIT_KINDS[type(m)], m.group.window or 0, m.group.chunk or 0) for m in managers]
+    return HybridAdmitter(groups, managers[0].block_size)

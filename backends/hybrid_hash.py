@@ -25,6 +25,9 @@ do around them. vLLM's names in brackets:
            and changes nothing. Then every group pins its hit blocks (NULL_BLOCK for
            those it skips) before any group allocates, and each group allocates the
            first chunk's blocks (a mamba group: one, the state the chunk ends on).
+           With the built-in managers the room check, pins and allocation are one
+           native call (`_C.HybridAdmitter`); `_needed`, `add_hit` and `_allocate`
+           are its Python definition, which a subclass's own managers run.
   commit   Full blocks up to the commit are keyed, group by group, where the group
            keeps them [cache_blocks]: full and chunked-local attention every block;
            sliding window and mamba only the window tail or the state at a reachable
@@ -58,7 +61,7 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from prefixcache._C import BlockPool, HybridHitFinder, InvariantError
+from prefixcache._C import BlockPool, HybridAdmitter, HybridHitFinder, InvariantError
 from prefixcache.config import CRYPTOGRAPHIC, CacheConfig
 from prefixcache.errors import ConfigError
 from prefixcache.events import BlockStored, event_log
@@ -70,7 +73,16 @@ from prefixcache.requests import Request, RequestTable, check_namespace, check_p
 from prefixcache.stats import StatsCounter
 
 from .hash_base import HashCacheBase, stored_event
-from .hybrid_groups import FullAttentionGroup, GroupManager, GroupState, Lookup, MambaGroup, hit_finder, make_group
+from .hybrid_groups import (
+    FullAttentionGroup,
+    GroupManager,
+    GroupState,
+    Lookup,
+    MambaGroup,
+    admitter,
+    hit_finder,
+    make_group,
+)
 
 __all__ = ["HybridHashCache", "HybridRequest", "HitPlan", "HYBRID_OPTIONS", "HYBRID_CHOICES", "RETENTION"]
 
@@ -216,6 +228,12 @@ class HybridHashCache(HashCacheBase):
         self._spec_groups: tuple[tuple[int, ...], ...] = tuple(tuple(ids) for ids in order)
         self._simple = len(order) == 2 and layout[order[0][0]].kind == FULL_ATTENTION
         self._hit_finder: tuple = ()  # (managers, spec groups, single pass, finder) it was built for
+        self._admitter: tuple = ()  # (managers, admitter, which are mamba groups) it was built for
+        # A new request's room check, hit pins and first allocation are one native call
+        # where they are the built-in managers' and this class's own (`admitter`).
+        self._admits_natively = all(
+            getattr(type(self), name) is getattr(HybridHashCache, name) for name in ("_needed", "_allocate", "_take")
+        )
         self._split = layout.has_mamba  # vLLM's need_mamba_block_aligned_split
         self._requests: RequestTable[HybridRequest] = RequestTable()
         self._events = event_log(config.enable_events)
@@ -249,6 +267,19 @@ class HybridHashCache(HashCacheBase):
             finder = hit_finder(self.managers, self._spec_groups, self._simple, self._digest_size)
             built = self._hit_finder = (self.managers, self._spec_groups, self._simple, finder)
         return built[3]
+
+    @property
+    def admitter(self) -> HybridAdmitter | None:
+        """The native admission of the current managers (built again if a subclass
+        replaced them); None when a manager is not a built-in kind, or a subclass
+        replaced how this class counts, allocates or takes blocks."""
+        if not self._admits_natively:
+            return None
+        built = self._admitter
+        if not built or built[0] is not self.managers:
+            mamba = tuple(isinstance(m, MambaGroup) for m in self.managers)
+            built = self._admitter = (self.managers, admitter(self.managers), mamba)
+        return built[1]
 
     def _reconcile(self, digests: bytes, max_length: int) -> HitPlan:
         """`_find_hit` in Python, group by group: the definition the native finder
@@ -307,26 +338,43 @@ class HybridHashCache(HashCacheBase):
         plan = self._find_hit(tokens, namespace, digests, n - 1)
         hit_blocks, hit, junction = plan.blocks, plan.length, plan.junction
         ends = self._chunk_ends(hit, n, junction)
-        request = HybridRequest(
-            request_id, tokens, namespace, num_cached_tokens=hit, num_computed=hit, digests=bytearray(digests),
-            num_prompt=n, groups=[GroupState() for _ in self.managers], junction=junction,
-            granules=bytearray(plan.granules),
-        )  # fmt: skip
+
+        def new_request(groups: list[GroupState]) -> HybridRequest:
+            return HybridRequest(
+                request_id, tokens, namespace, num_cached_tokens=hit, num_computed=hit, digests=bytearray(digests),
+                num_prompt=n, groups=groups, junction=junction, granules=bytearray(plan.granules),
+            )  # fmt: skip
+
         sources = [b for b in plan.sources if b != NULL_BLOCK]
-        # vLLM allocate_slots(full_sequence_must_fit=True): the whole prompt must fit, then its first chunk.
-        free = self.pool.num_free - (self.pool.count_free(sources) if sources else 0)
-        if self._needed(request, n, hit_blocks, hit) > free or (
-            ends[0] < n and self._needed(request, ends[0], hit_blocks, hit) > free
-        ):
-            self._stats.rejected += 1
-            return None
-        if sources:  # pinned before any allocation, so none can take them
-            self.pool.touch(sources)
-            request.sources = sources
-        for manager, state, row in zip(self.managers, request.groups, hit_blocks):
-            if hit:  # vLLM adds computed blocks only when some group hit
-                manager.add_hit(state, row, hit)
-        self._allocate(request, ends[0])
+        native = self.admitter if not sources else None
+        if native is not None:  # the Python below, in one call
+            got = native.admit(self.pool, hit_blocks, hit, n, ends[0], self.pool.num_free)
+            if got is None:
+                self._stats.rejected += 1
+                return None
+            tables, cached, last_states, took = got
+            if took:
+                self._record_removed(self.pool.last_removed())
+            # A mamba group's allocate marks its state allocated, whatever it took.
+            request = new_request([GroupState(t, c, s, 0, mamba) for t, c, s, mamba
+                                   in zip(tables, cached, last_states, self._admitter[2])])  # fmt: skip
+            request.allocated_to = ends[0]
+        else:
+            request = new_request([GroupState() for _ in self.managers])
+            # vLLM allocate_slots(full_sequence_must_fit=True): the whole prompt must fit, then its first chunk.
+            free = self.pool.num_free - (self.pool.count_free(sources) if sources else 0)
+            if self._needed(request, n, hit_blocks, hit) > free or (
+                ends[0] < n and self._needed(request, ends[0], hit_blocks, hit) > free
+            ):
+                self._stats.rejected += 1
+                return None
+            if sources:  # pinned before any allocation, so none can take them
+                self.pool.touch(sources)
+                request.sources = sources
+            for manager, state, row in zip(self.managers, request.groups, hit_blocks):
+                if hit:  # vLLM adds computed blocks only when some group hit
+                    manager.add_hit(state, row, hit)
+            self._allocate(request, ends[0])
         request.chunk_ends = ends[1:]
         self._requests.add(request)
         self._stats.record_query(n, hit)

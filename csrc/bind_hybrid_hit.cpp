@@ -1,11 +1,14 @@
-// Python binding of the hybrid hit finder: converts the layout's groups once, at
-// construction, and each call's digests and rows, nothing more.
+// Python binding of the hybrid hit finder and admitter: converts the layout's groups
+// once, at construction, and each call's digests and rows, nothing more.
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "block_pool.h"
+#include "hybrid_admit.h"
 #include "hybrid_hit.h"
 #include "py_args.h"
 
@@ -14,17 +17,23 @@ namespace py = pybind11;
 namespace prefixcache {
 namespace {
 
+// One layout group: a tuple of `shape`'s arity whose first field is a kind (0-3).
+std::pair<HitKind, py::tuple> group_fields(py::handle item, size_t arity, const char* shape) {
+  if (!py::isinstance<py::tuple>(item) || py::len(item) != arity) {
+    throw py::type_error(std::string("groups: each group is ") + shape);
+  }
+  auto fields = py::reinterpret_borrow<py::tuple>(item);
+  const int64_t kind = saturated_int64(fields[0], "groups: kind");
+  if (kind < 0 || kind > 3) throw py::value_error("groups: kind must be 0-3, got " + std::to_string(kind));
+  return {static_cast<HitKind>(kind), fields};
+}
+
 std::vector<HitGroup> to_groups(py::handle groups) {
   std::vector<HitGroup> out;
   for (py::handle item : groups) {
-    if (!py::isinstance<py::tuple>(item) || py::len(item) != 4) {
-      throw py::type_error("groups: each group is (kind, window_blocks, chunk, suffix)");
-    }
-    auto fields = py::reinterpret_borrow<py::tuple>(item);
-    const int64_t kind = saturated_int64(fields[0], "groups: kind");
-    if (kind < 0 || kind > 3) throw py::value_error("groups: kind must be 0-3, got " + std::to_string(kind));
+    auto [kind, fields] = group_fields(item, 4, "(kind, window_blocks, chunk, suffix)");
     HitGroup g;
-    g.kind = static_cast<HitKind>(kind);
+    g.kind = kind;
     g.window_blocks = saturated_int64(fields[1], "groups: window_blocks");
     g.chunk = saturated_int64(fields[2], "groups: chunk");
     g.suffix = std::string(bytes_view(fields[3], "groups: suffix"));
@@ -39,6 +48,32 @@ std::vector<std::vector<int>> to_spec_groups(py::handle spec_groups) {
     std::vector<int> members;
     for (py::handle g : ids) members.push_back(static_cast<int>(checked_int64(g, "spec_groups")));
     out.push_back(std::move(members));
+  }
+  return out;
+}
+
+std::vector<AdmitGroup> to_admit_groups(py::handle groups) {
+  std::vector<AdmitGroup> out;
+  for (py::handle item : groups) {
+    auto [kind, fields] = group_fields(item, 3, "(kind, window, chunk)");
+    out.push_back({kind, saturated_int64(fields[1], "groups: window"), saturated_int64(fields[2], "groups: chunk")});
+  }
+  return out;
+}
+
+// Rows of block ids (-1: a block a group skips) from Python lists.
+std::vector<std::vector<int32_t>> from_rows(py::handle rows) {
+  std::vector<std::vector<int32_t>> out;
+  for (py::handle row : rows) {
+    std::vector<int64_t> ids = to_ids(row);
+    std::vector<int32_t> narrow(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < -1 || ids[i] > INT32_MAX) {
+        throw py::value_error("rows: block id " + std::to_string(ids[i]) + " is neither -1 nor a block");
+      }
+      narrow[i] = static_cast<int32_t>(ids[i]);
+    }
+    out.push_back(std::move(narrow));
   }
   return out;
 }
@@ -80,6 +115,38 @@ void bind_hybrid_hit(py::module_& m) {
           "packed block hashes `digests`, at most max_length TOKENS.")
       .def_property_readonly("last_probes", &HybridHitFinder::last_probes,
                              "Single-block look-ups the last find made (a window's or a state's).");
+
+  py::class_<HybridAdmitter>(m, "HybridAdmitter",
+                             "A new request's blocks in a hybrid layout (csrc/hybrid_admit.h).")
+      .def(py::init([](py::handle groups, py::handle block_size) {
+             return HybridAdmitter(to_admit_groups(groups), saturated_int64(block_size, "block_size"));
+           }),
+           py::arg("groups"), py::arg("block_size"),
+           "groups: per layout group (kind 0 full / 1 sliding window / 2 chunked local / 3 mamba, window "
+           "TOKENS, chunk TOKENS).")
+      .def(
+          "admit",
+          [](const HybridAdmitter& a, BlockPool& pool, py::handle rows, py::handle hit, py::handle num_tokens,
+             py::handle first_end, py::handle free) -> py::object {
+            auto got = a.admit(pool, from_rows(rows), saturated_int64(hit, "hit"),
+                               saturated_int64(num_tokens, "num_tokens"), saturated_int64(first_end, "first_end"),
+                               saturated_int64(free, "free"));
+            if (!got) return py::none();
+            auto optional = [](const std::vector<int64_t>& values) {
+              py::list out(values.size());
+              for (size_t i = 0; i < values.size(); ++i) {
+                PyList_SET_ITEM(out.ptr(), i, values[i] < 0 ? py::none().release().ptr() : PyLong_FromLongLong(values[i]));
+              }
+              return out;
+            };
+            return py::make_tuple(to_rows(got->tables), optional(got->num_cached), optional(got->last_state),
+                                  got->allocated);
+          },
+          py::arg("pool"), py::arg("rows"), py::arg("hit"), py::arg("num_tokens"), py::arg("first_end"),
+          py::arg("free"),
+          "(per group its table, its num_cached or None, its last state entry or None, whether blocks were "
+          "taken), or None without room: a request of num_tokens TOKENS with a hit of `hit` TOKENS in `rows`, "
+          "its first chunk ending at first_end TOKENS, `free` blocks available to it.");
 }
 
 }  // namespace prefixcache

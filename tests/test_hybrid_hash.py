@@ -18,6 +18,7 @@ from prefixcache.config import CacheConfig
 from prefixcache.errors import ConfigError
 from prefixcache.events import BlockRemoved, BlockStored
 from prefixcache.backends.hybrid_groups import SlidingWindowGroup
+from prefixcache.backends.hybrid_hash import HybridHashCache
 from prefixcache.layout import NULL_BLOCK, LayerGroup
 
 FULL = LayerGroup("full_attention")
@@ -256,6 +257,68 @@ def test_the_native_hit_is_the_python_reconciliation(extra, second_full, block_s
     cache.check_invariants()
 
 
+class _PythonAdmission(HybridHashCache):
+    """The Python definition of a new request's room check, pins and allocation: a class
+    that replaces `_needed` is not admitted natively."""
+
+    def _needed(self, request, num_tokens, hit_blocks, hit):
+        return super()._needed(request, num_tokens, hit_blocks, hit)
+
+
+def _pool_state(cache) -> tuple:
+    pool = cache.pool
+    return pool.num_free, [(pool.ref_count(b), pool.key(b)) for b in range(pool.num_blocks)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.one_of(st.integers(2, 40).map(swa), st.sampled_from([8, 12, 20]).map(chunked), st.just(MAMBA)),
+             min_size=1, max_size=2),
+    st.sampled_from([1, 2, 4]),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+)
+def test_the_native_admission_is_the_python_definition(extra, block_size, dense, seed):
+    """Random traffic (shared prefixes, refusals, chunked prefills, decodes, evictions)
+    through a cache admitting natively and one running `_needed`, `add_hit` and
+    `_allocate`: the same admissions, the same block tables, the same pool (every
+    block's references and key, the free count) and the same events, after every step."""
+    rng = random.Random(seed)
+    config = CacheConfig(block_size=block_size, num_blocks=rng.randrange(16, 80), layout=(FULL, *extra),
+                         enable_events=True, options={"retention": "dense"} if dense else {})  # fmt: skip
+    native = prefixcache.build_cache(config)
+    python = _PythonAdmission(prefixcache.BlockPool(config.num_blocks), config)
+    assert native.admitter is not None and python.admitter is None
+    stems = [[rng.randrange(5) for _ in range(rng.randrange(1, 40))] for _ in range(4)]
+    live = []
+    for i in range(30):
+        prompt = rng.choice(stems)[: rng.randrange(1, 41)] + [rng.randrange(5) for _ in range(rng.randrange(1, 12))]
+        got = [cache.admit(i, prompt) for cache in (native, python)]
+        assert got[0] == got[1]
+        assert got[0] is None or [native.block_tables(i)] == [python.block_tables(i)]
+        if got[0] is not None:
+            live.append(i)
+            for cache in (native, python):
+                for c in got[0].checkpoints:
+                    cache.commit(i, c)
+                    if cache.append(i, []) is None:
+                        break
+                else:
+                    cache.commit(i, len(prompt))
+                    cache.append(i, [rng.randrange(5) for _ in range(block_size)])
+        if live and (len(live) > 3 or rng.random() < 0.5):
+            rid = live.pop(rng.randrange(len(live)))
+            for cache in (native, python):
+                cache.release(rid)
+        assert _pool_state(native) == _pool_state(python)
+        assert native.drain_events() == python.drain_events()
+    for rid in live:
+        for cache in (native, python):
+            cache.release(rid)
+    native.check_invariants()
+    python.check_invariants()
+
+
 def test_a_subclass_that_replaces_the_managers_or_the_look_up_order_answers_in_python():
     cache = make(FULL, swa(32), block_size=4)
     finder = cache.hit_finder
@@ -292,3 +355,31 @@ def test_the_native_finder_refuses_bad_arguments_by_name():
         finder.find(pool, "x" * 32, 64)
     assert finder.find(pool, bytearray(64), -5) == (0, 0, [[], []])  # nothing cached, no length
     assert finder.find(pool, b"", 2**70) == (0, 0, [[], []])
+
+
+def test_the_native_admitter_refuses_bad_arguments_by_name():
+    from prefixcache._C import BlockPool, HybridAdmitter
+
+    with pytest.raises(ValueError, match="kind must be 0-3, got 9"):
+        HybridAdmitter([(0, 0, 0), (9, 0, 0)], 16)
+    with pytest.raises(TypeError, match=r"each group is \(kind, window, chunk\)"):
+        HybridAdmitter([(0, 0, 0, b"")], 16)
+    with pytest.raises(ValueError, match="a sliding window window >= 1"):
+        HybridAdmitter([(0, 0, 0), (1, 0, 0)], 16)
+    with pytest.raises(ValueError, match="block_size must be >= 1"):
+        HybridAdmitter([(0, 0, 0)], 0)
+    admitter = HybridAdmitter([(0, 0, 0), (1, 64, 0)], 16)
+    pool = BlockPool(8)
+    with pytest.raises(ValueError, match="1 rows for 2 groups"):
+        admitter.admit(pool, [[]], 0, 32, 32, 8)
+    with pytest.raises(ValueError, match="block id -2 is neither -1 nor a block"):
+        admitter.admit(pool, [[-2], [-1]], 16, 32, 32, 8)
+    with pytest.raises(ValueError, match="0 <= first_end <= num_tokens"):
+        admitter.admit(pool, [[], []], 0, 32, 48, 8)
+    with pytest.raises(IndexError, match="block id 99 is out of range"):  # the pool checks its ids
+        admitter.admit(pool, [[99], [99]], 16, 32, 32, 8)
+    assert admitter.admit(pool, [[], []], 0, 32, 32, 3) is None  # 2 blocks a group: no room in 3
+    assert pool.num_free == 8  # a refusal changes nothing
+    tables, cached, last_state, took = admitter.admit(pool, [[], []], 0, 32, 32, 8)
+    assert [len(t) for t in tables] == [2, 2] and cached == [None, None] and last_state == [None, None] and took
+    assert pool.num_free == 4
