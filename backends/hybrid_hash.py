@@ -391,18 +391,22 @@ class HybridHashCache(HashCacheBase):
         if not self._split:
             return [prompt_end]
         bs = self.state_tokens  # the block, unless states are kept finer
+        interval = self.state_interval
         last_cache = (prompt_end - 1) // bs * bs
         ends = []
         while start < prompt_end:
-            end = prompt_end
+            # The nearest of: the next boundary (from mid-block), the last boundary before
+            # the prompt's last token, the junction floored to a block, the next interval.
             stops = [
                 (start // bs + 1) * bs if start % bs else 0,
                 last_cache,
-                start + (junction - start) // bs * bs if start < junction < end else 0,
+                start + (junction - start) // bs * bs if start < junction < prompt_end else 0,
+                (start // interval + 1) * interval if interval else 0,
             ]
-            if self.state_interval:
-                stops.append((start // self.state_interval + 1) * self.state_interval)
-            end = min((s for s in stops if start < s < end), default=end)
+            end = prompt_end
+            for stop in stops:
+                if start < stop < end:
+                    end = stop
             ends.append(end)
             start = end
         return ends
