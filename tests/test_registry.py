@@ -124,6 +124,21 @@ def test_entry_points(tmp_path, monkeypatch, clean_registry):
     sys.modules.pop("plugin_pkg_xyz", None)
 
 
+def test_a_built_in_or_registered_name_is_checked_without_reading_entry_points(monkeypatch, clean_registry):
+    """Reading every installed package's entry points costs milliseconds a config: a name
+    already known does not need them; an unknown one still looks there."""
+
+    def entry_points(**_):
+        raise AssertionError("entry points read")
+
+    registry.register_backend("echo_known")(type("KnownEcho", (EchoCache,), {}))
+    monkeypatch.setattr(registry, "entry_points", entry_points)
+    for name in ("hash", "radix", "echo_known"):
+        registry.check_backend_name(name)
+    with pytest.raises(AssertionError, match="entry points read"):
+        registry.check_backend_name("not_a_backend")
+
+
 def test_builtin_eviction_policies_order_candidates():
     from types import SimpleNamespace as C
 
