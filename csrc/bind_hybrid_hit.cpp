@@ -140,7 +140,7 @@ void bind_hybrid_hit(py::module_& m) {
               return out;
             };
             return py::make_tuple(to_rows(got->tables), optional(got->num_cached), optional(got->last_state),
-                                  got->allocated);
+                                  got->took_blocks);
           },
           py::arg("pool"), py::arg("rows"), py::arg("hit"), py::arg("num_tokens"), py::arg("first_end"),
           py::arg("free"),

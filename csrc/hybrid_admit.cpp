@@ -125,7 +125,7 @@ std::optional<HybridAdmission> HybridAdmitter::admit(BlockPool& pool, const std:
   if (total > 0) {
     auto blocks = pool.allocate(total);
     if (!blocks) throw std::logic_error("HybridAdmitter.admit: the room check passed but the pool is short");
-    out.allocated = true;
+    out.took_blocks = true;
     auto next = blocks->begin();
     for (size_t g = 0; g < n; ++g) {
       out.tables[g].insert(out.tables[g].end(), next, next + takes[g]);

@@ -33,7 +33,7 @@ struct HybridAdmission {
   std::vector<std::vector<int32_t>> tables;  // per group, its table (-1: a block it skips)
   std::vector<int64_t> num_cached;           // per group, entries the hit filled; -1 without a hit
   std::vector<int64_t> last_state;           // per group (mamba), the previous state's entry; -1: none
-  bool allocated = false;                    // whether a block was taken (the pool's last_removed() is its)
+  bool took_blocks = false;  // whether a block was taken (then the pool's last_removed() is this admission's)
 };
 
 class HybridAdmitter {
