@@ -138,7 +138,9 @@ def _cdiv(a: int, b: int) -> int:
 class HitPlan:
     """A reconciled hit (`HybridHashCache._find_hit`).
 
-    blocks:   per group, the hit's blocks (NULL_BLOCK where the group holds none)
+    blocks:   per group, the hit's blocks (NULL_BLOCK where the group holds none): lists,
+              or the native finder's `HitRows` (a row read is a new list; the native
+              admitter takes them back unconverted)
     length:   the hit, TOKENS
     junction: a shared prefix beyond the hit that full attention found, TOKENS (0: none)
     sources:  per group, the cached block whose head the request's block at index
@@ -148,7 +150,7 @@ class HitPlan:
               finer than the block (empty otherwise)
     """
 
-    blocks: list[list[int]]
+    blocks: Sequence[list[int]]
     length: int
     junction: int = 0
     sources: tuple[int, ...] = ()
@@ -360,6 +362,7 @@ class HybridHashCache(HashCacheBase):
                                    in zip(tables, cached, last_states, self._admitter[2])])  # fmt: skip
             request.allocated_to = ends[0]
         else:
+            hit_blocks = [list(row) for row in hit_blocks]  # a native find's rows, converted once
             request = new_request([GroupState() for _ in self.managers])
             # vLLM allocate_slots(full_sequence_must_fit=True): the whole prompt must fit, then its first chunk.
             free = self.pool.num_free - (self.pool.count_free(sources) if sources else 0)
@@ -395,18 +398,20 @@ class HybridHashCache(HashCacheBase):
         last_cache = (prompt_end - 1) // bs * bs
         ends = []
         while start < prompt_end:
-            # The nearest of: the next boundary (from mid-block), the last boundary before
-            # the prompt's last token, the junction floored to a block, the next interval.
-            stops = [
-                (start // bs + 1) * bs if start % bs else 0,
-                last_cache,
-                start + (junction - start) // bs * bs if start < junction < prompt_end else 0,
-                (start // interval + 1) * interval if interval else 0,
-            ]
+            # The nearest stop past `start` of: the next boundary (from mid-block), the
+            # last boundary before the prompt's last token, the junction floored to a
+            # block, the next interval.
             end = prompt_end
-            for stop in stops:
+            if start % bs:
+                end = min(end, (start // bs + 1) * bs)
+            if start < last_cache < end:
+                end = last_cache
+            if start < junction < prompt_end:
+                stop = start + (junction - start) // bs * bs
                 if start < stop < end:
                     end = stop
+            if interval:
+                end = min(end, (start // interval + 1) * interval)
             ends.append(end)
             start = end
         return ends

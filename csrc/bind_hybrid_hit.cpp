@@ -1,5 +1,7 @@
 // Python binding of the hybrid hit finder and admitter: converts the layout's groups
-// once, at construction, and each call's digests and rows, nothing more.
+// once, at construction, and each call's digests and rows, nothing more. The rows a
+// find returns stay native (`HitRows`) until Python reads one, so the admitter takes
+// them back without a conversion either way.
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -61,6 +63,18 @@ std::vector<AdmitGroup> to_admit_groups(py::handle groups) {
   return out;
 }
 
+// A find's per-group hit blocks, held as found: a read-only sequence of rows to Python
+// (each read converts one row to a list of ints).
+struct HitRows {
+  std::vector<std::vector<int32_t>> rows;
+};
+
+py::list to_list(const std::vector<int32_t>& row) {
+  py::list out(row.size());
+  for (size_t i = 0; i < row.size(); ++i) PyList_SET_ITEM(out.ptr(), i, PyLong_FromLong(row[i]));
+  return out;
+}
+
 // Rows of block ids (-1: a block a group skips) from Python lists.
 std::vector<std::vector<int32_t>> from_rows(py::handle rows) {
   std::vector<std::vector<int32_t>> out;
@@ -80,17 +94,37 @@ std::vector<std::vector<int32_t>> from_rows(py::handle rows) {
 
 py::list to_rows(const std::vector<std::vector<int32_t>>& rows) {
   py::list out(rows.size());
-  for (size_t g = 0; g < rows.size(); ++g) {
-    py::list row(rows[g].size());
-    for (size_t i = 0; i < rows[g].size(); ++i) PyList_SET_ITEM(row.ptr(), i, PyLong_FromLong(rows[g][i]));
-    PyList_SET_ITEM(out.ptr(), g, row.release().ptr());
-  }
+  for (size_t g = 0; g < rows.size(); ++g) PyList_SET_ITEM(out.ptr(), g, to_list(rows[g]).release().ptr());
   return out;
 }
 
 }  // namespace
 
 void bind_hybrid_hit(py::module_& m) {
+  py::class_<HitRows>(m, "HitRows",
+                      "Per layout group, the blocks of a hybrid hit (-1 where the group skips one), as "
+                      "HybridHitFinder.find found them: a read-only sequence of lists of ints.")
+      .def("__len__", [](const HitRows& r) { return r.rows.size(); })
+      .def("__getitem__",
+           [](const HitRows& r, py::handle index) {
+             int64_t g = checked_int64(index, "index");
+             const auto n = static_cast<int64_t>(r.rows.size());
+             if (g < 0) g += n;
+             if (g < 0 || g >= n) throw py::index_error("HitRows index out of range");
+             return to_list(r.rows[static_cast<size_t>(g)]);
+           })
+      .def("tolist", [](const HitRows& r) { return to_rows(r.rows); }, "Every row, as a list of lists.")
+      .def(
+          "__eq__",
+          [](const HitRows& r, py::handle other) -> py::object {
+            if (py::isinstance<HitRows>(other)) return py::bool_(r.rows == other.cast<const HitRows&>().rows);
+            if (!PySequence_Check(other.ptr()) || PyUnicode_Check(other.ptr()) || PyBytes_Check(other.ptr())) {
+              return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+            }
+            return py::bool_(to_rows(r.rows).equal(py::list(py::reinterpret_borrow<py::object>(other))));
+          },
+          py::is_operator())
+      .def("__repr__", [](const HitRows& r) { return "HitRows(" + py::repr(to_rows(r.rows)).cast<std::string>() + ")"; });
   py::class_<HybridHitFinder>(m, "HybridHitFinder",
                               "A hybrid layout's reconciled hit over a BlockPool's index (csrc/hybrid_hit.h).")
       .def(py::init([](py::handle groups, py::handle spec_groups, bool single_pass, py::handle block_size,
@@ -108,11 +142,11 @@ void bind_hybrid_hit(py::module_& m) {
           [](HybridHitFinder& f, const BlockPool& pool, py::handle digests, py::handle max_length) {
             ByteBuffer packed(digests, "digests");
             HybridHit hit = f.find(pool, packed.view(), saturated_int64(max_length, "max_length"));
-            return py::make_tuple(hit.length, hit.junction, to_rows(hit.rows));
+            return py::make_tuple(hit.length, hit.junction, HitRows{std::move(hit.rows)});
           },
           py::arg("pool"), py::arg("digests"), py::arg("max_length"),
-          "(hit TOKENS, junction TOKENS or 0, per group its hit blocks with -1 where it skips one) for the "
-          "packed block hashes `digests`, at most max_length TOKENS.")
+          "(hit TOKENS, junction TOKENS or 0, HitRows: per group its hit blocks with -1 where it skips one) "
+          "for the packed block hashes `digests`, at most max_length TOKENS.")
       .def_property_readonly("last_probes", &HybridHitFinder::last_probes,
                              "Single-block look-ups the last find made (a window's or a state's).");
 
@@ -128,7 +162,10 @@ void bind_hybrid_hit(py::module_& m) {
           "admit",
           [](const HybridAdmitter& a, BlockPool& pool, py::handle rows, py::handle hit, py::handle num_tokens,
              py::handle first_end, py::handle free) -> py::object {
-            auto got = a.admit(pool, from_rows(rows), saturated_int64(hit, "hit"),
+            std::vector<std::vector<int32_t>> converted;
+            const bool found = py::isinstance<HitRows>(rows);
+            if (!found) converted = from_rows(rows);
+            auto got = a.admit(pool, found ? rows.cast<const HitRows&>().rows : converted, saturated_int64(hit, "hit"),
                                saturated_int64(num_tokens, "num_tokens"), saturated_int64(first_end, "first_end"),
                                saturated_int64(free, "free"));
             if (!got) return py::none();
@@ -145,7 +182,8 @@ void bind_hybrid_hit(py::module_& m) {
           py::arg("pool"), py::arg("rows"), py::arg("hit"), py::arg("num_tokens"), py::arg("first_end"),
           py::arg("free"),
           "(per group its table, its num_cached or None, its last state entry or None, whether blocks were "
-          "taken), or None without room: a request of num_tokens TOKENS with a hit of `hit` TOKENS in `rows`, "
+          "taken), or None without room: a request of num_tokens TOKENS with a hit of `hit` TOKENS in `rows` "
+          "(a find's HitRows, or lists of ints), "
           "its first chunk ending at first_end TOKENS, `free` blocks available to it.");
 }
 

@@ -142,14 +142,24 @@ HybridHit HybridHitFinder::find(const BlockPool& pool, std::string_view digests,
   int64_t hit_length = std::max<int64_t>(max_length, 0);
   int64_t longest = 0;
   Rows rows;
+  // Per spec group, the length it was last asked for (-1: not yet): asked again for the
+  // same length, it answers as before (a find never changes the index), so a round
+  // after the one that lowered the hit looks up only the groups whose bound moved.
+  std::vector<int64_t> asked(spec_groups_.size(), -1);
   while (true) {
     int64_t curr = hit_length;
-    for (const auto& ids : spec_groups_) {
+    for (size_t s = 0; s < spec_groups_.size(); ++s) {
+      const auto& ids = spec_groups_[s];
       const int first = ids[0];
       if (groups_[first].kind == HitKind::kFullAttention && found[first]) {
         curr = std::min(curr, lengths[first]);  // downward-closed: trim, never look up again
         continue;
       }
+      if (asked[s] == curr) {
+        curr = lengths[first];
+        continue;
+      }
+      asked[s] = curr;
       curr = find_group(pool, digests, curr, ids, rows);
       for (size_t k = 0; k < ids.size(); ++k) {
         out.rows[ids[k]] = std::move(rows[k]);

@@ -357,6 +357,39 @@ def test_the_native_finder_refuses_bad_arguments_by_name():
     assert finder.find(pool, b"", 2**70) == (0, 0, [[], []])
 
 
+def test_a_finds_rows_read_as_lists_and_go_back_to_the_admitter_unconverted():
+    """The finder's rows stay native (`HitRows`): a read is a list, and the admitter
+    takes them as they are, or as lists, to the same admission."""
+    rng = random.Random(5)
+    prompt = tokens(rng, 100)
+    caches = [make(FULL, swa(32), MAMBA), make(FULL, swa(32), MAMBA)]
+    for cache in caches:
+        run(cache, "a", prompt)
+        cache.release("a")
+    query = prompt + tokens(rng, 30)  # the state the prompt's prefill ended on: 96 tokens
+    digests = caches[0]._prompt_digests(query, None)
+    length, junction, rows = caches[0].hit_finder.find(caches[0].pool, digests, len(query) - 1)
+    want = caches[0]._reconcile(digests, len(query) - 1)
+    assert (length, junction) == (want.length, want.junction) == (96, 0)
+    assert type(rows).__name__ == "HitRows" and len(rows) == 3
+    assert rows == want.blocks and rows.tolist() == want.blocks and list(rows) == want.blocks
+    assert rows[-1] == rows[2] == want.blocks[2] and rows[2][-1] != NULL_BLOCK
+    assert rows != [[1], [2], [3]] and rows != "abc" and repr(rows).startswith("HitRows([[")
+    with pytest.raises(IndexError, match="HitRows index out of range"):
+        rows[3]
+    with pytest.raises(TypeError):
+        hash(rows)
+    ends = caches[0]._chunk_ends(length, len(query), junction)
+    got = [
+        cache.admitter.admit(cache.pool, found, length, len(query), ends[0], cache.pool.num_free)
+        for cache, found in zip(caches, (rows, rows.tolist()))
+    ]
+    assert got[0] == got[1] and got[0] is not None
+    assert [caches[0].pool.ref_count(b) for b in range(caches[0].pool.num_blocks)] == [
+        caches[1].pool.ref_count(b) for b in range(caches[1].pool.num_blocks)
+    ]
+
+
 def test_the_native_admitter_refuses_bad_arguments_by_name():
     from prefixcache._C import BlockPool, HybridAdmitter
 
