@@ -195,6 +195,9 @@ def test_the_openapi_schema_is_served_as_vllm_does_and_true_to_the_server(replic
     assert "422" not in json.dumps(schema)  # this server answers a body that fails validation with 400
     refs = set(re.findall(r'"#/components/schemas/([^"]+)"', json.dumps(schema)))
     assert refs <= set(schema["components"]["schemas"])  # every reference resolves
+    ids = [op["operationId"] for ops in schema["paths"].values() for op in ops.values()]
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)  # code generators need unique ids
+    assert {"get", "post"} <= set(schema["paths"]["/flush_cache"]) and "get" in schema["paths"]["/metrics"]
 
 
 def test_lax_type_conversions_are_accepted_as_fastapi_and_vllm_accept_them(replicas):

@@ -122,7 +122,6 @@ def add_sglang_routes(app: FastAPI, run_in_engine: RunInEngine, server_info: Map
         return {"timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                 "version": prefixcache.__version__, "accelerator": None, "num_accelerators": 0, "loads": [core]}
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(timeout: float = Query(0.0, ge=0.0)) -> PlainTextResponse:
         deadline = time.monotonic() + timeout
         while not await run_in_engine(reset_cache):
@@ -131,6 +130,9 @@ def add_sglang_routes(app: FastAPI, run_in_engine: RunInEngine, server_info: Map
                                          "blocks; try again when the replica is idle.\n", status_code=400)
             await asyncio.sleep(_FLUSH_POLL_S)
         return PlainTextResponse("Cache flushed.\n")
+
+    app.get("/flush_cache")(flush_cache)  # a route per method: each its own operationId
+    app.post("/flush_cache")(flush_cache)
 
 
 def replica_server_info(*, model_path: str, served_model_name: str, max_model_len: int, vocab_size: int,
