@@ -8,7 +8,8 @@ protocol's calls do is what SGLang 0.5.23's scheduler does around the cache
 `unified_radix_cache.py`), one request at a time:
 
   admit    `match_prefix` of the prompt but its last token (the walk splits the node
-           it ends inside; the hit is where every component accepts); with a Mamba
+           it ends inside; the hit is where every component accepts: matched first,
+           settled, split and recency, once the request is known to fit); with a Mamba
            component the matched state is copied into the request's running state
            slot (copy-on-write: a slot is taken, evicting if none is free); the
            request locks the matched node; then the request's Mamba slots (the
@@ -298,22 +299,21 @@ class HybridRadixCache(PrefixCache):
         self._evict_for(need)
 
     # -- look-up --------------------------------------------------------------------------
-    def _probe(self, tokens: Sequence[int], namespace: Namespace, tree_key: object) -> tuple[MatchOutcome, Sequence[int]]:
-        """The hit a match of `tokens` makes (pure), trimmed by `usable_hit`, and the
-        tokens that give it (cut to the hit when trimmed)."""
-        out = self.tree.match(tokens, tree_key, mutate=False)
+    def _probe(self, tokens: Sequence[int], namespace: Namespace, tree_key: object) -> MatchOutcome:
+        """The match of `tokens` (changing nothing), trimmed by `usable_hit`: then the
+        match of the tokens cut to the hit it keeps."""
+        out = self.tree.match(tokens, tree_key)
         if self._trims:
             keep = self.checked_usable_hit(tokens, out.num_tokens, namespace)
             if keep < out.num_tokens:
-                tokens = tokens[:keep]
-                out = self.tree.match(tokens, tree_key, mutate=False)
-        return out, tokens
+                out = self.tree.match(tokens[:keep], tree_key)
+        return out
 
     @guarded
     def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
         toks = check_tokens(tokens, allow_empty=True)
         namespace = check_namespace(namespace)
-        out, _ = self._probe(toks, namespace, exact_key(namespace))
+        out = self._probe(toks, namespace, exact_key(namespace))
         full = out.pages(FULL, self.block_size)
         states = [NULL_BLOCK] * len(full)
         if self.has_mamba and full:
@@ -343,15 +343,14 @@ class HybridRadixCache(PrefixCache):
         bs, n = self.block_size, len(toks)
         # _compute_max_prefix_len: the last prompt token is always computed. A usable_hit
         # that trims the hit cuts the key, so the match splits and locks only that much.
-        probe, key = self._probe(toks[: n - 1], namespace, tree_key)
+        probe = self._probe(toks[: n - 1], namespace, tree_key)
         hit = probe.num_tokens
         track = self._track_at(hit, n, probe.mamba_branching)
         if not self._fits(probe, n, track):
             self._stats.rejected += 1
             return None
-        # Req.init_next_round_input: the match (splits, recency), copy-on-write of the state.
-        m = self.tree.match(key, tree_key, mutate=True)
-        assert m.num_tokens == hit, "the pure and the mutating match agree"
+        # Req.init_next_round_input: the match's splits and recency, copy-on-write of the state.
+        m = self.tree.settle(probe)
         req = HybridRadixRequest(
             request_id, toks, namespace, num_cached_tokens=hit, num_computed=hit, tree_key=tree_key, prompt_len=n,
             protected=hit, swa_branching=m.swa_branching, mamba_branching=m.mamba_branching,

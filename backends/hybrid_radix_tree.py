@@ -10,12 +10,13 @@ in the configuration our backend runs: the Python TreeCore, no HiCache, no sessi
 radix cache, no EAGLE, LRU eviction, the static SWA pool, Mamba's extra_buffer
 strategy with no per-path state cap:
 
-- match: walk the tree, splitting the node a match ends inside; the match advances
-  only to a node where every component's validator accepts (FULL: pages present; SWA:
-  at least `window` tokens of live SWA since the last tombstone on the path; MAMBA: a
-  state on the node); then SWA refreshes the window's ancestors in its LRU, MAMBA the
-  matched node, FULL the path's access times. The full-attention run past the match is
-  the branching point (SWA: page-aligned; MAMBA: aligned to the state grid).
+- match: walk the tree; the match advances only to a node where every component's
+  validator accepts (FULL: pages present; SWA: at least `window` tokens of live SWA
+  since the last tombstone on the path; MAMBA: a state on the node). The full-attention
+  run past the match is the branching point (SWA: page-aligned; MAMBA: aligned to the
+  state grid). A match changes nothing; settling it does what SGLang's match_prefix
+  does besides: split the node the walk ended inside, then SWA refreshes the window's
+  ancestors in its LRU, MAMBA the matched node, FULL the path's access times.
 - insert: pages already in the tree are the request's duplicates (freed, but where an
   SWA tombstone inside the request's window takes the request's pages back: "recovery");
   a new leaf holds the rest, its SWA published only from the request's window start
@@ -211,9 +212,12 @@ class MatchOutcome:
     full_hit: int
     swa_branching: int | None = None
     mamba_branching: int | None = None
-    #: (node, TOKENS of it the hit covers), root's child .. the hit's node; a pure match
-    #: that ends inside a node lists that node with the part it covers.
+    #: (node, TOKENS of it the hit covers), root's child .. the hit's node; a match that
+    #: ends inside a node lists that node with the part it covers.
     path: list[tuple[TreeNode, int]] = field(default_factory=list)
+    #: The node the walk ended inside (past or at the hit) and the TOKENS of it matched:
+    #: what settling the match splits. None when the walk ended at a node's end.
+    inside: tuple[TreeNode, int] | None = None
 
     def pages(self, c: Component, page_size: int) -> list[int]:
         """The hit's pages of FULL or SWA (NULL_BLOCK, -1, for an SWA tombstone)."""
@@ -353,11 +357,10 @@ class HybridTree:
             m = lo
         return m // self.page * self.page
 
-    def match(self, tokens: Sequence[int], ns: object, *, mutate: bool) -> MatchOutcome:
+    def match(self, tokens: Sequence[int], ns: object) -> MatchOutcome:
         """The longest prefix of `tokens` (page-aligned, already capped by the caller)
-        every component accepts (module docstring). `mutate`: SGLang's match_prefix
-        (splits the node a match ends inside, refreshes recency); else a pure look-up
-        with the same answer."""
+        every component accepts (module docstring); changes nothing (`settle` does what
+        SGLang's match_prefix does besides)."""
         tokens = _int64_tokens(tokens)
         n = len(tokens) // self.page * self.page
         node = self.root
@@ -366,6 +369,7 @@ class HybridTree:
         path: list[tuple[TreeNode, int]] = []
         best_path = 0
         offset = 0
+        partial = False
         while offset < n:
             child = node.children.get(self._child_key(node, tokens, offset, ns))
             if child is None or child.full is None:
@@ -373,14 +377,8 @@ class HybridTree:
             m = self._match_len(child.key, tokens, offset)
             full_hit += m
             partial = m < len(child.key)
-            if partial:
-                if mutate:
-                    child = self._split(child, m)
-                    has_swa, has_state = child.swa is not None, child.mamba is not None
-                else:  # the node the split would make: a slice of the pages, no state
-                    has_swa, has_state = child.swa is not None, False
-            else:
-                has_swa, has_state = child.swa is not None, child.mamba is not None
+            # Inside a node, the validators see the head a split makes: its pages, no state.
+            has_swa, has_state = child.swa is not None, child.mamba is not None and not partial
             # Every validator sees every node (SGLang calls them all, no short cut).
             ok = True
             if self.has_swa:
@@ -399,16 +397,27 @@ class HybridTree:
                 break
             node = child
             offset += m
-        out = MatchOutcome(best_len, best, full_hit, path=path[:best_path])
+        out = MatchOutcome(best_len, best, full_hit, path=path[:best_path], inside=path[-1] if partial else None)
         if self.has_swa:
             aligned = full_hit // self.page * self.page
             out.swa_branching = aligned if aligned > best_len else None
         if self.has_mamba:
             aligned = full_hit // self.state_grid * self.state_grid
             out.mamba_branching = aligned if aligned > best_len else None
-        if mutate:
-            self._touch_match(best)
         return out
+
+    def settle(self, out: MatchOutcome) -> MatchOutcome:
+        """What SGLang's match_prefix does besides the match `out` (made on this tree as
+        it is now): split the node the walk ended inside, then refresh recency. Returns
+        the match as match_prefix would: the same hit, on the split's head."""
+        best, path = out.node, out.path
+        if out.inside is not None:
+            child, m = out.inside
+            head = self._split(child, m)
+            best = head if best is child else best
+            path = [(head if node is child else node, covered) for node, covered in path]
+        self._touch_match(best)
+        return MatchOutcome(out.num_tokens, best, out.full_hit, out.swa_branching, out.mamba_branching, path=path)
 
     def _touch_match(self, best: TreeNode) -> None:
         """SGLang's match post-processing: SWA refreshes the matched window, MAMBA the

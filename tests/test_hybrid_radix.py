@@ -179,7 +179,7 @@ def test_a_state_hit_is_copied_on_write():
     _run(cache, prompts[:2])
     adm = cache.admit("c", prompts[2])
     states = adm.group_tables[1]
-    node_state = cache.tree.match(prompts[2][:64], None, mutate=False).node.mamba
+    node_state = cache.tree.match(prompts[2][:64], None).node.mamba
     assert states[64 // 4 - 1] == node_state and states[72 // 4 - 1] not in (NULL_BLOCK, node_state)
     req = cache._requests.get("c")
     assert req.running not in (node_state, None) and states[72 // 4 - 1] in req.ping_pong
@@ -197,11 +197,33 @@ def test_state_pressure_tombstones_an_inner_state_and_keeps_its_full_kv():
     base = list(range(200, 240))
     prompts = [base + [1], base + [2] * 17, base + [3] * 17] + [[1000 + 10 * i + k for k in range(17)] for i in range(3, 9)]
     assert [hit for hit, _ in _run(cache, prompts)] == [0, 40, 40, 0, 0, 0, 0, 0, 0]
-    inner = cache.tree.match(base, None, mutate=False)
+    inner = cache.tree.match(base, None)
     assert inner.full_hit == 40 and inner.num_tokens == 0
     node = cache.tree.root.children[(None, tuple(base[:4]))]
     assert len(node.key) == 40 and node.children and node.full is not None and node.mamba is None
     assert _run(cache, [base + [9, 9]])[0][0] == 0
+
+
+def test_a_match_changes_nothing_and_settling_it_splits_where_the_walk_ended():
+    """A match ending inside a node (here past the hit: the node holds no state there)
+    changes nothing; settled, that node is split at the walk's end and the hit is the
+    same, so a match again ends at a node's end with the same hit and pages."""
+    cache = build_cache(CacheConfig(backend="radix", block_size=4, num_blocks=140, layout=(FULL, swa(8), mamba(10)),
+                                    options={"mamba_chunk": 8, "mamba_track_interval": 16}))  # fmt: skip
+    base = list(range(200, 240))
+    _run(cache, [base + [1]])
+    query = base[:24] + [7] * 8
+    nodes = cache.tree.num_nodes
+    out = cache.tree.match(query, None)
+    assert out.inside is not None and out.inside[1] == 24 and cache.tree.num_nodes == nodes
+    assert cache.tree.match(query, None).inside == out.inside  # nothing moved
+    settled = cache.tree.settle(out)
+    assert cache.tree.num_nodes == nodes + 1 and settled.inside is None
+    again = cache.tree.match(query, None)
+    assert again.inside is None and again.full_hit == out.full_hit == 24
+    assert (again.num_tokens, again.node) == (settled.num_tokens, settled.node) and again.num_tokens == out.num_tokens
+    assert again.pages(Component.FULL, 4) == settled.pages(Component.FULL, 4) == out.pages(Component.FULL, 4)
+    cache.check_invariants()
 
 
 # -- configuration -----------------------------------------------------------------------
