@@ -31,6 +31,7 @@ block where a native call does the work (every group's chain is one
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -58,6 +59,7 @@ __all__ = [
     "live_blocks",
     "hit_finder",
     "admitter",
+    "quiet_until",
 ]
 
 
@@ -221,6 +223,13 @@ class GroupManager:
         last = min(skipped // self.block_size, len(state.table))
         self._remove_range(state, 0, last, free)
 
+    def quiet_until(self, num_computed: int) -> int:
+        """The last `num_computed` (TOKENS) up to which `remove_skipped` frees nothing
+        more than it did at `num_computed`, as long as nothing else changes the table (a
+        bound, never past it): the cache skips those calls while a request decodes.
+        Each built-in kind says how far; any other kind, not at all."""
+        return num_computed - 1
+
     def _remove_range(self, state: GroupState, first: int, last: int, free: Callable[[list[int]], None]) -> None:
         table = state.table
         freed = []
@@ -258,6 +267,9 @@ class FullAttentionGroup(GroupManager):
     def release_order(self, state: GroupState) -> list[int]:
         return state.table[::-1]  # full attention holds every block
 
+    def quiet_until(self, num_computed: int) -> int:
+        return sys.maxsize  # nothing is ever skipped
+
 
 class ChunkedLocalGroup(GroupManager):
     """Attention inside fixed chunks: blocks before the query's chunk are skipped; the
@@ -273,6 +285,10 @@ class ChunkedLocalGroup(GroupManager):
         found = lookup.chain(digests[start * digest_size : max_blocks * digest_size], members)
         hits = [[NULL_BLOCK] * start + row for row in found]
         return hits, len(hits[0]) * bs
+
+    def quiet_until(self, num_computed: int) -> int:
+        chunk = self.group.chunk
+        return (num_computed // chunk + 1) * chunk - 1  # type: ignore[operator]  # the next chunk skips more
 
 
 class SlidingWindowGroup(GroupManager):
@@ -310,6 +326,11 @@ class SlidingWindowGroup(GroupManager):
         # No full window: the cached run from block 0 (shorter than a window) is the hit.
         rows = lookup.run(digests, 0, min(need, max_blocks) if need else max_blocks, members)
         return rows, len(rows[0]) * bs
+
+    def quiet_until(self, num_computed: int) -> int:
+        # Blocks leave when num_computed - window + 1 reaches the next block boundary.
+        window, bs = self.group.window, self.block_size
+        return (max(0, num_computed - window + 1) // bs + 1) * bs + window - 2  # type: ignore[operator]
 
     def kept(self, start: int, stop: int, boundaries: Sequence[int]) -> Sequence[int]:
         # Sparse retention: only the `need` blocks that end at each reachable boundary.
@@ -379,6 +400,11 @@ class MambaGroup(GroupManager):
                 free([state.table[held]])
                 state.table[held] = NULL_BLOCK
 
+    def quiet_until(self, num_computed: int) -> int:
+        # Both the retired range and the previous state move with (num_computed - 1) // block_size.
+        bs = self.block_size
+        return ((num_computed - 1) // bs + 1) * bs
+
     def kept(self, start: int, stop: int, boundaries: Sequence[int]) -> Sequence[int]:
         # Sparse retention: only the state that ends on each reachable boundary.
         blocks = {b // self.block_size - 1 for b in boundaries}
@@ -420,6 +446,15 @@ def hit_finder(
         for m in managers
     ]  # fmt: skip
     return HybridHitFinder(groups, [list(ids) for ids in spec_groups], single_pass, managers[0].block_size, digest_size)
+
+
+def quiet_until(managers: Sequence[GroupManager], num_computed: int) -> int:
+    """The last `num_computed` (TOKENS) up to which no group's `remove_skipped` frees
+    more than at `num_computed` (`GroupManager.quiet_until` over the groups), or
+    `num_computed - 1` when one is not a built-in kind (whose own may not say)."""
+    if not managers or any(type(m) not in _HIT_KINDS for m in managers):
+        return num_computed - 1
+    return min(m.quiet_until(num_computed) for m in managers)
 
 
 def admitter(managers: Sequence[GroupManager]) -> HybridAdmitter | None:

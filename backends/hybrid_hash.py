@@ -82,6 +82,7 @@ from .hybrid_groups import (
     admitter,
     hit_finder,
     make_group,
+    quiet_until,
 )
 
 __all__ = ["HybridHashCache", "HybridRequest", "HitPlan", "HYBRID_OPTIONS", "HYBRID_CHOICES", "RETENTION"]
@@ -171,6 +172,9 @@ class HybridRequest(Request):
                   last is the prompt's end)
     allocated_to: TOKENS the tables were last allocated for
     waiting:      a chunk's blocks found no room at the commit that reached it
+    quiet_to:     up to this num_computed (TOKENS) no group frees a block, as found by
+                  the last `_remove_skipped` since a table last grew (-1: look)
+    keyed_blocks: full blocks up to which every block-keyed group's num_cached reaches
     """
 
     digests: bytearray = field(default_factory=bytearray)
@@ -183,6 +187,8 @@ class HybridRequest(Request):
     retired: list[tuple[int, bytes]] = field(default_factory=list)  # no_tail_cliff: (block, key) freed early
     sources: list[int] = field(default_factory=list)  # copy sources pinned until the first commit
     granules: bytearray = field(default_factory=bytearray)  # finer states: packed granule digests
+    quiet_to: int = -1  # TOKENS: up to this num_computed no group frees a block (`quiet_until`)
+    keyed_blocks: int = 0  # full blocks every block-keyed group has offered to the index
 
 
 class HybridHashCache(HashCacheBase):
@@ -235,6 +241,12 @@ class HybridHashCache(HashCacheBase):
         # where they are the built-in managers' and this class's own (`admitter`).
         self._admits_natively = all(
             getattr(type(self), name) is getattr(HybridHashCache, name) for name in ("_needed", "_allocate", "_take")
+        )
+        # A decode step that frees and allocates nothing skips the groups' calls where
+        # freeing, counting and allocating are this class's own (`append`).
+        self._quiet_steps = all(
+            getattr(type(self), name) is getattr(HybridHashCache, name)
+            for name in ("_remove_skipped", "_needed", "_allocate")
         )
         self._split = layout.has_mamba  # vLLM's need_mamba_block_aligned_split
         self._requests: RequestTable[HybridRequest] = RequestTable()
@@ -426,9 +438,12 @@ class HybridHashCache(HashCacheBase):
 
     def _allocate(self, request: HybridRequest, num_tokens: int) -> None:
         """Grow every group's table to `num_tokens` TOKENS (room was checked)."""
+        grew = False
         for manager, state in zip(self.managers, request.groups):
-            manager.allocate(state, num_tokens, self._take)
+            grew |= bool(manager.allocate(state, num_tokens, self._take))
         request.allocated_to = num_tokens
+        if grew:  # a mamba group's previous state moved: the next step looks again
+            request.quiet_to = -1
 
     def _take(self, n: int) -> list[int]:
         blocks = self.pool.allocate(n)
@@ -449,6 +464,8 @@ class HybridHashCache(HashCacheBase):
 
         for manager, state in zip(self.managers, request.groups):
             manager.remove_skipped(state, num_computed, free)
+        if self._quiet_steps:
+            request.quiet_to = quiet_until(self.managers, num_computed)
 
     def _next_chunk(self, request: HybridRequest) -> bool:
         """vLLM's next scheduler step of a split prefill: free what no query reads,
@@ -474,6 +491,15 @@ class HybridHashCache(HashCacheBase):
             return []
         held = request.tokens
         before = len(held)
+        total, bs = before + len(new), self.block_size
+        if request.num_computed <= request.quiet_to and not request.chunk_ends and (
+            -(-total // bs) <= -(-request.allocated_to // bs)
+        ):
+            # A decode step inside the last block that no group frees at: the steps
+            # below would free nothing, need nothing and allocate nothing.
+            held.extend(new)  # type: ignore[attr-defined]
+            request.allocated_to = total
+            return []
         held.extend(new)  # type: ignore[attr-defined]
         before_blocks = len(request.groups[0].table)
         self._remove_skipped(request, request.num_computed)
@@ -512,6 +538,8 @@ class HybridHashCache(HashCacheBase):
         where it keeps them."""
         bs, ds = self.block_size, self._digest_size
         num_full = num_tokens // bs
+        if num_full <= request.keyed_blocks:
+            return  # every group has offered these (a decode step inside a block)
         self._extend_chain(request.digests, request.tokens, num_full, request.namespace)
         boundaries = [request.num_prompt - 1] + ([request.junction] if request.junction else [])
         for manager in self._block_keyed:
@@ -536,6 +564,7 @@ class HybridHashCache(HashCacheBase):
                 self.pool.cache_many_packed(blocks, keys, ds, manager.suffix)
             state.num_cached = num_full
             self._events.record_from(self._stored_events, request, manager, start, num_full, keyed)
+        request.keyed_blocks = num_full
 
     @guarded
     def release(self, request_id: Hashable) -> None:

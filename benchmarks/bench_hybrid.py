@@ -5,7 +5,8 @@ Five measurements, each side by side in one run (record `cat /proc/loadavg` with
 1. Cost: per-request bookkeeping (hashing + admit + the prompt's commits + release, µs,
    p50 over the requests, best of `--repeat` replays), and `admit` alone, of a
    full-attention-only cache (the plain `HashCache`, or `RadixCache` for `radix`) and of
-   hybrid layouts on the same workload, and the ratios to the same strategy's plain cache.
+   hybrid layouts on the same workload, and the ratios to the same strategy's plain cache;
+   then (`decode`) a decode step's `append` + `commit` the same way.
 2. A sliding-window miss: block look-ups a miss costs on a long prompt, ours against the
    right-to-left scan vLLM 0.33 makes (one probe per block): O(blocks / window + window)
    against O(blocks).
@@ -95,6 +96,44 @@ def cost(args) -> None:
         b, a = base.setdefault(backend, (p50, admit))
         hits = sum(runs[backend, name][0][1])
         print(f"| {backend} | {name} | {p50:.1f} | {p50 / b:.2f}x | {admit:.1f} | {admit / a:.2f}x | {hits:,} |")
+
+
+def decode_steps(args) -> None:
+    """Per decode step of a request: `append` of one token, then its `commit`."""
+    print("\n## 1b. A decode step (8 requests after a 1,000-token prompt, 256 tokens each, one at a "
+          "time; append + commit, mean µs over the steps, best of `--repeat`; block 16, ample pool)\n")
+    print("| strategy | layout | step µs | ratio to its full attention | append µs | commit µs |")
+    print("|---|---|---|---|---|---|")
+    rng = random.Random(args.seed)
+    prompt = [rng.randrange(50_000) for _ in range(900)]
+    clock = time.perf_counter
+    for backend in args.backends:
+        base = None
+        for name in LAYOUTS:
+            best = (float("inf"), 0.0, 0.0)
+            for _ in range(args.repeat):
+                cache = build(LAYOUTS[name], 16, 20_000, backend)
+                for r in range(8):
+                    adm = cache.admit(r, prompt + [r] * 100)
+                    for c in adm.checkpoints:
+                        cache.commit(r, c)
+                    cache.commit(r, 1000)
+                appends = commits = 0.0
+                for step in range(256):
+                    for r in range(8):
+                        t0 = clock()
+                        cache.append(r, [step])
+                        t1 = clock()
+                        cache.commit(r, 1001 + step)
+                        appends, commits = appends + t1 - t0, commits + clock() - t1
+                for r in range(8):
+                    cache.release(r)
+                n = 256 * 8
+                if (appends + commits) / n < best[0]:
+                    best = ((appends + commits) / n, appends / n, commits / n)
+            base = base or best[0]
+            print(f"| {backend} | {name} | {best[0] * 1e6:.2f} | {best[0] / base:.2f}x | {best[1] * 1e6:.2f} | "
+                  f"{best[2] * 1e6:.2f} |")
 
 
 def window_miss(args) -> None:
@@ -249,7 +288,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--granule", type=int, default=16, help="state_granule of section 4 (TOKENS)")
-    parser.add_argument("--only", choices=("cost", "window", "options", "finer", "cap"), help="one section only")
+    parser.add_argument("--only", choices=("cost", "decode", "window", "options", "finer", "cap"), help="one section only")
     parser.add_argument("--backends", nargs="+", choices=("hash", "radix"), default=["hash", "radix"],
                         help="the strategies section 1 measures (each against its own full-attention cache)")
     parser.add_argument("--pools", type=int, nargs="+", default=[64, 96, 128, 160, 192, 256, 384],
@@ -257,7 +296,8 @@ def main() -> int:
     args = parser.parse_args()
     print(f"# bench_hybrid: {cpu_model()}, load {open('/proc/loadavg').read().split()[:3]}, {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"# command: {' '.join(sys.argv)}")
-    sections = {"cost": cost, "window": window_miss, "options": options, "finer": finer_states, "cap": state_cap}
+    sections = {"cost": cost, "decode": decode_steps, "window": window_miss, "options": options,
+                "finer": finer_states, "cap": state_cap}
     for name, section in sections.items():
         if args.only in (None, name):
             section(args)

@@ -319,6 +319,103 @@ def test_the_native_admission_is_the_python_definition(extra, block_size, dense,
     python.check_invariants()
 
 
+class _EveryStep(HybridHashCache):
+    """Every decode step through the groups' calls: a class that replaces
+    `_remove_skipped` skips none (`quiet_until` is this class's rule, not its own)."""
+
+    def _remove_skipped(self, request, num_computed):
+        super()._remove_skipped(request, num_computed)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.one_of(st.integers(2, 40).map(swa), st.sampled_from([8, 12, 20]).map(chunked), st.just(MAMBA)),
+             min_size=1, max_size=2),
+    st.sampled_from([1, 2, 4, 16]),
+    st.booleans(),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+)
+def test_a_quiet_decode_step_is_every_groups_step(extra, block_size, dense, no_tail_cliff, seed):
+    """Requests decoding token by token (1-3 tokens a step, each committed), admitted,
+    refused and released at random in a small pool: a cache that skips the steps where
+    no group frees or allocates (`quiet_until`) and one that runs every group's calls
+    agree on every step's answer, the tables, the pool and the events."""
+    rng = random.Random(seed)
+    options = {"retention": "dense"} if dense else {}
+    if no_tail_cliff:
+        options["no_tail_cliff"] = True
+    config = CacheConfig(block_size=block_size, num_blocks=rng.randrange(24, 90), layout=(FULL, *extra),
+                         enable_events=True, options=options)  # fmt: skip
+    quiet = prefixcache.build_cache(config)
+    every = _EveryStep(prefixcache.BlockPool(config.num_blocks), config)
+    assert quiet._quiet_steps and not every._quiet_steps
+    stems = [[rng.randrange(5) for _ in range(rng.randrange(1, 40))] for _ in range(3)]
+    live: dict[int, int] = {}  # request -> tokens committed
+    for step in range(120):
+        if not live or (len(live) < 4 and rng.random() < 0.15):
+            prompt = rng.choice(stems)[: rng.randrange(1, 41)] + [rng.randrange(5) for _ in range(rng.randrange(1, 6))]
+            got = [cache.admit(step, prompt) for cache in (quiet, every)]
+            assert got[0] == got[1]
+            if got[0] is not None:
+                stuck = False
+                for c in got[0].checkpoints:
+                    chunk = [cache.commit(step, c) or cache.append(step, []) for cache in (quiet, every)]
+                    assert chunk[0] == chunk[1]
+                    if chunk[0] is None:  # no room for the next chunk: give the request up
+                        stuck = True
+                        break
+                for cache in (quiet, every):
+                    cache.release(step) if stuck else cache.commit(step, len(prompt))
+                if not stuck:
+                    live[step] = len(prompt)
+        elif rng.random() < 0.1:
+            rid = rng.choice(sorted(live))
+            del live[rid]
+            for cache in (quiet, every):
+                cache.release(rid)
+        else:
+            rid = rng.choice(sorted(live))
+            new = [rng.randrange(5) for _ in range(rng.choice((1, 1, 1, 2, 3)))]
+            got = [cache.append(rid, new) for cache in (quiet, every)]
+            assert got[0] == got[1]
+            if got[0] is not None:
+                live[rid] += len(new)
+                for cache in (quiet, every):
+                    cache.commit(rid, live[rid])
+        assert [quiet.block_tables(r) for r in sorted(live)] == [every.block_tables(r) for r in sorted(live)]
+        assert _pool_state(quiet) == _pool_state(every)
+        assert quiet.drain_events() == every.drain_events()
+    for rid in live:
+        for cache in (quiet, every):
+            cache.release(rid)
+    assert _pool_state(quiet) == _pool_state(every)
+    quiet.check_invariants()
+    every.check_invariants()
+
+
+@pytest.mark.parametrize("extra", [swa(64), MAMBA, chunked(32)], ids=["swa", "mamba", "chunked"])
+def test_a_decode_step_calls_the_groups_only_where_one_frees_or_allocates(extra):
+    """Decoding 64 tokens at block 16: the groups are called at the steps that cross a
+    block or where one frees (the window's edge, the state's block), not at the others."""
+    cache = make(FULL, extra, block_size=16)
+    calls = []
+    for m in cache.managers:  # counted on the instances: their kinds stay built-in
+        m.remove_skipped = lambda *args, _f=m.remove_skipped: calls.append(1) or _f(*args)
+    run(cache, "r", tokens(random.Random(3), 100))
+    done = 100
+    for t in range(64):
+        assert cache.append("r", [t]) is not None
+        done += 1
+        cache.commit("r", done)
+    steps = len(calls) // len(cache.managers)
+    # 4 blocks crossed, each at most 4 steps (the crossing, the step after it, a window's
+    # or a chunk's edge): 13, 10 and 9 of the 64 here, where every step called them before.
+    assert 4 <= steps <= 16, steps
+    cache.release("r")
+    cache.check_invariants()
+
+
 def test_a_subclass_that_replaces_the_managers_or_the_look_up_order_answers_in_python():
     cache = make(FULL, swa(32), block_size=4)
     finder = cache.hit_finder
