@@ -359,7 +359,7 @@ class HybridHashCache(HashCacheBase):
                 num_prompt=n, groups=groups, junction=junction, granules=bytearray(plan.granules),
             )  # fmt: skip
 
-        sources = [b for b in plan.sources if b != NULL_BLOCK]
+        sources = [b for b in plan.sources if b != NULL_BLOCK] if plan.sources else []
         native = self.admitter if not sources else None
         if native is not None:  # the Python below, in one call
             got = native.admit(self.pool, hit_blocks, hit, n, ends[0], self.pool.num_free)
@@ -393,9 +393,11 @@ class HybridHashCache(HashCacheBase):
         request.chunk_ends = ends[1:]
         self._requests.add(request)
         self._stats.record_query(n, hit)
-        tables = tuple(BlockIds(s.table) for s in request.groups)
-        i = hit // self.block_size
-        copies = tuple((src, s.table[i], hit % self.block_size) for src, s in zip(plan.sources, request.groups) if src != NULL_BLOCK)
+        tables = tuple([BlockIds(s.table) for s in request.groups])
+        copies = ()
+        if sources:
+            i = hit // self.block_size
+            copies = tuple((src, s.table[i], hit % self.block_size) for src, s in zip(plan.sources, request.groups) if src != NULL_BLOCK)
         return Admission(tables[0], hit, copies, checkpoints=tuple(ends[:-1]), group_tables=tables)
 
     def _chunk_ends(self, start: int, prompt_end: int, junction: int) -> list[int]:
