@@ -39,7 +39,9 @@ do around them. vLLM's names in brackets:
            retries.
   append   Free what no query reads any more (outside a window, a superseded state),
            then allocate for the new tokens [allocate_slots of a decode step]. A
-           refusal (None) has still freed those blocks, as vLLM's does.
+           refusal (None) has still freed those blocks, as vLLM's does. A step that
+           would free nothing (the built-in kinds say how far: `quiet_until`) and fits
+           the last block only extends the tokens.
   release  Each group frees its table in reverse, NULL_BLOCKs skipped [free].
 
 Block ids are vLLM's minus one (the pool has no null block). Events are vLLM's, one
