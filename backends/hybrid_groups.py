@@ -231,14 +231,19 @@ class GroupManager:
         return num_computed - 1
 
     def _remove_range(self, state: GroupState, first: int, last: int, free: Callable[[list[int]], None]) -> None:
+        """Free the run of blocks that ends at entry `last` (exclusive) and starts after
+        the last NULL_BLOCK in [first, last), last first (vLLM's loop that stops at the
+        first null block it meets); slices and C-level scans, not a step per block."""
         table = state.table
-        freed = []
-        for i in range(last - 1, first - 1, -1):
-            if table[i] == NULL_BLOCK:
-                break
-            freed.append(table[i])
-            table[i] = NULL_BLOCK
-        if freed:
+        run = table[first:last]
+        try:
+            start = first + len(run) - run[::-1].index(NULL_BLOCK)  # just past the last null
+        except ValueError:
+            start = first
+        if start < last:
+            freed = table[start:last]
+            freed.reverse()
+            table[start:last] = [NULL_BLOCK] * (last - start)
             free(freed)
 
     # -- caching -------------------------------------------------------------------------
@@ -389,8 +394,7 @@ class MambaGroup(GroupManager):
             first = max(0, state.retired)
             if first < last:
                 freed = live_blocks(state.table[first:last])[::-1]
-                for i in range(first, last):
-                    state.table[i] = NULL_BLOCK
+                state.table[first:last] = [NULL_BLOCK] * (last - first)
                 if freed:
                     free(freed)
                 state.retired = last
