@@ -293,10 +293,10 @@ class HybridRadixCache(PrefixCache):
 
     def _make_room(self, num_tokens: int) -> None:
         """The allocator's evict_to_free_tokens: each attention pool's shortfall of `num_tokens`."""
-        need = {FULL: max(0, num_tokens - self._available(FULL))}
-        if self.window:
-            need[SWA] = max(0, num_tokens - self._available(SWA))
-        self._evict_for(need)
+        full = num_tokens - self._available(FULL)
+        swa = num_tokens - self._available(SWA) if self.window else 0
+        if full > 0 or swa > 0:  # most decode steps: both pools have the page already
+            self._evict_for({FULL: full, SWA: swa} if self.window else {FULL: full})
 
     # -- look-up --------------------------------------------------------------------------
     def _probe(self, tokens: Sequence[int], namespace: Namespace, tree_key: object) -> MatchOutcome:
@@ -469,12 +469,16 @@ class HybridRadixCache(PrefixCache):
             req.decode_steps += 1
         else:
             self._make_room(len(new) if bs == 1 else len(new) + bs)
-        blocks = self._take(FULL, pages)
-        req.block_table.extend(blocks)
-        if self.window:
-            req.swa.extend(self._take(SWA, pages))
+        if pages <= 0:  # inside the last page
+            blocks = []
+        else:
+            blocks = self._take(FULL, pages)
+            req.block_table.extend(blocks)
+            if self.window:
+                req.swa.extend(self._take(SWA, pages))
+            if self.has_mamba:
+                req.states.extend([NULL_BLOCK] * pages)
         if self.has_mamba:
-            req.states.extend([NULL_BLOCK] * pages)
             for pos in range(before, len(held)):
                 if req.prefilled and (pos + 1) % self.track_grid == 0:
                     req.states[(pos + 1) // bs - 1] = req.ping_pong[req.next_track]
