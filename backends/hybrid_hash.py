@@ -59,6 +59,7 @@ change anything when `admit` refuses.
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -494,6 +495,9 @@ class HybridHashCache(HashCacheBase):
         if not len(new):
             return []
         held = request.tokens
+        if isinstance(held, array) and not isinstance(new, array):
+            # Ids beyond int64 (CBOR bignums): the request keeps its ids as ints from now on.
+            held = request.tokens = held.tolist()
         before = len(held)
         total, bs = before + len(new), self.block_size
         if request.num_computed <= request.quiet_to and not request.chunk_ends and (

@@ -311,7 +311,7 @@ class HybridRadixCache(PrefixCache):
 
     @guarded
     def match(self, tokens: Sequence[int], *, namespace: Namespace = None) -> Match:
-        toks = check_tokens(tokens, allow_empty=True)
+        toks = check_tokens(tokens, allow_empty=True, itemsize=4)
         namespace = check_namespace(namespace)
         out = self._probe(toks, namespace, exact_key(namespace))
         full = out.pages(FULL, self.block_size)
@@ -336,7 +336,7 @@ class HybridRadixCache(PrefixCache):
     ) -> Admission | None:
         """`priority` is accepted and ignored (a hybrid layout evicts in LRU order)."""
         check_priority(priority)
-        toks = check_tokens(tokens)
+        toks = check_tokens(tokens, itemsize=4)  # radix stores int32 ids
         namespace = check_namespace(namespace)
         tree_key = exact_key(namespace)
         self._requests.check_new(request_id)
@@ -443,7 +443,7 @@ class HybridRadixCache(PrefixCache):
     @guarded
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         req = self._requests.get(request_id)
-        new = check_tokens(tokens, allow_empty=True)
+        new = check_tokens(tokens, allow_empty=True, itemsize=4)
         if not len(new):
             return []
         bs = self.block_size

@@ -66,13 +66,13 @@ FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
 # Cascade priority on an inner node (a leaf: all 0): evicting one component of a node
 # evicts the node's components of lower or equal priority.
 _INNER_PRIORITY = {FULL: 2, SWA: 1, MAMBA: 0}
-_NO_TOKENS = array("q")  # the root's key; keys are only ever sliced, never changed in place
+_NO_TOKENS = array("i")  # the root's key; keys are only ever sliced, never changed in place
 
 
-def _int64_tokens(tokens: Sequence[int]) -> array:
-    """`tokens` as an int64 array, the type of every node's key (the requests' own
-    token buffers already are: no copy)."""
-    return tokens if isinstance(tokens, array) and tokens.typecode == "q" else array("q", tokens)
+def _int32_tokens(tokens: Sequence[int]) -> array:
+    """`tokens` as an int32 array, the type of every node's key (`radix` stores int32
+    ids; the requests' own token buffers already are: no copy)."""
+    return tokens if isinstance(tokens, array) and tokens.typecode == "i" else array("i", tokens)
 
 
 class TreeNode:
@@ -88,7 +88,7 @@ class TreeNode:
         self.id = node_id
         self.parent: TreeNode | None = None
         self.children: dict = {}
-        self.key: array = _NO_TOKENS  # int64, as the requests' tokens: compared in C, never as tuples
+        self.key: array = _NO_TOKENS  # int32, as the requests' tokens: compared in C, never as tuples
         self.full: list[int] | None = None
         self.swa: list[int] | None = None
         self.mamba: int | None = None
@@ -342,7 +342,7 @@ class HybridTree:
     # -- matching ----------------------------------------------------------------------
     def _match_len(self, node_key: array, tokens: array, offset: int) -> int:
         """Tokens of `node_key` that `tokens[offset:]` starts with, whole pages (two
-        int64 arrays: each comparison is one typed loop in C)."""
+        int32 arrays: each comparison is one typed loop in C)."""
         n = min(len(node_key), len(tokens) - offset)
         if tokens[offset : offset + n] == node_key[:n]:
             m = n
@@ -361,7 +361,7 @@ class HybridTree:
         """The longest prefix of `tokens` (page-aligned, already capped by the caller)
         every component accepts (module docstring); changes nothing (`settle` does what
         SGLang's match_prefix does besides)."""
-        tokens = _int64_tokens(tokens)
+        tokens = _int32_tokens(tokens)
         n = len(tokens) // self.page * self.page
         node = self.root
         best, best_len, full_hit = self.root, 0, 0
@@ -609,7 +609,7 @@ class HybridTree:
         below `swa_evicted`. Duplicates are freed through `free`; pages the tree keeps
         are the tree's from now on."""
         page = self.page
-        tokens = _int64_tokens(tokens)
+        tokens = _int32_tokens(tokens)
         n = len(tokens) // page * page
         self.root.last_access = self._tick()
         if n == 0:

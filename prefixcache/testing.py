@@ -75,6 +75,7 @@ __all__ = [
     "RULES",
     "RULE_CHECKS",
     "RuleViolation",
+    "big_ids_are_stored_or_refused",
     "pool_state",
 ]
 
@@ -995,7 +996,8 @@ def rule_bad_tokens_are_refused(make: CacheFactory, bs: int) -> None:
     sequence of int ids with a TypeError naming the field (`tokens` / `tokens[i]`), at
     the call (also ids in an unhashed tail, or appended ones), and change nothing: the
     request still commits. numpy int arrays and numpy integer ids count as ints: they
-    behave exactly as the same list. `evict` takes an int >= 0: TypeError for another
+    behave exactly as the same list. Ids beyond int32 or int64 are stored or refused
+    by name (`big_ids_are_stored_or_refused`). `evict` takes an int >= 0: TypeError for another
     type, ValueError below 0, naming `num_blocks`."""
     cache = make(bs, 16)
     checked = CheckedCache(cache)
@@ -1026,6 +1028,55 @@ def rule_bad_tokens_are_refused(make: CacheFactory, bs: int) -> None:
         _expect(kind, "bad input", lambda: cache.evict(bad), f"evict({bad!r})", "num_blocks")
     checked.drain()
     _numpy_tokens_are_ints(make, bs)
+    big_ids_are_stored_or_refused(make, bs)
+
+
+# Ids beyond int32 and int64, both signs: a backend stores them (`hash`: CBOR bignums) or
+# refuses them by name (`radix`: int32), at the call.
+BIG_TOKEN_IDS: tuple[int, ...] = (2**31, -(2**31) - 1, 2**63, -(2**63) - 1, 2**70)
+
+
+def big_ids_are_stored_or_refused(make: CacheFactory, bs: int) -> None:
+    """An id beyond int32 or int64 in `match`, `admit` or `append` is either stored (the
+    call answers, and the request goes on: it commits what it holds and releases) or
+    refused with a ValueError naming `tokens[i]` that changes nothing (pool, tables);
+    never another error. Any layout: a prefill commits at `Admission.checkpoints`."""
+
+    def prefill(cache: PrefixCache, rid: str, adm: Admission, n: int) -> None:
+        for c in adm.checkpoints:
+            cache.commit(rid, c)
+            cache.append(rid, [])
+        cache.commit(rid, n)
+
+    for big in BIG_TOKEN_IDS:
+        cache = make(bs, 64)
+        prompt = list(range(1, 2 * bs + 2))
+        adm = cache.admit("r", prompt)
+        assert adm is not None
+        prefill(cache, "r", adm, len(prompt))
+        for name, tokens in (("match", [1, big]), ("admit", [1, big, 2]), ("append", [big])):
+            before = pool_state(cache, ["r"])
+            what = f"{name} of an id {big}"
+            try:
+                if name == "match":
+                    cache.match(tokens)
+                elif name == "admit":
+                    got = cache.admit("s", tokens)
+                    if got is not None:
+                        prefill(cache, "s", got, len(tokens))
+                        cache.release("s")
+                elif cache.append("r", tokens) is not None:
+                    cache.commit("r", len(prompt) + 1)
+            except ValueError as err:
+                where = f"tokens[{tokens.index(big)}]"
+                if where not in str(err):
+                    _violate("bad input", what, f"the ValueError does not name {where!r}: {err}")
+                if pool_state(cache, ["r"]) != before:
+                    _violate("bad input", what, "was refused and changed the pool or a block table")
+            except Exception as err:  # noqa: BLE001 -- any other kind is the finding
+                _violate("bad input", what, f"expected it stored or a ValueError naming it, got {type(err).__name__}: {err}")
+        cache.release("r")
+        cache.check_invariants()
 
 
 def _numpy_tokens_are_ints(make: CacheFactory, bs: int) -> None:

@@ -144,3 +144,33 @@ def test_radix_backend_evict_of_a_huge_count():
     assert cache.stats().evictions == 3 and cache.pool.num_free == 8
     assert sum(isinstance(e, prefixcache.BlockRemoved) for e in cache.drain_events()) == 3
     cache.check_invariants()
+
+
+def test_hybrid_ids_beyond_the_strategy_range():
+    """fuzz_hybrid (its first replay): over a hybrid layout, `radix` let an id beyond
+    int64 reach its tree's int64 keys (OverflowError from `match`, `admit` and `append`),
+    and `hash` appended one to the request's int64 buffer (OverflowError). `radix` refuses
+    ids beyond int32 by name, as over full attention; `hash` keeps the request's ids as
+    ints from then on and hashes them (CBOR bignums)."""
+    from prefixcache.layout import LayerGroup
+
+    layout = (LayerGroup("full_attention"), LayerGroup("sliding_window", window=8), LayerGroup("mamba"))
+    radix = prefixcache.build_cache(CacheConfig(backend="radix", block_size=2, num_blocks=64, layout=layout))
+    assert radix.admit("r", [1, 2, 3]) is not None
+    for call in (lambda: radix.match([1, HUGE]), lambda: radix.admit("s", [1, HUGE]), lambda: radix.append("r", [HUGE])):
+        with pytest.raises(ValueError, match=r"tokens\[\d\]: expected an int32 token id"):
+            call()
+    radix.release("r")
+    radix.check_invariants()
+    hashed = prefixcache.build_cache(CacheConfig(block_size=2, num_blocks=64, layout=layout,
+                                                 options={"retention": "dense"}))  # fmt: skip
+    adm = hashed.admit("r", [1, 2, 3])
+    for c in adm.checkpoints:
+        hashed.commit("r", c)
+        hashed.append("r", [])
+    hashed.commit("r", 3)
+    assert hashed.append("r", [HUGE]) == []  # inside the last block
+    hashed.commit("r", 4)
+    hashed.release("r")
+    assert hashed.match([1, 2, 3, HUGE, 5]).num_tokens == 4  # both blocks kept, the bignum's too
+    hashed.check_invariants()

@@ -20,6 +20,7 @@ from prefixcache.events import BlockRemoved, BlockStored
 from prefixcache.backends.hybrid_groups import SlidingWindowGroup
 from prefixcache.backends.hybrid_hash import HybridHashCache
 from prefixcache.layout import NULL_BLOCK, LayerGroup
+from prefixcache.testing_hybrid import LAYOUTS
 
 FULL = LayerGroup("full_attention")
 MAMBA = LayerGroup("mamba")
@@ -513,3 +514,14 @@ def test_the_native_admitter_refuses_bad_arguments_by_name():
     tables, cached, last_state, took = admitter.admit(pool, [[], []], 0, 32, 32, 8)
     assert [len(t) for t in tables] == [2, 2] and cached == [None, None] and last_state == [None, None] and took
     assert pool.num_free == 4
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "+".join(g.kind for g in layout))
+def test_ids_beyond_int32_and_int64_are_stored_or_refused_by_name(layout):
+    """The kit's check on every hybrid layout (`hash` stores them, as CBOR bignums;
+    `radix` refuses them, storing int32 ids): never another error."""
+    from prefixcache.testing import big_ids_are_stored_or_refused
+
+    big_ids_are_stored_or_refused(
+        lambda bs, n: prefixcache.build_cache(CacheConfig(backend="hash", block_size=bs, num_blocks=n, layout=layout)), 4
+    )

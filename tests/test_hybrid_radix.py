@@ -385,3 +385,14 @@ def test_the_engine_on_radix_runs_cached_as_uncached():
         hits += r.hit_tokens
         evictions += r.evictions
     assert hits > 0 and evictions > 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "+".join(g.kind for g in layout))
+def test_ids_beyond_int32_and_int64_are_stored_or_refused_by_name(layout):
+    """The kit's check on every hybrid layout (`hash` stores them, as CBOR bignums;
+    `radix` refuses them, storing int32 ids): never another error."""
+    from prefixcache.testing import big_ids_are_stored_or_refused
+
+    big_ids_are_stored_or_refused(
+        lambda bs, n: prefixcache.build_cache(CacheConfig(backend="radix", block_size=bs, num_blocks=n, layout=layout)), 4
+    )
