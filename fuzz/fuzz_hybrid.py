@@ -128,9 +128,9 @@ def test_one_input(data: bytes) -> None:
         except RuntimeError as e:
             # A commit past a checkpoint without room for the next chunk (or before it
             # was allocated): documented, and it kept what it computed.
+            # What it committed is unknown here: a later commit below it is a ValueError.
             assert op == 5 or op <= 3, e
             assert "checkpoint" in str(e) or "not allocated yet" in str(e), e
-            live[i][1] = max(live[i][1], cache._requests.get(i).num_computed)
         cache.check_invariants()
     for i in list(live):
         cache.release(i)
