@@ -242,15 +242,10 @@ class HybridHashCache(HashCacheBase):
         self._admitter: tuple = ()  # (managers, admitter, which are mamba groups) it was built for
         # A new request's room check, hit pins and first allocation are one native call
         # where they are the built-in managers' and this class's own (`admitter`).
-        self._admits_natively = all(
-            getattr(type(self), name) is getattr(HybridHashCache, name) for name in ("_needed", "_allocate", "_take")
-        )
+        self._admits_natively = self._keeps("_needed", "_allocate", "_take")
         # A decode step that frees and allocates nothing skips the groups' calls where
         # freeing, counting and allocating are this class's own (`append`).
-        self._quiet_steps = all(
-            getattr(type(self), name) is getattr(HybridHashCache, name)
-            for name in ("_remove_skipped", "_needed", "_allocate")
-        )
+        self._quiet_steps = self._keeps("_remove_skipped", "_needed", "_allocate")
         self._split = layout.has_mamba  # vLLM's need_mamba_block_aligned_split
         self._requests: RequestTable[HybridRequest] = RequestTable()
         self._events = event_log(config.enable_events)
@@ -284,6 +279,11 @@ class HybridHashCache(HashCacheBase):
             finder = hit_finder(self.managers, self._spec_groups, self._simple, self._digest_size)
             built = self._hit_finder = (self.managers, self._spec_groups, self._simple, finder)
         return built[3]
+
+    def _keeps(self, *names: str) -> bool:
+        """Whether this object's class runs these methods as HybridHashCache defines them
+        (a subclass that replaces one runs the Python definitions, not their shortcuts)."""
+        return all(getattr(type(self), name) is getattr(HybridHashCache, name) for name in names)
 
     @property
     def admitter(self) -> HybridAdmitter | None:
@@ -501,7 +501,7 @@ class HybridHashCache(HashCacheBase):
         before = len(held)
         total, bs = before + len(new), self.block_size
         if request.num_computed <= request.quiet_to and not request.chunk_ends and (
-            -(-total // bs) <= -(-request.allocated_to // bs)
+            _cdiv(total, bs) <= _cdiv(request.allocated_to, bs)
         ):
             # A decode step inside the last block that no group frees at: the steps
             # below would free nothing, need nothing and allocate nothing.
