@@ -13,26 +13,30 @@ protocol's calls do is what SGLang 0.5.23's scheduler does around the cache
            component the matched state is copied into the request's running state
            slot (copy-on-write: a slot is taken, evicting if none is free); the
            request locks the matched node; then the request's Mamba slots (the
-           running one and two ping-pong track slots) and the prompt's pages in the
-           FULL and SWA pools, each after evicting the pool's shortfall of SGLang's
-           demand (the extend plus a page). With Mamba, the prefill tracks one state:
-           at the branching point (where the full-attention hit ran past the state
-           hit) if it lies in the extend, else at the last state-grid position; that
-           position is `Admission.checkpoints`, where the engine ends a prefill chunk
-           so the state exists.
+           running one and two ping-pong track slots) and the first extend's pages in
+           the FULL and SWA pools, each after evicting the pool's shortfall of SGLang's
+           demand (the extend plus a page). The extend is the prompt, or with
+           `chunked_prefill_size` its first chunk (SGLang's PrefillAdder cut); each
+           chunk's end is in `Admission.checkpoints`. With Mamba, each extend tracks
+           one state: at the branching point (where the full-attention hit ran past
+           the state hit) if it lies in the extend, else at the extend's last
+           state-grid position; that position is in `Admission.checkpoints` too,
+           where the engine ends a forward pass so the state exists.
   commit   A commit that reaches the prompt's end is SGLang's checkpoint after the
            prefill: the prompt is inserted (up to the tracked state with Mamba, up to
            the SWA branching point with SWA), the request's duplicates freed and its
            tables re-pointed to the tree's pages, its lock moved to the node the
-           insert ended on, its SWA pages out of the window freed. Earlier commits
-           (the prefill split at `checkpoints`: SGLang tracks that state inside one
-           extend) insert nothing; so does a prefill the engine chunks further, where
-           SGLang's own chunked prefill stashes each chunk (docs/hybrid.md). Decode
-           commits insert nothing, as SGLang; one that lands on the Mamba track
-           interval tracks that state.
+           insert ended on, its SWA pages out of the window freed. A commit that
+           reaches a chunk's end is SGLang's stash_chunked_request: the same
+           checkpoint up to there, then the next chunk allocated (if it finds no room
+           the request waits: `append(r, [])` retries it). Other commits inside the
+           prefill (a state tracked inside an extend, chunks the engine makes on its
+           own) insert nothing. Decode commits insert nothing, as SGLang; one that
+           lands on the Mamba track interval tracks that state.
   append   A decode step: `check_decode_mem` and `alloc_for_decode` (its SWA
            eviction of the request's out-of-window pages every 128 tokens, a page of
-           room, a page when one starts).
+           room, a page when one starts). Other tokens are an extend of their own,
+           taking any prefill chunk not allocated yet with them.
   release  `release_kv_cache(checkpoint=True)`: a last insert (with Mamba only up to
            the last tracked state, with SWA the out-of-window part a tombstone), then
            everything the request still owns is freed and its lock dropped.
@@ -94,15 +98,22 @@ from prefixcache.stats import CacheStats, StatsCounter
 
 from .hybrid_radix_tree import Component, HybridTree, InsertOutcome, LockReceipt, MatchOutcome, TreeNode
 
-__all__ = ["HybridRadixCache", "HYBRID_RADIX_OPTIONS", "MAMBA_FULL_MEMORY_RATIO", "SWA_EVICTION_INTERVAL"]
+__all__ = ["HybridRadixCache", "HYBRID_RADIX_OPTIONS", "MAMBA_FULL_MEMORY_RATIO", "MAMBA_OPTIONS", "SWA_EVICTION_INTERVAL"]
 
 FULL, SWA, STATE = Component.FULL, Component.SWA, Component.MAMBA
 
-HYBRID_RADIX_OPTIONS = {"mamba_chunk": 64, "mamba_track_interval": 256}
-"""Options `radix` takes for a layout with a mamba group (SGLang's defaults). mamba_chunk:
-the model's Mamba chunk in TOKENS (FLA's 64 for Qwen3-Next; SGLang's `mamba_chunk_size`),
-states are kept every max(mamba_chunk, block_size) tokens; mamba_track_interval: TOKENS
-between states tracked while decoding (SGLang's `--mamba-track-interval`)."""
+HYBRID_RADIX_OPTIONS = {"chunked_prefill_size": 0, "mamba_chunk": 64, "mamba_track_interval": 256}
+"""Options `radix` takes for a hybrid layout. chunked_prefill_size: TOKENS of a prefill
+chunk (SGLang's `--chunked-prefill-size`; 0: the prefill is one extend, as SGLang's -1), a
+multiple of block_size; each chunk is allocated when the one before it is committed, and
+inserted into the tree then. For a layout with a mamba group (SGLang's defaults):
+mamba_chunk: the model's Mamba chunk in TOKENS (FLA's 64 for Qwen3-Next; SGLang's
+`mamba_chunk_size`), states are kept every max(mamba_chunk, block_size) tokens;
+mamba_track_interval: TOKENS between states tracked while decoding (SGLang's
+`--mamba-track-interval`)."""
+
+MAMBA_OPTIONS = ("mamba_chunk", "mamba_track_interval")
+"""The options of HYBRID_RADIX_OPTIONS that only a layout with a mamba group takes."""
 
 MAMBA_FULL_MEMORY_RATIO = 0.9
 """SGLang's default `mamba_full_memory_ratio`: the state pool's size against the KV pool's,
@@ -144,6 +155,9 @@ class HybridRadixRequest(Request):
     last_track_len: int | None = None  # TOKENS of the last tracked state (None: none)
     prev_track_len: int | None = None  # TOKENS of the state in the other slot (None: unknown)
     digests: list[bytes] = field(default_factory=list)  # chained hashes of its full pages (events only)
+    allocated_to: int = 0  # TOKENS its FULL pages cover
+    chunk_ends: list[int] = field(default_factory=list)  # the prefill chunks still to allocate (TOKENS, increasing)
+    waiting: bool = False  # the next chunk found no room at the commit that reached it
 
 
 class _Budget:
@@ -241,8 +255,12 @@ class HybridRadixCache(PrefixCache):
                                         "allowed: one slots value")  # fmt: skip
         bs = config.block_size
         chunk, interval = options["mamba_chunk"], options["mamba_track_interval"]
+        chunk_size = options["chunked_prefill_size"]
+        if chunk_size < 0 or chunk_size % bs:
+            raise ConfigError("options.chunked_prefill_size", f"{chunk_size}: must be 0 (one extend) or a positive "
+                                                              f"multiple of block_size {bs} (TOKENS)")  # fmt: skip
         if not layout.has_mamba:
-            changed = sorted(k for k, v in HYBRID_RADIX_OPTIONS.items() if options[k] != v)
+            changed = sorted(k for k in MAMBA_OPTIONS if options[k] != HYBRID_RADIX_OPTIONS[k])
             if changed:
                 raise ConfigError(f"options.{changed[0]}", "applies to a cache.layout with a mamba group only")
         elif chunk < 1 or max(chunk, bs) % min(chunk, bs):
@@ -250,6 +268,12 @@ class HybridRadixCache(PrefixCache):
                                                      "multiple of it (SGLang's rule for SSM models)")  # fmt: skip
         elif interval < 1:
             raise ConfigError("options.mamba_track_interval", f"{interval}: must be >= 1 (TOKENS)")
+        elif 0 < options["chunked_prefill_size"] < max(chunk, bs):
+            # SGLang takes it, but an extend shorter than the state grid tracks no state:
+            # no prefill would ever leave one in the tree.
+            raise ConfigError("options.chunked_prefill_size", f"{options['chunked_prefill_size']}: with a mamba group "
+                              f"must be 0 or >= max(mamba_chunk, block_size) = {max(chunk, bs)} TOKENS, or no prefill "
+                              "chunk tracks a state")  # fmt: skip
         _size_budgets(config.num_blocks, layout)
 
     # -- the pools ------------------------------------------------------------------------
@@ -345,7 +369,9 @@ class HybridRadixCache(PrefixCache):
         # that trims the hit cuts the key, so the match splits and locks only that much.
         probe = self._probe(toks[: n - 1], namespace, tree_key)
         hit = probe.num_tokens
-        track = self._track_at(hit, n, probe.mamba_branching)
+        ends = self._chunk_ends(hit, n)
+        tracks = [self._track_at(start, end, probe.mamba_branching) for start, end in zip([hit, *ends], ends)]
+        track = tracks[0]
         if not self._fits(probe, n, track):
             self._stats.rejected += 1
             return None
@@ -367,28 +393,67 @@ class HybridRadixCache(PrefixCache):
                 req.running = self._take(STATE, 1)[0]
             req.ping_pong = self._take(STATE, _PING_PONG)
             req.next_track, req.last_track = 0, 1
-        prefix = self.tree.path_pages(m.node)
-        extend = n - hit
-        self._make_room(extend if bs == 1 else extend + bs)
-        own = _cdiv(n, bs) - hit // bs
-        req.block_table = prefix + self._take(FULL, own)
+        req.block_table = self.tree.path_pages(m.node)
         if self.window:
-            req.swa = self._hit_swa(m) + self._take(SWA, own)
+            req.swa = self._hit_swa(m)
         if self.has_mamba:
-            req.states = [NULL_BLOCK] * _cdiv(n, bs)
+            req.states = [NULL_BLOCK] * (hit // bs)
             if hit:
-                req.states[hit // bs - 1] = m.node.mamba  # type: ignore[assignment]
-            if track is not None:  # _mamba_radix_cache_v2_req_prepare_for_extend
-                req.last_track, req.next_track = req.next_track, 1 - req.next_track
-                req.last_track_len = track
-                req.states[track // bs - 1] = req.ping_pong[req.last_track]
+                req.states[-1] = m.node.mamba  # type: ignore[assignment]
+        req.allocated_to, req.chunk_ends = hit, list(ends)
+        self._extend(req)
         req.chunk_start = self._chunk_start(hit)
         self._namespaces[tree_key] = namespace
         self._requests.add(req)
         self._stats.record_query(n, hit)
         tables = tuple(BlockIds(t) for t in self._tables(req))
-        checkpoints = (track,) if track is not None and track < n else ()
-        return Admission(tables[0], hit, checkpoints=checkpoints, group_tables=tables)
+        checkpoints = sorted({*ends[:-1], *(t for t in tracks if t is not None and t < n)})
+        return Admission(tables[0], hit, checkpoints=tuple(checkpoints), group_tables=tables)
+
+    def _chunk_ends(self, hit: int, n: int) -> list[int]:
+        """Where the prefill's extends end (TOKENS, increasing, the last `n`): one extend,
+        or with `chunked_prefill_size` SGLang's PrefillAdder with room to spare: a prompt
+        whose extend, ceiled to a page, exceeds the size is cut at the size floored to a
+        page, then every size TOKENS (`add_chunked_req`)."""
+        size = self.options["chunked_prefill_size"]
+        if not size or _cdiv(n - hit, self.block_size) * self.block_size <= size:
+            return [n]
+        ends = [hit + size]  # size is a multiple of the page
+        while n - ends[-1] > size:
+            ends.append(ends[-1] + size)
+        return [*ends, n]
+
+    def _extend(self, req: HybridRadixRequest) -> None:
+        """SGLang's alloc_for_extend of the request's next extend, [allocated_to,
+        chunk_ends[0]): its pages after evicting the allocator's demand (the extend and a
+        page), then the Mamba state that extend tracks (the caller checked the room)."""
+        bs, start, end = self.block_size, req.allocated_to, req.chunk_ends.pop(0)
+        extend = end - start
+        self._make_room(extend if bs == 1 else extend + bs)
+        own = _cdiv(end, bs) - len(req.block_table)
+        req.block_table += self._take(FULL, own)
+        if self.window:
+            req.swa += self._take(SWA, own)
+        if self.has_mamba:
+            req.states += [NULL_BLOCK] * own
+            track = self._track_at(start, end, req.mamba_branching)
+            if track is not None:  # _mamba_radix_cache_v2_req_prepare_for_extend
+                req.last_track, req.next_track = req.next_track, 1 - req.next_track
+                req.last_track_len = track
+                req.states[track // bs - 1] = req.ping_pong[req.last_track]
+        req.allocated_to = end
+
+    def _next_chunk(self, req: HybridRadixRequest) -> bool:
+        """The scheduler's next round of a chunked prefill: the next extend if its pages
+        fit after evicting everything evictable; False (nothing changed, the request
+        waiting) if not."""
+        pages = _cdiv(req.chunk_ends[0], self.block_size) - len(req.block_table)
+        need = pages * self.block_size
+        req.waiting = need > self._available(FULL) + self.tree.evictable[FULL] or bool(
+            self.window and need > self._available(SWA) + self.tree.evictable[SWA])  # fmt: skip
+        if not req.waiting:
+            self._extend(req)
+        return not req.waiting
 
     def _track_at(self, hit: int, n: int, branching: int | None) -> int | None:
         """Where the prefill tracks a Mamba state (TOKENS; None: nowhere): the branching
@@ -444,6 +509,9 @@ class HybridRadixCache(PrefixCache):
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:
         req = self._requests.get(request_id)
         new = check_tokens(tokens, allow_empty=True, itemsize=4)
+        if req.waiting and not self._next_chunk(req):
+            self._stats.rejected += 1
+            return None
         if not len(new):
             return []
         bs = self.block_size
@@ -468,7 +536,11 @@ class HybridRadixCache(PrefixCache):
             self._make_room(bs)
             req.decode_steps += 1
         else:
-            self._make_room(len(new) if bs == 1 else len(new) + bs)
+            # An extend of the tokens without pages: these and any prefill chunk not allocated yet.
+            extend = len(held) - req.allocated_to
+            self._make_room(extend if bs == 1 else extend + bs)
+            req.chunk_ends = []  # the engine chunks the prefill from here (module docstring)
+        req.allocated_to = len(held)
         if pages <= 0:  # inside the last page
             blocks = []
         else:
@@ -489,10 +561,23 @@ class HybridRadixCache(PrefixCache):
         req = self._requests.get(request_id)
         n = req.check_commit(num_computed_tokens)
         if not req.prefilled:
+            # A commit past a chunk's end (a caller that ignored the checkpoints) passes each in order.
+            while req.chunk_ends and not req.waiting and req.allocated_to < n:
+                self._stash(req)
+                if req.waiting:
+                    raise RuntimeError(
+                        f"commit({request_id!r}, {n}): the prefill passes checkpoint {req.num_computed} and the pools "
+                        "have no room for its next chunk; commit at Admission.checkpoints and retry with append(r, [])"
+                    )
+            if n > req.allocated_to:
+                raise RuntimeError(f"commit({request_id!r}, {n}): the next chunk's pages are not allocated yet "
+                                   "(append(r, []))")  # fmt: skip
             req.num_computed = n
             if n >= req.prompt_len:  # the checkpoint after the prefill
                 req.prefilled = True
                 self._checkpoint(req, req.prompt_len, finished=False)
+            elif req.chunk_ends and n == req.allocated_to and not req.waiting:
+                self._stash(req)
             return
         for length in range(req.num_computed + 1, n + 1):
             if self.has_mamba and length % self.track_grid == 0:
@@ -588,7 +673,14 @@ class HybridRadixCache(PrefixCache):
                 mamba_value=state, hashes=req.digests if self._events.enabled else None,
             )  # fmt: skip
             self._repoint(req, outcome, aligned)
-        self._after_checkpoint(req, outcome, finished, state, keep)
+        self._after_checkpoint(req, outcome, up_to, finished, state, keep)
+
+    def _stash(self, req: HybridRadixRequest) -> None:
+        """A prefill chunk ran to `allocated_to`: SGLang's stash_chunked_request (the
+        checkpoint there), then the next round allocates the next chunk, if it fits."""
+        req.num_computed = req.allocated_to
+        self._checkpoint(req, req.allocated_to, finished=False)
+        self._next_chunk(req)
 
     def _finished_state(self, req: HybridRadixRequest, up_to: int) -> tuple[int, int] | None:
         """The state a finished request gives the tree: (TOKENS, ping-pong index), the
@@ -623,13 +715,13 @@ class HybridRadixCache(PrefixCache):
         req.inserted = max(req.inserted, aligned)
         req.protected = aligned
 
-    def _after_checkpoint(self, req: HybridRadixRequest, outcome: InsertOutcome | None, finished: bool,
-                          state: int | None, keep: int | None) -> None:  # fmt: skip
-        """The components' cleanup_after_caching_req."""
+    def _after_checkpoint(self, req: HybridRadixRequest, outcome: InsertOutcome | None, up_to: int,
+                          finished: bool, state: int | None, keep: int | None) -> None:  # fmt: skip
+        """The components' cleanup_after_caching_req (`up_to`: TOKENS the request has filled)."""
         if self.window and outcome is not None and outcome.swa_branch_inserted:
             req.swa_branching = None
             if not finished:
-                self._slide(req, self._out_of_window(req, req.prompt_len - 1, 1))
+                self._slide(req, self._out_of_window(req, up_to - 1, 1))
         if not self.has_mamba:
             return
         taken = outcome is not None and not outcome.mamba_exist
@@ -808,8 +900,9 @@ class HybridRadixCache(PrefixCache):
         tree_blocks = {c: set(v) for c, v in held.items()}
         for r in self._requests:
             rid = r.request_id
-            if len(r.block_table) != _cdiv(len(r.tokens), bs):
-                fail(f"request {rid!r} has {len(r.block_table)} FULL pages for {len(r.tokens)} tokens")
+            if len(r.block_table) != _cdiv(r.allocated_to, bs) or r.allocated_to != len(r.tokens) and not r.chunk_ends:
+                fail(f"request {rid!r} has {len(r.block_table)} FULL pages for {len(r.tokens)} tokens "
+                     f"({r.allocated_to} allocated)")  # fmt: skip
             if r.protected % bs or r.protected > r.num_computed and r.prefilled:
                 fail(f"request {rid!r} protects {r.protected} tokens")
             first = r.protected // bs

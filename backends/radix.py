@@ -99,7 +99,7 @@ from prefixcache.requests import Request, RequestTable, check_count, check_names
 from prefixcache.stats import CacheStats, StatsCounter
 from prefixcache.tiers import DEVICE, Tiers
 
-from .hybrid_radix import HYBRID_RADIX_OPTIONS, HybridRadixCache
+from .hybrid_radix import HYBRID_RADIX_OPTIONS, MAMBA_OPTIONS, HybridRadixCache
 
 __all__ = ["RadixCache"]
 
@@ -154,7 +154,7 @@ class RadixCache(PrefixCache):
     @classmethod
     def check_layout(cls, config: CacheConfig, options: Mapping[str, Any]) -> None:
         """A hybrid layout is checked as HybridRadixCache builds it; a subclass (a plugin)
-        does not cache one; a full-attention layout takes no Mamba option."""
+        does not cache one; a full-attention layout takes no hybrid option."""
         if config.groups.hybrid:
             if cls is not RadixCache:
                 raise ConfigError("layout", f"backend {cls.__qualname__} does not cache hybrid layouts (kinds: "
@@ -163,7 +163,8 @@ class RadixCache(PrefixCache):
             return
         changed = sorted(k for k, v in HYBRID_RADIX_OPTIONS.items() if options[k] != v)
         if changed:
-            raise ConfigError(f"options.{changed[0]}", "applies to a cache.layout with a mamba group only")
+            where = "a cache.layout with a mamba group" if changed[0] in MAMBA_OPTIONS else "a hybrid cache.layout"
+            raise ConfigError(f"options.{changed[0]}", f"applies to {where} only")
 
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)

@@ -83,13 +83,15 @@ def _layout(full: int, swa: int, slots: int):
     return tuple(groups), full + swa + slots
 
 
-def replay_ours(reqs, block_size: int, full: int, swa: int, slots: int, concurrency: int, chunk: int) -> Trace:
+def replay_ours(reqs, block_size: int, full: int, swa: int, slots: int, concurrency: int, chunk: int,
+                chunked_prefill: int = 0) -> Trace:
     import prefixcache
     from prefixcache.backends.hybrid_radix_tree import Component
     from prefixcache.config import CacheConfig
 
     groups, num_blocks = _layout(full, swa, slots)
     options = {"mamba_chunk": chunk, "mamba_track_interval": TRACK_INTERVAL} if slots else {}
+    options["chunked_prefill_size"] = chunked_prefill
     cache = prefixcache.build_cache(CacheConfig(backend="radix", block_size=block_size, num_blocks=num_blocks,
                                                 layout=groups, options=options))  # fmt: skip
     aux = ([Component.SWA] if swa else []) + ([Component.MAMBA] if slots else [])
@@ -126,19 +128,21 @@ def replay_ours(reqs, block_size: int, full: int, swa: int, slots: int, concurre
     return trace
 
 
-def replay_sglang(sg, reqs, block_size: int, full: int, swa: int, slots: int, concurrency: int, chunk: int) -> Trace:
+def replay_sglang(sg, reqs, block_size: int, full: int, swa: int, slots: int, concurrency: int, chunk: int,
+                  chunked_prefill: int = 0) -> Trace:
     from sglang_reference import SGLangHybridArm
 
     arm = SGLangHybridArm(sg, block_size, full, window=WINDOW if swa else None, swa_pages=swa, mamba_slots=slots,
-                          mamba_chunk=chunk, mamba_track_interval=TRACK_INTERVAL, rows=concurrency + 2)  # fmt: skip
+                          mamba_chunk=chunk, mamba_track_interval=TRACK_INTERVAL,
+                          chunked_prefill_size=chunked_prefill, rows=concurrency + 2)  # fmt: skip
     trace = Trace()
     live: deque[int] = deque()
     t0 = time.perf_counter()
     for i, req in enumerate(reqs):
         hit, track = arm.admit(i, array("q", req.prompt))
         trace.hits.append(hit)
-        trace.checkpoints.append((track,) if track is not None and track < len(req.prompt) else ())
-        arm.prefilled(i, req.output[0])
+        later = arm.prefilled(i, req.output[0])
+        trace.checkpoints.append(tuple(sorted({p for p in (track, *later) if p is not None and p < len(req.prompt)})))
         for token in req.output[1:]:
             arm.decode(i, token)
         live.append(i)
@@ -177,13 +181,15 @@ def record(sg) -> None:
 
     print("EXPECTED.update({")
     for name, (kind, bs, full, other, options) in sorted(t.SCENARIOS.items()):
+        chunked = options.get("chunked_prefill_size", 0)
         if kind == "swa":
-            arm = SGLangHybridArm(sg, bs, full, window=t.WINDOW, swa_pages=other)
+            arm = SGLangHybridArm(sg, bs, full, window=t.WINDOW, swa_pages=other, chunked_prefill_size=chunked)
         else:
             swa_pages, slots = other if kind == "swa+mamba" else (0, other)
             arm = SGLangHybridArm(sg, bs, full, window=t.WINDOW if swa_pages else None, swa_pages=swa_pages,
                                   mamba_slots=slots, mamba_chunk=options["mamba_chunk"],
-                                  mamba_track_interval=options["mamba_track_interval"])  # fmt: skip
+                                  mamba_track_interval=options["mamba_track_interval"],
+                                  chunked_prefill_size=chunked)  # fmt: skip
         hits, live = [], []
         for i, (prompt, answer, ns) in enumerate(t.workload()):
             hits.append(arm.admit(i, array("q", prompt), ns)[0])
@@ -211,6 +217,8 @@ def main() -> int:
     parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
     parser.add_argument("--mamba-chunk", type=int, default=MAMBA_CHUNK,
                         help="the model's Mamba chunk in TOKENS (must divide the block or be a multiple of it)")
+    parser.add_argument("--chunked-prefill-size", type=int, default=0,
+                        help="TOKENS of a prefill chunk (SGLang's --chunked-prefill-size; 0: one extend)")
     parser.add_argument("--pool", choices=["ample", "half", "quarter", "all"], default="all")
     parser.add_argument("--record", action="store_true", help="print SGLang's hits on tests/test_hybrid_radix.py's scenarios")
     args = parser.parse_args()
@@ -244,8 +252,9 @@ def main() -> int:
                 for pname, (full, swa, slots) in pool_sizes(reqs, bs, args.concurrency, lname).items():
                     if args.pool not in ("all", pname):
                         continue
-                    ours = replay_ours(reqs, bs, full, swa, slots, args.concurrency, args.mamba_chunk)
-                    theirs = replay_sglang(sg, reqs, bs, full, swa, slots, args.concurrency, args.mamba_chunk)
+                    run = (reqs, bs, full, swa, slots, args.concurrency, args.mamba_chunk, args.chunked_prefill_size)
+                    ours = replay_ours(*run)
+                    theirs = replay_sglang(sg, *run)
                     diff = first_difference(ours, theirs)
                     ok &= diff is None
                     print(f"| {lname} | {bs} | {wname} | {pname} ({' / '.join(str(n) for n in (full, swa, slots) if n)}) | {len(reqs)} | {sum(ours.hits):,} | "

@@ -8,6 +8,7 @@ request's greedy tokens must be identical, its first-token logits within 1e-4 an
 recurrent state bit for bit; the first difference stops the run.
 
     python benchmarks/hybrid_soak.py [--traces 1000] [--num-blocks 40] [--block-size 16]
+    python benchmarks/hybrid_soak.py --backend radix [--chunked-prefill-size 32]
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--state-granule", type=int, default=0,
                         help="options.state_granule (TOKENS; on a full-attention + recurrent variant of the model)")
+    parser.add_argument("--chunked-prefill-size", type=int, default=0,
+                        help="radix: options.chunked_prefill_size (TOKENS; SGLang's chunked prefill)")
     args = parser.parse_args()
 
     from prefixcache.config import CacheConfig
@@ -47,6 +50,8 @@ def main() -> int:
         model = LoadedModel("tiny-hybrid", random_hybrid_weights(config, args.seed), ByteTokenizer(config.vocab_size),
                             config.layout)  # fmt: skip
         options = {"state_granule": args.state_granule}
+    if args.chunked_prefill_size:
+        options["chunked_prefill_size"] = args.chunked_prefill_size
     cache = CacheConfig(backend=args.backend, block_size=args.block_size, num_blocks=args.num_blocks, options=options)
     cached, uncached = engines_for(model, cache)
     print(f"# hybrid_soak: {cpu_model()}, load {open('/proc/loadavg').read().split()[:3]}, {time.strftime('%Y-%m-%d %H:%M')}")

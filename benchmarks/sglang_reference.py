@@ -735,7 +735,7 @@ class SGLangHybridArm:
 
     def __init__(self, sglang: SGLang, page_size: int, full_pages: int, *, window: int | None = None,
                  swa_pages: int = 0, mamba_slots: int = 0, mamba_chunk: int = 64, mamba_track_interval: int = 256,
-                 max_len: int = 1 << 14, rows: int = 16) -> None:  # fmt: skip
+                 chunked_prefill_size: int = 0, max_len: int = 1 << 14, rows: int = 16) -> None:  # fmt: skip
         import torch
 
         _RUNTIME.page_size, _RUNTIME.mamba_chunk = page_size, mamba_chunk
@@ -767,6 +767,7 @@ class SGLangHybridArm:
         self.mamba = bool(mamba_slots)
         self.track_grid = sg.runtime.mamba_track_grid(page_size) if self.mamba else 0
         self.mamba_chunk = mamba_chunk
+        self.chunked_prefill_size = chunked_prefill_size
         self.reqs: dict[Any, Any] = {}
         self._req_class = self._make_req_class()
         self._batch_class = self._make_batch_class()
@@ -846,28 +847,31 @@ class SGLangHybridArm:
         return Batch
 
     # -- the scheduler's calls ----------------------------------------------------------
-    def admit(self, rid: Any, tokens: array, namespace: str | None = None) -> tuple[int, int | None]:
-        """Match, lock, allocate; the hit in tokens and the position the prefill tracks a
-        Mamba state at (None if none)."""
+    def _chunk_end(self, req, first: bool) -> int:
+        """Where the next extend ends: PrefillAdder's cut with its budget to spare
+        (`_select_prefill_admission` for the first, `add_chunked_req` for the next)."""
+        size, page, n = self.chunked_prefill_size, self.page, len(req.full_untruncated_fill_ids)
+        if first:
+            if not size or -(-(n - req.prefix_len) // page) * page <= size:
+                return n
+            return (req.prefix_len + size // page * page) // page * page
+        return req.prefix_len + min(n - req.prefix_len, size)
+
+    def _extend(self, req) -> int | None:
+        """alloc_for_extend of [prefix_len, extend_end) and the Mamba state the extend
+        tracks (`_mamba_radix_cache_v2_req_prepare_for_extend`): its position or None."""
         import torch
 
-        sg, common, allocation = self.sg, self.sg.base.common, self.sg.allocation
-        req = self._req_class(rid, tokens, namespace)
-        # Req.init_next_round_input
-        req.refresh_fill_ids()
-        fill = req.full_untruncated_fill_ids
-        match = common.match_kv_cache(req, self.tree, fill, cow_mamba=self.tree.supports_mamba(),
-                                      max_prefix_len=req._compute_max_prefix_len(len(fill)))  # fmt: skip
-        req.mamba_branching_seqlen = match.mamba_branching_seqlen
-        if match.cache_protected_len is None:
-            req.kv.cache_protected_len = req.prefix_len
-        req.lock = self.tree.lock(req.last_node)  # PrefillAdder._commit_prefill_admission
-        seq_len = len(tokens)
-        req.extend_end = seq_len
-        # alloc_for_extend
+        allocation = self.sg.allocation
+        seq_len = req.extend_end
         batch = self._batch_class([req], "extend")
         batch.maybe_evict_swa()
-        prefix = self.tree.prefix_device_indices(req) if req.prefix_len else torch.empty((0,), dtype=torch.int64)
+        if req.kv.holds_kv:  # a later chunk: its prefix is in its row
+            prefix = self.pool.req_to_token[req.kv.req_pool_idx][: req.prefix_len].clone()
+        elif req.prefix_len:
+            prefix = self.tree.prefix_device_indices(req)
+        else:
+            prefix = torch.empty((0,), dtype=torch.int64)
         allocation["alloc_req_slots"](self.pool, [req], self.tree)
         extend = seq_len - req.prefix_len
         if self.page == 1:
@@ -881,18 +885,49 @@ class SGLangHybridArm:
         row[: req.prefix_len] = prefix
         row[req.prefix_len : seq_len] = out
         req.kv.kv_allocated_len = req.kv.kv_committed_len = seq_len
-        track = None
-        if self.mamba:
-            entry = batch._mamba_radix_cache_v2_req_prepare_for_extend(req)
-            track = req.kv.mamba_last_track_seqlen if entry.track_mask else None
+        if not self.mamba:
+            return None
+        entry = batch._mamba_radix_cache_v2_req_prepare_for_extend(req)
+        return req.kv.mamba_last_track_seqlen if entry.track_mask else None
+
+    def admit(self, rid: Any, tokens: array, namespace: str | None = None) -> tuple[int, int | None]:
+        """Match, lock, allocate the first extend; the hit in tokens and the position
+        that extend tracks a Mamba state at (None if none)."""
+        common = self.sg.base.common
+        req = self._req_class(rid, tokens, namespace)
+        # Req.init_next_round_input
+        req.refresh_fill_ids()
+        fill = req.full_untruncated_fill_ids
+        match = common.match_kv_cache(req, self.tree, fill, cow_mamba=self.tree.supports_mamba(),
+                                      max_prefix_len=req._compute_max_prefix_len(len(fill)))  # fmt: skip
+        req.mamba_branching_seqlen = match.mamba_branching_seqlen
+        if match.cache_protected_len is None:
+            req.kv.cache_protected_len = req.prefix_len
+        req.lock = self.tree.lock(req.last_node)  # PrefillAdder._commit_prefill_admission
+        req.extend_end = self._chunk_end(req, first=True)
+        track = self._extend(req)
         self.reqs[rid] = req
         return req.prefix_len, track
 
-    def prefilled(self, rid: Any, sampled: int) -> None:
-        """The prefill ran and sampled `sampled`; the running request is checkpointed."""
+    def prefilled(self, rid: Any, sampled: int) -> list[int]:
+        """The prefill runs its remaining chunks (each stashed, `stash_chunked_request`,
+        before the next is allocated) and samples `sampled`; the running request is
+        checkpointed. Returns each later chunk's start and the position it tracks a
+        Mamba state at (TOKENS, in order)."""
         req = self.reqs[rid]
+        common = self.sg.base.common
+        positions = []
+        while req.extend_end < len(req.full_untruncated_fill_ids):
+            common.checkpoint_kv_cache(req, self.tree)  # prefix_len = extend_end
+            positions.append(req.prefix_len)
+            req.refresh_fill_ids()  # init_next_round_input() without a tree: not matched again
+            req.extend_end = self._chunk_end(req, first=False)
+            track = self._extend(req)
+            if track is not None:
+                positions.append(track)
         req.output_ids.append(sampled)
-        self.sg.base.common.checkpoint_kv_cache(req, self.tree)
+        common.checkpoint_kv_cache(req, self.tree)
+        return positions
 
     def decode(self, rid: Any, token: int) -> None:
         """One decode step computing the KV of the request's newest token; `token` is what it samples."""

@@ -89,7 +89,8 @@ engine writes it when a commit lands there, reads it back at a hit. `block_table
 `Admission.checkpoints` lists prompt positions (TOKENS, increasing, past the hit, before
 the prompt's end) where the engine ends a prefill chunk and commits, so that a state
 exists there (vLLM's scheduler splits a Mamba prefill so; SGLang checkpoints at the
-branching point); each such commit may extend the tables to the next checkpoint, and
+branching point) or a chunk is published (SGLang's chunked prefill); each such commit
+may extend the tables to the next checkpoint, and
 `append(request_id, [])` retries the extension when the pool had no room (None: still
 none). A single-group cache lists none and has one table.
 

@@ -1,7 +1,8 @@
 """`radix` over hybrid layouts: SGLang 0.5.23's UnifiedRadixCache, scenario by scenario.
 
 `SCENARIOS` are small seeded replays (full + SWA, full + Mamba, each with an ample pool
-and under eviction pressure, and full + SWA + Mamba under pressure); `EXPECTED` holds the
+and under eviction pressure, full + SWA + Mamba under pressure, and each under SGLang's
+chunked prefill); `EXPECTED` holds the
 hit of every request as SGLang 0.5.23's own UnifiedRadixCache made it (the sglang-0.5.23
 wheel's code, run on CPU), recorded by
 
@@ -52,6 +53,11 @@ SCENARIOS = {
     "mamba-ample": ("mamba", 4, 400, 80, {"mamba_chunk": 8, "mamba_track_interval": 16}),
     "mamba-pressure": ("mamba", 4, 70, 16, {"mamba_chunk": 8, "mamba_track_interval": 16}),
     "swa-mamba-pressure": ("swa+mamba", 4, 80, (64, 16), {"mamba_chunk": 8, "mamba_track_interval": 16}),
+    # SGLang's chunked prefill (--chunked-prefill-size 16): each chunk allocated, then inserted.
+    "swa-chunked": ("swa", 4, 90, 72, {"chunked_prefill_size": 16}),
+    "mamba-chunked": ("mamba", 4, 90, 16, {"mamba_chunk": 8, "mamba_track_interval": 16, "chunked_prefill_size": 16}),
+    "swa-mamba-chunked": ("swa+mamba", 4, 400, (320, 80), {"mamba_chunk": 8, "mamba_track_interval": 16,
+                                                           "chunked_prefill_size": 16}),
 }
 WINDOW = 13  # TOKENS a query reads (SGLang's sliding_window_size 12)
 CONCURRENCY = 2
@@ -119,6 +125,9 @@ EXPECTED.update({
     'swa-ample': [0, 0, 0, 32, 32, 0, 0, 36, 32, 0, 28, 40, 28, 24, 36, 48, 48, 20, 40, 32, 44, 40, 52, 40, 28, 20, 28, 40, 32, 36, 20, 76, 28, 44, 56, 44],
     'swa-mamba-pressure': [0, 0, 0, 24, 32, 0, 0, 32, 32, 0, 16, 0, 24, 24, 24, 32, 32, 0, 32, 32, 32, 0, 40, 24, 0, 0, 24, 24, 0, 24, 0, 32, 0, 32, 24, 32],
     'swa-pressure': [0, 0, 0, 32, 32, 0, 0, 32, 32, 0, 28, 28, 28, 24, 32, 48, 48, 0, 32, 32, 32, 0, 48, 40, 28, 20, 28, 40, 0, 32, 20, 32, 28, 32, 28, 32],
+    'mamba-chunked': [0, 0, 16, 24, 32, 0, 0, 16, 32, 0, 16, 0, 24, 24, 24, 48, 48, 0, 0, 32, 32, 0, 40, 40, 0, 16, 24, 24, 0, 0, 16, 16, 0, 0, 24, 32],
+    'swa-chunked': [0, 0, 28, 32, 32, 28, 20, 36, 44, 20, 28, 0, 28, 24, 28, 48, 48, 20, 32, 32, 44, 0, 52, 40, 28, 0, 28, 40, 32, 32, 0, 32, 0, 32, 28, 32],
+    'swa-mamba-chunked': [0, 0, 16, 32, 32, 16, 16, 32, 32, 16, 32, 24, 24, 24, 48, 64, 48, 16, 32, 32, 32, 40, 48, 40, 24, 32, 24, 40, 32, 32, 48, 40, 24, 40, 48, 40],
 })
 
 
@@ -126,7 +135,7 @@ EXPECTED.update({
 def test_hits_are_sglangs(name):
     cache = scenario_cache(name)
     assert replay(cache, workload()) == EXPECTED[name]
-    if "pressure" in name:
+    if "pressure" in name or name in ("mamba-chunked", "swa-chunked"):
         assert cache.stats().evictions > 0
 
 
@@ -226,6 +235,96 @@ def test_a_match_changes_nothing_and_settling_it_splits_where_the_walk_ended():
     cache.check_invariants()
 
 
+# -- SGLang's chunked prefill ---------------------------------------------------------------
+def _chunked(num_blocks: int, layout=(FULL, swa(13)), **options) -> HybridRadixCache:
+    return build_cache(CacheConfig(backend="radix", block_size=4, num_blocks=num_blocks, layout=layout,
+                                   options={"chunked_prefill_size": 16, **options}))  # type: ignore[return-value]
+
+
+def test_each_chunk_is_allocated_at_the_commit_that_ends_the_one_before_and_inserted_there():
+    """A 50-token prompt in chunks of 16: checkpoints at 16, 32, 48; the tables cover the
+    first chunk; the commit at 16 inserts it (a sibling hits it at once, as SGLang's
+    stash_chunked_request publishes it) and allocates [16, 32)."""
+    cache = _chunked(200)
+    prompt = list(range(100, 150))
+    adm = cache.admit("a", prompt)
+    assert (adm.num_cached_tokens, adm.checkpoints, len(adm.block_table)) == (0, (16, 32, 48), 4)
+    assert cache.match(prompt[:20]).num_tokens == 0
+    cache.commit("a", 16)
+    assert len(cache.block_table("a")) == 8 and all(len(t) == 8 for t in cache.block_tables("a"))
+    assert cache.match(prompt[:20]).num_tokens == 16
+    cache.check_invariants()
+    for c in (32, 48, 50):
+        cache.commit("a", c)
+        cache.check_invariants()
+    assert len(cache.block_table("a")) == 13
+    cache.release("a")
+    assert cache.admit("b", prompt[:49] + [7]).num_cached_tokens == 48
+    cache.release("b")
+    cache.check_invariants()
+    assert cache.pool.num_pinned == sum(len(n.full) + len(n.swa or ()) for n in cache.tree.nodes() if n.full)
+
+
+def test_a_mamba_prefill_tracks_a_state_in_each_chunk():
+    """States every 8 tokens (mamba_chunk 8): each chunk tracks its last aligned state,
+    so a chunk end is both a checkpoint and a state the tree keeps."""
+    cache = _chunked(200, (FULL, mamba(40)), mamba_chunk=8, mamba_track_interval=16)
+    prompt = list(range(100, 150))
+    adm = cache.admit("a", prompt)
+    assert adm.checkpoints == (16, 32, 48)
+    for c in (*adm.checkpoints, 50):
+        cache.commit("a", c)
+    assert cache.match(prompt[:40]).num_tokens == 32  # the state stashed at the chunk end
+    cache.release("a")
+    cache.check_invariants()
+
+
+def test_a_chunk_without_room_waits_and_append_retries_it():
+    cache = _chunked(2 * 15, (FULL, swa(13, 1.0)))  # 15 FULL pages, 15 SWA pages
+    other = cache.admit("other", list(range(200, 240)))  # 10 pages
+    assert other is not None and other.checkpoints == (16, 32)
+    for c in (16, 32, 40):
+        cache.commit("other", c)
+    adm = cache.admit("a", list(range(100, 120)))  # 5 pages: 4, then 1
+    assert adm is not None and adm.checkpoints == (16,)
+    assert cache.append("other", [1]) is not None  # the decode takes the last free FULL page
+    cache.commit("other", 41)
+    cache.commit("a", 16)  # the next chunk finds no page: the request waits
+    assert cache.append("a", []) is None
+    with pytest.raises(RuntimeError, match=r"append\(r, \[\]\)"):
+        cache.commit("a", 20)
+    cache.check_invariants()
+    cache.release("other")
+    assert cache.append("a", []) == []
+    assert len(cache.block_table("a")) == 5
+    cache.commit("a", 20)
+    cache.release("a")
+    cache.check_invariants()
+
+
+def test_a_commit_past_the_checkpoints_runs_each_chunk_in_order():
+    a, b = _chunked(200), _chunked(200)
+    prompt = list(range(100, 150))
+    for cache, commits in ((a, (16, 32, 48, 50)), (b, (50,))):
+        cache.admit("r", prompt)
+        for c in commits:
+            cache.commit("r", c)
+        cache.check_invariants()
+    assert a.block_table("r") == b.block_table("r") and a.tree.num_nodes == b.tree.num_nodes
+    assert a.drain_events() == b.drain_events()
+
+
+def test_tokens_appended_inside_a_chunked_prefill_take_the_chunks_not_yet_allocated():
+    cache = _chunked(200)
+    prompt = list(range(100, 150))
+    cache.admit("r", prompt)
+    cache.commit("r", 16)
+    assert len(cache.append("r", [1, 2])) == 13 - 8
+    cache.commit("r", 52)
+    cache.release("r")
+    cache.check_invariants()
+
+
 # -- configuration -----------------------------------------------------------------------
 def test_a_full_attention_layout_is_the_plain_radix_backend():
     for layout in ((), (FULL,), (FULL, FULL)):
@@ -245,6 +344,10 @@ def test_a_full_attention_layout_is_the_plain_radix_backend():
         ((FULL, mamba()), {"options": {"mamba_track_interval": 0}}, "options.mamba_track_interval"),
         ((FULL, mamba(64)), {}, "layout"),
         ((), {"options": {"mamba_chunk": 8}}, "options"),
+        ((FULL, swa(32)), {"options": {"chunked_prefill_size": 24}}, "options.chunked_prefill_size"),
+        ((FULL, mamba()), {"options": {"chunked_prefill_size": -16}}, "options.chunked_prefill_size"),
+        ((FULL, mamba()), {"options": {"chunked_prefill_size": 32}}, "options.chunked_prefill_size"),
+        ((), {"options": {"chunked_prefill_size": 64}}, "options.chunked_prefill_size"),
     ],
 )
 def test_bad_hybrid_configs_name_the_key(layout, extra, key):
@@ -367,15 +470,17 @@ def test_the_conformance_kit_passes(layout):
 
 
 # -- the engine ------------------------------------------------------------------------------
-def test_the_engine_on_radix_runs_cached_as_uncached():
+@pytest.mark.parametrize("chunked", [0, 32])
+def test_the_engine_on_radix_runs_cached_as_uncached(chunked):
     """The tiny hybrid model (full, sliding-window, chunked-local, recurrent) on `radix`
-    with a pool that evicts: tokens, first logits and recurrent states as uncached, and
-    no block pinned after each trace (benchmarks/hybrid_soak.py --backend radix: more)."""
+    with a pool that evicts, its prefill one extend or SGLang's chunks of 32 tokens:
+    tokens, first logits and recurrent states as uncached, and no block pinned after
+    each trace (benchmarks/hybrid_soak.py --backend radix: more)."""
     from prefixcache.engine.exactness import compare_trace, engines_for, random_trace, tiny_hybrid
 
     model = tiny_hybrid(seed=0)
     config = CacheConfig(backend="radix", block_size=16, num_blocks=60,
-                         options={"mamba_chunk": 16, "mamba_track_interval": 32})  # fmt: skip
+                         options={"mamba_chunk": 16, "mamba_track_interval": 32, "chunked_prefill_size": chunked})  # fmt: skip
     cached, uncached = engines_for(model, config)
     assert type(cached.cache) is HybridRadixCache
     hits = evictions = 0

@@ -30,10 +30,12 @@ NAMESPACES = [None, "a"]
 
 
 class HybridRadixMachine(RuleBasedStateMachine):
-    @initialize(layout=st.sampled_from(sorted(LAYOUTS)), bs=st.sampled_from([1, 2, 4]), blocks=st.integers(40, 90))
-    def build(self, layout: str, bs: int, blocks: int) -> None:
+    @initialize(layout=st.sampled_from(sorted(LAYOUTS)), bs=st.sampled_from([1, 2, 4]), blocks=st.integers(40, 90),
+                chunk=st.sampled_from([0, 0, 3, 8]))  # fmt: skip
+    def build(self, layout: str, bs: int, blocks: int, chunk: int) -> None:
         groups = LAYOUTS[layout]
         options = {"mamba_chunk": bs, "mamba_track_interval": 3 * bs} if "mamba" in layout else {}
+        options["chunked_prefill_size"] = chunk * bs  # SGLang's chunked prefill (0: one extend)
         self.bs = bs
         self.cache = build_cache(CacheConfig(backend="radix", block_size=bs, num_blocks=blocks, layout=groups,
                                              options=options))  # fmt: skip
@@ -71,11 +73,15 @@ class HybridRadixMachine(RuleBasedStateMachine):
         if adm is None:
             return
         assert adm.num_cached_tokens == want, f"admit hit {adm.num_cached_tokens}, the events say {want}"
-        for c in adm.checkpoints:
-            self.cache.commit(rid, c)
-        self.cache.commit(rid, len(tokens))
         self.live[rid] = tokens
         self.prompts.append(tokens)
+        for c in [*adm.checkpoints, len(tokens)]:
+            # A prefill chunk that found no room waits; the engine retries, then preempts.
+            if self.cache.append(rid, []) is None:
+                self.cache.release(rid)
+                del self.live[rid]
+                return
+            self.cache.commit(rid, c)
 
     @precondition(lambda self: bool(self.live))
     @rule(data=st.data(), steps=st.integers(1, 6))
