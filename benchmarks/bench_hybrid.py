@@ -1,6 +1,6 @@
-"""Hybrid layouts: bookkeeping cost (both strategies), and in `hash` the sliding-window miss and the options.
+"""Hybrid layouts: bookkeeping cost (both strategies), in `hash` the sliding-window miss and the options, in `radix` SGLang's chunked prefill.
 
-Five measurements, each side by side in one run (record `cat /proc/loadavg` with them):
+Six measurements, each side by side in one run (record `cat /proc/loadavg` with them):
 
 1. Cost: per-request bookkeeping (hashing + admit + the prompt's commits + release, µs,
    p50 over the requests, best of `--repeat` replays), and `admit` alone, of a
@@ -21,6 +21,9 @@ Five measurements, each side by side in one run (record `cat /proc/loadavg` with
    keeping every state written (`retention: dense, state_interval: 64`: a state every
    64 prompt tokens and every 16 decoded ones, one 528-token page each) or the sparse
    ones, in pools where the states crowd the KV out.
+6. `radix` under SGLang's chunked prefill (`chunked_prefill_size`) against one extend
+   (SGLang's `-1`): hit tokens on the second sighting of a shared prefix and over whole
+   workloads (each chunk's insert leaves a live window and a state behind it).
 
     python benchmarks/bench_hybrid.py [--repeat 5]
 """
@@ -283,12 +286,33 @@ def state_cap(args) -> None:
         print(f"| {blocks} | " + " | ".join(f"{r:.3f}" for r in ratios) + f" | {100 * (ratios[1] - ratios[0]):+.1f} |")
 
 
+def chunked_prefill(args) -> None:
+    print("\n## 6. `radix` under SGLang's chunked prefill (hit tokens; 0 = one extend, SGLang's -1)\n")
+    print("| layout | block | workload | one extend | chunks of 1 unit | 2 units | 4 units |")
+    print("|---|---|---|---|---|---|---|")
+    workloads = dict(WORKLOADS)
+    workloads["1500-shared: 2nd request"] = lambda rng: long_shared_prefix(rng, n=2)
+    for lname in ("full+swa", "full+mamba"):
+        for bs, unit in ((16, 256), (528, 528)):
+            options = {"mamba_chunk": 48} if bs == 528 and "mamba" in lname else {}  # SGLang's rule: divides 528
+            for wname, make in workloads.items():
+                reqs = make(random.Random(args.seed))
+                cells = []
+                for c in (0, unit, 2 * unit, 4 * unit):
+                    cache = build(LAYOUTS[lname], bs, 60_000 if bs == 16 else 2000, "radix", chunked_prefill_size=c,
+                                  **options)  # fmt: skip
+                    hits = replay(cache, reqs)[1]
+                    cells.append(f"{hits[-1] if '2nd' in wname else sum(hits):,}")
+                print(f"| {lname} | {bs} (unit {unit}) | {wname} | " + " | ".join(cells) + " |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--granule", type=int, default=16, help="state_granule of section 4 (TOKENS)")
-    parser.add_argument("--only", choices=("cost", "decode", "window", "options", "finer", "cap"), help="one section only")
+    parser.add_argument("--only", choices=("cost", "decode", "window", "options", "finer", "cap", "chunked"),
+                        help="one section only")
     parser.add_argument("--backends", nargs="+", choices=("hash", "radix"), default=["hash", "radix"],
                         help="the strategies section 1 measures (each against its own full-attention cache)")
     parser.add_argument("--pools", type=int, nargs="+", default=[64, 96, 128, 160, 192, 256, 384],
@@ -297,7 +321,7 @@ def main() -> int:
     print(f"# bench_hybrid: {cpu_model()}, load {open('/proc/loadavg').read().split()[:3]}, {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"# command: {' '.join(sys.argv)}")
     sections = {"cost": cost, "decode": decode_steps, "window": window_miss, "options": options,
-                "finer": finer_states, "cap": state_cap}
+                "finer": finer_states, "cap": state_cap, "chunked": chunked_prefill}
     for name, section in sections.items():
         if args.only in (None, name):
             section(args)
