@@ -159,25 +159,34 @@ def window_miss(args) -> None:
         print(f"| {blocks} | {window} | {blocks - 64} | {cache.hit_finder.last_probes} | {blocks - 64} |")
 
 
+def _hit_rows(args, backend: str, arms_of) -> None:
+    """Table rows of hit tokens: full+SWA and full+Mamba at blocks 16 and 528, every
+    workload and the 1,500-shared case's second request alone; `arms_of(layout, block)`
+    gives each column's options (None: a "-")."""
+    workloads = dict(WORKLOADS)
+    workloads["1500-shared: 2nd request"] = lambda rng: long_shared_prefix(rng, n=2)
+    for lname in ("full+swa", "full+mamba"):
+        for bs in (16, 528):
+            arms = arms_of(lname, bs)
+            for wname, make in workloads.items():
+                reqs = make(random.Random(args.seed))
+                cells = []
+                for opts in arms:
+                    if opts is None:
+                        cells.append("-")
+                        continue
+                    hits = replay(build(LAYOUTS[lname], bs, 60_000 if bs == 16 else 2000, backend, **opts), reqs)[1]
+                    cells.append(f"{hits[-1] if '2nd' in wname else sum(hits):,}")
+                print(f"| {lname} | {bs} | {wname} | " + " | ".join(cells) + " |")
+
+
 def options(args) -> None:
     print("\n## 3. Options beyond vLLM 0.33 (hit tokens; vLLM's default = sparse retention)\n")
     print("| layout | block | workload | vLLM 0.33 default | retention: dense | dense + state_interval |")
     print("|---|---|---|---|---|---|")
-    workloads = dict(WORKLOADS)
-    workloads["1500-shared: 2nd request"] = lambda rng: long_shared_prefix(rng, n=2)
-    for lname in ("full+swa", "full+mamba"):
-        groups = LAYOUTS[lname]
-        for bs, interval in ((16, 256), (528, 528)):
-            for wname, make in workloads.items():
-                reqs = make(random.Random(args.seed))
-                cells = []
-                for opts in ({}, {"retention": "dense"}, {"retention": "dense", "state_interval": interval}):
-                    if lname == "full+swa" and "state_interval" in opts:
-                        cells.append("-")
-                        continue
-                    hits = replay(build(groups, bs, 60_000 if bs == 16 else 2000, **opts), reqs)[1]
-                    cells.append(f"{hits[-1] if '2nd' in wname else sum(hits):,}")
-                print(f"| {lname} | {bs} | {wname} | " + " | ".join(cells) + " |")
+    _hit_rows(args, "hash", lambda lname, bs: [
+        {}, {"retention": "dense"},
+        None if lname == "full+swa" else {"retention": "dense", "state_interval": 256 if bs == 16 else 528}])
 
 
 def replay_decoded(cache, reqs) -> list[int]:
@@ -287,23 +296,16 @@ def state_cap(args) -> None:
 
 
 def chunked_prefill(args) -> None:
-    print("\n## 6. `radix` under SGLang's chunked prefill (hit tokens; 0 = one extend, SGLang's -1)\n")
-    print("| layout | block | workload | one extend | chunks of 1 unit | 2 units | 4 units |")
+    print("\n## 6. `radix` under SGLang's chunked prefill (hit tokens; a unit is 256 TOKENS at block 16, 528 at 528)\n")
+    print("| layout | block | workload | one extend (SGLang's -1) | chunks of 1 unit | 2 units | 4 units |")
     print("|---|---|---|---|---|---|---|")
-    workloads = dict(WORKLOADS)
-    workloads["1500-shared: 2nd request"] = lambda rng: long_shared_prefix(rng, n=2)
-    for lname in ("full+swa", "full+mamba"):
-        for bs, unit in ((16, 256), (528, 528)):
-            options = {"mamba_chunk": 48} if bs == 528 and "mamba" in lname else {}  # SGLang's rule: divides 528
-            for wname, make in workloads.items():
-                reqs = make(random.Random(args.seed))
-                cells = []
-                for c in (0, unit, 2 * unit, 4 * unit):
-                    cache = build(LAYOUTS[lname], bs, 60_000 if bs == 16 else 2000, "radix", chunked_prefill_size=c,
-                                  **options)  # fmt: skip
-                    hits = replay(cache, reqs)[1]
-                    cells.append(f"{hits[-1] if '2nd' in wname else sum(hits):,}")
-                print(f"| {lname} | {bs} (unit {unit}) | {wname} | " + " | ".join(cells) + " |")
+
+    def arms(lname: str, bs: int) -> list[dict]:
+        unit = 256 if bs == 16 else 528
+        mamba = {"mamba_chunk": 48} if bs == 528 and "mamba" in lname else {}  # SGLang's rule: it divides 528
+        return [{"chunked_prefill_size": k * unit, **mamba} for k in (0, 1, 2, 4)]
+
+    _hit_rows(args, "radix", arms)
 
 
 def main() -> int:
