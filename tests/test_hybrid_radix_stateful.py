@@ -3,7 +3,9 @@
 The model (tests/reference/hybrid_radix.py) knows nothing of trees, locks or eviction
 order: it keeps what the cache's KV events announced, per layout group, and predicts
 every hit from that with SGLang's validators (full-attention pages, a live sliding
-window, a state on the page the hit ends). Every admission's hit and every `match` must
+window, a state on the page the hit ends). Requests prefill one extend or, with SGLang's
+chunked prefill, chunk by chunk between other requests' steps (a chunk without room
+waits). Every admission's hit and every `match` must
 equal its prediction; after every step `check_invariants()` holds (the tree's sizes,
 locks, LRUs and leaf set; every pool's budget; every block held once); once every
 request is released and everything evicted, no block is pinned and the events announce
@@ -30,7 +32,7 @@ NAMESPACES = [None, "a"]
 
 
 class HybridRadixMachine(RuleBasedStateMachine):
-    @initialize(layout=st.sampled_from(sorted(LAYOUTS)), bs=st.sampled_from([1, 2, 4]), blocks=st.integers(40, 90),
+    @initialize(layout=st.sampled_from(sorted(LAYOUTS)), bs=st.sampled_from([1, 2, 4]), blocks=st.integers(32, 90),
                 chunk=st.sampled_from([0, 0, 3, 8]))  # fmt: skip
     def build(self, layout: str, bs: int, blocks: int, chunk: int) -> None:
         groups = LAYOUTS[layout]
@@ -41,6 +43,7 @@ class HybridRadixMachine(RuleBasedStateMachine):
                                              options=options))  # fmt: skip
         self.model = HybridRadixModel(groups, bs)
         self.live: dict[int, list[int]] = {}
+        self.pending: dict[int, list[int]] = {}  # mid-prefill: the commits still to make (TOKENS)
         self.prompts: list[list[int]] = []
         self.next_id = 0
 
@@ -53,7 +56,7 @@ class HybridRadixMachine(RuleBasedStateMachine):
         if self.prompts and data.draw(st.booleans()):
             prev = data.draw(st.sampled_from(self.prompts))
             base = prev[: data.draw(st.integers(0, len(prev)))]
-        self._admit(base + fresh, ns)
+        self._admit(data, base + fresh, ns)
 
     @precondition(lambda self: bool(self.prompts))
     @rule(data=st.data(), back=st.integers(1, 10), fresh=st.lists(st.integers(4, 5), min_size=1, max_size=3))
@@ -61,9 +64,9 @@ class HybridRadixMachine(RuleBasedStateMachine):
         """A prompt that leaves an earlier one a few tokens before its end: a hit there
         ends in the earlier prompt's last window (where its tombstones begin)."""
         prev = data.draw(st.sampled_from(self.prompts))
-        self._admit(prev[: max(0, len(prev) - back)] + fresh, data.draw(st.sampled_from(NAMESPACES)))
+        self._admit(data, prev[: max(0, len(prev) - back)] + fresh, data.draw(st.sampled_from(NAMESPACES)))
 
-    def _admit(self, tokens: list[int], ns: str | None) -> None:
+    def _admit(self, data, tokens: list[int], ns: str | None) -> None:
         self._sync()
         want = self.model.hit(tokens[:-1], ns)
         assert self.cache.match(tokens[:-1], namespace=ns).num_tokens == want, "match disagrees with the model"
@@ -75,18 +78,30 @@ class HybridRadixMachine(RuleBasedStateMachine):
         assert adm.num_cached_tokens == want, f"admit hit {adm.num_cached_tokens}, the events say {want}"
         self.live[rid] = tokens
         self.prompts.append(tokens)
-        for c in [*adm.checkpoints, len(tokens)]:
-            # A prefill chunk that found no room waits; the engine retries, then preempts.
-            if self.cache.append(rid, []) is None:
-                self.cache.release(rid)
-                del self.live[rid]
-                return
-            self.cache.commit(rid, c)
+        self.pending[rid] = [*adm.checkpoints, len(tokens)]
+        self._prefill(rid, data.draw(st.integers(0, len(self.pending[rid]))))
 
-    @precondition(lambda self: bool(self.live))
+    def _prefill(self, rid: int, steps: int) -> None:
+        """The next `steps` commits of a prefill; a chunk that finds no room waits
+        (`append(r, [])` retries it) and stays pending."""
+        todo = self.pending[rid]
+        for _ in range(steps):
+            if self.cache.append(rid, []) is None:
+                return
+            self.cache.commit(rid, todo.pop(0))
+            if not todo:
+                del self.pending[rid]
+                return
+
+    @precondition(lambda self: bool(self.pending))
+    @rule(data=st.data(), steps=st.integers(1, 3))
+    def prefill(self, data, steps: int) -> None:
+        self._prefill(data.draw(st.sampled_from(sorted(self.pending))), steps)
+
+    @precondition(lambda self: len(self.live) > len(self.pending))
     @rule(data=st.data(), steps=st.integers(1, 6))
     def decode(self, data, steps: int) -> None:
-        rid = data.draw(st.sampled_from(sorted(self.live)))
+        rid = data.draw(st.sampled_from(sorted(set(self.live) - set(self.pending))))
         tokens = self.live[rid]
         for _ in range(steps):
             token = data.draw(st.integers(0, 5))
@@ -99,7 +114,8 @@ class HybridRadixMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def release(self, data) -> None:
         rid = data.draw(st.sampled_from(sorted(self.live)))
-        self.cache.release(rid)
+        self.cache.release(rid)  # mid-prefill too: an engine's preemption
+        self.pending.pop(rid, None)
         self.prompts.append(self.live.pop(rid))
 
     @rule(n=st.integers(1, 12))
