@@ -8,14 +8,21 @@ wheel by benchmarks/sglang_reference.py (`SGLangHybridArm`), with the same pool 
 
     python benchmarks/hybrid_radix_parity.py
     python benchmarks/hybrid_radix_parity.py --block-size 528 --mamba-chunk 48
+    python benchmarks/hybrid_radix_parity.py --chunked-prefill-size 256 [--interleave]
 
-Checked per request: the hit (TOKENS), where the prefill tracks a Mamba state (ours
-`Admission.checkpoints`, SGLang's `_mamba_radix_cache_v2_req_prepare_for_extend`), and
+Checked per request: the hit (TOKENS), where the prefill tracks a Mamba state and, with
+`--chunked-prefill-size`, where its chunks end (ours `Admission.checkpoints`, SGLang's
+`_mamba_radix_cache_v2_req_prepare_for_extend` per extend and its PrefillAdder's cuts), and
 after every request each pool's free and evictable size and the tree's node count
 (so a difference in what was evicted, tombstoned or split shows where it happens).
 
 How both sides are driven, one request at a time: admission; the prefill (ours: a
-commit at each checkpoint, then at the prompt's end; SGLang: `checkpoint_kv_cache`);
+commit at each checkpoint, then at the prompt's end; SGLang: a stash and the next
+`alloc_for_extend` at each chunk's end, then `checkpoint_kv_cache`); with `--interleave`
+the next request is admitted before a request's last chunk runs (its earlier chunks
+stashed, the last allocated), as SGLang's scheduler admits requests beside a chunked
+request's last chunk (both sides allocate one request at a time where SGLang allocates
+the batch's extends together);
 `output - 1` decode steps (ours: `append` + `commit`; SGLang: `check_decode_mem`,
 `alloc_for_decode`, the track update); a request is released once `--concurrency`
 newer ones are live (SGLang: `release_kv_cache`). Pools: `ample` holds every request
@@ -84,7 +91,7 @@ def _layout(full: int, swa: int, slots: int):
 
 
 def replay_ours(reqs, block_size: int, full: int, swa: int, slots: int, concurrency: int, chunk: int,
-                chunked_prefill: int = 0) -> Trace:
+                chunked_prefill: int = 0, interleave: bool = False) -> Trace:
     import prefixcache
     from prefixcache.backends.hybrid_radix_tree import Component
     from prefixcache.config import CacheConfig
@@ -98,18 +105,12 @@ def replay_ours(reqs, block_size: int, full: int, swa: int, slots: int, concurre
     assert [cache._budgets[c].capacity for c in [Component.FULL, *aux]] == [full, *(n for n in (swa, slots) if n)]
     trace = Trace()
     live: deque[int] = deque()
-    t0 = time.perf_counter()
-    for i, req in enumerate(reqs):
-        adm = cache.admit(i, req.prompt)
-        if adm is None:
-            raise SystemExit(f"ours refused request {i}: the pool is too small for the replay")
-        trace.hits.append(adm.num_cached_tokens)
-        trace.checkpoints.append(tuple(adm.checkpoints))
-        for c in adm.checkpoints:
-            cache.commit(i, c)
-        n = len(req.prompt)
+
+    def finish(i: int) -> None:
+        """The prefill's last chunk ran: the prompt's commit, the decode steps, a release."""
+        n = len(reqs[i].prompt)
         cache.commit(i, n)
-        for token in req.output[:-1]:
+        for token in reqs[i].output[:-1]:
             if cache.append(i, [token]) is None:
                 raise SystemExit(f"ours refused a decode step of request {i}")
             n += 1
@@ -120,6 +121,25 @@ def replay_ours(reqs, block_size: int, full: int, swa: int, slots: int, concurre
         tree = cache.tree
         trace.pools.append((cache._available(Component.FULL), tree.evictable[Component.FULL],
                             *(x for c in aux for x in (cache._available(c), tree.evictable[c])), tree.num_nodes))  # fmt: skip
+
+    t0 = time.perf_counter()
+    previous = None
+    for i, req in enumerate(reqs):
+        adm = cache.admit(i, req.prompt)
+        if adm is None:
+            raise SystemExit(f"ours refused request {i}: the pool is too small for the replay")
+        trace.hits.append(adm.num_cached_tokens)
+        trace.checkpoints.append(tuple(adm.checkpoints))
+        for c in adm.checkpoints:  # every chunk but the last run, the last allocated
+            cache.commit(i, c)
+        if previous is not None:
+            finish(previous)
+        if interleave:
+            previous = i
+        else:
+            finish(i)
+    if previous is not None:
+        finish(previous)
     while live:
         cache.release(live.popleft())
     trace.seconds = time.perf_counter() - t0
@@ -129,7 +149,7 @@ def replay_ours(reqs, block_size: int, full: int, swa: int, slots: int, concurre
 
 
 def replay_sglang(sg, reqs, block_size: int, full: int, swa: int, slots: int, concurrency: int, chunk: int,
-                  chunked_prefill: int = 0) -> Trace:
+                  chunked_prefill: int = 0, interleave: bool = False) -> Trace:
     from sglang_reference import SGLangHybridArm
 
     arm = SGLangHybridArm(sg, block_size, full, window=WINDOW if swa else None, swa_pages=swa, mamba_slots=slots,
@@ -137,12 +157,10 @@ def replay_sglang(sg, reqs, block_size: int, full: int, swa: int, slots: int, co
                           chunked_prefill_size=chunked_prefill, rows=concurrency + 2)  # fmt: skip
     trace = Trace()
     live: deque[int] = deque()
-    t0 = time.perf_counter()
-    for i, req in enumerate(reqs):
-        hit, track = arm.admit(i, array("q", req.prompt))
-        trace.hits.append(hit)
-        later = arm.prefilled(i, req.output[0])
-        trace.checkpoints.append(tuple(sorted({p for p in (track, *later) if p is not None and p < len(req.prompt)})))
+
+    def finish(i: int) -> None:
+        req = reqs[i]
+        arm.prefilled(i, req.output[0])
         for token in req.output[1:]:
             arm.decode(i, token)
         live.append(i)
@@ -157,6 +175,22 @@ def replay_sglang(sg, reqs, block_size: int, full: int, swa: int, slots: int, co
         if slots:
             aux += (arm.pool.mamba_allocator.available_size(), arm.tree.mamba_evictable_size())
         trace.pools.append((free_full, arm.tree.full_evictable_size(), *aux, len(arm.tree.tree_core._node_arena)))
+
+    t0 = time.perf_counter()
+    previous = None
+    for i, req in enumerate(reqs):
+        hit, track = arm.admit(i, array("q", req.prompt))
+        trace.hits.append(hit)
+        later = arm.advance(i)  # the scheduler's next rounds, up to the last chunk's allocation
+        trace.checkpoints.append(tuple(sorted({p for p in (track, *later) if p is not None and p < len(req.prompt)})))
+        if previous is not None:
+            finish(previous)
+        if interleave:
+            previous = i
+        else:
+            finish(i)
+    if previous is not None:
+        finish(previous)
     while live:
         arm.release(live.popleft())
     trace.seconds = time.perf_counter() - t0
@@ -219,6 +253,9 @@ def main() -> int:
                         help="the model's Mamba chunk in TOKENS (must divide the block or be a multiple of it)")
     parser.add_argument("--chunked-prefill-size", type=int, default=0,
                         help="TOKENS of a prefill chunk (SGLang's --chunked-prefill-size; 0: one extend)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="admit each request before the previous one's last prefill chunk completes (its "
+                             "earlier chunks stashed), as SGLang admits a request beside a chunked one's last chunk")
     parser.add_argument("--pool", choices=["ample", "half", "quarter", "all"], default="all")
     parser.add_argument("--record", action="store_true", help="print SGLang's hits on tests/test_hybrid_radix.py's scenarios")
     args = parser.parse_args()
@@ -252,7 +289,8 @@ def main() -> int:
                 for pname, (full, swa, slots) in pool_sizes(reqs, bs, args.concurrency, lname).items():
                     if args.pool not in ("all", pname):
                         continue
-                    run = (reqs, bs, full, swa, slots, args.concurrency, args.mamba_chunk, args.chunked_prefill_size)
+                    run = (reqs, bs, full, swa, slots, args.concurrency, args.mamba_chunk, args.chunked_prefill_size,
+                           args.interleave)
                     ours = replay_ours(*run)
                     theirs = replay_sglang(sg, *run)
                     diff = first_difference(ours, theirs)

@@ -909,24 +909,29 @@ class SGLangHybridArm:
         self.reqs[rid] = req
         return req.prefix_len, track
 
-    def prefilled(self, rid: Any, sampled: int) -> list[int]:
-        """The prefill runs its remaining chunks (each stashed, `stash_chunked_request`,
-        before the next is allocated) and samples `sampled`; the running request is
-        checkpointed. Returns each later chunk's start and the position it tracks a
-        Mamba state at (TOKENS, in order)."""
+    def advance(self, rid: Any) -> list[int]:
+        """The prefill's chunks run up to the last one's allocation: each stashed
+        (`stash_chunked_request`) before the next is allocated. Returns each later
+        chunk's start and the position it tracks a Mamba state at (TOKENS, in order)."""
         req = self.reqs[rid]
-        common = self.sg.base.common
         positions = []
         while req.extend_end < len(req.full_untruncated_fill_ids):
-            common.checkpoint_kv_cache(req, self.tree)  # prefix_len = extend_end
+            self.sg.base.common.checkpoint_kv_cache(req, self.tree)  # prefix_len = extend_end
             positions.append(req.prefix_len)
             req.refresh_fill_ids()  # init_next_round_input() without a tree: not matched again
             req.extend_end = self._chunk_end(req, first=False)
             track = self._extend(req)
             if track is not None:
                 positions.append(track)
+        return positions
+
+    def prefilled(self, rid: Any, sampled: int) -> list[int]:
+        """The prefill runs its remaining chunks (`advance`) and samples `sampled`; the
+        running request is checkpointed. Returns what `advance` did."""
+        positions = self.advance(rid)
+        req = self.reqs[rid]
         req.output_ids.append(sampled)
-        common.checkpoint_kv_cache(req, self.tree)
+        self.sg.base.common.checkpoint_kv_cache(req, self.tree)
         return positions
 
     def decode(self, rid: Any, token: int) -> None:
