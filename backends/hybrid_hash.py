@@ -73,6 +73,7 @@ from prefixcache.hashing import none_hash
 from prefixcache.layout import FULL_ATTENTION, MAMBA, NULL_BLOCK, SLIDING_WINDOW
 from prefixcache.protocol import Admission, BlockIds, Match, Namespace, guarded
 from prefixcache.requests import Request, RequestTable, check_namespace, check_priority, check_tokens
+from prefixcache.state_cap import replay_victims
 from prefixcache.stats import StatsCounter
 
 from .hash_base import HashCacheBase, stored_event
@@ -119,19 +120,6 @@ HYBRID_CHOICES = {
 }
 """The hybrid options with a fixed set of values (`option_choices`); a state_granule
 must also divide block_size."""
-
-
-def replay_victims(states: Sequence[tuple[int, int]], cap: int) -> list[int]:
-    """The blocks to evict so that `cap` of a path's cached `states` ((position in
-    TOKENS, block), by position) remain: repeatedly the one whose replay length (its
-    position minus the previous remaining state's, or 0's) is least, never the
-    deepest."""
-    kept = list(states)
-    out = []
-    while len(kept) > max(cap, 1):
-        k = min(range(len(kept) - 1), key=lambda j: kept[j][0] - (kept[j - 1][0] if j else 0))
-        out.append(kept.pop(k)[1])
-    return out
 
 
 def _cdiv(a: int, b: int) -> int:

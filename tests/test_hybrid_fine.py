@@ -146,7 +146,7 @@ def test_engine_restores_states_at_the_granule_exactly():
 
 
 def test_replay_victims_drop_the_least_replay_first_never_the_deepest():
-    from prefixcache.backends.hybrid_hash import replay_victims
+    from prefixcache.state_cap import replay_victims
 
     states = [(64, 1), (128, 2), (144, 3), (400, 4), (416, 5)]
     assert replay_victims(states, 5) == []

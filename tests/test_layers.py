@@ -62,6 +62,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "prefixcache.percentiles",
             "prefixcache.service_model",
             "prefixcache.stats",
+            "prefixcache.state_cap",
             "prefixcache.requests",
             "prefixcache.tier_file",
             "prefixcache.tiers",
