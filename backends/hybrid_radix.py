@@ -94,6 +94,7 @@ from prefixcache.isolation import exact_key
 from prefixcache.layout import CHUNKED_LOCAL_ATTENTION, FULL_ATTENTION, MAMBA, NULL_BLOCK, SLIDING_WINDOW
 from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded
 from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_priority, check_tokens
+from prefixcache.state_cap import replay_victims
 from prefixcache.stats import CacheStats, StatsCounter
 
 from .hybrid_radix_tree import Component, HybridTree, InsertOutcome, LockReceipt, MatchOutcome, TreeNode
@@ -102,7 +103,7 @@ __all__ = ["HybridRadixCache", "HYBRID_RADIX_OPTIONS", "MAMBA_FULL_MEMORY_RATIO"
 
 FULL, SWA, STATE = Component.FULL, Component.SWA, Component.MAMBA
 
-HYBRID_RADIX_OPTIONS = {"chunked_prefill_size": 0, "mamba_chunk": 64, "mamba_track_interval": 256}
+HYBRID_RADIX_OPTIONS = {"chunked_prefill_size": 0, "mamba_chunk": 64, "mamba_track_interval": 256, "state_cap": 0}
 """Options `radix` takes for a hybrid layout. chunked_prefill_size: TOKENS of a prefill
 chunk (SGLang's `--chunked-prefill-size`; 0: the prefill is one extend, as SGLang's -1), a
 multiple of block_size; each chunk is allocated when the one before it is committed, and
@@ -110,9 +111,11 @@ inserted into the tree then. For a layout with a mamba group (SGLang's defaults)
 mamba_chunk: the model's Mamba chunk in TOKENS (FLA's 64 for Qwen3-Next; SGLang's
 `mamba_chunk_size`), states are kept every max(mamba_chunk, block_size) tokens;
 mamba_track_interval: TOKENS between states tracked while decoding (SGLang's
-`--mamba-track-interval`)."""
+`--mamba-track-interval`). Beyond SGLang, state_cap: states a request's path keeps when
+it is released, the rest evicted least replay first (`prefixcache.state_cap`; 0: off,
+SGLang's LRU alone)."""
 
-MAMBA_OPTIONS = ("mamba_chunk", "mamba_track_interval")
+MAMBA_OPTIONS = ("mamba_chunk", "mamba_track_interval", "state_cap")
 """The options of HYBRID_RADIX_OPTIONS that only a layout with a mamba group takes."""
 
 MAMBA_FULL_MEMORY_RATIO = 0.9
@@ -268,6 +271,8 @@ class HybridRadixCache(PrefixCache):
                                                      "multiple of it (SGLang's rule for SSM models)")  # fmt: skip
         elif interval < 1:
             raise ConfigError("options.mamba_track_interval", f"{interval}: must be >= 1 (TOKENS)")
+        elif options["state_cap"] < 0:
+            raise ConfigError("options.state_cap", f"{options['state_cap']}: must be >= 0 (states a path keeps; 0: off)")
         elif 0 < options["chunked_prefill_size"] < max(chunk, bs):
             # SGLang takes it, but an extend shorter than the state grid tracks no state:
             # no prefill would ever leave one in the tree.
@@ -604,8 +609,26 @@ class HybridRadixCache(PrefixCache):
             self._free_states(req, keep=None)
         if req.receipt is not None:
             self.tree.unlock(req.receipt)
+            if self.options["state_cap"]:
+                self._cap_states(req.receipt.node)
             req.receipt = None
         self._requests.pop(request_id)
+
+    def _cap_states(self, node: TreeNode) -> None:
+        """`state_cap`: the states on the path to `node` but the cap's, least replay
+        first, never the deepest; a state another request locks stays."""
+        states, depth = [], 0
+        for n in self.tree.path_nodes(node):
+            depth += len(n.key)
+            if n.mamba is not None:
+                states.append((depth, n))
+        victims = [n for n in replay_victims(states, self.options["state_cap"]) if not n.locks[STATE]]
+        if victims:
+            self._evicting += 1
+            try:
+                self.tree.drop_states(victims)
+            finally:
+                self._evicting -= 1
 
     @guarded
     def block_table(self, request_id: Hashable) -> Sequence[int]:

@@ -752,6 +752,13 @@ class HybridTree:
         if c != FULL and node in self.lru[c]:
             self.lru[c].remove(node)
 
+    def drop_states(self, nodes: Sequence[TreeNode]) -> None:
+        """Evict the MAMBA component of each of `nodes` (unlocked for it): a state
+        tombstone, as MAMBA eviction leaves on an inner node; the rest of the node stays."""
+        for node in nodes:
+            assert node.locks[MAMBA] == 0, f"node {node.id}: dropping a locked state"
+            self._evict_component(node, MAMBA, {})
+
     def _delete_leaf(self, node: TreeNode, tracker: dict[Component, int]) -> None:
         """Free every component of an evictable leaf and delete it (SGLang's
         _delete_unbacked_device_leaf); childless ancestors without pages go too."""

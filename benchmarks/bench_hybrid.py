@@ -20,7 +20,8 @@ Six measurements, each side by side in one run (record `cat /proc/loadavg` with 
    memory: long conversations, full + mamba at block 528 with `state_granule: 16`,
    keeping every state written (`retention: dense, state_interval: 64`: a state every
    64 prompt tokens and every 16 decoded ones, one 528-token page each) or the sparse
-   ones, in pools where the states crowd the KV out.
+   ones, in pools where the states crowd the KV out; then `radix` at SGLang's defaults,
+   one extend or chunks of 256, in state pools the states crowd.
 6. `radix` under SGLang's chunked prefill (`chunked_prefill_size`) against one extend
    (SGLang's `-1`): hit tokens on the second sighting of a shared prefix and over whole
    workloads (each chunk's insert leaves a live window and a state behind it).
@@ -293,6 +294,27 @@ def state_cap(args) -> None:
         ratios = [sum(replay_pressed(build(LAYOUTS["full+mamba"], 528, blocks, **opts, state_cap=c), reqs)) / prompts
                   for _, opts, c in arms]  # fmt: skip
         print(f"| {blocks} | " + " | ".join(f"{r:.3f}" for r in ratios) + f" | {100 * (ratios[1] - ratios[0]):+.1f} |")
+    # radix: SGLang's own pools (a state pool of `slots` beside an ample KV pool), its
+    # defaults (a state every 64 tokens, every 256 decoding), one extend or chunks of 256.
+    print(f"\n`radix`, full+mamba at block 16, SGLang 0.5.23's defaults, the same requests; hit ratio by state pool:\n")
+    arms = [("one extend, LRU (SGLang)", 0, 0), ("one extend, state_cap: 1", 0, 1),
+            ("chunks of 256, LRU (SGLang)", 256, 0), ("chunks of 256, state_cap: 1", 256, 1)]  # fmt: skip
+    print("| state slots | " + " | ".join(name for name, _, _ in arms) + " | cap 1 - LRU (points) |")
+    print("|---|" + "---|" * (len(arms) + 1))
+    import prefixcache
+    from prefixcache.config import CacheConfig
+    from prefixcache.layout import LayerGroup
+
+    for slots in args.slots:
+        ratios = []
+        layout = (LayerGroup("full_attention"), LayerGroup("mamba", slots=slots))
+        for _, chunk, cap in arms:
+            cache = prefixcache.build_cache(CacheConfig(
+                backend="radix", block_size=16, num_blocks=4000 + slots, enable_events=False, layout=layout,
+                options={"chunked_prefill_size": chunk, "state_cap": cap}))  # fmt: skip
+            ratios.append(sum(replay_pressed(cache, reqs)) / prompts)
+        gains = f"{100 * (ratios[1] - ratios[0]):+.1f} / {100 * (ratios[3] - ratios[2]):+.1f}"
+        print(f"| {slots} | " + " | ".join(f"{r:.3f}" for r in ratios) + f" | {gains} |")
 
 
 def chunked_prefill(args) -> None:
@@ -319,6 +341,8 @@ def main() -> int:
                         help="the strategies section 1 measures (each against its own full-attention cache)")
     parser.add_argument("--pools", type=int, nargs="+", default=[64, 96, 128, 160, 192, 256, 384],
                         help="section 5's pool sizes (BLOCKS of 528)")
+    parser.add_argument("--slots", type=int, nargs="+", default=[32, 48, 64, 96, 128],
+                        help="section 5's radix state pools (state slots)")
     args = parser.parse_args()
     print(f"# bench_hybrid: {cpu_model()}, load {open('/proc/loadavg').read().split()[:3]}, {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"# command: {' '.join(sys.argv)}")

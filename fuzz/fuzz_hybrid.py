@@ -3,13 +3,14 @@
 Each input picks a strategy (`hash`: vLLM's hybrid manager, its native hit finder and
 admission; `radix`: SGLang's unified tree), a layout of full attention with a sliding
 window, a Mamba state or both (and, for `hash`, chunked local attention; for `radix`,
-SGLang's chunked prefill or not), a block size and a small pool, then makes protocol calls: admissions of shared and hostile prompts,
-the engine's prefill (a commit at each `Admission.checkpoints` entry, `append(r, [])` for
-the next chunk, retried when it waits), decode steps of one or a few tokens with their
-commits, commits anywhere, releases, evictions, look-ups and resets. Every call must
-return or raise ValueError / TypeError / KeyError, and a call that raises those must
-change nothing (pool, block tables); a commit past a checkpoint whose next chunk finds
-no room raises RuntimeError, as documented, having cached what it computed.
+SGLang's chunked prefill or not, and a state cap or not), a block size and a small pool,
+then makes protocol calls: admissions of shared and hostile prompts, the engine's
+prefill (a commit at each `Admission.checkpoints` entry, `append(r, [])` for the next
+chunk, retried when it waits), decode steps of one or a few tokens with their commits,
+commits anywhere, releases, evictions, look-ups and resets. Every call must return or
+raise ValueError / TypeError / KeyError, and a call that raises those must change
+nothing (pool, block tables); a commit past a checkpoint whose next chunk finds no room
+raises RuntimeError, as documented, having cached what it computed.
 `check_invariants()` must pass after every call, and once every request is released no
 block is held by one.
 
@@ -47,7 +48,8 @@ def build(r: Reader):
     if backend == "hash":
         options = r.choice([{}, {"retention": "dense"}, {"no_tail_cliff": True}, {"retention": "dense", "state_interval": 2 * bs}])
     else:
-        options = {"mamba_chunk": 2 * bs, "mamba_track_interval": 4 * bs} if MAMBA in groups else {}
+        options = {"mamba_chunk": 2 * bs, "mamba_track_interval": 4 * bs, "state_cap": r.choice([0, 0, 1, 2])} \
+            if MAMBA in groups else {}  # fmt: skip
         options["chunked_prefill_size"] = r.choice([0, 0, 2 * bs, 3 * bs])  # SGLang's chunked prefill
     config = CacheConfig(backend=backend, block_size=bs, num_blocks=r.int(12, 72), layout=groups, options=options)
     try:

@@ -325,6 +325,55 @@ def test_tokens_appended_inside_a_chunked_prefill_take_the_chunks_not_yet_alloca
     cache.check_invariants()
 
 
+# -- the per-path state cap (beyond SGLang) ------------------------------------------------
+def _states_on_path(cache: HybridRadixCache, tokens: list[int]) -> list[int]:
+    """Positions (TOKENS) of the states on the tree path `tokens` follows."""
+    out = cache.tree.match(tokens, None)
+    depth, positions = 0, []
+    for node, covered in out.path:
+        depth += covered
+        if node.mamba is not None and covered == len(node.key):
+            positions.append(depth)
+    return positions
+
+
+def test_state_cap_keeps_a_released_paths_deepest_states_by_replay_saved():
+    """Chunks of 8 leave a state every 8 tokens of a 41-token prompt (and the tracked one
+    at 40); `state_cap: 2` keeps the deepest and the one whose replay is longest."""
+    def run(cap: int) -> HybridRadixCache:
+        cache = _chunked(400, (FULL, mamba(40)), mamba_chunk=4, mamba_track_interval=16, chunked_prefill_size=8,
+                         state_cap=cap)  # fmt: skip
+        prompt = list(range(100, 141))
+        adm = cache.admit("a", prompt)
+        for c in (*adm.checkpoints, len(prompt)):
+            cache.commit("a", c)
+        cache.release("a")
+        cache.check_invariants()
+        return cache
+
+    prompt = list(range(100, 141))
+    assert _states_on_path(run(0), prompt) == [8, 16, 24, 32, 40]
+    capped = run(2)
+    assert _states_on_path(capped, prompt) == [32, 40]  # 8, 16, 24 each save 8; 32 saves 32 once they go
+    assert capped.match(prompt).num_tokens == 40
+    assert capped.stats().evictions == 3
+
+
+def test_state_cap_leaves_a_state_another_request_locks():
+    cache = _chunked(400, (FULL, mamba(40)), mamba_chunk=4, mamba_track_interval=16, chunked_prefill_size=8,
+                     state_cap=1)  # fmt: skip
+    prompt = list(range(100, 141))
+    adm = cache.admit("a", prompt)
+    for c in (*adm.checkpoints, len(prompt)):
+        cache.commit("a", c)
+    b = cache.admit("b", prompt[:17] + [7, 8])  # hits the state at 16 and locks it
+    assert b.num_cached_tokens == 16
+    cache.release("a")
+    assert _states_on_path(cache, prompt) == [16, 40]
+    cache.release("b")
+    cache.check_invariants()
+
+
 # -- configuration -----------------------------------------------------------------------
 def test_a_full_attention_layout_is_the_plain_radix_backend():
     for layout in ((), (FULL,), (FULL, FULL)):
@@ -348,6 +397,9 @@ def test_a_full_attention_layout_is_the_plain_radix_backend():
         ((FULL, mamba()), {"options": {"chunked_prefill_size": -16}}, "options.chunked_prefill_size"),
         ((FULL, mamba()), {"options": {"chunked_prefill_size": 32}}, "options.chunked_prefill_size"),
         ((), {"options": {"chunked_prefill_size": 64}}, "options.chunked_prefill_size"),
+        ((FULL, mamba()), {"options": {"state_cap": -1}}, "options.state_cap"),
+        ((FULL, swa(32)), {"options": {"state_cap": 1}}, "options"),
+        ((), {"options": {"state_cap": 1}}, "options.state_cap"),
     ],
 )
 def test_bad_hybrid_configs_name_the_key(layout, extra, key):
