@@ -39,7 +39,9 @@ protocol's calls do is what SGLang 0.5.23's scheduler does around the cache
            taking any prefill chunk not allocated yet with them.
   release  `release_kv_cache(checkpoint=True)`: a last insert (with Mamba only up to
            the last tracked state, with SWA the out-of-window part a tombstone), then
-           everything the request still owns is freed and its lock dropped.
+           everything the request still owns is freed and its lock dropped. With
+           `state_cap` (beyond SGLang), the states on its path but the cap's are then
+           evicted, least replay saved first (`prefixcache.state_cap`).
 
 The pools: SGLang keeps a full-attention pool, a sliding-window pool and a Mamba state
 pool apart; here they are three budgets on our one `BlockPool` (every id a block of it,
