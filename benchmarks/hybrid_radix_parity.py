@@ -90,6 +90,24 @@ def _layout(full: int, swa: int, slots: int):
     return tuple(groups), full + swa + slots
 
 
+def _in_order(n: int, start, finish, interleave: bool) -> None:
+    """Requests 0..n-1 each started (admitted, every prefill chunk but the last run) and
+    finished (the last chunk, decode); with `interleave` a request starts before the one
+    before it finishes."""
+    previous = None
+    for i in range(n):
+        start(i)
+        if previous is not None:
+            finish(previous)
+            previous = None
+        if interleave:
+            previous = i
+        else:
+            finish(i)
+    if previous is not None:
+        finish(previous)
+
+
 def replay_ours(reqs, block_size: int, full: int, swa: int, slots: int, concurrency: int, chunk: int,
                 chunked_prefill: int = 0, interleave: bool = False) -> Trace:
     import prefixcache
@@ -122,24 +140,17 @@ def replay_ours(reqs, block_size: int, full: int, swa: int, slots: int, concurre
         trace.pools.append((cache._available(Component.FULL), tree.evictable[Component.FULL],
                             *(x for c in aux for x in (cache._available(c), tree.evictable[c])), tree.num_nodes))  # fmt: skip
 
-    t0 = time.perf_counter()
-    previous = None
-    for i, req in enumerate(reqs):
-        adm = cache.admit(i, req.prompt)
+    def start(i: int) -> None:
+        adm = cache.admit(i, reqs[i].prompt)
         if adm is None:
             raise SystemExit(f"ours refused request {i}: the pool is too small for the replay")
         trace.hits.append(adm.num_cached_tokens)
         trace.checkpoints.append(tuple(adm.checkpoints))
         for c in adm.checkpoints:  # every chunk but the last run, the last allocated
             cache.commit(i, c)
-        if previous is not None:
-            finish(previous)
-        if interleave:
-            previous = i
-        else:
-            finish(i)
-    if previous is not None:
-        finish(previous)
+
+    t0 = time.perf_counter()
+    _in_order(len(reqs), start, finish, interleave)
     while live:
         cache.release(live.popleft())
     trace.seconds = time.perf_counter() - t0
@@ -176,21 +187,15 @@ def replay_sglang(sg, reqs, block_size: int, full: int, swa: int, slots: int, co
             aux += (arm.pool.mamba_allocator.available_size(), arm.tree.mamba_evictable_size())
         trace.pools.append((free_full, arm.tree.full_evictable_size(), *aux, len(arm.tree.tree_core._node_arena)))
 
-    t0 = time.perf_counter()
-    previous = None
-    for i, req in enumerate(reqs):
-        hit, track = arm.admit(i, array("q", req.prompt))
+    def start(i: int) -> None:
+        prompt = reqs[i].prompt
+        hit, track = arm.admit(i, array("q", prompt))
         trace.hits.append(hit)
         later = arm.advance(i)  # the scheduler's next rounds, up to the last chunk's allocation
-        trace.checkpoints.append(tuple(sorted({p for p in (track, *later) if p is not None and p < len(req.prompt)})))
-        if previous is not None:
-            finish(previous)
-        if interleave:
-            previous = i
-        else:
-            finish(i)
-    if previous is not None:
-        finish(previous)
+        trace.checkpoints.append(tuple(sorted({p for p in (track, *later) if p is not None and p < len(prompt)})))
+
+    t0 = time.perf_counter()
+    _in_order(len(reqs), start, finish, interleave)
     while live:
         arm.release(live.popleft())
     trace.seconds = time.perf_counter() - t0
