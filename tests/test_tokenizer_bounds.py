@@ -6,7 +6,7 @@ past its size bound, whatever it does."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from prefixcache.engine.chat_template import ChatTemplateError, render_chat
@@ -28,13 +28,16 @@ def test_the_byte_tokenizer_matches_specials_in_one_pass():
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 319), max_size=60), st.integers(1, 7))
+@example([237, 160], 1)  # ED A0: held back as a sequence's start, decoded whole as two U+FFFD
 def test_streamed_text_adds_up_to_the_decoded_text(ids, step):
     """Deltas from each token's bytes through an incremental UTF-8 decoder are exactly
     prefixes of `decode` (never re-decoding what was sent), and finish() completes it."""
     text = IncrementalText(BYTES)
     sent = "".join(text.add(ids[i:i + step]) for i in range(0, len(ids), step))
     whole = BYTES.decode(ids)
-    assert whole.startswith(sent) and len(whole) - len(sent) <= 1  # at most one held-back character
+    # Held back: at most the 3 bytes of an unfinished UTF-8 sequence, which the whole
+    # decode may turn into as many replacement characters.
+    assert whole.startswith(sent) and len(whole) - len(sent) <= 3
 
 
 def test_the_shipped_template_renders_as_before():
