@@ -8,7 +8,7 @@ request's greedy tokens must be identical, its first-token logits within 1e-4 an
 recurrent state bit for bit; the first difference stops the run.
 
     python benchmarks/hybrid_soak.py [--traces 1000] [--num-blocks 40] [--block-size 16]
-    python benchmarks/hybrid_soak.py --backend radix [--chunked-prefill-size 32]
+    python benchmarks/hybrid_soak.py --backend radix [--chunked-prefill-size 64] [--state-cap 1]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ def main() -> int:
                         help="options.state_granule (TOKENS; on a full-attention + recurrent variant of the model)")
     parser.add_argument("--chunked-prefill-size", type=int, default=0,
                         help="radix: options.chunked_prefill_size (TOKENS; SGLang's chunked prefill)")
+    parser.add_argument("--state-cap", type=int, default=0, help="options.state_cap (states a released path keeps)")
     args = parser.parse_args()
 
     from prefixcache.config import CacheConfig
@@ -52,6 +53,8 @@ def main() -> int:
         options = {"state_granule": args.state_granule}
     if args.chunked_prefill_size:
         options["chunked_prefill_size"] = args.chunked_prefill_size
+    if args.state_cap:
+        options["state_cap"] = args.state_cap
     cache = CacheConfig(backend=args.backend, block_size=args.block_size, num_blocks=args.num_blocks, options=options)
     cached, uncached = engines_for(model, cache)
     print(f"# hybrid_soak: {cpu_model()}, load {open('/proc/loadavg').read().split()[:3]}, {time.strftime('%Y-%m-%d %H:%M')}")

@@ -525,17 +525,18 @@ def test_the_conformance_kit_passes(layout):
 
 
 # -- the engine ------------------------------------------------------------------------------
-@pytest.mark.parametrize("chunked", [0, 32])
-def test_the_engine_on_radix_runs_cached_as_uncached(chunked):
+@pytest.mark.parametrize(("chunked", "cap"), [(0, 0), (32, 0), (32, 1)])
+def test_the_engine_on_radix_runs_cached_as_uncached(chunked, cap):
     """The tiny hybrid model (full, sliding-window, chunked-local, recurrent) on `radix`
-    with a pool that evicts, its prefill one extend or SGLang's chunks of 32 tokens:
-    tokens, first logits and recurrent states as uncached, and no block pinned after
-    each trace (benchmarks/hybrid_soak.py --backend radix: more)."""
+    with a pool that evicts, its prefill one extend or SGLang's chunks of 32 tokens, with
+    or without a state cap: tokens, first logits and recurrent states as uncached, and no
+    block pinned after each trace (benchmarks/hybrid_soak.py --backend radix: more)."""
     from prefixcache.engine.exactness import compare_trace, engines_for, random_trace, tiny_hybrid
 
     model = tiny_hybrid(seed=0)
     config = CacheConfig(backend="radix", block_size=16, num_blocks=60,
-                         options={"mamba_chunk": 16, "mamba_track_interval": 32, "chunked_prefill_size": chunked})  # fmt: skip
+                         options={"mamba_chunk": 16, "mamba_track_interval": 32, "chunked_prefill_size": chunked,
+                                  "state_cap": cap})  # fmt: skip
     cached, uncached = engines_for(model, config)
     assert type(cached.cache) is HybridRadixCache
     hits = evictions = 0
