@@ -322,6 +322,13 @@ class HybridRadixCache(PrefixCache):
         finally:
             self._evicting -= 1
 
+    def _room_for(self, num_tokens: int, *, swa_freed: int = 0) -> bool:
+        """Whether `num_tokens` of new pages fit the FULL and SWA pools once everything
+        evictable is evicted (`swa_freed`: SWA TOKENS the caller frees first)."""
+        if num_tokens > self._available(FULL) + self.tree.evictable[FULL]:
+            return False
+        return not self.window or num_tokens <= self._available(SWA) + self.tree.evictable[SWA] + swa_freed
+
     def _make_room(self, num_tokens: int) -> None:
         """The allocator's evict_to_free_tokens: each attention pool's shortfall of `num_tokens`."""
         full = num_tokens - self._available(FULL)
@@ -455,9 +462,7 @@ class HybridRadixCache(PrefixCache):
         fit after evicting everything evictable; False (nothing changed, the request
         waiting) if not."""
         pages = _cdiv(req.chunk_ends[0], self.block_size) - len(req.block_table)
-        need = pages * self.block_size
-        req.waiting = need > self._available(FULL) + self.tree.evictable[FULL] or bool(
-            self.window and need > self._available(SWA) + self.tree.evictable[SWA])  # fmt: skip
+        req.waiting = not self._room_for(pages * self.block_size)
         if not req.waiting:
             self._extend(req)
         return not req.waiting
@@ -531,8 +536,7 @@ class HybridRadixCache(PrefixCache):
             req.decode_steps >= 1 else None  # fmt: skip
         need = pages * bs
         freed = len(slide[1]) * bs if slide else 0
-        if need and (need > self._available(FULL) + self.tree.evictable[FULL] or self.window and
-                     need > self._available(SWA) + self.tree.evictable[SWA] + freed):  # fmt: skip
+        if need and not self._room_for(need, swa_freed=freed):
             self._stats.rejected += 1
             return None
         held.extend(new)  # type: ignore[attr-defined]
