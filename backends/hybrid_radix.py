@@ -101,11 +101,12 @@ from prefixcache.stats import CacheStats, StatsCounter
 
 from .hybrid_radix_tree import Component, HybridTree, InsertOutcome, LockReceipt, MatchOutcome, TreeNode
 
-__all__ = ["HybridRadixCache", "HYBRID_RADIX_OPTIONS", "MAMBA_FULL_MEMORY_RATIO", "MAMBA_OPTIONS", "SWA_EVICTION_INTERVAL"]
+__all__ = ["HybridRadixCache", "HYBRID_RADIX_CHOICES", "HYBRID_RADIX_OPTIONS", "MAMBA_FULL_MEMORY_RATIO", "MAMBA_OPTIONS", "SWA_EVICTION_INTERVAL"]
 
 FULL, SWA, STATE = Component.FULL, Component.SWA, Component.MAMBA
 
-HYBRID_RADIX_OPTIONS = {"chunked_prefill_size": 0, "mamba_chunk": 64, "mamba_track_interval": 256, "state_cap": 0}
+HYBRID_RADIX_OPTIONS = {"chunked_prefill_size": 0, "mamba_chunk": 64, "mamba_track_interval": 256, "state_cap": 0,
+                        "no_tail_cliff": False}  # fmt: skip
 """Options `radix` takes for a hybrid layout. chunked_prefill_size: TOKENS of a prefill
 chunk (SGLang's `--chunked-prefill-size`; 0: the prefill is one extend, as SGLang's -1), a
 multiple of block_size; each chunk is allocated when the one before it is committed, and
@@ -115,7 +116,13 @@ mamba_chunk: the model's Mamba chunk in TOKENS (FLA's 64 for Qwen3-Next; SGLang'
 mamba_track_interval: TOKENS between states tracked while decoding (SGLang's
 `--mamba-track-interval`). Beyond SGLang, state_cap: states a request's path keeps when
 it is released, the rest evicted least replay first (`prefixcache.state_cap`; 0: off,
-SGLang's LRU alone)."""
+SGLang's LRU alone); no_tail_cliff: SWA eviction takes the windows a branch's end reads
+last (SGLang PR 35515, open), and a leaf no match can end in (its window or state gone)
+is evicted with it, so a branch's hit falls back to its last matchable end instead of to
+0 with its KV still cached (`HybridTree`)."""
+
+HYBRID_RADIX_CHOICES = {"no_tail_cliff": (False, True)}
+"""The options of HYBRID_RADIX_OPTIONS with a fixed set of values (`option_choices`)."""
 
 MAMBA_OPTIONS = ("mamba_chunk", "mamba_track_interval", "state_cap")
 """The options of HYBRID_RADIX_OPTIONS that only a layout with a mamba group takes."""
@@ -210,6 +217,7 @@ class HybridRadixCache(PrefixCache):
     name = "radix"
     supports_layout = True
     option_defaults = dict(HYBRID_RADIX_OPTIONS)
+    option_choices = dict(HYBRID_RADIX_CHOICES)
 
     def __init__(self, pool: BlockPool, config: CacheConfig) -> None:
         super().__init__(pool, config)
@@ -227,7 +235,7 @@ class HybridRadixCache(PrefixCache):
         self._events = event_log(config.enable_events)
         hooks = {"on_store": self._stored, "on_remove": self._removed} if self._events.enabled else {}
         self.tree = HybridTree(bs, components, self._free, window=self.window - 1 if self.window else None,
-                               state_grid=self.state_grid, **hooks)  # fmt: skip
+                               state_grid=self.state_grid, no_tail_cliff=self.options["no_tail_cliff"], **hooks)  # fmt: skip
         self._trims = type(self).usable_hit is not PrefixCache.usable_hit
         self._requests: RequestTable[HybridRadixRequest] = RequestTable()
         self._stats = StatsCounter()

@@ -30,6 +30,11 @@ strategy with no per-path state cap:
   priority on it go too (FULL 2 > SWA 1 > MAMBA 0: an SWA tombstone drops the node's
   state); a node left without FULL pages and children is deleted upward.
 
+Beyond SGLang, `no_tail_cliff` (off: SGLang's order exactly): SWA's walk first passes
+over the nodes a matchable branch end reads (its last window: SGLang PR 35515), and an
+evictable leaf no match can end in (its window broken, or without a state) is deleted,
+then its parent while it becomes one, whenever an eviction makes one.
+
 Page granularity: every key is a whole number of `page_size` pages; a value is one id
 per page (FULL, SWA) or one state id (MAMBA); sizes are in TOKENS (MAMBA: states).
 `window` is SGLang's `sliding_window_size`: the tokens before a query it reads (the
@@ -255,8 +260,10 @@ class HybridTree:
         state_grid: int = 1,
         on_store: Callable[[TreeNode, Component, int, int], None] | None = None,
         on_remove: Callable[[TreeNode, Component, int, int], None] | None = None,
+        no_tail_cliff: bool = False,
     ) -> None:
         self.page = page_size
+        self.no_tail_cliff = no_tail_cliff
         self.components = tuple(sorted(components))
         assert self.components[0] == FULL
         self.has_swa = SWA in self.components
@@ -815,11 +822,11 @@ class HybridTree:
         becomes a leaf joins the heap."""
         heap = [(n.last_access, n) for n in self.leaves]
         heapify(heap)
-        last: TreeNode | None = None
+        parent: TreeNode | None = None
         while True:
-            if last is not None and last.parent in self.leaves:
-                heappush(heap, (last.parent.last_access, last.parent))  # type: ignore[union-attr]
-            last = None
+            if parent is not None and parent in self.leaves:
+                heappush(heap, (parent.last_access, parent))
+            parent = None
             victim = None
             while tracker[FULL] < quota and heap:
                 _, x = heappop(heap)
@@ -828,30 +835,93 @@ class HybridTree:
                     break
             if victim is None:
                 return
-            last = victim
+            parent = victim.parent
             self._delete_leaf(victim, tracker)
+            if self.no_tail_cliff:
+                parent = self._prune_dead(parent, tracker)  # type: ignore[arg-type]
             if done():
                 return
 
     def _evict_aux(self, c: Component, quota: int, tracker: dict[Component, int], done: Callable[[], bool]) -> None:
         """SWA's or MAMBA's walk, least recent unlocked first: a leaf goes whole, an inner
-        node is tombstoned for c (and what ranks below c on it)."""
+        node is tombstoned for c (and what ranks below c on it). With `no_tail_cliff`, SWA
+        walks twice: first past the nodes a branch's last window reads, then over all."""
+        if c == SWA and self.no_tail_cliff:
+            self._walk_aux(c, quota, tracker, done, skip=self._in_branch_tail)
+        self._walk_aux(c, quota, tracker, done)
+
+    def _walk_aux(self, c: Component, quota: int, tracker: dict[Component, int], done: Callable[[], bool],
+                  skip: Callable[[TreeNode], bool] | None = None) -> None:  # fmt: skip
         lru = self.lru[c]
+        passed: set[int] = set()  # ids `skip` kept, not asked again when a walk restarts
         cursor = lru.lru_unlocked()
         while True:
             if cursor is not None and cursor not in lru:
                 cursor = lru.lru_unlocked()
-            if tracker[c] >= quota or cursor is None or cursor not in lru:
+            if tracker[c] >= quota or done() or cursor is None or cursor not in lru:
                 return
             x = cursor
             cursor = lru.prev_unlocked(x)
+            if skip is not None and (x.id in passed or skip(x)):
+                passed.add(x.id)
+                continue
             if x in self.leaves:
+                parent = x.parent
                 self._delete_leaf(x, tracker)
+                if self.no_tail_cliff:
+                    self._prune_dead(parent, tracker)  # type: ignore[arg-type]
             else:
                 self._evict_component(x, c, tracker)
                 self._cascade(x, c, tracker)
-            if done():
-                return
+                if self.no_tail_cliff and c == SWA:
+                    for leaf in self._leaves_reading(x):
+                        self._prune_dead(leaf, tracker)
+
+    # -- no_tail_cliff (beyond SGLang 0.5.23) ---------------------------------------------
+    def _viable(self, node: TreeNode) -> bool:
+        """Whether a match can end at `node`'s end: every component's validator accepts
+        it there (SWA: `window` live tokens since the last tombstone, or none on the path)."""
+        if self.has_mamba and node.mamba is None:
+            return False
+        live = 0
+        x = node
+        while self.has_swa and x is not self.root and live < self.window:
+            if x.swa is None:
+                return False
+            live += len(x.key)
+            x = x.parent  # type: ignore[assignment]
+        return True
+
+    def _prune_dead(self, node: TreeNode, tracker: dict[Component, int]) -> TreeNode:
+        """Delete `node`, then each parent, while it is an evictable leaf no match can end
+        in: KV that no request can hit until its windows or states are recomputed, which
+        would bring their own. Returns the first node kept."""
+        while node in self.leaves and not self._viable(node):
+            parent = node.parent
+            self._delete_leaf(node, tracker)
+            node = parent  # type: ignore[assignment]
+        return node
+
+    def _leaves_reading(self, node: TreeNode) -> list[TreeNode]:
+        """The structural leaves below `node` whose end is less than `window` TOKENS past
+        `node`'s: the matches that end there read `node`'s SWA."""
+        out = []
+        stack = [(child, len(child.key)) for child in node.children.values()]
+        while stack:
+            x, dist = stack.pop()
+            if dist >= self.window:
+                continue
+            if not x.children:
+                out.append(x)
+            stack.extend((child, dist + len(child.key)) for child in x.children.values())
+        return out
+
+    def _in_branch_tail(self, node: TreeNode) -> bool:
+        """Whether `node`'s SWA is in the last window of a branch a match can end at (a
+        leaf, viable): the only SWA a branch needs to be matched whole (SGLang PR 35515)."""
+        if not node.children:
+            return self._viable(node)
+        return any(self._viable(leaf) for leaf in self._leaves_reading(node))
 
     # -- inspection ----------------------------------------------------------------------
     def nodes(self) -> Iterator[TreeNode]:
@@ -910,6 +980,8 @@ class HybridTree:
                     raise AssertionError(f"{nid}: {c.name} value and LRU membership disagree")
             if self.is_leaf(node) != (node in self.leaves):
                 raise AssertionError(f"{nid}: the evictable-leaf set is wrong about it")
+            if self.no_tail_cliff and node in self.leaves and not self._viable(node):
+                raise AssertionError(f"{nid}: an evictable leaf no match can end in (no_tail_cliff prunes those)")
         for root_key, ch in self.root.children.items():
             if root_key != (ch.ns, tuple(ch.key[:page])):
                 raise AssertionError(f"root child {ch.id} is keyed wrong")

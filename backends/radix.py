@@ -99,7 +99,7 @@ from prefixcache.requests import Request, RequestTable, check_count, check_names
 from prefixcache.stats import CacheStats, StatsCounter
 from prefixcache.tiers import DEVICE, Tiers
 
-from .hybrid_radix import HYBRID_RADIX_OPTIONS, MAMBA_OPTIONS, HybridRadixCache
+from .hybrid_radix import HYBRID_RADIX_CHOICES, HYBRID_RADIX_OPTIONS, MAMBA_OPTIONS, HybridRadixCache
 
 __all__ = ["RadixCache"]
 
@@ -144,6 +144,7 @@ class RadixCache(PrefixCache):
     token_itemsize = 4  # the tree stores int32 ids
     token_id_range = RADIX_TOKEN_RANGE
     option_defaults = HYBRID_RADIX_OPTIONS  # a hybrid layout's (backends/hybrid_radix.py)
+    option_choices = HYBRID_RADIX_CHOICES
 
     def __new__(cls, pool: BlockPool, config: CacheConfig) -> RadixCache:
         # A hybrid layout is SGLang's UnifiedRadixCache, a class of its own (backends/hybrid_radix.py).

@@ -1,6 +1,6 @@
-"""Hybrid layouts: bookkeeping cost (both strategies), in `hash` the sliding-window miss and the options, in `radix` SGLang's chunked prefill.
+"""Hybrid layouts: bookkeeping cost (both strategies), in `hash` the sliding-window miss and the options, in `radix` SGLang's chunked prefill and branch tails.
 
-Six measurements, each side by side in one run (record `cat /proc/loadavg` with them):
+Seven measurements, each side by side in one run (record `cat /proc/loadavg` with them):
 
 1. Cost: per-request bookkeeping (hashing + admit + the prompt's commits + release, µs,
    p50 over the requests, best of `--repeat` replays), and `admit` alone, of a
@@ -25,6 +25,9 @@ Six measurements, each side by side in one run (record `cat /proc/loadavg` with 
 6. `radix` under SGLang's chunked prefill (`chunked_prefill_size`) against one extend
    (SGLang's `-1`): hit tokens on the second sighting of a shared prefix and over whole
    workloads (each chunk's insert leaves a live window and a state behind it).
+7. `radix` with `no_tail_cliff` (branch tails evicted last, dead leaves with them)
+   against SGLang's SWA LRU: section 5's conversations over full+SWA, SWA pools the
+   windows crowd.
 
     python benchmarks/bench_hybrid.py [--repeat 5]
 """
@@ -251,9 +254,9 @@ def replay_pressed(cache, reqs, concurrency: int = 4) -> list[int]:
     live: deque[int] = deque()
     hits = []
 
-    def until(call):
+    def until(call, current=None):
         while (out := call()) is None:
-            if not live:
+            if not live or live[0] == current:  # only the request itself is left to release
                 raise SystemExit("a request does not fit the pool alone")
             cache.release(live.popleft())
         return out
@@ -263,11 +266,11 @@ def replay_pressed(cache, reqs, concurrency: int = 4) -> list[int]:
         live.append(i)
         for c in adm.checkpoints:
             cache.commit(i, c)
-            until(lambda: cache.append(i, []))
+            until(lambda: cache.append(i, []), i)
         n = len(req.prompt)
         cache.commit(i, n)
         for token in req.output[:-1]:
-            until(lambda: cache.append(i, [token]))
+            until(lambda: cache.append(i, [token]), i)
             n += 1
             cache.commit(i, n)
         hits.append(adm.num_cached_tokens)
@@ -330,12 +333,38 @@ def chunked_prefill(args) -> None:
     _hit_rows(args, "radix", arms)
 
 
+def tail_cliff(args) -> None:
+    """`radix` with `no_tail_cliff` against SGLang's SWA LRU, SWA pools the windows crowd."""
+    import prefixcache
+    from prefixcache.config import CacheConfig
+    from prefixcache.layout import LayerGroup
+
+    reqs = long_chats(random.Random(args.seed))
+    prompts = sum(len(r.prompt) for r in reqs)
+    blocks = 4000
+    print(f"\n## 7. `radix`: branch tails last (`no_tail_cliff`) against SGLang's SWA LRU ({len(reqs)} requests, "
+          f"{prompts:,} prompt tokens, full+SWA at block 16, {blocks:,} blocks split FULL : SWA = 1 : pool_ratio, "
+          "up to 4 live; hit ratio)\n")
+    print("| window | `pool_ratio` | SWA pool (pages) | SGLang 0.5.23 | `no_tail_cliff` | points |")
+    print("|---|---|---|---|---|---|")
+    for window in args.windows:
+        for ratio in args.ratios:
+            layout = (LayerGroup("full_attention"), LayerGroup("sliding_window", window=window, pool_ratio=ratio))
+            ratios = []
+            for cliff in (False, True):
+                cache = prefixcache.build_cache(CacheConfig(backend="radix", block_size=16, num_blocks=blocks, layout=layout,
+                                                            enable_events=False, options={"no_tail_cliff": cliff}))  # fmt: skip
+                ratios.append(sum(replay_pressed(cache, reqs)) / prompts)
+            swa = blocks - round(blocks / (1 + ratio))  # the radix pools' split (backends/hybrid_radix.py)
+            print(f"| {window} | {ratio} | {swa:,} | {ratios[0]:.3f} | {ratios[1]:.3f} | {100 * (ratios[1] - ratios[0]):+.1f} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--granule", type=int, default=16, help="state_granule of section 4 (TOKENS)")
-    parser.add_argument("--only", choices=("cost", "decode", "window", "options", "finer", "cap", "chunked"),
+    parser.add_argument("--only", choices=("cost", "decode", "window", "options", "finer", "cap", "chunked", "tail"),
                         help="one section only")
     parser.add_argument("--backends", nargs="+", choices=("hash", "radix"), default=["hash", "radix"],
                         help="the strategies section 1 measures (each against its own full-attention cache)")
@@ -343,11 +372,14 @@ def main() -> int:
                         help="section 5's pool sizes (BLOCKS of 528)")
     parser.add_argument("--slots", type=int, nargs="+", default=[32, 48, 64, 96, 128],
                         help="section 5's radix state pools (state slots)")
+    parser.add_argument("--windows", type=int, nargs="+", default=[128, 512], help="section 7's windows (TOKENS)")
+    parser.add_argument("--ratios", type=float, nargs="+", default=[0.08, 0.1, 0.12, 0.15, 0.2, 0.25, 0.3, 0.4],
+                        help="section 7's SWA pool_ratio values (SWA : FULL)")
     args = parser.parse_args()
     print(f"# bench_hybrid: {cpu_model()}, load {open('/proc/loadavg').read().split()[:3]}, {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"# command: {' '.join(sys.argv)}")
     sections = {"cost": cost, "decode": decode_steps, "window": window_miss, "options": options,
-                "finer": finer_states, "cap": state_cap, "chunked": chunked_prefill}
+                "finer": finer_states, "cap": state_cap, "chunked": chunked_prefill, "tail": tail_cliff}
     for name, section in sections.items():
         if args.only in (None, name):
             section(args)

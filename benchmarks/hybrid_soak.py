@@ -8,7 +8,7 @@ request's greedy tokens must be identical, its first-token logits within 1e-4 an
 recurrent state bit for bit; the first difference stops the run.
 
     python benchmarks/hybrid_soak.py [--traces 1000] [--num-blocks 40] [--block-size 16]
-    python benchmarks/hybrid_soak.py --backend radix [--chunked-prefill-size 64] [--state-cap 1]
+    python benchmarks/hybrid_soak.py --backend radix [--chunked-prefill-size 64] [--state-cap 1] [--no-tail-cliff]
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ def main() -> int:
     parser.add_argument("--chunked-prefill-size", type=int, default=0,
                         help="radix: options.chunked_prefill_size (TOKENS; SGLang's chunked prefill)")
     parser.add_argument("--state-cap", type=int, default=0, help="options.state_cap (states a released path keeps)")
+    parser.add_argument("--no-tail-cliff", action="store_true",
+                        help="options.no_tail_cliff (branch tails evicted last; radix: dead leaves pruned)")
     args = parser.parse_args()
 
     from prefixcache.config import CacheConfig
@@ -55,6 +57,8 @@ def main() -> int:
         options["chunked_prefill_size"] = args.chunked_prefill_size
     if args.state_cap:
         options["state_cap"] = args.state_cap
+    if args.no_tail_cliff:
+        options["no_tail_cliff"] = True
     cache = CacheConfig(backend=args.backend, block_size=args.block_size, num_blocks=args.num_blocks, options=options)
     cached, uncached = engines_for(model, cache)
     print(f"# hybrid_soak: {cpu_model()}, load {open('/proc/loadavg').read().split()[:3]}, {time.strftime('%Y-%m-%d %H:%M')}")

@@ -51,6 +51,7 @@ def build(r: Reader):
         options = {"mamba_chunk": 2 * bs, "mamba_track_interval": 4 * bs, "state_cap": r.choice([0, 0, 1, 2])} \
             if MAMBA in groups else {}  # fmt: skip
         options["chunked_prefill_size"] = r.choice([0, 0, 2 * bs, 3 * bs])  # SGLang's chunked prefill
+        options["no_tail_cliff"] = r.choice([False, True])
     config = CacheConfig(backend=backend, block_size=bs, num_blocks=r.int(12, 72), layout=groups, options=options)
     try:
         return prefixcache.build_cache(config)

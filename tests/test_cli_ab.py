@@ -122,7 +122,7 @@ def test_validate_an_ab_file_prints_resolved_arms_and_the_workload(tmp_path, cap
          "allowed keys: num_groups, prompts_per_group"),
         (("num_groups: 3", "num_groups: -3"), "workload.params: num_groups must be an int >= 1, got -3"),
         (("radix/1: {backend: radix, block_size: 1}", "radix/1: {backend: radix, block_size: 1, options: {x: 1}}"),
-         "arms.radix/1.options.x: unknown option for backend radix; allowed: chunked_prefill_size, mamba_chunk, mamba_track_interval, state_cap"),
+         "arms.radix/1.options.x: unknown option for backend radix; allowed: chunked_prefill_size, mamba_chunk, mamba_track_interval, no_tail_cliff, state_cap"),
         (("hash/16: {backend: hash, block_size: 16}",
           "hash/16: {backend: hash, block_size: 16, options: {verify_hitz: never}}"),
          "arms.hash/16.options.verify_hitz: unknown option for backend hash; allowed: no_tail_cliff, retention, state_cap, state_granule, state_interval, verify_hits"),

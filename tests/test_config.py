@@ -100,11 +100,11 @@ def test_defaults(tmp_path):
         ("cache: {backend: hash, options: {verify_hits: true}}",
          "cache.options.verify_hits: True is not allowed for backend hash; allowed values: auto, always, never"),
         ("cache: {backend: radix, options: {verify_hits: never}}",
-         "cache.options.verify_hits: unknown option for backend radix; allowed: chunked_prefill_size, mamba_chunk, mamba_track_interval, state_cap"),
+         "cache.options.verify_hits: unknown option for backend radix; allowed: chunked_prefill_size, mamba_chunk, mamba_track_interval, no_tail_cliff, state_cap"),
         ("cache: {backend: 'min_match:MinMatchRadix', options: {min_tokens: '3'}}",
          "cache.options.min_tokens: must be int (default 256), got '3'"),
         ("cache: {backend: 'min_match:MinMatchRadix', options: {min_token: 3}}",
-         "cache.options.min_token: unknown option for backend min_match:MinMatchRadix; allowed: chunked_prefill_size, mamba_chunk, mamba_track_interval, min_tokens, state_cap"),
+         "cache.options.min_token: unknown option for backend min_match:MinMatchRadix; allowed: chunked_prefill_size, mamba_chunk, mamba_track_interval, min_tokens, no_tail_cliff, state_cap"),
         ("- 1\n- 2", "top level must be a mapping, got list"),
         ("cache: {block_size: [", "invalid YAML"),
     ],
@@ -161,7 +161,7 @@ def test_options_are_checked_for_programmatic_configs_and_replace():
     for check in (check_cache_config, prefixcache.build_cache):
         with pytest.raises(ConfigError, match="^options.verify_hit: unknown option for backend hash; allowed: no_tail_cliff, retention, state_cap, state_granule, state_interval, verify_hits$"):
             check(CacheConfig(options={"verify_hit": "always"}))
-        with pytest.raises(ConfigError, match="options.verify_hits: unknown option for backend radix; allowed: chunked_prefill_size, mamba_chunk, mamba_track_interval, state_cap"):
+        with pytest.raises(ConfigError, match="options.verify_hits: unknown option for backend radix; allowed: chunked_prefill_size, mamba_chunk, mamba_track_interval, no_tail_cliff, state_cap"):
             check(CacheConfig(options={"verify_hits": "always"}).replace(backend="radix"))
 
 

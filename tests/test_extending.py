@@ -87,14 +87,14 @@ def test_options_are_validated_by_the_class():
         build({"min_tokens": "3"})
     with pytest.raises(ConfigError, match=r"options.min_tokens: must be >= 0, got -1"):
         build({"min_tokens": -1})
-    with pytest.raises(ConfigError, match=r"options.x: unknown option for backend radix; allowed: chunked_prefill_size, mamba_chunk, mamba_track_interval, state_cap"):
+    with pytest.raises(ConfigError, match=r"options.x: unknown option for backend radix; allowed: chunked_prefill_size, mamba_chunk, mamba_track_interval, no_tail_cliff, state_cap"):
         prefixcache.build_cache(CacheConfig(backend="radix", block_size=4, num_blocks=8, options={"x": 1}))
     with pytest.raises(ConfigError, match=r"options.verify_hits: 'maybe' is not allowed for backend "
                                           r"min_match:MinMatchHash; allowed values: auto, always, never"):
         build({"verify_hits": "maybe"})  # the base class's choices hold for subclasses
     # A class built directly with another backend's config checks again, under its own name.
     hash_config = CacheConfig(backend="hash", block_size=4, num_blocks=8, options={"verify_hits": "never"})
-    with pytest.raises(ConfigError, match=r"options.verify_hits: unknown option for backend RadixCache; allowed: chunked_prefill_size, mamba_chunk, mamba_track_interval, state_cap"):
+    with pytest.raises(ConfigError, match=r"options.verify_hits: unknown option for backend RadixCache; allowed: chunked_prefill_size, mamba_chunk, mamba_track_interval, no_tail_cliff, state_cap"):
         RadixCache(prefixcache.BlockPool(8), hash_config)
 
 

@@ -400,6 +400,8 @@ def test_a_full_attention_layout_is_the_plain_radix_backend():
         ((FULL, mamba()), {"options": {"state_cap": -1}}, "options.state_cap"),
         ((FULL, swa(32)), {"options": {"state_cap": 1}}, "options"),
         ((), {"options": {"state_cap": 1}}, "options.state_cap"),
+        ((FULL, swa(32)), {"options": {"no_tail_cliff": "yes"}}, "options.no_tail_cliff"),
+        ((), {"options": {"no_tail_cliff": True}}, "options.no_tail_cliff"),
     ],
 )
 def test_bad_hybrid_configs_name_the_key(layout, extra, key):
@@ -470,17 +472,19 @@ def test_events_are_per_group_with_the_hash_backends_block_hashes():
 
 
 # -- the kits ------------------------------------------------------------------------------
-def _make(block_size: int, num_blocks: int, layout, chunked: int = 0) -> HybridRadixCache:
+def _make(block_size: int, num_blocks: int, layout, chunked: int = 0, no_tail_cliff: bool = False) -> HybridRadixCache:
     options = {"mamba_chunk": block_size, "mamba_track_interval": 2 * block_size} if any(
         g.kind == "mamba" for g in layout) else {}  # fmt: skip
     return build_cache(CacheConfig(backend="radix", block_size=block_size, num_blocks=num_blocks, layout=layout,
-                                   options={**options, "chunked_prefill_size": chunked}))  # type: ignore[return-value]
+                                   options={**options, "chunked_prefill_size": chunked,
+                                            "no_tail_cliff": no_tail_cliff}))  # type: ignore[return-value]
 
 
 def test_the_hybrid_kit_passes():
     check_hybrid_backend(_make, num_blocks=96)
     check_hybrid_backend("radix", seeds=range(2))  # SGLang's defaults: a state every 64 tokens
     check_hybrid_backend(lambda bs, n, layout: _make(bs, n, layout, chunked=2 * bs), num_blocks=96)  # chunked prefill
+    check_hybrid_backend(lambda bs, n, layout: _make(bs, n, layout, no_tail_cliff=True), num_blocks=48)  # pools evict
 
 
 def _conformance_factory(layout_of):
@@ -525,18 +529,19 @@ def test_the_conformance_kit_passes(layout):
 
 
 # -- the engine ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("chunked", "cap"), [(0, 0), (32, 0), (32, 1)])
-def test_the_engine_on_radix_runs_cached_as_uncached(chunked, cap):
+@pytest.mark.parametrize(("chunked", "cap", "cliff"), [(0, 0, False), (32, 0, False), (32, 1, False), (0, 0, True)])
+def test_the_engine_on_radix_runs_cached_as_uncached(chunked, cap, cliff):
     """The tiny hybrid model (full, sliding-window, chunked-local, recurrent) on `radix`
     with a pool that evicts, its prefill one extend or SGLang's chunks of 32 tokens, with
-    or without a state cap: tokens, first logits and recurrent states as uncached, and no
-    block pinned after each trace (benchmarks/hybrid_soak.py --backend radix: more)."""
+    or without a state cap or `no_tail_cliff`: tokens, first logits and recurrent states
+    as uncached, and no block pinned after each trace (benchmarks/hybrid_soak.py
+    --backend radix: more)."""
     from prefixcache.engine.exactness import compare_trace, engines_for, random_trace, tiny_hybrid
 
     model = tiny_hybrid(seed=0)
     config = CacheConfig(backend="radix", block_size=16, num_blocks=60,
                          options={"mamba_chunk": 16, "mamba_track_interval": 32, "chunked_prefill_size": chunked,
-                                  "state_cap": cap})  # fmt: skip
+                                  "state_cap": cap, "no_tail_cliff": cliff})  # fmt: skip
     cached, uncached = engines_for(model, config)
     assert type(cached.cache) is HybridRadixCache
     hits = evictions = 0

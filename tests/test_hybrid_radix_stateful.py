@@ -4,7 +4,7 @@ The model (tests/reference/hybrid_radix.py) knows nothing of trees, locks or evi
 order: it keeps what the cache's KV events announced, per layout group, and predicts
 every hit from that with SGLang's validators (full-attention pages, a live sliding
 window, a state on the page the hit ends), whatever drops a state (eviction, the
-`state_cap` option). Requests prefill one extend or, with SGLang's
+`state_cap` option) or a branch (`no_tail_cliff`'s order and pruning). Requests prefill one extend or, with SGLang's
 chunked prefill, chunk by chunk between other requests' steps (a chunk without room
 waits). Every admission's hit and every `match` must
 equal its prediction; after every step `check_invariants()` holds (the tree's sizes,
@@ -34,11 +34,12 @@ NAMESPACES = [None, "a"]
 
 class HybridRadixMachine(RuleBasedStateMachine):
     @initialize(layout=st.sampled_from(sorted(LAYOUTS)), bs=st.sampled_from([1, 2, 4]), blocks=st.integers(32, 90),
-                chunk=st.sampled_from([0, 0, 3, 8]), cap=st.sampled_from([0, 0, 1, 2]))  # fmt: skip
-    def build(self, layout: str, bs: int, blocks: int, chunk: int, cap: int) -> None:
+                chunk=st.sampled_from([0, 0, 3, 8]), cap=st.sampled_from([0, 0, 1, 2]), cliff=st.booleans())  # fmt: skip
+    def build(self, layout: str, bs: int, blocks: int, chunk: int, cap: int, cliff: bool) -> None:
         groups = LAYOUTS[layout]
         options = {"mamba_chunk": bs, "mamba_track_interval": 3 * bs, "state_cap": cap} if "mamba" in layout else {}
         options["chunked_prefill_size"] = chunk * bs  # SGLang's chunked prefill (0: one extend)
+        options["no_tail_cliff"] = cliff  # tails last, dead leaves pruned (check_invariants: no dead leaf)
         self.bs = bs
         self.cache = build_cache(CacheConfig(backend="radix", block_size=bs, num_blocks=blocks, layout=groups,
                                              options=options))  # fmt: skip
