@@ -117,9 +117,9 @@ mamba_track_interval: TOKENS between states tracked while decoding (SGLang's
 `--mamba-track-interval`). Beyond SGLang, state_cap: states a request's path keeps when
 it is released, the rest evicted least replay first (`prefixcache.state_cap`; 0: off,
 SGLang's LRU alone); no_tail_cliff: SWA eviction takes the windows a branch's end reads
-last (SGLang PR 35515, open), and a leaf no match can end in (its window or state gone)
-is evicted with it, so a branch's hit falls back to its last matchable end instead of to
-0 with its KV still cached (`HybridTree`)."""
+last (SGLang PR 35515, open), state eviction each branch's deepest state last, and a leaf
+no match can end in (its window or state gone) is evicted with it, so a branch's hit falls
+back to its last matchable end instead of to 0 with its KV still cached (`HybridTree`)."""
 
 HYBRID_RADIX_CHOICES = {"no_tail_cliff": (False, True)}
 """The options of HYBRID_RADIX_OPTIONS with a fixed set of values (`option_choices`)."""

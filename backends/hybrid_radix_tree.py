@@ -31,9 +31,10 @@ strategy with no per-path state cap:
   state); a node left without FULL pages and children is deleted upward.
 
 Beyond SGLang, `no_tail_cliff` (off: SGLang's order exactly): SWA's walk first passes
-over the nodes a matchable branch end reads (its last window: SGLang PR 35515), and an
-evictable leaf no match can end in (its window broken, or without a state) is deleted,
-then its parent while it becomes one, whenever an eviction makes one.
+over the nodes a matchable branch end reads (its last window: SGLang PR 35515), MAMBA's
+over each branch's deepest state (the one its next turn resumes from), and an evictable
+leaf no match can end in (its window broken, or without a state) is deleted, then its
+parent while it becomes one, whenever an eviction makes one.
 
 Page granularity: every key is a whole number of `page_size` pages; a value is one id
 per page (FULL, SWA) or one state id (MAMBA); sizes are in TOKENS (MAMBA: states).
@@ -844,10 +845,11 @@ class HybridTree:
 
     def _evict_aux(self, c: Component, quota: int, tracker: dict[Component, int], done: Callable[[], bool]) -> None:
         """SWA's or MAMBA's walk, least recent unlocked first: a leaf goes whole, an inner
-        node is tombstoned for c (and what ranks below c on it). With `no_tail_cliff`, SWA
-        walks twice: first past the nodes a branch's last window reads, then over all."""
-        if c == SWA and self.no_tail_cliff:
-            self._walk_aux(c, quota, tracker, done, skip=self._in_branch_tail)
+        node is tombstoned for c (and what ranks below c on it). With `no_tail_cliff` the
+        walk runs twice: first past what a branch's end needs (SWA: the nodes its last
+        window reads; MAMBA: its deepest state), then over all."""
+        if self.no_tail_cliff:
+            self._walk_aux(c, quota, tracker, done, skip=self._in_branch_tail if c == SWA else self._deepest_state)
         self._walk_aux(c, quota, tracker, done)
 
     def _walk_aux(self, c: Component, quota: int, tracker: dict[Component, int], done: Callable[[], bool],
@@ -915,6 +917,20 @@ class HybridTree:
                 out.append(x)
             stack.extend((child, dist + len(child.key)) for child in x.children.values())
         return out
+
+    def _deepest_state(self, node: TreeNode) -> bool:
+        """Whether `node`'s state is the deepest on the path to some leaf: the one a
+        continuation of that branch resumes from."""
+        stack = list(node.children.values())
+        if not stack:
+            return True
+        while stack:
+            x = stack.pop()
+            if x.mamba is None:
+                if not x.children:
+                    return True
+                stack.extend(x.children.values())
+        return False
 
     def _in_branch_tail(self, node: TreeNode) -> bool:
         """Whether `node`'s SWA is in the last window of a branch a match can end at (a

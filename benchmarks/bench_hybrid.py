@@ -300,9 +300,11 @@ def state_cap(args) -> None:
     # radix: SGLang's own pools (a state pool of `slots` beside an ample KV pool), its
     # defaults (a state every 64 tokens, every 256 decoding), one extend or chunks of 256.
     print(f"\n`radix`, full+mamba at block 16, SGLang 0.5.23's defaults, the same requests; hit ratio by state pool:\n")
-    arms = [("one extend, LRU (SGLang)", 0, 0), ("one extend, state_cap: 1", 0, 1),
-            ("chunks of 256, LRU (SGLang)", 256, 0), ("chunks of 256, state_cap: 1", 256, 1)]  # fmt: skip
-    print("| state slots | " + " | ".join(name for name, _, _ in arms) + " | cap 1 - LRU (points) |")
+    arms = [("one extend, LRU (SGLang)", 0, {}), ("one extend, state_cap: 1", 0, {"state_cap": 1}),
+            ("one extend, no_tail_cliff", 0, {"no_tail_cliff": True}),
+            ("chunks of 256, LRU (SGLang)", 256, {}), ("chunks of 256, state_cap: 1", 256, {"state_cap": 1}),
+            ("chunks of 256, no_tail_cliff", 256, {"no_tail_cliff": True})]  # fmt: skip
+    print("| state slots | " + " | ".join(name for name, _, _ in arms) + " | cap 1 / no_tail_cliff - LRU (points) |")
     print("|---|" + "---|" * (len(arms) + 1))
     import prefixcache
     from prefixcache.config import CacheConfig
@@ -311,12 +313,13 @@ def state_cap(args) -> None:
     for slots in args.slots:
         ratios = []
         layout = (LayerGroup("full_attention"), LayerGroup("mamba", slots=slots))
-        for _, chunk, cap in arms:
+        for _, chunk, opts in arms:
             cache = prefixcache.build_cache(CacheConfig(
                 backend="radix", block_size=16, num_blocks=4000 + slots, enable_events=False, layout=layout,
-                options={"chunked_prefill_size": chunk, "state_cap": cap}))  # fmt: skip
+                options={"chunked_prefill_size": chunk, **opts}))  # fmt: skip
             ratios.append(sum(replay_pressed(cache, reqs)) / prompts)
-        gains = f"{100 * (ratios[1] - ratios[0]):+.1f} / {100 * (ratios[3] - ratios[2]):+.1f}"
+        gains = "; ".join(f"{100 * (ratios[i + 1] - ratios[i]):+.1f} / {100 * (ratios[i + 2] - ratios[i]):+.1f}"
+                          for i in (0, 3))  # fmt: skip
         print(f"| {slots} | " + " | ".join(f"{r:.3f}" for r in ratios) + f" | {gains} |")
 
 
@@ -370,7 +373,7 @@ def main() -> int:
                         help="the strategies section 1 measures (each against its own full-attention cache)")
     parser.add_argument("--pools", type=int, nargs="+", default=[64, 96, 128, 160, 192, 256, 384],
                         help="section 5's pool sizes (BLOCKS of 528)")
-    parser.add_argument("--slots", type=int, nargs="+", default=[32, 48, 64, 96, 128],
+    parser.add_argument("--slots", type=int, nargs="+", default=[32, 40, 48, 56, 64, 96, 128],
                         help="section 5's radix state pools (state slots)")
     parser.add_argument("--windows", type=int, nargs="+", default=[128, 512], help="section 7's windows (TOKENS)")
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.08, 0.1, 0.12, 0.15, 0.2, 0.25, 0.3, 0.4],

@@ -195,3 +195,48 @@ def test_radix_branch_tails_are_the_last_windows_evicted():
             assert live <= tail, f"a branch's tail window went while {sorted(live - tail)} (no branch's tail) stayed"
         cache.check_invariants()
     assert seen_tail
+
+
+def test_radix_a_branchs_deepest_state_is_the_last_evicted():
+    """Conversations (each turn extends the last) in a full+mamba tree, state eviction one
+    at a time: the state a branch's next turn resumes from (the deepest on its path) goes
+    only once no other unlocked state is left."""
+    from prefixcache.backends.hybrid_radix_tree import MAMBA
+
+    bs = 4
+    cache = prefixcache.build_cache(CacheConfig(
+        backend="radix", block_size=bs, num_blocks=600, enable_events=False,
+        layout=(LayerGroup("full_attention"), LayerGroup("mamba", slots=120)),
+        options={"no_tail_cliff": True, "mamba_chunk": bs, "mamba_track_interval": 2 * bs}))  # fmt: skip
+    tree = cache.tree
+    rid = 0
+    for c in range(3):
+        history = [1000 * (c + 1) + k for k in range(10)]
+        for turn in range(3):
+            answer = [50_000 + 100 * c + 10 * turn + k for k in range(6)]
+            _serve(cache, rid, history, answer)
+            rid += 1
+            history = history + answer + [60_000 + 10 * c + turn] * 3
+
+    def deepest() -> set[int]:
+        out = set()
+        for leaf in [n for n in tree.nodes() if n is not tree.root and not n.children]:
+            with_state = [n.id for n in tree.path_nodes(leaf) if n.mamba is not None]
+            if with_state:
+                out.add(with_state[-1])
+        return out
+
+    seen = False
+    while True:
+        live = {n.id for n in tree.lru[MAMBA].order() if not n.locks[MAMBA]}
+        if not live:
+            break
+        tails = deepest() & live
+        tree.evict({MAMBA: 1})
+        gone = live - {n.id for n in tree.lru[MAMBA].order()}
+        assert gone, "a state eviction took nothing"
+        if gone & tails:
+            seen = True
+            assert live <= tails, f"a branch's deepest state went while {sorted(live - tails)} stayed"
+        cache.check_invariants()
+    assert seen
