@@ -153,6 +153,23 @@ def test_sglangs_order_has_the_cliff():
     assert all(after or not resident for _, (after, resident) in zip(trace, trace[1:])), trace
 
 
+def _evicted_last(cache, component, kept_for_last) -> None:
+    """Evict `component` one unit at a time until none is unlocked: a node in
+    `kept_for_last()` (node ids) loses it only once every unlocked one is such a node."""
+    tree = cache.tree
+    reached = False
+    while live := {n.id for n in tree.lru[component].order() if not n.locks[component]}:
+        last = kept_for_last() & live
+        tree.evict({component: 1})
+        gone = live - {n.id for n in tree.lru[component].order()}
+        assert gone, f"a {component.name} eviction took nothing"
+        if gone & last:
+            reached = True
+            assert live <= last, f"{component.name} of {sorted(gone & last)} went while {sorted(live - last)} stayed"
+        cache.check_invariants()
+    assert reached, "the walk never reached the nodes kept for last"
+
+
 def test_radix_branch_tails_are_the_last_windows_evicted():
     """Idle branches off a shared prefix, SWA eviction one unit at a time: a window the end
     of a matchable branch reads goes only once no other unlocked window is left."""
@@ -181,20 +198,7 @@ def test_radix_branch_tails_are_the_last_windows_evicted():
                     out.add(node.id)
         return out
 
-    seen_tail = False
-    while True:
-        live = {n.id for n in tree.lru[SWA].order() if not n.locks[SWA]}
-        if not live:
-            break
-        tail = tails() & live
-        tree.evict({SWA: 1})
-        gone = live - {n.id for n in tree.lru[SWA].order()}
-        assert gone, "an SWA eviction took nothing"
-        if gone & tail:
-            seen_tail = True
-            assert live <= tail, f"a branch's tail window went while {sorted(live - tail)} (no branch's tail) stayed"
-        cache.check_invariants()
-    assert seen_tail
+    _evicted_last(cache, SWA, tails)
 
 
 def test_radix_a_branchs_deepest_state_is_the_last_evicted():
@@ -226,17 +230,4 @@ def test_radix_a_branchs_deepest_state_is_the_last_evicted():
                 out.add(with_state[-1])
         return out
 
-    seen = False
-    while True:
-        live = {n.id for n in tree.lru[MAMBA].order() if not n.locks[MAMBA]}
-        if not live:
-            break
-        tails = deepest() & live
-        tree.evict({MAMBA: 1})
-        gone = live - {n.id for n in tree.lru[MAMBA].order()}
-        assert gone, "a state eviction took nothing"
-        if gone & tails:
-            seen = True
-            assert live <= tails, f"a branch's deepest state went while {sorted(live - tails)} stayed"
-        cache.check_invariants()
-    assert seen
+    _evicted_last(cache, MAMBA, deepest)
