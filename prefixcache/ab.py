@@ -34,11 +34,11 @@ C++), never as Python ints.
 
 Hybrid layouts (`cache.layout` with a group that is not full attention). Beside each
 such arm, its layout's ceiling (`layout_ceiling`): the same replay through the same
-configuration with a pool large enough that nothing is ever evicted, so it hits what the
-layout and the options let any pool hit (where states are kept, at which granularity,
-which window tails) and loses nothing to capacity or eviction. The tokens the
-full-attention ceiling at the arm's block size hits on a request and the layout's
-ceiling does not are "uncacheable by layout", counted apart from the misses a larger pool
+configuration with a pool large enough that nothing is ever evicted (in any of the pools
+`radix` splits it into), so it hits what the layout and the options let any pool hit
+(where states are kept, at which granularity, which window tails) and loses nothing to
+capacity or eviction. The tokens the full-attention ceiling at the arm's block size hits
+on a request and the layout's ceiling does not are "uncacheable by layout", counted apart from the misses a larger pool
 or a better policy could avoid (`uncacheable_by_layout`, `of_layout_ceiling`). It is a
 reference line measured on the arm's own rules, not a proof: a replay hits what it
 hits, request by request. Then Belady over the layout's units at the arm's pool
@@ -75,6 +75,7 @@ from typing import Any
 from prefixcache import build_cache
 from prefixcache.ab_config import ABConfig
 from prefixcache.config import CacheConfig, from_mapping, to_plain
+from prefixcache.layout import SLIDING_WINDOW
 from prefixcache.percentiles import percentile
 from prefixcache.protocol import PrefixCache
 from prefixcache.stats import TierStats
@@ -421,9 +422,17 @@ def replay_arm(
 
 def _layout_ceiling(workload: Workload, config: CacheConfig, max_concurrent: int) -> list[int]:
     """Per-request hits of `config`'s rules with a pool nothing is evicted from: every
-    request's blocks (every group's, ceil((P + O) / B) each) for the whole run."""
+    request's blocks (every group's, ceil((P + O) / B) each) for the whole run, in each
+    of the pools `radix` splits it into (its SWA share, its Mamba state slots: a layout's
+    own `slots` count is raised to that footprint too)."""
     footprint = sum(-(-(len(r.prompt) + len(r.output)) // config.block_size) for r in workload.requests)
-    unbounded = config.replace(num_blocks=max(config.num_blocks, footprint * len(config.groups) + 1), enable_events=False)
+    scale = 2  # radix's default state pool takes 0.9 / 1.9 of the blocks
+    for g in config.groups:
+        if g.kind == SLIDING_WINDOW:  # radix: SWA gets rest * r / (1 + r), FULL rest / (1 + r)
+            scale *= -(-(1 + g.pool_ratio) // g.pool_ratio)
+    layout = tuple(dataclasses.replace(g, slots=footprint) if g.slots else g for g in config.layout)
+    num_blocks = max(config.num_blocks, int(footprint * len(config.groups) * scale) + footprint + 1)
+    unbounded = config.replace(num_blocks=num_blocks, layout=layout, enable_events=False)
     state = _Replay(workload, "layout ceiling", build_cache(unbounded), max_concurrent)
     for i in range(len(workload)):
         state.run(i)

@@ -322,6 +322,27 @@ def test_hybrid_arms_report_their_layout_ceiling_and_the_tokens_it_cannot_cache(
     assert ABResult.read_json(tmp_path / "ab.json") == result
 
 
+def test_a_radix_layout_ceiling_evicts_from_none_of_its_pools():
+    """radix splits the pool (FULL, SWA by pool_ratio, Mamba state slots): its layout's
+    ceiling raises each, so a tight state pool or SWA share changes the arm's hits, not
+    its ceiling, which is then what the layout's rules hit with room everywhere."""
+    from prefixcache.layout import LayerGroup
+
+    w = multi_turn(num_conversations=8, turns=4, system_prompt_len=70, question_len=20, answer_len=30)
+
+    def layout(slots: int, ratio: float) -> tuple:
+        return (LayerGroup("full_attention"), LayerGroup("sliding_window", window=32, pool_ratio=ratio),
+                LayerGroup("mamba", slots=slots))  # fmt: skip
+
+    opts = {"mamba_chunk": 16, "mamba_track_interval": 32}
+    arms = {f"s{slots}r{ratio}": CacheConfig(backend="radix", block_size=16, layout=layout(slots, ratio), options=opts)
+            for slots, ratio in ((6, 0.2), (6, 1.0), (200, 1.0))}  # fmt: skip
+    result = run_ab(ab(capacity=8192, **arms), w)
+    ceilings = {name: result.arm(name).layout_ceiling.hit_tokens for name in arms}
+    assert len({tuple(c) for c in ceilings.values()}) == 1, ceilings
+    assert result.arm("s6r0.2").hits.total_hit_tokens < result.arm("s200r1.0").hits.total_hit_tokens
+
+
 def test_hybrid_arms_carry_belady_over_the_layouts_units(tmp_path):
     """Beside a hybrid arm, Belady over its layout's units at the arm's pool: the bound's
     own result on the workload's plan, reported as a column, kept in the JSON, and here
