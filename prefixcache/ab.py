@@ -38,8 +38,8 @@ configuration with a pool large enough that nothing is ever evicted (in any of t
 `radix` splits it into), so it hits what the layout and the options let any pool hit
 (where states are kept, at which granularity, which window tails) and loses nothing to
 capacity or eviction. The tokens the full-attention ceiling at the arm's block size hits
-on a request and the layout's ceiling does not are "uncacheable by layout", counted apart from the misses a larger pool
-or a better policy could avoid (`uncacheable_by_layout`, `of_layout_ceiling`). It is a
+on a request and the layout's ceiling does not are "uncacheable by layout", counted
+apart from the misses a larger pool or a better policy could avoid (`uncacheable_by_layout`, `of_layout_ceiling`). It is a
 reference line measured on the arm's own rules, not a proof: a replay hits what it
 hits, request by request. Then Belady over the layout's units at the arm's pool
 (`layout_belady`, `prefixcache.workloads.layout_bounds`): what eviction alone could
