@@ -39,15 +39,16 @@ configuration with a pool large enough that nothing is ever evicted (in any of t
 (where states are kept, at which granularity, which window tails) and loses nothing to
 capacity or eviction. The tokens the full-attention ceiling at the arm's block size hits
 on a request and the layout's ceiling does not are "uncacheable by layout", counted
-apart from the misses a larger pool or a better policy could avoid (`uncacheable_by_layout`, `of_layout_ceiling`). It is a
-reference line measured on the arm's own rules, not a proof: a replay hits what it
-hits, request by request. Then Belady over the layout's units at the arm's pool
-(`layout_belady`, `prefixcache.workloads.layout_bounds`): what eviction alone could
-keep at that size when a hit needs every group's blocks, with every window block and
-every state a request computed offered to the cache (so it may pass the layout
-ceiling, which keeps only what the arm's retention keeps), planned at the arm's
-`state_granule` where it has one. And the bytes a cached token costs in each group, from
-the layout's sizes (`bytes_per_token`).
+apart from the misses a larger pool or a better policy could avoid
+(`uncacheable_by_layout`, `of_layout_ceiling`). It is a reference line measured on the
+arm's own rules, not a proof: a replay hits what it hits, request by request. Then
+Belady over the layout's units at the arm's pool (`layout_belady`,
+`prefixcache.workloads.layout_bounds`): what eviction alone could keep at that size when
+a hit needs every group's blocks, with every window block and every state a request
+computed offered to the cache (so it may pass the layout ceiling, which keeps only what
+the arm's retention keeps), planned at the arm's `state_granule` where it has one. And
+the bytes a cached token costs in each group, from the layout's sizes
+(`bytes_per_token`).
 
 Measured per arm: per-request hit tokens (`HitCounts`), evicted blocks (the cache's own
 `stats().evictions`), peak pinned blocks (the most distinct blocks that live requests'
