@@ -190,3 +190,12 @@ def test_a_backend_or_block_size_override_relabels_the_arms_it_changes():
     assert list(after["arms"]) == ["radix/16-was-hash/16", "radix/16", "mine"]  # a user's own name stays
     after = relabel_arms(data, apply_overrides(data, shortcut_overrides(data, "block_size", 32)))
     assert list(after["arms"]) == ["hash/32", "radix/32", "mine"]
+
+
+@pytest.mark.parametrize("name", ["ab_hybrid.yaml", "ab_hybrid_radix.yaml", "ab_hybrid_tails.yaml"])
+def test_the_shipped_hybrid_ab_files_load(name):
+    """Each arm's cache config (layouts, options) is checked at load, as `prefixcache ab` does."""
+    from prefixcache.ab_config import load_ab_config
+
+    config = load_ab_config(CONFIGS / name)
+    assert config.arms and all(arm.groups.hybrid or not arm.layout for arm in config.arms.values())
