@@ -63,6 +63,15 @@ def build(groups, block_size: int, num_blocks: int, backend: str = "hash", **opt
                                                enable_events=False, layout=layout, options=options))  # fmt: skip
 
 
+def build_radix(layout, num_blocks: int, **options):
+    """`radix` at block 16 over `layout` (LayerGroups: its pools' sizes included)."""
+    import prefixcache
+    from prefixcache.config import CacheConfig
+
+    return prefixcache.build_cache(CacheConfig(backend="radix", block_size=16, num_blocks=num_blocks,
+                                               enable_events=False, layout=layout, options=options))  # fmt: skip
+
+
 def replay(cache, reqs, admit_seconds: list[float] | None = None) -> tuple[list[float], list[int]]:
     """Per request: seconds of bookkeeping, hit tokens (admit, checkpoints, commit, release);
     the seconds of `admit` alone appended to `admit_seconds`."""
@@ -306,18 +315,12 @@ def state_cap(args) -> None:
             ("chunks of 256, no_tail_cliff", 256, {"no_tail_cliff": True})]  # fmt: skip
     print("| state slots | " + " | ".join(name for name, _, _ in arms) + " | cap 1 / no_tail_cliff - LRU (points) |")
     print("|---|" + "---|" * (len(arms) + 1))
-    import prefixcache
-    from prefixcache.config import CacheConfig
     from prefixcache.layout import LayerGroup
 
     for slots in args.slots:
-        ratios = []
         layout = (LayerGroup("full_attention"), LayerGroup("mamba", slots=slots))
-        for _, chunk, opts in arms:
-            cache = prefixcache.build_cache(CacheConfig(
-                backend="radix", block_size=16, num_blocks=4000 + slots, enable_events=False, layout=layout,
-                options={"chunked_prefill_size": chunk, **opts}))  # fmt: skip
-            ratios.append(sum(replay_pressed(cache, reqs)) / prompts)
+        ratios = [sum(replay_pressed(build_radix(layout, 4000 + slots, chunked_prefill_size=chunk, **opts), reqs)) / prompts
+                  for _, chunk, opts in arms]  # fmt: skip
         gains = "; ".join(f"{100 * (ratios[i + 1] - ratios[i]):+.1f} / {100 * (ratios[i + 2] - ratios[i]):+.1f}"
                           for i in (0, 3))  # fmt: skip
         print(f"| {slots} | " + " | ".join(f"{r:.3f}" for r in ratios) + f" | {gains} |")
@@ -338,8 +341,7 @@ def chunked_prefill(args) -> None:
 
 def tail_cliff(args) -> None:
     """`radix` with `no_tail_cliff` against SGLang's SWA LRU, SWA pools the windows crowd."""
-    import prefixcache
-    from prefixcache.config import CacheConfig
+    from prefixcache.backends.hybrid_radix_tree import Component
     from prefixcache.layout import LayerGroup
 
     reqs = long_chats(random.Random(args.seed))
@@ -353,12 +355,9 @@ def tail_cliff(args) -> None:
     for window in args.windows:
         for ratio in args.ratios:
             layout = (LayerGroup("full_attention"), LayerGroup("sliding_window", window=window, pool_ratio=ratio))
-            ratios = []
-            for cliff in (False, True):
-                cache = prefixcache.build_cache(CacheConfig(backend="radix", block_size=16, num_blocks=blocks, layout=layout,
-                                                            enable_events=False, options={"no_tail_cliff": cliff}))  # fmt: skip
-                ratios.append(sum(replay_pressed(cache, reqs)) / prompts)
-            swa = blocks - round(blocks / (1 + ratio))  # the radix pools' split (backends/hybrid_radix.py)
+            caches = [build_radix(layout, blocks, no_tail_cliff=cliff) for cliff in (False, True)]
+            swa = caches[0]._budgets[Component.SWA].capacity  # the cache's own split, pages
+            ratios = [sum(replay_pressed(cache, reqs)) / prompts for cache in caches]
             print(f"| {window} | {ratio} | {swa:,} | {ratios[0]:.3f} | {ratios[1]:.3f} | {100 * (ratios[1] - ratios[0]):+.1f} |")
 
 

@@ -427,13 +427,15 @@ def _layout_ceiling(workload: Workload, config: CacheConfig, max_concurrent: int
     of the pools `radix` splits it into (its SWA share, its Mamba state slots: a layout's
     own `slots` count is raised to that footprint too)."""
     footprint = sum(-(-(len(r.prompt) + len(r.output)) // config.block_size) for r in workload.requests)
-    scale = 2  # radix's default state pool takes 0.9 / 1.9 of the blocks
-    for g in config.groups:
-        if g.kind == SLIDING_WINDOW:  # radix: SWA gets rest * r / (1 + r), FULL rest / (1 + r)
-            scale *= -(-(1 + g.pool_ratio) // g.pool_ratio)
-    layout = tuple(dataclasses.replace(g, slots=footprint) if g.slots else g for g in config.layout)
-    num_blocks = max(config.num_blocks, int(footprint * len(config.groups) * scale) + footprint + 1)
-    unbounded = config.replace(num_blocks=num_blocks, layout=layout, enable_events=False)
+    needed, layout = footprint * len(config.groups) + 1, config.layout
+    if config.backend == "radix":  # one pool split three ways (backends/hybrid_radix.py)
+        scale = 2  # the default state pool takes 0.9 / 1.9 of the blocks
+        for g in config.groups:
+            if g.kind == SLIDING_WINDOW:  # SWA gets rest * r / (1 + r), FULL rest / (1 + r)
+                scale *= -(-(1 + g.pool_ratio) // g.pool_ratio)
+        layout = tuple(dataclasses.replace(g, slots=footprint) if g.slots else g for g in layout)
+        needed = int(needed * scale) + footprint
+    unbounded = config.replace(num_blocks=max(config.num_blocks, needed), layout=layout, enable_events=False)
     state = _Replay(workload, "layout ceiling", build_cache(unbounded), max_concurrent)
     for i in range(len(workload)):
         state.run(i)
