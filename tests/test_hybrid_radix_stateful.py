@@ -4,14 +4,14 @@ The model (tests/reference/hybrid_radix.py) knows nothing of trees, locks or evi
 order: it keeps what the cache's KV events announced, per layout group, and predicts
 every hit from that with SGLang's validators (full-attention pages, a live sliding
 window, a state on the page the hit ends), whatever drops a state (eviction, the
-`state_cap` option) or a branch (`no_tail_cliff`'s order and pruning). Requests prefill one extend or, with SGLang's
-chunked prefill, chunk by chunk between other requests' steps (a chunk without room
-waits). Every admission's hit and every `match` must
-equal its prediction; after every step `check_invariants()` holds (the tree's sizes,
-locks, LRUs and leaf set; every pool's budget; every block held once); once every
-request is released and everything evicted, no block is pinned and the events announce
-nothing. Which prefixes an eviction takes is SGLang's business (checked against its own
-code by benchmarks/hybrid_radix_parity.py); the model only follows what the events say.
+`state_cap` option) or a branch (`no_tail_cliff`'s order and pruning). Requests prefill
+one extend or, with SGLang's chunked prefill, chunk by chunk between other requests'
+steps (a chunk without room waits). Every admission's hit and every `match` must equal
+its prediction; after every step `check_invariants()` holds (the tree's sizes, locks,
+LRUs and leaf set; every pool's budget; every block held once); once every request is
+released and everything evicted, no block is pinned and the events announce nothing.
+Which prefixes an eviction takes is SGLang's business (checked against its own code by
+benchmarks/hybrid_radix_parity.py); the model only follows what the events say.
 """
 
 from __future__ import annotations
