@@ -1,6 +1,6 @@
 """Hybrid layouts: bookkeeping cost (both strategies), in `hash` the sliding-window miss and the options, in `radix` SGLang's chunked prefill and branch tails.
 
-Seven measurements, each side by side in one run (record `cat /proc/loadavg` with them):
+Eight measurements, each side by side in one run (record `cat /proc/loadavg` with them):
 
 1. Cost: per-request bookkeeping (hashing + admit + the prompt's commits + release, µs,
    p50 over the requests, best of `--repeat` replays), and `admit` alone, of a
@@ -27,7 +27,8 @@ Seven measurements, each side by side in one run (record `cat /proc/loadavg` wit
    workloads (each chunk's insert leaves a live window and a state behind it).
 7. `radix` with `no_tail_cliff` (branch tails evicted last, dead leaves with them)
    against SGLang's SWA LRU: section 5's conversations over full+SWA, SWA pools the
-   windows crowd.
+   windows crowd (`--only tail-sweep`: over a 240-cell grid, counted).
+8. What that option's eviction walk costs when branch tails fill a state pool.
 
     python benchmarks/bench_hybrid.py [--repeat 5]
 """
@@ -299,7 +300,8 @@ def state_cap(args) -> None:
     print(f"\n## 5. Per-path state cap against LRU at equal memory ({len(reqs)} requests, {prompts:,} prompt tokens; "
           "full+mamba, block 528, `state_granule: 16`; hit ratio)\n")
     arms = [("dense, LRU", dense, 0), ("dense, state_cap: 1", dense, 1), ("dense, state_cap: 2", dense, 2),
-            ("sparse, LRU", sparse, 0), ("sparse, state_cap: 1", sparse, 1)]  # fmt: skip
+            ("sparse, LRU", sparse, 0), ("sparse, state_cap: 1", sparse, 1),
+            ("sparse, no_tail_cliff", {**sparse, "no_tail_cliff": True}, 0)]  # fmt: skip
     print("| pool (blocks of 528) | " + " | ".join(name for name, _, _ in arms) + " | dense: cap 1 - LRU (points) |")
     print("|---|" + "---|" * (len(arms) + 1))
     for blocks in args.pools:
@@ -361,12 +363,66 @@ def tail_cliff(args) -> None:
             print(f"| {window} | {ratio} | {swa:,} | {ratios[0]:.3f} | {ratios[1]:.3f} | {100 * (ratios[1] - ratios[0]):+.1f} |")
 
 
+def tail_sweep(args) -> None:
+    """Section 7 over a wider grid: windows, pools, SWA ratios and conversation counts;
+    the cells where the two orders differ, then how many it wins, loses and ties."""
+    from prefixcache.layout import LayerGroup
+
+    print("\n## 7b. `no_tail_cliff` against SGLang's SWA LRU over a grid (hit ratio; cells where they differ)\n")
+    print("| conversations | window | pool (blocks of 16) | `pool_ratio` | SGLang 0.5.23 | `no_tail_cliff` | points |")
+    print("|---|---|---|---|---|---|---|")
+    count = {"ahead": 0, "behind": 0, "equal": 0, "only the option fits": 0, "neither fits": 0}
+    for sessions in (8, 16, 32):
+        reqs = long_chats(random.Random(args.seed), sessions=sessions)
+        prompts = sum(len(r.prompt) for r in reqs)
+        for window in (64, 128, 512, 1024):
+            for blocks in (800, 1200, 2000, 3000, 6000):
+                for ratio in (0.1, 0.2, 0.4, 0.8):
+                    layout = (LayerGroup("full_attention"), LayerGroup("sliding_window", window=window, pool_ratio=ratio))
+                    got: list[float | None] = []
+                    for cliff in (False, True):
+                        try:
+                            got.append(sum(replay_pressed(build_radix(layout, blocks, no_tail_cliff=cliff), reqs)) / prompts)
+                        except SystemExit:  # a request does not fit the pool alone
+                            got.append(None)
+                    if None in got:
+                        count["neither fits" if got[1] is None else "only the option fits"] += 1
+                        continue
+                    d = got[1] - got[0]
+                    count["equal" if abs(d) < 1e-12 else "ahead" if d > 0 else "behind"] += 1
+                    if abs(d) >= 1e-12:
+                        print(f"| {sessions} | {window} | {blocks:,} | {ratio} | {got[0]:.3f} | {got[1]:.3f} | {100 * d:+.1f} |")
+    print("\n" + ", ".join(f"{k}: {v}" for k, v in count.items()) + f" (of {sum(count.values())} cells)")
+
+
+def tail_cost(args) -> None:
+    """What `no_tail_cliff`'s first walk costs when branch tails fill the state pool:
+    conversations of 2 turns, full+Mamba, a KV pool that never evicts."""
+    from prefixcache.layout import LayerGroup
+
+    print("\n## 8. `no_tail_cliff`'s cost: bookkeeping per request (µs, whole replay / requests), state pools full of tails\n")
+    print("| conversations | state slots | SGLang 0.5.23 | `no_tail_cliff` | ratio |")
+    print("|---|---|---|---|---|")
+    for sessions, slots in ((200, 150), (800, 600)):
+        reqs = long_chats(random.Random(args.seed), sessions=sessions, turns=2)
+        layout = (LayerGroup("full_attention"), LayerGroup("mamba", slots=slots))
+        best = [float("inf"), float("inf")]
+        for _ in range(args.repeat):  # sides alternate, each keeps its best
+            for i, cliff in enumerate((False, True)):
+                cache = build_radix(layout, 200_000 + slots, no_tail_cliff=cliff)
+                t0 = time.perf_counter()
+                replay_pressed(cache, reqs)
+                best[i] = min(best[i], (time.perf_counter() - t0) / len(reqs) * 1e6)
+        print(f"| {sessions} | {slots} | {best[0]:.0f} | {best[1]:.0f} | {best[1] / best[0]:.2f}x |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--granule", type=int, default=16, help="state_granule of section 4 (TOKENS)")
-    parser.add_argument("--only", choices=("cost", "decode", "window", "options", "finer", "cap", "chunked", "tail"),
+    parser.add_argument("--only", choices=("cost", "decode", "window", "options", "finer", "cap", "chunked", "tail",
+                                           "tail-sweep", "tail-cost"),
                         help="one section only")
     parser.add_argument("--backends", nargs="+", choices=("hash", "radix"), default=["hash", "radix"],
                         help="the strategies section 1 measures (each against its own full-attention cache)")
@@ -381,7 +437,8 @@ def main() -> int:
     print(f"# bench_hybrid: {cpu_model()}, load {open('/proc/loadavg').read().split()[:3]}, {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"# command: {' '.join(sys.argv)}")
     sections = {"cost": cost, "decode": decode_steps, "window": window_miss, "options": options,
-                "finer": finer_states, "cap": state_cap, "chunked": chunked_prefill, "tail": tail_cliff}
+                "finer": finer_states, "cap": state_cap, "chunked": chunked_prefill, "tail": tail_cliff,
+                "tail-sweep": tail_sweep, "tail-cost": tail_cost}
     for name, section in sections.items():
         if args.only in (None, name):
             section(args)
