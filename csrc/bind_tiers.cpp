@@ -2,6 +2,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <limits>
+
 #include "py_args.h"
 #include "tier_manager.h"
 #include "token_ids.h"
@@ -20,8 +22,34 @@ TierWrite parse_write(const std::string& write) {
   throw std::invalid_argument("write policy '" + write + "' is not allowed; allowed values: on_evict, write_through, selective");
 }
 
+// A tier's rank from a Python callable: rank(candidate) -> (int, int), two int64s, the
+// smallest leaving first. It runs inside a TierManager call, which must not throw part-way:
+// a callable that raises or returns anything else ranks the slot first and reports the
+// error through sys.unraisablehook (prefixcache.tiers never lets one escape; it keeps the
+// policy's error and raises it at the next admission).
+struct CallableRank {
+  py::object fn;
+  NativeKey operator()(const EvictionCandidate& c) const {
+    try {
+      py::object out = fn(c);
+      if (!py::isinstance<py::tuple>(out) || py::len(out) != 2) {
+        throw py::type_error("a tier's rank must return (int, int), got " + std::string(py::repr(out)));
+      }
+      auto pair = py::reinterpret_borrow<py::tuple>(out);
+      return {pair[0].cast<int64_t>(), pair[1].cast<int64_t>()};
+    } catch (py::error_already_set& err) {
+      err.discard_as_unraisable(fn);
+    } catch (const std::exception& err) {
+      PyErr_SetString(PyExc_TypeError, err.what());
+      PyErr_WriteUnraisable(fn.ptr());
+    }
+    return {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::min()};
+  }
+};
+
 // A tier from Python: (num_slots, write, min_hits, eviction, leaves_only, params: dict of OrderParams
-// names, keep_on_load, store_threshold, reuse_slots).
+// names, keep_on_load, store_threshold, reuse_slots); eviction is a native order's name or a
+// callable rank (CallableRank).
 TierSpec to_spec(py::handle obj) {
   auto t = py::reinterpret_borrow<py::tuple>(obj);
   if (t.size() != 9) {
@@ -33,7 +61,13 @@ TierSpec to_spec(py::handle obj) {
   s.num_slots = saturated_int64(t[0], "num_slots");
   s.write = parse_write(t[1].cast<std::string>());
   s.min_hits = saturated_int64(t[2], "min_hits");
-  s.order = parse_eviction_order(t[3].cast<std::string>());
+  if (py::isinstance<py::str>(t[3])) {
+    s.order = parse_eviction_order(t[3].cast<std::string>());
+  } else if (PyCallable_Check(t[3].ptr())) {
+    s.rank = CallableRank{py::reinterpret_borrow<py::object>(t[3])};
+  } else {
+    throw py::type_error("a tier's eviction is a native order's name or a callable rank(candidate) -> (int, int)");
+  }
   s.leaves_only = t[4].cast<bool>();
   s.keep_on_load = t[6].cast<bool>();
   s.store_threshold = saturated_int64(t[7], "store_threshold");
@@ -100,7 +134,8 @@ chained block hash, each tier's eviction order and write policy, the device mirr
 demotions read from, and the ordered log of transfers an engine performs.
 TierManager(num_device_blocks, block_size, key_size, tiers, keep_tokens, record_events),
 each tier (num_slots, write, min_hits, eviction, leaves_only, params, keep_on_load, store_threshold,
-reuse_slots). See
+reuse_slots), eviction a native order's name or a callable rank(candidate) -> (int, int) (smallest
+first; one that raises ranks the slot first and reports through sys.unraisablehook). See
 csrc/tier_manager.h; prefixcache.tiers wraps it.
 )doc")
       .def(py::init([](py::handle num_device_blocks, py::handle block_size, py::handle key_size, py::handle tiers,

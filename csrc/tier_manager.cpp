@@ -120,7 +120,7 @@ NativeKey TierManager::key_of(const Slots& s, int32_t slot) const {
   c.use_count = s.spec.order == EvictionOrder::kChain ? std::max(m.uses, m.depth + 1) : m.uses;
   c.last_use = m.last_use;
   c.request_tokens = m.request_tokens;
-  return native_key(s.spec.order, s.spec.params, c);
+  return s.spec.rank ? s.spec.rank(c) : native_key(s.spec.order, s.spec.params, c);
 }
 
 namespace {
@@ -282,6 +282,7 @@ int32_t TierManager::store(int32_t t, int32_t src_tier, int32_t src, std::string
 void TierManager::device_cached(const std::vector<int64_t>& blocks, std::string_view keys,
                                 std::optional<std::string_view> parent, const std::vector<int64_t>& tokens,
                                 int64_t depth, int64_t request_tokens, int32_t tag) {
+  CallFlag::Scope running(calls_, "TierManager.device_cached");
   const size_t n = blocks.size();
   if (keys.size() != n * static_cast<size_t>(key_size_)) {
     throw std::invalid_argument("device_cached: " + std::to_string(n) + " blocks need " + std::to_string(n) +
@@ -334,6 +335,7 @@ void TierManager::device_cached(const std::vector<int64_t>& blocks, std::string_
 }
 
 int64_t TierManager::admitted(int64_t tokens, const std::vector<int64_t>& blocks, int64_t request_tokens) {
+  CallFlag::Scope running(calls_, "TierManager.admitted");
   if (tokens < 0) throw std::invalid_argument("admitted: tokens must be >= 0, got " + std::to_string(tokens));
   for (int64_t b : blocks) check_block(b, "admitted");
   traffic_ += tokens;
@@ -372,6 +374,7 @@ int64_t TierManager::admitted(int64_t tokens, const std::vector<int64_t>& blocks
 }
 
 void TierManager::device_evicted(const std::vector<int64_t>& blocks) {
+  CallFlag::Scope running(calls_, "TierManager.device_evicted");
   for (int64_t b : blocks) check_block(b, "device_evicted");
   for (int64_t id : blocks) {
     const int32_t b = static_cast<int32_t>(id);
@@ -387,6 +390,7 @@ void TierManager::device_evicted(const std::vector<int64_t>& blocks) {
 }
 
 void TierManager::device_dropped(const std::vector<int64_t>& blocks) {
+  CallFlag::Scope running(calls_, "TierManager.device_dropped");
   for (int64_t b : blocks) check_block(b, "device_dropped");
   for (int64_t b : blocks) {
     if (device_.index.has_key(static_cast<int32_t>(b))) device_.index.erase(static_cast<int32_t>(b));
@@ -402,6 +406,7 @@ bool TierManager::device_has(int64_t block) const {
 const BlockMeta& TierManager::device_meta(int64_t block) const { return device_.meta[check_block(block, "device_meta")]; }
 
 int64_t TierManager::persist(int32_t t) {
+  CallFlag::Scope running(calls_, "TierManager.persist");
   Slots& dst = tier_at(t);
   if (!dst.spec.keep_on_load) {
     throw std::invalid_argument("persist: tier " + std::to_string(t) +
@@ -473,6 +478,7 @@ std::vector<std::pair<int32_t, int32_t>> TierManager::chain(const BlockPool* poo
 // ------------------------------------------------------------------ loads
 
 void TierManager::pin(const std::vector<std::pair<int32_t, int32_t>>& slots) {
+  CallFlag::Scope running(calls_, "TierManager.pin");
   for (const auto& [t, slot] : slots) {
     const Slots& s = tier_at(t);
     check_slot(s, t, slot, "pin");
@@ -486,6 +492,7 @@ void TierManager::pin(const std::vector<std::pair<int32_t, int32_t>>& slots) {
 }
 
 void TierManager::unpin(const std::vector<std::pair<int32_t, int32_t>>& slots) {
+  CallFlag::Scope running(calls_, "TierManager.unpin");
   for (const auto& [t, slot] : slots) {
     const Slots& s = tier_at(t);
     check_slot(s, t, slot, "unpin");
@@ -513,6 +520,7 @@ void TierManager::promote_slot(int32_t t, int32_t slot) {
 }
 
 void TierManager::finish_loads(const std::vector<std::pair<int32_t, int32_t>>& sources) {
+  CallFlag::Scope running(calls_, "TierManager.finish_loads");
   for (const auto& [t, slot] : sources) {
     const Slots& s = tier_at(t);
     check_slot(s, t, slot, "finish_loads");
@@ -526,6 +534,7 @@ void TierManager::finish_loads(const std::vector<std::pair<int32_t, int32_t>>& s
 
 void TierManager::load(const std::vector<std::pair<int32_t, int32_t>>& sources, const std::vector<int64_t>& dst,
                        bool promote) {
+  CallFlag::Scope running(calls_, "TierManager.load");
   if (sources.size() != dst.size()) {
     throw std::invalid_argument("load: " + std::to_string(sources.size()) + " sources for " +
                                 std::to_string(dst.size()) + " device blocks");
@@ -564,6 +573,7 @@ void TierManager::load(const std::vector<std::pair<int32_t, int32_t>>& sources, 
 }
 
 void TierManager::count_hits(int32_t tier, int64_t n) {
+  CallFlag::Scope running(calls_, "TierManager.count_hits");
   Slots& s = tier_at(tier);
   if (n < 0) throw std::invalid_argument("count_hits: n must be >= 0, got " + std::to_string(n));
   s.counters.hits += n;
@@ -572,6 +582,7 @@ void TierManager::count_hits(int32_t tier, int64_t n) {
 // ------------------------------------------------------------------ the engine's side
 
 void TierManager::drop(int32_t tier, int32_t slot, bool failed_write) {
+  CallFlag::Scope running(calls_, "TierManager.drop");
   Slots& s = tier_at(tier);
   check_slot(s, tier, slot, "drop");
   if (!s.index.has_key(slot)) return;  // gone already (a later eviction)
@@ -587,6 +598,7 @@ void TierManager::drop(int32_t tier, int32_t slot, bool failed_write) {
 
 void TierManager::restore(int32_t tier, int32_t slot, std::string_view key, std::optional<std::string_view> parent,
                           const std::vector<int64_t>& tokens, int64_t hits) {
+  CallFlag::Scope running(calls_, "TierManager.restore");
   Slots& s = tier_at(tier);
   check_slot(s, tier, slot, "restore");
   if (s.index.has_key(slot)) {
@@ -665,6 +677,7 @@ std::vector<int32_t> TierManager::used_slots(int32_t tier) const {
 // ------------------------------------------------------------------ logs, reset, checks
 
 std::vector<Transfer> TierManager::drain_transfers() {
+  CallFlag::Scope running(calls_, "TierManager.drain_transfers");
   std::vector<Transfer> out;
   out.swap(transfers_);
   return out;
@@ -679,12 +692,14 @@ bool TierManager::pending(int32_t tier, int32_t slot) const {
 }
 
 std::vector<TierRecord> TierManager::drain_records() {
+  CallFlag::Scope running(calls_, "TierManager.drain_records");
   std::vector<TierRecord> out;
   out.swap(records_);
   return out;
 }
 
 void TierManager::reset() {
+  CallFlag::Scope running(calls_, "TierManager.reset");
   for (Slots& s : tiers_) {
     for (int32_t pin : s.pins) {
       if (pin) throw std::invalid_argument("reset: a slot is pinned by an admission in progress");

@@ -44,10 +44,13 @@
 // slot's child count equals the slots of its tier whose parent it is; every
 // unpinned keyed slot that may leave has exactly one live heap entry; free slots
 // hold no key; the device mirror holds only what the strategy says is cached.
-// Every bad argument throws before anything changes; nothing here aborts.
+// Every bad argument throws before anything changes; nothing here aborts. A tier's
+// `rank` runs Python code part-way through a call: a call that would change the
+// manager from there gets ReentryError (call_flag.h).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -55,6 +58,7 @@
 #include <vector>
 
 #include "block_pool.h"
+#include "call_flag.h"
 #include "eviction_order.h"
 #include "ghost_table.h"
 #include "key_index.h"
@@ -70,6 +74,10 @@ struct TierSpec {
   int64_t min_hits = 0;            // hits a block needs to enter the tier
   EvictionOrder order = EvictionOrder::kLru;
   OrderParams params;
+  // A policy without a native order (a Python priority()): the key of each candidate,
+  // called once when it becomes one, instead of `order`. Must not throw (the binding
+  // ranks a slot whose policy failed first and reports the failure).
+  std::function<NativeKey(const EvictionCandidate&)> rank;
   bool leaves_only = false;        // only chain tails leave (the `chain` policy)
   bool keep_on_load = false;       // a load leaves the block here too (a disk tier: its file
                                    // outlives the process, so a restart finds the block)
@@ -305,6 +313,7 @@ class TierManager {
   std::vector<int64_t> device_tokens_;
   std::vector<Transfer> transfers_;
   std::vector<TierRecord> records_;
+  CallFlag calls_;
 };
 
 }  // namespace prefixcache

@@ -105,8 +105,8 @@ def load_config(source: str | Path) -> CacheConfig:
 
 def check_tiers(config: CacheConfig) -> None:
     """ConfigError (path `tiers[i].<key>`, or `tiers` naming both keys) unless the lower
-    tiers can be built: each tier's eviction policy resolves to one with a native order,
-    the block hash is collision resistant (a tier finds blocks by hash alone), no two
+    tiers can be built: each tier's eviction policy resolves (a Python `priority()` ranks
+    a tier's blocks once each, as a number or a pair of numbers: `prefixcache.tiers`), the block hash is collision resistant (a tier finds blocks by hash alone), no two
     tiers share a file, and each DISK path is a regular file (or a new one) in a
     writable directory, never a symbolic link, whose disk holds the tier once
     `cost_model.kv_bytes_per_token` says how large a block is. (A hybrid `layout` with
@@ -122,29 +122,15 @@ def check_tiers(config: CacheConfig) -> None:
         name = tier.eviction or config.eviction
         try:
             registry.check_eviction_name(name)
-            policy = registry.resolve_eviction_policy(name)
+            registry.resolve_eviction_policy(name)
         except ConfigError as err:
             raise ConfigError(f"tiers[{i}].eviction", err.message) from None
-        if policy.native is None:
-            raise ConfigError(
-                f"tiers[{i}].eviction",
-                f"policy {name!r} has no native order; a tier ranks its blocks natively: use one of "
-                f"{', '.join(sorted(p for p in registry.available_eviction_policies() if _native(p)))}"
-                + ("" if tier.eviction else " (the tier takes the cache's eviction unless it names its own)"),
-            )
         if tier.medium == "DISK":
             real = os.path.realpath(os.path.abspath(tier.path))
             if real in paths:
                 raise ConfigError(f"tiers[{i}].path", f"tiers[{paths[real]}] uses the same file")
             paths[real] = i
             _check_disk_path(config, i)
-
-
-def _native(name: str) -> bool:
-    try:
-        return registry.resolve_eviction_policy(name).native is not None
-    except ConfigError:
-        return False
 
 
 def _check_disk_path(config: CacheConfig, i: int) -> None:

@@ -26,9 +26,11 @@ Must never: hold device block references, move data, or decide a device hit.
 
 from __future__ import annotations
 
+import numbers
+import struct
 from array import array
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prefixcache._C import TierManager
 from prefixcache.events import FULL_ATTENTION, BlockRemoved, BlockStored, EventLog, NullEventLog, event_extra_keys, event_lora
@@ -37,11 +39,12 @@ from prefixcache.registry import resolve_eviction_policy
 from prefixcache.stats import TierStats
 
 if TYPE_CHECKING:
-    from prefixcache._C import BlockPool
+    from prefixcache._C import BlockPool, EvictionCandidate
     from prefixcache.config import CacheConfig
+    from prefixcache.eviction import EvictionPolicy
     from prefixcache.protocol import Admission, Transfer
 
-__all__ = ["Tiers", "LOCALITY", "DEVICE", "Location", "Verifier", "prefill_seconds_saved"]
+__all__ = ["Tiers", "LOCALITY", "DEVICE", "Location", "PolicyRank", "Verifier", "prefill_seconds_saved"]
 
 LOCALITY = "LOCAL"
 """The `locality` of every tier event: our tiers are on the publishing machine (vLLM's Locality.LOCAL)."""
@@ -55,6 +58,61 @@ Verifier = Callable[[int, int, bytes], bool]
 checksum (a disk tier's reader; called during `admit`, before the hit is decided)."""
 
 _GROUP = 0
+_FIRST = (-(2**63), -(2**63))  # below every key _native_key makes: what a failed ranking gets
+_DOUBLE, _INT64 = struct.Struct("<d"), struct.Struct("<q")
+
+
+def _ordered(x: Any) -> int:
+    """A real number as an int64 in the same order (IEEE-754 bits, negatives flipped;
+    compared as doubles, so ints past 2**53 may tie)."""
+    if not isinstance(x, numbers.Real):
+        raise TypeError(f"{x!r} is not a number")
+    f = float(x) + 0.0  # -0.0 == 0.0
+    if f != f:
+        raise ValueError("NaN has no order")
+    bits = _INT64.unpack(_DOUBLE.pack(f))[0]
+    return bits if bits >= 0 else bits ^ 0x7FFF_FFFF_FFFF_FFFF
+
+
+def _native_key(priority: Any) -> tuple[int, int]:
+    """A policy's priority as the two int64s a tier orders by: a number, or a pair of numbers."""
+    if isinstance(priority, (tuple, list)):
+        if len(priority) == 2:
+            return _ordered(priority[0]), _ordered(priority[1])
+        if len(priority) == 1:
+            return _ordered(priority[0]), 0
+        raise TypeError(f"a tuple of {len(priority)} items")
+    return _ordered(priority), 0
+
+
+class PolicyRank:
+    """A lower tier's order from a policy without a native one: its `priority()` once per
+    candidate, as `_native_key`. It runs inside a native tier call that cannot stop
+    part-way, so a priority that raises, or is not a number or a pair of numbers, ranks
+    the slot first and is kept in `errors` (the first one) for `Tiers` to raise at the
+    next admission. It holds the error list, not the `Tiers`: the native manager holds
+    it, and a cycle through native code would never be collected."""
+
+    __slots__ = ("policy", "where", "errors")
+
+    def __init__(self, policy: EvictionPolicy, where: str, errors: list[Exception]) -> None:
+        self.policy = policy
+        self.where = where
+        self.errors = errors
+
+    def __call__(self, candidate: EvictionCandidate) -> tuple[int, int]:
+        try:
+            return _native_key(self.policy.priority(candidate))
+        except Exception as err:  # noqa: BLE001 (re-raised by Tiers at the next admission)
+            if not self.errors:
+                failure = RuntimeError(
+                    f"{self.where}: policy {self.policy.name or type(self.policy).__name__!r} failed to rank a "
+                    f"block ({type(err).__name__}: {err}); a lower tier's priority() must return a number or a "
+                    "pair of numbers. The block was ranked first."
+                )
+                failure.__cause__ = err
+                self.errors.append(failure)
+            return _FIRST
 
 
 class Tiers:
@@ -69,12 +127,15 @@ class Tiers:
         self.specs = config.tiers
         self.media = tuple(t.event_medium for t in config.tiers)
         self.policies = tuple(resolve_eviction_policy(t.eviction or config.eviction)() for t in config.tiers)
+        #: What a policy without a native order raised while ranking (`PolicyRank`), until raised.
+        self._policy_errors: list[Exception] = []
         # A disk tier keeps what it loads: its file outlives the process, and a restart finds it.
         native_tiers = [
-            (t.num_blocks, t.write, t.hits_to_enter, p.native, p.leaves_only, p.native_params(), t.medium == "DISK",
-             t.store_threshold, t.reuse_slots)
-            for t, p in zip(config.tiers, self.policies, strict=True)
-        ]
+            (t.num_blocks, t.write, t.hits_to_enter,
+             p.native or PolicyRank(p, f"tiers[{i}].eviction", self._policy_errors), p.leaves_only,
+             p.native_params(), t.medium == "DISK", t.store_threshold, t.reuse_slots)
+            for i, (t, p) in enumerate(zip(config.tiers, self.policies, strict=True))
+        ]  # fmt: skip
         # Token ids travel with blocks for events and for a disk file's records.
         keep_tokens = events.enabled or any(t.medium == "DISK" for t in config.tiers)
         self.native = TierManager(num_device_blocks, self.block_size, key_size, native_tiers, keep_tokens, events.enabled)
@@ -156,8 +217,17 @@ class Tiers:
     # -- look-up and the cost model ---------------------------------------------------
     def chain(self, pool: BlockPool | None, keys: bytes | bytearray, start: int, stop: int) -> list[Location]:
         """Where blocks start..stop of a packed chain are (`pool` caches: the device;
-        else a tier), up to the first held nowhere."""
+        else a tier), up to the first held nowhere. First raises what a tier's Python
+        policy raised since the last call (every admission and match that reaches the
+        tiers calls this before it changes anything)."""
+        self.raise_policy_error()
         return self.native.chain(pool, keys, start, stop)
+
+    def raise_policy_error(self) -> None:
+        """Raise (once) the first failure of a tier's Python policy since the last call:
+        a RuntimeError naming `tiers[i].eviction`, caused by what the policy raised."""
+        if self._policy_errors:
+            raise self._policy_errors.pop()
 
     def plan(self, locations: Sequence[Location], first: int, num_prompt_tokens: int) -> int:
         """How many blocks of `locations` (the hit's blocks from block `first` of the
@@ -304,6 +374,7 @@ class Tiers:
         self._loaded_tokens = [0] * self.num_tiers
 
     def check_invariants(self, pool: BlockPool | None) -> None:
+        self.raise_policy_error()
         self.native.check_invariants(pool)
 
 

@@ -4,6 +4,7 @@ write policies, the cost model, events, and the kit's tier rules (docs/tiers.md)
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 
@@ -21,10 +22,27 @@ BACKENDS = ("hash", "radix")
 
 
 class OldestFirst(EvictionPolicy):
-    """A Python policy (no native order): refused for a tier."""
+    """A Python policy (no native order): `fifo`'s order, through Python."""
 
     def priority(self, candidate):
         return candidate.creation_time
+
+
+class Failing(EvictionPolicy):
+    """A Python policy that fails as `Failing.how` says (None: LRU, as floats)."""
+
+    how = None
+    calls: list[int] = []
+
+    def priority(self, candidate):
+        self.calls.append(candidate.last_access_time)
+        if self.how == "raise":
+            return 1 / 0
+        if self.how == "str":
+            return "soon"
+        if self.how == "reenter":
+            self.cache.tiers.native.reset()  # the running tier call refuses it
+        return float(candidate.last_access_time)
 
 
 def tiered(backend: str = "hash", block_size: int = 2, num_blocks: int = 4, tiers=({"medium": "CPU", "num_blocks": 4},),
@@ -77,11 +95,9 @@ def test_a_bad_tier_is_refused_naming_its_key(tier, path, message):
     assert message in str(err.value)
 
 
-def test_tiers_need_a_collision_resistant_hash_and_a_native_policy(tmp_path):
+def test_tiers_need_a_collision_resistant_hash():
     with pytest.raises(ConfigError, match=r"^cache\.tiers: .*xxhash is not collision resistant"):
         parse_cache_config({"hash": {"algorithm": "xxhash"}, "tiers": [{"medium": "CPU", "num_blocks": 4}]})
-    with pytest.raises(ConfigError, match=r"tiers\[0\]\.eviction: policy .* has no native order"):
-        parse_cache_config({"tiers": [{"medium": "CPU", "num_blocks": 4, "eviction": "tests.test_tiers:OldestFirst"}]})
 
 
 def test_tiers_with_a_hybrid_layout_are_refused_naming_both_keys():
@@ -123,6 +139,58 @@ def test_without_tiers_a_config_and_its_stats_read_as_before():
     config = CacheConfig()
     assert config.tiers == () and "tiers" not in repr(build_cache(config).stats())
     assert build_cache(config).drain_transfers() == []
+
+
+# ------------------------------------------------------------------ a tier's Python policy
+
+
+def _churn(cache, seed: int, requests: int = 120) -> list[tuple]:
+    """Random prompts over a small vocabulary (shared prefixes, device evictions, tier
+    hits); per admission what it hit, where from, and what it loaded."""
+    rng = random.Random(seed)
+    stems = [[rng.randrange(50) for _ in range(rng.randrange(2, 9))] for _ in range(6)]
+    out = []
+    for i in range(requests):
+        tokens = rng.choice(stems) + [rng.randrange(50) for _ in range(rng.randrange(1, 6))]
+        adm = run(cache, i, tokens)
+        out.append((adm.num_cached_tokens, adm.tier_hits, len(adm.loads)))
+        cache.drain_transfers()
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_tier_ranks_with_a_python_policy_as_with_its_native_twin(backend):
+    def build(eviction):
+        tiers = ({"medium": "CPU", "num_blocks": 5, "eviction": eviction}, {"medium": "CPU", "num_blocks": 4})
+        return tiered(backend, num_blocks=6, tiers=tiers)
+
+    native, python = build("fifo"), build("tests.test_tiers:OldestFirst")
+    assert _churn(native, 1) == _churn(python, 1)
+    assert native.stats().tiers == python.stats().tiers and python.stats().tiers[0].evictions > 0
+    assert native.tiers.native.order(0) == python.tiers.native.order(0)
+    python.check_invariants()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("how", "cause"), [("raise", ZeroDivisionError), ("str", TypeError),
+                                            ("reenter", RuntimeError)])  # fmt: skip
+def test_a_failing_tier_policy_ranks_its_block_first_and_fails_the_next_admission(backend, how, cause, monkeypatch):
+    cache = tiered(backend, tiers=({"medium": "CPU", "num_blocks": 4, "eviction": "tests.test_tiers:Failing"},))
+    policy = type(cache.tiers.policies[0])  # the class as the registry imported it
+    monkeypatch.setattr(policy, "cache", cache, raising=False)
+    monkeypatch.setattr(policy, "calls", [])
+    run(cache, "a", [1, 2, 3, 4, 5, 6, 7])
+    monkeypatch.setattr(policy, "how", how)
+    run(cache, "b", [11, 12, 13, 14, 15, 16, 17])  # a's blocks go down: ranked, and failing
+    assert policy.calls, "the policy was asked"
+    assert cache.tiers.native.order(0)  # ranked first, held all the same
+    with pytest.raises(RuntimeError, match=r"tiers\[0\]\.eviction: policy 'Failing' failed to rank a block") as err:
+        cache.admit("c", [1, 2, 3, 4, 5, 6, 7])
+    assert isinstance(err.value.__cause__, cause)
+    monkeypatch.setattr(policy, "how", None)
+    cache.check_invariants()  # nothing half done: the failed admission changed nothing
+    assert run(cache, "c", [1, 2, 3, 4, 5, 6, 7]).num_cached_tokens == 6  # served from the tier
+    cache.check_invariants()
 
 
 # ------------------------------------------------------------------ semantics, both strategies
@@ -240,8 +308,9 @@ def test_tier_events_name_the_medium_and_carry_real_tokens(backend):
         (TierConfig("CPU", 4, write="write_through"),),
         (TierConfig("CPU", 2, write="selective", min_hits=1), TierConfig("CPU", 3)),
         (TierConfig("CPU", 2), TierConfig("CPU", 3, store_threshold=2, reuse_tracker_size=6)),
+        (TierConfig("CPU", 3, eviction="tests.test_tiers:OldestFirst"), TierConfig("CPU", 3)),
     ],
-    ids=["cpu", "cpu+cpu-chain", "write-through", "selective+cpu", "cpu+reused-cpu"],
+    ids=["cpu", "cpu+cpu-chain", "write-through", "selective+cpu", "cpu+reused-cpu", "python-policy+cpu"],
 )
 def test_both_strategies_pass_the_kit_with_tiers(backend, tiers):
     # The plain host tier at the kit's block sizes; the other layouts at one (the suite's time).

@@ -1,6 +1,6 @@
 """The native tier manager against its Python model (tests/reference/tiers.py), driven by
-random device caching, hits, evictions, loads, drops and persists (a graceful close):
-after every step both hold every key in the same tier and slot, record the same
+random device caching, hits, evictions, loads, drops and persists (a graceful close),
+under native orders and Python policies: after every step both hold every key in the same tier and slot, record the same
 transfers in the same order and count the same."""
 
 from __future__ import annotations
@@ -10,8 +10,26 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from prefixcache._C import TierManager
+from prefixcache.eviction import EvictionPolicy
 from prefixcache.registry import resolve_eviction_policy
+from prefixcache.tiers import PolicyRank
 from reference.tiers import PyTierManager
+
+
+class HitsThenUse(EvictionPolicy):
+    """A Python policy (no native order) with float pairs: fewest hits per use first."""
+
+    def priority(self, candidate):
+        return (candidate.hit_count / (candidate.use_count + 1.0), -0.5 * candidate.last_access_time)
+
+
+class TailsByTraffic(EvictionPolicy):
+    """A leaves-only Python policy keyed by one float."""
+
+    leaves_only = True
+
+    def priority(self, candidate):
+        return candidate.last_use / 3.0 - candidate.request_tokens
 
 BS = 2
 DEVICE_BLOCKS = 6
@@ -25,6 +43,10 @@ CONFIGS = [  # (num_slots, write, min_hits, eviction, keep_on_load, store_thresh
     [(2, "on_evict", 0, "lru", False, 0, 0), (4, "on_evict", 0, "lru", True, 2, 5)],
     [(3, "write_through", 0, "lru", False, 3, 4)],
     [(2, "selective", 1, "lru", False, 2, 6), (3, "on_evict", 0, "chain", False, 2, 3)],
+    # Python policies (prefixcache.tiers.PolicyRank): the same order as their priority()
+    [(3, "on_evict", 0, "tests.test_tiers_stateful:HitsThenUse", False, 0, 0),
+     (4, "on_evict", 0, "tests.test_tiers_stateful:TailsByTraffic", True, 0, 0)],
+    [(2, "write_through", 0, "tests.test_tiers_stateful:TailsByTraffic", False, 0, 0)],
 ]
 
 
@@ -32,8 +54,9 @@ class TierMachine(RuleBasedStateMachine):
     @initialize(config=st.sampled_from(CONFIGS))
     def start(self, config):
         policies = [resolve_eviction_policy(name)() for _, _, _, name, _, _, _ in config]
-        native = [(n, w, h, p.native, p.leaves_only, p.native_params(), keep, k, size)
-                  for (n, w, h, _, keep, k, size), p in zip(config, policies)]  # fmt: skip
+        self.errors = []
+        native = [(n, w, h, p.native or PolicyRank(p, "test", self.errors), p.leaves_only, p.native_params(), keep,
+                   k, size) for (n, w, h, _, keep, k, size), p in zip(config, policies)]  # fmt: skip
         self.native = TierManager(DEVICE_BLOCKS, BS, 4, native, True, False)
         self.model = PyTierManager(DEVICE_BLOCKS, BS, [(n, w, h, p, p.leaves_only, keep, k, size)
                                                        for (n, w, h, _, keep, k, size), p in zip(config, policies)])  # fmt: skip
@@ -108,6 +131,7 @@ class TierMachine(RuleBasedStateMachine):
         if not hasattr(self, "model"):
             return
         self.native.check_invariants()
+        assert not self.errors, self.errors
         assert self.native.drain_transfers().tolist() == [x for t in self.model.drain_transfers() for x in t]
         for key in KEYS:
             assert self.native.locate(key) == self.model.locate(key), key
