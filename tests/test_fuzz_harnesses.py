@@ -27,7 +27,7 @@ def harness(request):
 def test_every_harness_is_known():
     assert HARNESSES == [
         "fuzz_backends", "fuzz_block_contents", "fuzz_block_pool", "fuzz_config", "fuzz_hashing", "fuzz_hybrid",
-        "fuzz_radix_tree", "fuzz_reentry", "fuzz_tokens", "fuzz_trace",
+        "fuzz_radix_tree", "fuzz_reentry", "fuzz_tiers", "fuzz_tokens", "fuzz_trace",
     ]  # fmt: skip
 
 
