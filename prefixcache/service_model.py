@@ -34,10 +34,11 @@ KV: (memory x utilization - weights - reserved) / kv_bytes_per_token; kv_bytes_p
 one H100 holds 440k tokens and one H200 888k: an 8B model's KV in one GPU's
 memory, where caches churn.
 
-Lower tiers enter as `load_s`: a block loaded from host memory costs its bytes over
-`host_link_gb_s`. The cluster simulation passes no tier loads to it yet (0), and a paced
-engine's loads are real copies that take their own time: the seam where tier loads join
-the modelled step.
+Lower tiers enter as `load_s`: KV loaded from a lower tier crosses the host link, so it
+costs its bytes over `host_link_gb_s`, or over the tier's own bandwidth where that is
+slower (a disk), plus the tier's latency once; the cluster simulation adds it to the step
+that loads a request's hit (`prefixcache.cluster.replica`). A paced engine's loads are
+real copies that take their own time.
 
 Speed. `speedup_ratio` divides every time (Dynamo's mocker engine calls its knob the
 same): 1 is the modelled hardware, 0.1 ten times slower. Routing does not change with it
@@ -242,9 +243,11 @@ class ServiceModel:
             kv += start + n
         return self.step_s(tokens, pairs, kv)
 
-    def load_s(self, tokens: float) -> float:
-        """SECONDS to bring `tokens` of KV from host memory over the host link."""
-        return tokens * self.spec.kv_bytes_per_token / (self.hardware.host_link_gb_s * 1e9 * self.speedup_ratio)
+    def load_s(self, tokens: float, tier_gb_s: float = math.inf, latency_s: float = 0.0) -> float:
+        """SECONDS to bring `tokens` of KV from a lower tier: over the host link, or the
+        tier's `tier_gb_s` (GB/s) where it is slower, after its `latency_s`."""
+        gb_s = min(self.hardware.host_link_gb_s, tier_gb_s)
+        return (tokens * self.spec.kv_bytes_per_token / (gb_s * 1e9) + latency_s) / self.speedup_ratio
 
     # -- capacity -------------------------------------------------------------------------
     def capacity_tokens(self) -> int:

@@ -12,6 +12,7 @@ import math
 
 import pytest
 
+import prefixcache
 from prefixcache.cluster.config import ClusterConfig, parse_cluster_config
 from prefixcache.cluster.results import SLO
 from prefixcache.cluster.router import Router
@@ -110,6 +111,31 @@ def test_a_hit_skips_its_tokens_and_slots_and_cache_room_make_requests_wait():
     cfg = hand_config().with_point(capacity_tokens=32)
     run = simulate(by_hand((0.0, 0, 20, 2), (0.0, 500, 20, 2)), cfg, "rr", cfg.routers["round_robin"], 1)
     assert run.queue_s == pytest.approx((0.0, 0.03))
+
+
+def test_a_hit_loaded_from_a_host_tier_waits_for_its_load(monkeypatch):
+    # The device holds 2 blocks: B evicts A's, which goes down to the host tier. C repeats
+    # A's prompt: its first block (16 tokens) comes back from the host, 64 bytes of this
+    # model's KV (4 bytes a token) at 64 bytes/s: one second before its 4 tokens compute.
+    tier = {"medium": "CPU", "num_blocks": 4, "bandwidth_gbps": 64e-9, "latency_us": 0}
+    cache = {"backend": "hash", "block_size": 16, "tiers": [tier],
+             "cost_model": {"kv_bytes_per_token": 4, "prefill_tokens_per_s": 1.0}}  # loading pays, to the cache
+    cfg = config(service=BY_HAND, routers={"round_robin": {}}, replicas=[1], cache=cache, capacity_tokens=32)
+    run = simulate(by_hand((0.0, 0, 20, 2), (0.5, 500, 20, 2), (1.0, 0, 20, 2)), cfg, "rr", cfg.routers["round_robin"], 1)
+    assert run.hits.hit_tokens == (0, 0, 16)
+    assert run.ttft_s == pytest.approx((0.02, 0.02, 1.01))
+    # a tier as fast as the host link: the load is 1 ns, the hit as from the device
+    fast = config(service=BY_HAND, routers={"round_robin": {}}, replicas=[1], capacity_tokens=32,
+                  cache={**cache, "tiers": [{"medium": "CPU", "num_blocks": 4, "latency_us": 0}]})
+    run = simulate(by_hand((0.0, 0, 20, 2), (0.5, 500, 20, 2), (1.0, 0, 20, 2)), fast, "rr", fast.routers["round_robin"], 1)
+    assert run.hits.hit_tokens == (0, 0, 16) and run.ttft_s == pytest.approx((0.02, 0.02, 0.01))
+    # the shared cache holds every replica's pool and tier: three engines, three times the blocks
+    import prefixcache.cluster.simulate as sim
+
+    built = []
+    monkeypatch.setattr(sim, "build_cache", lambda c: built.append(c) or prefixcache.build_cache(c))
+    simulate_shared(by_hand((0.0, 0, 20, 2)), cfg.with_replicas((3,)), 3)
+    assert [(c.num_blocks, c.tiers[0].num_blocks) for c in built] == [(6, 12)]
 
 
 def test_a_request_larger_than_a_replica_is_rejected_and_the_rest_run():

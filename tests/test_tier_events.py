@@ -1,6 +1,7 @@
 """Tier residency on the wire: a KV index rebuilt from a tiered cache's events agrees with
-the cache on every medium, and the kv_events router credits a lower-tier block by what
-loading it costs (docs/tiers.md). The 10^6-operation soak is benchmarks/soak_tier_events.py."""
+the cache on every medium, the kv_events router credits a lower-tier block by what
+loading it costs, and the precise router takes a lower-tier run as a hit plus its load
+(docs/tiers.md, docs/cluster.md). The 10^6-operation soak is benchmarks/soak_tier_events.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from prefixcache.cluster.prompt_hashes import PromptHasher
 from prefixcache.cluster.router import Candidates, RouterContext, RoutingRequest
 from prefixcache.cluster.routers.kv_events import KVEventsOptions, KVEventsRouter
 from prefixcache.cluster.tier_soak import soak_tier_events
-from prefixcache.config import CacheConfig
+from prefixcache.config import CacheConfig, ConfigError
 from prefixcache.tier_config import CostModel, TierConfig
 
 
@@ -52,6 +53,60 @@ def test_the_router_credits_a_lower_tier_block_by_its_load_cost():
                    tier_bandwidth_gbps={"CPU": 1.0, "STORAGE": 1.0})  # fmt: skip
     costs = slow.costs(candidates, request)
     assert costs[1] == costs[2] == costs[3] > costs[0]  # loading is slower than computing: no credit
+
+
+def test_the_precise_router_takes_a_lower_tier_run_as_a_hit_plus_its_load():
+    from prefixcache.cluster.routers.estimated_ttft import EstimatedTTFTOptions, EstimatedTTFTRouter
+    from prefixcache.service_model import ServiceModel
+
+    index = KVIndex(lower_media=("CPU", "STORAGE"))
+    for r in range(4):
+        index.add_replica(r)
+    request = RoutingRequest("r", list(range(4097)), hasher=PromptHasher(4))
+    hashes = request.hashes.digests()
+    index.store(0, hashes)  # the whole prompt on replica 0's device
+    index.apply(1, [_stored(h, "CPU") for h in hashes])  # on 1's host tier
+    index.apply(2, [_stored(h, "STORAGE") for h in hashes])  # on 2's disk; 3 holds nothing
+    service = ServiceModel()
+
+    def router(**options):
+        context = RouterContext(block_size=4, capacity_tokens=1 << 20, index=index, service=service)
+        return EstimatedTTFTRouter(context, EstimatedTTFTOptions(**options))
+
+    candidates = Candidates(range(4))
+    costs = router(tier_bandwidth_gbps={"STORAGE": 10.0}).costs(candidates, request)
+    assert costs[0] < costs[1] < costs[2] < costs[3]  # device, host, disk, nothing
+    # the host's cost is the device's plus its load (twice: the delay for those behind it too)
+    load = service.load_s(4096, 25.0, 10e-6)
+    assert costs[1] == pytest.approx(costs[0] + 2 * load)
+    assert router().choose_replicas(candidates, request) == [[0]]
+    # the default disk (2 GB/s) loads these 512 MiB slower than the prefill computes them:
+    # replica 2 costs what a miss costs
+    slow = router().costs(candidates, request)
+    assert slow[2] == slow[3] and slow[1] == costs[1]
+    with pytest.raises(ConfigError, match=r"tier_bandwidth_gbps\.GPU: allowed values: CPU, STORAGE"):
+        EstimatedTTFTOptions(tier_bandwidth_gbps={"GPU": 1.0})
+
+
+def test_llm_d_scorers_weigh_a_lower_tier_block_as_llm_d_does():
+    from prefixcache.cluster.routers.weighted_scorers import WeightedScorersRouter
+
+    index = KVIndex(lower_media=("CPU", "STORAGE"))
+    for r in range(5):
+        index.add_replica(r)
+    request = RoutingRequest("r", list(range(17)), hasher=PromptHasher(4))
+    hashes = request.hashes.digests()
+    index.store(0, hashes)  # GPU: 1.0 a block
+    index.apply(1, [_stored(h, "CPU") for h in hashes])  # CPU: 0.8
+    index.apply(2, [_stored(h, "STORAGE") for h in hashes])  # not in llm-d's defaults: 1.0
+    index.apply(3, [_stored(h, m) for h in hashes for m in ("CPU", "STORAGE")])  # the most of its media
+    index.apply(4, [_stored(h, "CPU") for h in hashes[:2]])  # a run of two
+    assert index.weighted_prefix(request.hashes, {"GPU": 1.0, "CPU": 0.8}) == pytest.approx(
+        {0: 4.0, 1: 3.2, 2: 4.0, 3: 4.0, 4: 1.6})
+    router = WeightedScorersRouter(RouterContext(block_size=4, capacity_tokens=1 << 20, index=index))
+    scores = router.scores(Candidates(range(5)), request)
+    assert scores[0] == scores[2] == scores[3] > scores[1] > scores[4]
+    assert scores[0] - scores[1] == pytest.approx(2 * (1.0 - 0.8))  # prefix weight 2, 4 of 4 blocks
 
 
 def _stored(h, medium):

@@ -33,7 +33,7 @@ to the network, or guess: events of a replica it was not told about raise KeyErr
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from prefixcache._C import KvIndex as _NativeKvIndex
 from prefixcache._C import block_hash_int
@@ -182,6 +182,33 @@ class KVIndex:
                         counts[k] += 1
                         break
             out[keys[slot]] = tuple(counts)
+        return out
+
+    def weighted_prefix(self, hashes: BlockHashes, weights: Mapping[str, float],
+                        default: float = 1.0) -> dict[ReplicaId, float]:  # fmt: skip
+        """{replica: weight} for every replica holding the chain's first block on some
+        medium: over the longest leading run of `hashes` it holds on ANY medium, each
+        block weighs the most of `weights` (by medium name; `default` for a medium it
+        does not name) among the media holding it there (llm-d's LongestPrefixScorer)."""
+        own = weights.get(self.medium, default) if self.medium is not None else default
+        if self._any is None:
+            return {r: d * own for r, d in self.longest_prefix(hashes).items()}
+        if isinstance(hashes, PromptHashes):
+            depths = self._any.longest_prefix_packed(hashes.packed, hashes.digest_size)
+            hashes = hashes.digests()
+        else:
+            depths = self._any.longest_prefix(hashes)
+        keys, out = self._keys, {}
+        lower = [(native, weights.get(m, default)) for m, native in self._lower.items()]
+        for slot, depth in depths.items():
+            total = 0.0
+            for h in hashes[:depth]:
+                best = own if self._native.copies_of(h, slot) else 0.0
+                for native, w in lower:
+                    if w > best and native.copies_of(h, slot):
+                        best = w
+                total += best
+            out[keys[slot]] = total
         return out
 
     def held_on(self, medium: str, replica: ReplicaId) -> tuple[int, int]:

@@ -21,6 +21,13 @@ later step samples one more; the request finishes with its last. Cache calls: `c
 after every chunk (vLLM caches full blocks as they are computed), `commit(P + O)` at the
 end with `commit_outputs`, `release` at the end.
 
+Lower tiers. A request whose hit the cache loads from a lower tier (`Admission.loads`,
+with `cache.tiers`) has those blocks copied in before its first chunk computes: that
+step costs `ServiceModel.load_s` more for each tier it loads from (the blocks over the
+host link, or over the tier's `bandwidth_gbps` where slower, plus its latency), and runs
+alone as a segment of one step. The transfers the caches record are drained after each
+call that makes them (the replay moves no data).
+
 Time. A step's cost is `ServiceModel.step_s` of its tokens, query-key pairs and KV
 read. Steps whose batch does not change (the same decodes, the same prompt's chunk) run
 as one segment of k steps, costed at the middle step's contexts (exact where one side of
@@ -35,7 +42,7 @@ schedules its own batch, and a request goes to the first engine with room.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,12 +57,13 @@ class Running:
     """A request an engine has admitted: TOKENS of prompt computed (from its hit) and of
     output sampled."""
 
-    __slots__ = ("i", "prompt_len", "output_len", "computed", "generated")
+    __slots__ = ("i", "prompt_len", "output_len", "computed", "generated", "load_s")
 
-    def __init__(self, i: int, prompt_len: int, output_len: int, hit: int) -> None:
+    def __init__(self, i: int, prompt_len: int, output_len: int, hit: int, load_s: float = 0.0) -> None:
         self.i, self.prompt_len, self.output_len = i, prompt_len, output_len
         self.computed = hit
         self.generated = 0
+        self.load_s = load_s  # SECONDS of lower-tier loads its first chunk waits for
 
     @property
     def context(self) -> int:
@@ -85,6 +93,7 @@ class SimEngine:
         self.workload, self.listener, self.commit_outputs, self.prompt = workload, listener, commit_outputs, prompt
         self.num_blocks = cache.config.num_blocks
         self.block_size = cache.config.block_size
+        self.tiers = cache.config.tiers
         self.running: list[Running] = []
         self.busy_s = 0.0  # SECONDS of steps run
         self.prefilled = 0  # prompt TOKENS computed
@@ -130,6 +139,7 @@ class SimEngine:
         for r in self.decoding:
             r.generated += k
         for r, chunk in self.chunks:
+            r.load_s = 0.0
             r.computed += chunk * k
             self.prefilled += chunk * k
             if r.computed == r.prompt_len:
@@ -146,6 +156,8 @@ class SimEngine:
             self.cache.release(r.i)
             freed = True
             self.listener.finished(self, r.i, now)
+        if self.tiers:
+            self.cache.drain_transfers()
         if freed:
             self.listener.freed(self, now)
         self.plan(now)
@@ -176,7 +188,10 @@ class SimEngine:
         if not decoding and not chunks:
             return
         steps = min((r.output_len - r.generated for r in decoding), default=math.inf)
-        if len(chunks) == 1:
+        loading = sum(r.load_s for r, _ in chunks)
+        if loading:  # the loads come before the step's compute, once
+            steps = 1
+        elif len(chunks) == 1:
             r, chunk = chunks[0]
             rest = r.prompt_len - r.computed
             steps = min(steps, (rest - 1) // chunk if rest > chunk else 1)
@@ -184,7 +199,7 @@ class SimEngine:
             steps = 1
         steps = int(steps)
         self.decoding, self.chunks, self.steps, self.start_s = decoding, chunks, steps, now
-        self.step = self.step_cost(steps)
+        self.step = self.step_cost(steps) + loading
         self.version += 1
         self.listener.wake(self, self.end_s)
 
@@ -200,6 +215,14 @@ class SimEngine:
             pairs += chunk * start + chunk * (chunk + 1) / 2
             kv += start + chunk
         return self.service.step_s(tokens, pairs, kv)
+
+    def load_s(self, loads) -> float:
+        """SECONDS the loads of an admission take (`Admission.loads`: (tier, slot, block))."""
+        if not loads:
+            return 0.0
+        per_tier = Counter(t for t, _, _ in loads)
+        return sum(self.service.load_s(n * self.block_size, self.tiers[t].gbps, self.tiers[t].latency_s)
+                   for t, n in per_tier.items())
 
     def admit(self, i: int, now: float) -> Running | None:
         """The queue's head into the batch, or None if the cache has no room for it now
@@ -221,11 +244,13 @@ class SimEngine:
                 if self.cache.append(i, r.output.tolist()) is None:
                     self.cache.release(i)
                     admission = None
+            if self.tiers:
+                self.cache.drain_transfers()
             if admission is None:
                 self.blocked = True
                 return None
             self.queue.popleft()
-            running = Running(i, prompt_len, output_len, admission.num_cached_tokens)
+            running = Running(i, prompt_len, output_len, admission.num_cached_tokens, self.load_s(admission.loads))
             self.running.append(running)
             self.listener.admitted(self, i, admission.num_cached_tokens, now)
             return running

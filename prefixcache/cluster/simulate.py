@@ -35,7 +35,8 @@ a `KVIndex`, so a block they share counts once). That `KVIndex` is `RouterContex
 hears `on_first_token` and `on_request_completed` as they happen.
 
 Reference lines, on the same workload: round robin (always one of the routers), and the
-shared cache: N engines (N x the compute) over ONE cache of N x capacity and one queue,
+shared cache: N engines (N x the compute) over ONE cache of N x capacity (and N x each
+lower tier) and one queue,
 each request taken by the first engine with room: the hit ceiling for routers over N
 replicas, and the TTFT of a cluster whose every replica holds every prefix.
 
@@ -47,6 +48,7 @@ on_request_routed, the prompt's hashing included, MICROSECONDS), KV events, wall
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import heapq
 import math
@@ -103,8 +105,9 @@ class _Replay:
         self.now = 0.0
         self.events = 0
         cache_config = config.cache.replace(enable_events=with_index)
-        if shared:
-            cache_config = cache_config.replace(num_blocks=config.cache.num_blocks * num_engines)
+        if shared:  # every replica's pool and lower tiers in one
+            tiers = tuple(dataclasses.replace(t, num_blocks=t.num_blocks * num_engines) for t in cache_config.tiers)
+            cache_config = cache_config.replace(num_blocks=config.cache.num_blocks * num_engines, tiers=tiers)
             cache = build_cache(cache_config)
             caches = [cache] * num_engines
             queue: deque[int] = deque()

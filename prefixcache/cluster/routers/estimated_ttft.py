@@ -45,8 +45,20 @@ the replica computing it, and the router scatters the burst. On by default; off:
 index alone, as Dynamo's and llm-d's precise routers read it. Where the cluster keeps no
 active sequences the option changes nothing.
 
-Computed natively over the load columns (csrc/ttft_cost.h), like `kv_events`. Where the
-cluster passes no service model (`RouterContext.service` None), the defaults
+Lower tiers. Where the replicas keep lower tiers (`cache.tiers`: the index keeps their
+residency, `KVIndex(lower_media=...)`), a replica may hold a longer run of the prompt's
+blocks on the device and on CPU or STORAGE together (`tiered_prefix`): its cache would
+load those and compute the rest. The cost is then also taken with that run as the hit,
+plus the load (`ServiceModel.load_s` of each medium's blocks, at the medium's bandwidth
+where it is slower than the host link, and its latency once), which delays this request,
+those queued behind it and every request decoding there as its prefill would
+(x (1 + load_weight + decode_weight x b_w)); each replica costs the lower of the two, as
+its cache loads only what pays. Bandwidth and latency per medium: the options, else the
+`cache.tiers` defaults (CPU 25 GB/s and 10 us, STORAGE 2 GB/s and 100 us).
+
+Computed natively over the load columns (csrc/ttft_cost.h), like `kv_events` (with lower
+tiers the second cost is a second native call, and the choice is made in Python). Where
+the cluster passes no service model (`RouterContext.service` None), the defaults
 (`ServiceModel()`: an 8B model on one H100) set the rates: only their ratios matter to
 the choice.
 """
@@ -62,8 +74,12 @@ from prefixcache.cluster.registry import register_router
 from prefixcache.cluster.router import Candidates, Ranked, ReplicaId, Router, RouterContext, RoutingRequest
 from prefixcache.service_model import ServiceModel
 from prefixcache.config import ConfigError
+from prefixcache.tier_config import DEFAULT_BANDWIDTH_GBPS, DEFAULT_LATENCY_US, EVENT_MEDIUM
 
 __all__ = ["EstimatedTTFTRouter", "EstimatedTTFTOptions"]
+
+_MEDIUM_DEFAULT = {EVENT_MEDIUM[m]: (DEFAULT_BANDWIDTH_GBPS[m], DEFAULT_LATENCY_US[m]) for m in EVENT_MEDIUM}
+"""Per event medium: the `cache.tiers` defaults, (GB/s, microseconds)."""
 
 _MAX_CHOSEN = 4096
 """Requests chosen for and not yet routed that the router remembers (a cluster may choose
@@ -76,11 +92,15 @@ class EstimatedTTFTOptions:
     decode_weight: the charge for the delay it adds for each request decoding there
     (both 0: the greedy lowest-estimated-TTFT choice)
     in_flight: also count as cached the prompt blocks of requests in flight on a replica,
-    which its events have not reported yet (module docstring)"""
+    which its events have not reported yet (module docstring)
+    tier_bandwidth_gbps / tier_latency_us: per event medium (CPU, STORAGE), what loading a
+    lower-tier block costs; unset ones take the `cache.tiers` defaults"""
 
     load_weight: float = 1.0
     decode_weight: float = 0.1
     in_flight: bool = True
+    tier_bandwidth_gbps: dict[str, float] | None = None
+    tier_latency_us: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         for name in ("load_weight", "decode_weight"):
@@ -89,6 +109,13 @@ class EstimatedTTFTOptions:
                 raise ConfigError(name, f"must be a finite number >= 0, got {value!r}")
         if not isinstance(self.in_flight, bool):
             raise ConfigError("in_flight", f"must be true or false, got {self.in_flight!r}")
+        for name, low in (("tier_bandwidth_gbps", 0.0), ("tier_latency_us", -1.0)):
+            for medium, value in (getattr(self, name) or {}).items():
+                if medium not in EVENT_MEDIUM.values():
+                    raise ConfigError(f"{name}.{medium}", f"allowed values: {', '.join(EVENT_MEDIUM.values())}")
+                if not isinstance(value, (int, float)) or not low < value < float("inf"):
+                    raise ConfigError(f"{name}.{medium}", f"must be a finite number {'> 0' if low == 0 else '>= 0'}, "
+                                                          f"got {value!r}")  # fmt: skip
 
 
 @register_router("estimated_ttft")
@@ -101,9 +128,13 @@ class EstimatedTTFTRouter(Router):
     def __init__(self, context: RouterContext, options: EstimatedTTFTOptions | None = None) -> None:
         super().__init__(context, options)
         self.index = context.index
-        service = context.service if context.service is not None else ServiceModel()
+        service = self._service = context.service if context.service is not None else ServiceModel()
         self._model = (service.token_s, service.pair_s, service.weights_s, service.overhead_s,
                        service.max_num_batched_tokens, self.options.load_weight, self.options.decode_weight)
+        o = self.options
+        self._media = tuple(self.index.lower_media) if self.index is not None else ()
+        self._media_gbps = [(o.tier_bandwidth_gbps or {}).get(m, _MEDIUM_DEFAULT[m][0]) for m in self._media]
+        self._media_latency_s = [(o.tier_latency_us or {}).get(m, _MEDIUM_DEFAULT[m][1]) * 1e-6 for m in self._media]
         self._in_flight = self.options.in_flight and context.active is not None
         # in_flight: per request chosen for, the BLOCKS of its prompt the index and the active
         # sequences showed on each replica; per request routed, the TOKENS credited (its
@@ -114,7 +145,8 @@ class EstimatedTTFTRouter(Router):
 
     def costs(self, candidates: Candidates, request: RoutingRequest) -> list[float]:
         """Each candidate's cost in SECONDS, in candidate order (the module docstring)."""
-        return estimated_ttft_costs(*self._arguments(candidates, request)[0])
+        arguments = self._arguments(candidates, request)[0]
+        return self._tiered_costs(arguments, candidates, request, estimated_ttft_costs(*arguments))
 
     def choose_replicas(self, candidates: Candidates, request: RoutingRequest) -> Ranked:
         arguments, seen = self._arguments(candidates, request)
@@ -122,8 +154,37 @@ class EstimatedTTFTRouter(Router):
             if len(self._chosen) >= _MAX_CHOSEN:
                 self._chosen.pop(next(iter(self._chosen)))
             self._chosen[request.request_id] = seen
-        lowest = estimated_ttft_lowest(*arguments)
+        if self._media and len(request.hashes):
+            costs = self._tiered_costs(arguments, candidates, request, estimated_ttft_costs(*arguments))
+            low = min(costs)
+            lowest = [i for i, c in enumerate(costs) if c == low]
+        else:
+            lowest = estimated_ttft_lowest(*arguments)
         return [[lowest[0] if len(lowest) == 1 else self.context.rng.choice(lowest)]]
+
+    def _tiered_costs(self, arguments: tuple, candidates: Candidates, request: RoutingRequest,
+                      costs: list[float]) -> list[float]:  # fmt: skip
+        """`costs` (the device's hits), each lowered to the cost with the replica's run on
+        every medium as its hit plus the loads, where that is lower (module docstring)."""
+        if not self._media or not len(request.hashes):
+            return costs
+        bs, device = self.context.block_size, arguments[3] or {}
+        runs, loads = dict(device), {}
+        for i, counts in candidates.by_position(self.index.tiered_prefix(request.hashes)).items():
+            run = sum(counts)
+            if run <= device.get(i, 0):
+                continue
+            runs[i] = run
+            loads[i] = sum(self._service.load_s(n * bs, gbps, latency)
+                           for n, gbps, latency in zip(counts[1:], self._media_gbps, self._media_latency_s) if n)  # fmt: skip
+        if not loads:
+            return costs
+        with_loads = estimated_ttft_costs(*arguments[:3], runs, *arguments[4:])
+        o = self.options
+        for i, load in loads.items():
+            running = candidates.num_requests[i] - candidates.queued_requests[i]
+            costs[i] = min(costs[i], with_loads[i] + load * (1 + o.load_weight + o.decode_weight * running))
+        return costs
 
     def on_request_routed(self, request: RoutingRequest, replica: ReplicaId) -> None:
         chosen = self._chosen.pop(request.request_id, None)

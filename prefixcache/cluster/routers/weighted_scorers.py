@@ -8,13 +8,19 @@ each scorer as llm-d-router implements it (`pkg/epp/framework/plugins/scheduling
 scorer/`, commit 2342697), for a prompt of F = floor(P / B) full blocks:
 
     prefix_w = min(o_w / F, 1)      o_w: the leading blocks the KV index holds for w
-                                    (llm-d-kv-cache's LongestPrefix scorer, GPU tier
-                                    weight 1; `absoluteScoredPods`); 0 when F = 0
+                                    (llm-d-kv-cache's LongestPrefix scorer;
+                                    `absoluteScoredPods`); 0 when F = 0
     kv_w     = 1 - usage_w          usage_w = KV blocks its running requests hold /
                                     its blocks (vLLM's `kv_cache_usage_perc`)
     queue_w  = (max q - q_w) / (max q - min q), 1 when all are equal
                                     q_w: requests waiting (vLLM's `num_requests_waiting`)
     score_w  = prefix_weight x prefix_w + kv_utilization_weight x kv_w + queue_weight x queue_w
+
+With lower tiers (the index keeps CPU / STORAGE residency, `KVIndex(lower_media=...)`),
+o_w is llm-d's weighted run: the longest leading run w holds on any medium, each block
+weighing the most of its media's weights there (llm-d-kv-cache `DefaultKVCacheBackendConfig`:
+gpu 1.0, cpu 0.8, a medium it does not list 1.0; `medium_weights`, by the vLLM event's
+medium name).
 
 The highest score wins, ties at random (the max-score picker shuffles before it picks).
 The prefix comes from the event-fed index, so `needs_index`. Not modelled: llm-d's
@@ -24,29 +30,38 @@ scrape interval (the columns are read as they stand). A baseline port, in Python
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prefixcache.cluster.registry import register_router
 from prefixcache.cluster.router import Candidates, Ranked, Router, RouterContext, RoutingRequest
 from prefixcache.config import ConfigError
 
-__all__ = ["WeightedScorersRouter", "WeightedScorersOptions"]
+__all__ = ["WeightedScorersRouter", "WeightedScorersOptions", "LLM_D_MEDIUM_WEIGHTS"]
+
+LLM_D_MEDIUM_WEIGHTS = {"GPU": 1.0, "CPU": 0.8}
+"""llm-d-kv-cache's `DefaultKVCacheBackendConfig` (gpu 1.0, cpu 0.8), by vLLM's medium names."""
 
 
 @dataclass(frozen=True)
 class WeightedScorersOptions:
     """prefix_weight, kv_utilization_weight, queue_weight: each scorer's weight (llm-d's
-    shipped profile: 2, 1, 1)"""
+    shipped profile: 2, 1, 1)
+    medium_weights: what a prefix block weighs on each medium (llm-d's backend configs:
+    GPU 1.0, CPU 0.8; a medium not named weighs 1.0)"""
 
     prefix_weight: float = 2.0
     kv_utilization_weight: float = 1.0
     queue_weight: float = 1.0
+    medium_weights: dict[str, float] = field(default_factory=lambda: dict(LLM_D_MEDIUM_WEIGHTS))
 
     def __post_init__(self) -> None:
         for name in ("prefix_weight", "kv_utilization_weight", "queue_weight"):
             value = getattr(self, name)
             if not 0 <= value < float("inf"):
                 raise ConfigError(name, f"must be a finite number >= 0, got {value!r}")
+        for medium, value in self.medium_weights.items():
+            if not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise ConfigError(f"medium_weights.{medium}", f"must be a finite number >= 0, got {value!r}")
 
 
 @register_router("weighted_scorers")
@@ -66,7 +81,12 @@ class WeightedScorersRouter(Router):
         opts = self.options
         full = request.num_prompt_tokens // self.context.block_size
         hashes = request.hashes
-        overlaps = candidates.by_position(self.index.longest_prefix(hashes)) if len(hashes) else {}
+        if not len(hashes):
+            overlaps = {}
+        elif self.index.lower_media:
+            overlaps = candidates.by_position(self.index.weighted_prefix(hashes, opts.medium_weights))
+        else:
+            overlaps = candidates.by_position(self.index.longest_prefix(hashes))
         queued = candidates.queued_requests
         low, high = min(queued), max(queued)
         out = []
