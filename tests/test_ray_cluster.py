@@ -304,6 +304,12 @@ def test_ray_s_own_routers_are_configured_from_the_file_without_vllm():
     service = ray_app.ray_router_config(parse_cluster_serve_config(timed)).request_router_kwargs["service"]
     assert from_mapping(ServiceModel, service) == ServiceModel(device="h200")
     assert "service" not in ray_app.ray_router_config(cluster_config("estimated_ttft")).request_router_kwargs
+    # replicas with lower tiers: the adapter's index keeps their residency, as the simulation's does
+    tiered = cluster_config_data("estimated_ttft")
+    tiered["cache"]["tiers"] = [{"medium": "CPU", "num_blocks": 64}]
+    kwargs = ray_app.ray_router_config(parse_cluster_serve_config(tiered)).request_router_kwargs
+    assert kwargs["lower_media"] == ["CPU"]  # the adapter's index keeps them: tests/test_ray_router.py
+    assert "lower_media" not in ray_app.ray_router_config(cluster_config("estimated_ttft")).request_router_kwargs
     for router in ("ray_power_of_two", "ray_prefix_cache_affinity", "prefix_affinity"):
         ray_app.build_application(cluster_config(router))  # Ray's own checks of the deployment options
     assert "vllm" not in sys.modules

@@ -135,6 +135,16 @@ def test_kv_events_through_the_adapter_follows_the_index_and_the_replica_set(rep
     asyncio.run(scenario())
 
 
+def test_replicas_with_lower_tiers_give_the_index_their_media():
+    router = PrefixCacheRequestRouter(deployment_id=DEPLOYMENT, handle_source=DeploymentHandleSource.UNKNOWN)
+    router.initialize_state(router="estimated_ttft", block_size=BLOCK, lower_media=["CPU", "STORAGE"])
+    assert router.index.lower_media == ("CPU", "STORAGE")
+    router.feed.close()
+    plain = adapter("estimated_ttft")
+    assert plain.index.lower_media == ()
+    plain.feed.close()
+
+
 def test_a_router_without_an_index_builds_none_and_maps_positions_back(replicas):
     async def scenario() -> None:
         router = adapter("round_robin")

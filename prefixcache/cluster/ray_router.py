@@ -159,17 +159,20 @@ class PrefixCacheRequestRouter(RequestRouter):
         resync_s: float = 1.0,
         replay_timeout_s: float = 1.0,
         service: Mapping[str, Any] | None = None,
+        lower_media: Sequence[str] = (),
     ) -> None:
         """`router` / `options`: the router spec; the hash config is the replicas' (a
         None seed is resolved here as in a replica: pass the replicas' own); TOKENS per
         block; `capacity_tokens`: one replica's cache (default 1,024 blocks); `service`:
-        the replicas' service model as `ServiceModel` keys (None: none known)."""
+        the replicas' service model as `ServiceModel` keys (None: none known);
+        `lower_media`: the event media of the replicas' lower tiers (`cache.tiers`), whose
+        residency the index keeps for the routers that read it."""
         spec = resolve_router_spec(router, dict(options or {}))
         service_model = from_mapping(ServiceModel, dict(service), "service") if service is not None else None
         self.spec = spec
         self.hasher = PromptHasher(block_size, HashConfig(hash_algorithm, hash_seed))
         self.hash_config = (block_size, hash_algorithm, resolve_seed(hash_algorithm, hash_seed))
-        self.index = KVIndex() if spec.cls.needs_index else None
+        self.index = KVIndex(lower_media=tuple(lower_media)) if spec.cls.needs_index else None
         self.feed = (EventFeed(self.index.apply, on_lost=self._on_lost, resync_s=resync_s,
                                replay_timeout_s=replay_timeout_s)
                      if self.index is not None else None)

@@ -92,6 +92,8 @@ def ray_router_config(config: ClusterServeConfig) -> RequestRouterConfig | None:
     }
     if cluster.service is not None:
         kwargs["service"] = to_plain(cluster.service)
+    if cache.tiers:
+        kwargs["lower_media"] = [t.event_medium for t in cache.tiers]
     return RequestRouterConfig(request_router_class=PrefixCacheRequestRouter, request_router_kwargs=kwargs)
 
 
