@@ -35,15 +35,24 @@ def _router(index: KVIndex, **options) -> KVEventsRouter:
     return KVEventsRouter(RouterContext(block_size=4, capacity_tokens=1 << 20, index=index), KVEventsOptions(**options))
 
 
-def test_the_router_credits_a_lower_tier_block_by_its_load_cost():
+def _held(tokens: int, *media_per_replica: tuple[str, ...]) -> tuple[KVIndex, RoutingRequest]:
+    """An index over CPU and STORAGE residency, replica r holding the whole prompt of
+    `tokens` TOKENS (block 4) on each medium in media_per_replica[r] (GPU: the device)."""
     index = KVIndex(lower_media=("CPU", "STORAGE"))
-    for r in range(4):
-        index.add_replica(r)
-    request = RoutingRequest("r", list(range(17)), hasher=PromptHasher(4))
+    request = RoutingRequest("r", list(range(tokens)), hasher=PromptHasher(4))
     hashes = request.hashes.digests()
-    index.store(0, hashes)  # the device: free
-    index.apply(1, [_stored(h, "CPU") for h in hashes])
-    index.apply(2, [_stored(h, "STORAGE") for h in hashes])
+    for r, media in enumerate(media_per_replica):
+        index.add_replica(r)
+        for medium in media:
+            if medium == "GPU":
+                index.store(r, hashes)
+            else:
+                index.apply(r, [_stored(h, medium) for h in hashes])
+    return index, request
+
+
+def test_the_router_credits_a_lower_tier_block_by_its_load_cost():
+    index, request = _held(17, ("GPU",), ("CPU",), ("STORAGE",), ())
     assert index.tiered_prefix(request.hashes) == {0: (4, 0, 0), 1: (0, 4, 0), 2: (0, 0, 4)}
     candidates = Candidates(range(4))
     fast = _router(index, cost_model=CostModel(1024, 1000.0))
@@ -59,14 +68,8 @@ def test_the_precise_router_takes_a_lower_tier_run_as_a_hit_plus_its_load():
     from prefixcache.cluster.routers.estimated_ttft import EstimatedTTFTOptions, EstimatedTTFTRouter
     from prefixcache.service_model import ServiceModel
 
-    index = KVIndex(lower_media=("CPU", "STORAGE"))
-    for r in range(4):
-        index.add_replica(r)
-    request = RoutingRequest("r", list(range(4097)), hasher=PromptHasher(4))
-    hashes = request.hashes.digests()
-    index.store(0, hashes)  # the whole prompt on replica 0's device
-    index.apply(1, [_stored(h, "CPU") for h in hashes])  # on 1's host tier
-    index.apply(2, [_stored(h, "STORAGE") for h in hashes])  # on 2's disk; 3 holds nothing
+    # the whole prompt on replica 0's device, 1's host tier, 2's disk; 3 holds nothing
+    index, request = _held(4097, ("GPU",), ("CPU",), ("STORAGE",), ())
     service = ServiceModel()
 
     def router(**options):
@@ -91,16 +94,9 @@ def test_the_precise_router_takes_a_lower_tier_run_as_a_hit_plus_its_load():
 def test_llm_d_scorers_weigh_a_lower_tier_block_as_llm_d_does():
     from prefixcache.cluster.routers.weighted_scorers import WeightedScorersRouter
 
-    index = KVIndex(lower_media=("CPU", "STORAGE"))
-    for r in range(5):
-        index.add_replica(r)
-    request = RoutingRequest("r", list(range(17)), hasher=PromptHasher(4))
-    hashes = request.hashes.digests()
-    index.store(0, hashes)  # GPU: 1.0 a block
-    index.apply(1, [_stored(h, "CPU") for h in hashes])  # CPU: 0.8
-    index.apply(2, [_stored(h, "STORAGE") for h in hashes])  # not in llm-d's defaults: 1.0
-    index.apply(3, [_stored(h, m) for h in hashes for m in ("CPU", "STORAGE")])  # the most of its media
-    index.apply(4, [_stored(h, "CPU") for h in hashes[:2]])  # a run of two
+    # GPU 1.0 a block, CPU 0.8, STORAGE (not in llm-d's defaults) 1.0, both: the most of them
+    index, request = _held(17, ("GPU",), ("CPU",), ("STORAGE",), ("CPU", "STORAGE"), ())
+    index.apply(4, [_stored(h, "CPU") for h in request.hashes.digests()[:2]])  # a run of two
     assert index.weighted_prefix(request.hashes, {"GPU": 1.0, "CPU": 0.8}) == pytest.approx(
         {0: 4.0, 1: 3.2, 2: 4.0, 3: 4.0, 4: 1.6})
     router = WeightedScorersRouter(RouterContext(block_size=4, capacity_tokens=1 << 20, index=index))

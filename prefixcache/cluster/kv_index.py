@@ -164,11 +164,7 @@ class KVIndex:
         `lower_media`, the device's `longest_prefix` as 1-tuples."""
         if self._any is None:
             return {r: (d,) for r, d in self.longest_prefix(hashes).items()}
-        if isinstance(hashes, PromptHashes):
-            depths = self._any.longest_prefix_packed(hashes.packed, hashes.digest_size)
-            hashes = hashes.digests()
-        else:
-            depths = self._any.longest_prefix(hashes)
+        depths, hashes = self._any_runs(hashes)
         keys, out = self._keys, {}
         lower = list(self._lower.values())
         for slot, depth in depths.items():
@@ -193,11 +189,7 @@ class KVIndex:
         own = weights.get(self.medium, default) if self.medium is not None else default
         if self._any is None:
             return {r: d * own for r, d in self.longest_prefix(hashes).items()}
-        if isinstance(hashes, PromptHashes):
-            depths = self._any.longest_prefix_packed(hashes.packed, hashes.digest_size)
-            hashes = hashes.digests()
-        else:
-            depths = self._any.longest_prefix(hashes)
+        depths, hashes = self._any_runs(hashes)
         keys, out = self._keys, {}
         lower = [(native, weights.get(m, default)) for m, native in self._lower.items()]
         for slot, depth in depths.items():
@@ -210,6 +202,14 @@ class KVIndex:
                 total += best
             out[keys[slot]] = total
         return out
+
+    def _any_runs(self, hashes: BlockHashes) -> tuple[dict[int, int], Sequence[int | bytes]]:
+        """({slot: BLOCKS} of the longest leading run each slot holds on ANY medium, the
+        chain as a sequence of hashes); only with `lower_media`."""
+        assert self._any is not None
+        if isinstance(hashes, PromptHashes):
+            return self._any.longest_prefix_packed(hashes.packed, hashes.digest_size), hashes.digests()
+        return self._any.longest_prefix(hashes), hashes
 
     def held_on(self, medium: str, replica: ReplicaId) -> tuple[int, int]:
         """(distinct BLOCKS, copies) `replica` holds on one of `lower_media`, or on the
