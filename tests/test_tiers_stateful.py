@@ -34,7 +34,7 @@ class TailsByTraffic(EvictionPolicy):
 BS = 2
 DEVICE_BLOCKS = 6
 KEYS = [bytes([k, 0, 0, 0]) for k in range(12)]  # a small universe: keys come back
-CONFIGS = [  # (num_slots, write, min_hits, eviction, keep_on_load, store_threshold, reuse_slots)
+CONFIGS = [  # (num_slots, write, min_hits, eviction (a name or a policy class), keep_on_load, store_threshold, reuse_slots)
     [(3, "on_evict", 0, "lru", False, 0, 0), (4, "on_evict", 0, "chain", True, 0, 0)],
     [(3, "write_through", 0, "lfu", False, 0, 0)],
     [(2, "selective", 1, "lru", False, 0, 0), (3, "on_evict", 1, "lru", True, 0, 0)],
@@ -44,16 +44,16 @@ CONFIGS = [  # (num_slots, write, min_hits, eviction, keep_on_load, store_thresh
     [(3, "write_through", 0, "lru", False, 3, 4)],
     [(2, "selective", 1, "lru", False, 2, 6), (3, "on_evict", 0, "chain", False, 2, 3)],
     # Python policies (prefixcache.tiers.PolicyRank): the same order as their priority()
-    [(3, "on_evict", 0, "tests.test_tiers_stateful:HitsThenUse", False, 0, 0),
-     (4, "on_evict", 0, "tests.test_tiers_stateful:TailsByTraffic", True, 0, 0)],
-    [(2, "write_through", 0, "tests.test_tiers_stateful:TailsByTraffic", False, 0, 0)],
+    [(3, "on_evict", 0, HitsThenUse, False, 0, 0), (4, "on_evict", 0, TailsByTraffic, True, 0, 0)],
+    [(2, "write_through", 0, TailsByTraffic, False, 0, 0)],
 ]
 
 
 class TierMachine(RuleBasedStateMachine):
     @initialize(config=st.sampled_from(CONFIGS))
     def start(self, config):
-        policies = [resolve_eviction_policy(name)() for _, _, _, name, _, _, _ in config]
+        policies = [policy() if isinstance(policy, type) else resolve_eviction_policy(policy)()
+                    for _, _, _, policy, _, _, _ in config]  # fmt: skip
         self.errors = []
         native = [(n, w, h, p.native or PolicyRank(p, "test", self.errors), p.leaves_only, p.native_params(), keep,
                    k, size) for (n, w, h, _, keep, k, size), p in zip(config, policies)]  # fmt: skip
