@@ -88,7 +88,7 @@ class TreeNode:
     pages' chained block hashes (events only)."""
 
     __slots__ = ("id", "parent", "children", "key", "full", "swa", "mamba", "locks", "swa_uuid", "last_access",
-                 "prev", "next", "hashes", "ns")  # fmt: skip
+                 "prev", "next", "stamps", "hashes", "ns")  # fmt: skip
 
     def __init__(self, node_id: int, last_access: float) -> None:
         self.id = node_id
@@ -103,6 +103,7 @@ class TreeNode:
         self.last_access = last_access
         self.prev: list[TreeNode | None] = [None, None, None]  # LRU links, by component
         self.next: list[TreeNode | None] = [None, None, None]
+        self.stamps = [0, 0, 0]  # by component: the LRU clock when it last became most recent
         self.hashes: list[bytes] | None = None
         self.ns = None  # the namespace key (a child of the root)
 
@@ -128,6 +129,7 @@ class _LRU:
         self.head.next[c] = self.tail
         self.tail.prev[c] = self.head
         self.members: set[int] = set()
+        self.clock = 0
 
     def __contains__(self, node: TreeNode | None) -> bool:
         return node is not None and node.id in self.members
@@ -148,10 +150,15 @@ class _LRU:
         node.next[c].prev[c] = node.prev[c]  # type: ignore[union-attr]
         node.prev[c] = node.next[c] = None
 
+    def _stamp(self, node: TreeNode) -> None:
+        self.clock += 1
+        node.stamps[self.c] = self.clock
+
     def insert_mru(self, node: TreeNode) -> None:
         assert node.id not in self.members
         self.members.add(node.id)
         self._link_after(self.head, node)
+        self._stamp(node)
 
     def insert_after(self, prev: TreeNode, node: TreeNode) -> None:
         assert prev.id in self.members and node.id not in self.members
@@ -166,6 +173,7 @@ class _LRU:
         assert node.id in self.members
         self._unlink(node)
         self._link_after(self.head, node)
+        self._stamp(node)
 
     def refresh_window(self, node: TreeNode, root: TreeNode, span: int, has: Callable[[TreeNode], bool]) -> None:
         """The node and its ancestors covering `span` TOKENS, most recent first, the node
@@ -295,6 +303,9 @@ class HybridTree:
         self.lru = {c: _LRU(c) for c in self.components if c != FULL}
         self.leaves: set[TreeNode] = set()
         self.num_nodes = 1
+        #: Nodes with a state and a child: the only states `no_tail_cliff`'s first MAMBA
+        #: walk may take (a leaf's state is its branch's deepest), walked in LRU order.
+        self.inner_states: set[TreeNode] = set()
 
     def _tick(self) -> float:
         t = self._clock
@@ -342,6 +353,8 @@ class HybridTree:
             node.swa = value  # type: ignore[assignment]
         else:
             node.mamba = value  # type: ignore[assignment]
+            if node.children:
+                self.inner_states.add(node)
         self.lru[c].insert_mru(node)
         (self.protected if node.locks[c] else self.evictable)[c] += self._size(node, c)
         if self._on_store is not None:
@@ -492,6 +505,8 @@ class HybridTree:
                   hashes: list[bytes] | None) -> TreeNode:  # fmt: skip
         node = self._new_node()
         node.parent, node.key, node.full, node.ns, node.hashes = parent, key, pages, ns, hashes
+        if parent.mamba is not None:
+            self.inner_states.add(parent)
         parent.children[self._child_key(parent, key, 0, ns)] = node
         self.evictable[FULL] += len(key)
         self.num_nodes += 1
@@ -757,6 +772,7 @@ class HybridTree:
         else:
             self._free(MAMBA, [node.mamba])  # type: ignore[list-item]
             node.mamba = None
+            self.inner_states.discard(node)
         if c != FULL and node in self.lru[c]:
             self.lru[c].remove(node)
 
@@ -777,6 +793,8 @@ class HybridTree:
         parent = node.parent
         assert parent is not None
         del parent.children[self._child_key(parent, node.key, 0, node.ns)]
+        if not parent.children:
+            self.inner_states.discard(parent)
         self.num_nodes -= 1
         self._refresh_leaf(parent)
         # Childless tombstone ancestors (FULL never leaves an inner node, so: none).
@@ -848,8 +866,10 @@ class HybridTree:
         node is tombstoned for c (and what ranks below c on it). With `no_tail_cliff` the
         walk runs twice: first past what a branch's end needs (SWA: the nodes its last
         window reads; MAMBA: its deepest state), then over all."""
-        if self.no_tail_cliff:
-            self._walk_aux(c, quota, tracker, done, skip=self._in_branch_tail if c == SWA else self._deepest_state)
+        if self.no_tail_cliff and c == SWA:
+            self._walk_aux(c, quota, tracker, done, skip=self._in_branch_tail)
+        elif self.no_tail_cliff and self.inner_states:
+            self._walk_inner_states(quota, tracker, done)
         self._walk_aux(c, quota, tracker, done)
 
     def _walk_aux(self, c: Component, quota: int, tracker: dict[Component, int], done: Callable[[], bool],
@@ -880,6 +900,18 @@ class HybridTree:
                         self._prune_dead(leaf, tracker)
 
     # -- no_tail_cliff (beyond SGLang 0.5.23) ---------------------------------------------
+    def _walk_inner_states(self, quota: int, tracker: dict[Component, int], done: Callable[[], bool]) -> None:
+        """MAMBA's first walk: `_walk_aux` with `_deepest_state` as its skip, over the
+        only nodes it would not skip at sight (a leaf's state is its branch's deepest):
+        the states on inner nodes, least recent first (MAMBA's LRU order is its stamps').
+        Evicting makes no node an inner state, so each is asked once, at its turn."""
+        for x in sorted(self.inner_states, key=lambda n: n.stamps[MAMBA]):
+            if tracker[MAMBA] >= quota or done():
+                return
+            if x in self.inner_states and not x.locks[MAMBA] and not self._deepest_state(x):
+                self._evict_component(x, MAMBA, tracker)
+                self._cascade(x, MAMBA, tracker)
+
     def _viable(self, node: TreeNode) -> bool:
         """Whether a match can end at `node`'s end: every component's validator accepts
         it there (SWA: `window` live tokens since the last tombstone, or none on the path)."""
@@ -1003,6 +1035,13 @@ class HybridTree:
                 raise AssertionError(f"root child {ch.id} is keyed wrong")
         if count != self.num_nodes:
             raise AssertionError(f"{count} nodes reachable, {self.num_nodes} counted")
+        inner = {n for n in self.nodes() if n is not self.root and n.mamba is not None and n.children}
+        if inner != self.inner_states:
+            raise AssertionError(f"{len(inner)} nodes hold a state and a child, {len(self.inner_states)} listed")
+        if self.has_mamba:
+            stamps = [n.stamps[MAMBA] for n in self.lru[MAMBA].order()]
+            if stamps != sorted(stamps, reverse=True):
+                raise AssertionError("MAMBA's LRU order is not its stamps' order")
         for c in self.components:
             if evictable[c] != self.evictable[c] or protected[c] != self.protected[c]:
                 raise AssertionError(
