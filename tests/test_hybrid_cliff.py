@@ -231,3 +231,56 @@ def test_radix_a_branchs_deepest_state_is_the_last_evicted():
         return out
 
     _evicted_last(cache, MAMBA, deepest)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), slots=st.integers(6, 40), chunk=st.sampled_from([0, 8]))
+def test_radix_the_inner_state_walk_evicts_what_walking_every_state_would(data, slots, chunk):
+    """`no_tail_cliff`'s first state walk visits only the states on inner nodes (a leaf's
+    is always its branch's deepest): against a twin whose walk asks every state of the
+    LRU, under random conversations and shared prefixes in a crowded state pool, every
+    admission hits the same and the trees hold the same states after every request."""
+    from prefixcache.backends.hybrid_radix_tree import HybridTree
+
+    def build():
+        return prefixcache.build_cache(CacheConfig(
+            backend="radix", block_size=4, num_blocks=400 + slots, enable_events=False,
+            layout=(LayerGroup("full_attention"), LayerGroup("mamba", slots=slots)),
+            options={"no_tail_cliff": True, "mamba_chunk": 4, "mamba_track_interval": 8,
+                     "chunked_prefill_size": chunk}))  # fmt: skip
+
+    fast, twin = build(), build()
+
+    def walk_every_state(self, c, quota, tracker, done):
+        self._walk_aux(c, quota, tracker, done, skip=self._in_branch_tail if c == 1 else self._deepest_state)
+        self._walk_aux(c, quota, tracker, done)
+
+    twin.tree._evict_aux = walk_every_state.__get__(twin.tree, HybridTree)
+    histories = [[1000 * (c + 1) + k for k in range(data.draw(st.integers(4, 12)))] for c in range(6)]
+    for rid in range(data.draw(st.integers(6, 30))):
+        c = data.draw(st.integers(0, len(histories) - 1))
+        answer = [50_000 + 97 * rid + k for k in range(data.draw(st.integers(0, 10)))]
+        hits = []
+        for cache in (fast, twin):
+            adm = cache.admit(rid, histories[c])
+            hits.append(adm.num_cached_tokens)
+            for point in adm.checkpoints:
+                cache.commit(rid, point)
+            cache.commit(rid, len(histories[c]))
+            n = len(histories[c])
+            for t in answer:
+                assert cache.append(rid, [t]) is not None
+                n += 1
+                cache.commit(rid, n)
+            cache.release(rid)
+            cache.check_invariants()
+        assert hits[0] == hits[1], (rid, hits)
+        assert _state_paths(fast) == _state_paths(twin), rid
+        histories[c] = histories[c] + answer + [60_000 + rid] * data.draw(st.integers(1, 6))
+
+
+def _state_paths(cache) -> list[tuple[int, ...]]:
+    """The tokens from the root to every node holding a state, sorted."""
+    tree = cache.tree
+    return sorted(tuple(t for n in tree.path_nodes(node) for t in n.key) for node in tree.nodes()
+                  if node is not tree.root and node.mamba is not None)
