@@ -106,7 +106,8 @@ def load_config(source: str | Path) -> CacheConfig:
 def check_tiers(config: CacheConfig) -> None:
     """ConfigError (path `tiers[i].<key>`, or `tiers` naming both keys) unless the lower
     tiers can be built: each tier's eviction policy resolves (a Python `priority()` ranks
-    a tier's blocks once each, as a number or a pair of numbers: `prefixcache.tiers`), the block hash is collision resistant (a tier finds blocks by hash alone), no two
+    a tier's blocks once each, as a number or a pair of numbers: `prefixcache.tiers`),
+    the block hash is collision resistant (a tier finds blocks by hash alone), no two
     tiers share a file, and each DISK path is a regular file (or a new one) in a
     writable directory, never a symbolic link, whose disk holds the tier once
     `cost_model.kv_bytes_per_token` says how large a block is. (A hybrid `layout` with

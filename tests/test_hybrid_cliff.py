@@ -87,7 +87,8 @@ def _radix(layout: str, window: int, bs: int, blocks: int, no_tail_cliff: bool):
                                                layout=RADIX_LAYOUTS[layout](window), options=options))  # fmt: skip
 
 
-def _serve(cache, rid, prompt: list[int], decode: list[int]) -> None:
+def _serve(cache, rid, prompt: list[int], decode: list[int]):
+    """Admit, commit at the checkpoints and the prompt's end, decode, release; the admission."""
     adm = cache.admit(rid, prompt)
     for c in adm.checkpoints:
         cache.commit(rid, c)
@@ -98,6 +99,7 @@ def _serve(cache, rid, prompt: list[int], decode: list[int]) -> None:
         n += 1
         cache.commit(rid, n)
     cache.release(rid)
+    return adm
 
 
 def _full_resident(cache, tokens: list[int]) -> int:
@@ -260,20 +262,9 @@ def test_radix_the_inner_state_walk_evicts_what_walking_every_state_would(data, 
     for rid in range(data.draw(st.integers(6, 30))):
         c = data.draw(st.integers(0, len(histories) - 1))
         answer = [50_000 + 97 * rid + k for k in range(data.draw(st.integers(0, 10)))]
-        hits = []
-        for cache in (fast, twin):
-            adm = cache.admit(rid, histories[c])
-            hits.append(adm.num_cached_tokens)
-            for point in adm.checkpoints:
-                cache.commit(rid, point)
-            cache.commit(rid, len(histories[c]))
-            n = len(histories[c])
-            for t in answer:
-                assert cache.append(rid, [t]) is not None
-                n += 1
-                cache.commit(rid, n)
-            cache.release(rid)
-            cache.check_invariants()
+        hits = [_serve(cache, rid, histories[c], answer).num_cached_tokens for cache in (fast, twin)]
+        fast.check_invariants()
+        twin.check_invariants()
         assert hits[0] == hits[1], (rid, hits)
         assert _state_paths(fast) == _state_paths(twin), rid
         histories[c] = histories[c] + answer + [60_000 + rid] * data.draw(st.integers(1, 6))

@@ -145,8 +145,7 @@ class EstimatedTTFTRouter(Router):
 
     def costs(self, candidates: Candidates, request: RoutingRequest) -> list[float]:
         """Each candidate's cost in SECONDS, in candidate order (the module docstring)."""
-        arguments = self._arguments(candidates, request)[0]
-        return self._tiered_costs(arguments, candidates, request, estimated_ttft_costs(*arguments))
+        return self._tiered_costs(self._arguments(candidates, request)[0], candidates, request)
 
     def choose_replicas(self, candidates: Candidates, request: RoutingRequest) -> Ranked:
         arguments, seen = self._arguments(candidates, request)
@@ -155,17 +154,18 @@ class EstimatedTTFTRouter(Router):
                 self._chosen.pop(next(iter(self._chosen)))
             self._chosen[request.request_id] = seen
         if self._media and len(request.hashes):
-            costs = self._tiered_costs(arguments, candidates, request, estimated_ttft_costs(*arguments))
+            costs = self._tiered_costs(arguments, candidates, request)
             low = min(costs)
             lowest = [i for i, c in enumerate(costs) if c == low]
         else:
             lowest = estimated_ttft_lowest(*arguments)
         return [[lowest[0] if len(lowest) == 1 else self.context.rng.choice(lowest)]]
 
-    def _tiered_costs(self, arguments: tuple, candidates: Candidates, request: RoutingRequest,
-                      costs: list[float]) -> list[float]:  # fmt: skip
-        """`costs` (the device's hits), each lowered to the cost with the replica's run on
-        every medium as its hit plus the loads, where that is lower (module docstring)."""
+    def _tiered_costs(self, arguments: tuple, candidates: Candidates, request: RoutingRequest) -> list[float]:
+        """The costs of the native call's `arguments` (the device's hits), each lowered to
+        the cost with the replica's run on every medium as its hit plus the loads, where
+        that is lower (module docstring)."""
+        costs = estimated_ttft_costs(*arguments)
         if not self._media or not len(request.hashes):
             return costs
         bs, device = self.context.block_size, arguments[3] or {}
