@@ -64,6 +64,14 @@ Inspection: `cache.tree` is the tree, with the API documented in
 `tests/reference/radix_tree.py` (`total_size`, `evictable_size`, `protected_size`,
 `root(namespace)`, `node(id)`, ...).
 
+Lower tiers (`cache.tiers`, docs/tiers.md): a page the tree evicts moves down, and a
+match that ends in the tree goes on through the tiers. With events or a DISK tier (or a
+tier's `store_threshold`), pages are keyed by their chained hash, which events carry and
+a disk file outlives the process with. Otherwise the tiers are built with `lineage`, as
+SGLang's HiCache keeps host pages on its tree's nodes: a page is named by a counter
+when the tree takes it and found below the tree through its parent's name and its own
+tokens, compared in full, so a tiered radix cache hashes nothing.
+
 Namespaces (`prefixcache.isolation`): each gets its own subtree, keyed by
 `isolation.exact_key(namespace)`: a str salt is its own key, a namespace with a LoRA
 adapter an escaped key no salt can spell. The tree compares tokens, never hashes, so
@@ -103,6 +111,7 @@ from .hybrid_radix import HYBRID_RADIX_CHOICES, HYBRID_RADIX_OPTIONS, MAMBA_OPTI
 
 __all__ = ["RadixCache"]
 
+_NAME_BYTES = 8  # a page's name with lineage tiers: a uint64 counter
 # One full-attention KV cache group, as the `hash` backend reports it.
 _GROUP = 0
 
@@ -182,15 +191,17 @@ class RadixCache(PrefixCache):
         self._requests: RequestTable[_RadixRequest] = RequestTable()
         self._stats = StatsCounter()
         self._events = event_log(config.enable_events)
-        self._page_hash: dict[int, bytes] = {}  # tree block -> its chained hash (events or tiers only)
-        #: The lower tiers (`cache.tiers`), or None. The tree holds the device's pages; a page
-        #: it evicts moves down under its chained hash, and a match that ends in the tree goes
-        #: on through the tiers by the hashes of the pages after it (SGLang HiCache's
-        #: storage tier looks pages up by hash the same way; docs/tiers.md).
+        self._page_hash: dict[int, bytes] = {}  # tree block -> its chained hash (events, or hashed tiers)
+        #: The lower tiers (`cache.tiers`), or None (module docstring: hashed or lineage keys).
         self._seed_hash = self._none_hash()
         self._digest_size = len(self._seed_hash)
-        self.tiers = Tiers(config, pool.num_blocks, self._digest_size, self._events) if config.tiers else None
-        self._hashes_pages = self._events.enabled or self.tiers is not None
+        self._lineage = bool(config.tiers) and not self._events.enabled and all(
+            t.medium != "DISK" and t.store_threshold < 2 for t in config.tiers
+        )
+        self._roots: dict[str | None, bytes] = {}  # with lineage: tree key -> the name its first pages follow
+        key_size = _NAME_BYTES if self._lineage else self._digest_size
+        self.tiers = Tiers(config, pool.num_blocks, key_size, self._events, lineage=self._lineage) if config.tiers else None
+        self._hashes_pages = self._events.enabled or (self.tiers is not None and not self._lineage)
 
     # -- look-up -----------------------------------------------------------------------
     @guarded
@@ -407,10 +418,11 @@ class RadixCache(PrefixCache):
             raise
         finally:
             self._stats.evictions += freed
-            if self._hashes_pages:
+            if self._hashes_pages or self.tiers is not None:
                 evicted = self.tree.last_evicted()
-                hashes = [self._page_hash.pop(b) for b in evicted]
-                self._events.record_from(self._evicted_events, hashes)
+                if self._hashes_pages:
+                    hashes = [self._page_hash.pop(b) for b in evicted]
+                    self._events.record_from(self._evicted_events, hashes)
                 if self.tiers is not None:
                     self.tiers.evicted(evicted)  # freed, KV intact until reused: moved down
         return freed
@@ -466,10 +478,17 @@ class RadixCache(PrefixCache):
     def _record_stored(self, req: _RadixRequest, start: int, end: int) -> None:
         """One BlockStored per new page in tokens [start, end), chained to the page before;
         with tiers, the pages are reported to them too."""
-        if start >= end or not self._hashes_pages:
+        if start >= end:
             return
         bs = self.block_size
         first = start // bs
+        if self._lineage:  # the tiers name the pages: nothing is hashed
+            up = self.tiers.device_key(req.block_table[first - 1]) if first else self._root_name(req.tree_key)
+            self.tiers.cached_named(req.block_table[first : end // bs], up, req.tokens[start:end], req.depth,
+                                    req.prompt_len // bs * bs, req.namespace)  # fmt: skip
+            return
+        if not self._hashes_pages:
+            return
         parent = self._page_hash[req.block_table[first - 1]] if first else None
         hashes = self._page_hashes(req, first, end // bs, parent)
         blocks = req.block_table[first : first + len(hashes)]
@@ -524,6 +543,13 @@ class RadixCache(PrefixCache):
         return out
 
     # -- lower tiers (docs/tiers.md) ------------------------------------------------------
+    def _root_name(self, tree_key: str | None) -> bytes:
+        """The name a namespace's first pages follow (lineage)."""
+        name = self._roots.get(tree_key)
+        if name is None:
+            name = self._roots[tree_key] = self.tiers.new_name()
+        return name
+
     def _none_hash(self) -> bytes:
         """The chain's seed hash (the parent of a namespace's first page)."""
         return none_hash(self.config.hash.algorithm, self.config.hash.seed)
@@ -532,12 +558,16 @@ class RadixCache(PrefixCache):
         self, tokens: Sequence[int], device: object, namespace: Namespace
     ) -> tuple[list[tuple[int, int]], bytes]:
         """Where the full pages of `tokens` after the device match `device` are in the
-        lower tiers, up to the first held nowhere, looked up by their chained hashes; and
-        those hashes, packed (an admission keeps them for its insert)."""
+        lower tiers, up to the first held nowhere, looked up by their chained hashes (with
+        lineage: followed from the match's last page); and those keys, packed (an
+        admission keeps them for its insert)."""
         bs = self.block_size
         first, full = device.num_tokens // bs, len(tokens) // bs  # type: ignore[attr-defined]
         if first >= full:
             return [], b""
+        if self._lineage:
+            up = self.tiers.device_key(device.block_ids[-1]) if first else self._root_name(exact_key(namespace))  # type: ignore[attr-defined]
+            return self.tiers.follow(up, tokens[first * bs : full * bs])[0], b""
         parent = self._page_hash[device.block_ids[-1]] if first else None  # type: ignore[attr-defined]
         digests = chain_digests(
             tokens[first * bs : full * bs],
@@ -669,7 +699,7 @@ class RadixCache(PrefixCache):
                 f"{self.pool.num_pinned} blocks pinned but the tree holds {len(tree_blocks)} "
                 f"and live requests {len(private)}"
             )
-        # The page-hash table exists for events and tiers: a cache without them hashes nothing.
+        # The page-hash table exists for events and hashed tiers: a cache without them hashes nothing.
         if set(self._page_hash) != (tree_blocks if self._hashes_pages else set()):
             fail("the page-hash table does not cover exactly the tree's blocks (none without events or tiers)")
         if self.tiers is not None:

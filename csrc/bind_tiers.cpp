@@ -132,27 +132,29 @@ void bind_tiers(py::module_& m) {
 The lower tiers of one cache (host memory, disk) below its device pool: slots keyed by
 chained block hash, each tier's eviction order and write policy, the device mirror
 demotions read from, and the ordered log of transfers an engine performs.
-TierManager(num_device_blocks, block_size, key_size, tiers, keep_tokens, record_events),
+TierManager(num_device_blocks, block_size, key_size, tiers, keep_tokens, record_events, lineage=False),
 each tier (num_slots, write, min_hits, eviction, leaves_only, params, keep_on_load, store_threshold,
 reuse_slots), eviction a native order's name or a callable rank(candidate) -> (int, int) (smallest
-first; one that raises ranks the slot first and reports through sys.unraisablehook). See
+first; one that raises ranks the slot first and reports through sys.unraisablehook). With
+lineage, keys are names and blocks are found by parent key and token ids (follow). See
 csrc/tier_manager.h; prefixcache.tiers wraps it.
 )doc")
       .def(py::init([](py::handle num_device_blocks, py::handle block_size, py::handle key_size, py::handle tiers,
-                       bool keep_tokens, bool record_events) {
+                       bool keep_tokens, bool record_events, bool lineage) {
              std::vector<TierSpec> specs;
              for (py::handle t : tiers) specs.push_back(to_spec(t));
              return std::make_unique<TierManager>(saturated_int64(num_device_blocks, "num_device_blocks"),
                                                   saturated_int64(block_size, "block_size"),
                                                   saturated_int64(key_size, "key_size"), std::move(specs), keep_tokens,
-                                                  record_events);
+                                                  record_events, lineage);
            }),
            py::arg("num_device_blocks"), py::arg("block_size"), py::arg("key_size"), py::arg("tiers"),
-           py::arg("keep_tokens"), py::arg("record_events"))
+           py::arg("keep_tokens"), py::arg("record_events"), py::arg("lineage") = false)
       .def_property_readonly("num_tiers", &TierManager::num_tiers)
       .def_property_readonly("block_size", &TierManager::block_size)
       .def_property_readonly("key_size", &TierManager::key_size)
       .def_property_readonly("keep_tokens", &TierManager::keep_tokens)
+      .def_property_readonly("lineage", &TierManager::lineage)
       .def_property_readonly("traffic", &TierManager::traffic, "TOKENS admitted so far (the traffic clock).")
       .def_property_readonly("num_device_cached", &TierManager::num_device_cached)
       .def("num_slots", [](const TierManager& t, py::handle tier) { return t.num_slots(tier_arg(tier)); })
@@ -190,6 +192,20 @@ csrc/tier_manager.h; prefixcache.tiers wraps it.
                               saturated_int64(request_tokens, "request_tokens"));
           },
           py::arg("tokens"), py::arg("blocks"), py::arg("request_tokens"))
+      .def(
+          "device_cached_named",
+          [](TierManager& t, py::handle blocks, py::handle parent, py::handle tokens, int64_t depth,
+             int64_t request_tokens, int32_t tag) {
+            t.device_cached_named(to_ids(blocks), bytes_view(parent, "parent"), tokens_of(tokens), depth,
+                                  request_tokens, tag);
+          },
+          py::arg("blocks"), py::arg("parent"), py::arg("tokens"), py::arg("depth") = 0, py::arg("request_tokens") = 0,
+          py::arg("tag") = 0)
+      .def("new_name", [](TierManager& t) { return py::bytes(t.new_name()); })
+      .def("device_key", [](const TierManager& t, py::handle b) -> py::object {
+        auto key = t.device_key(saturated_int64(b, "block"));
+        return key ? py::object(py::bytes(*key)) : py::object(py::none());
+      })
       .def("device_evicted", [](TierManager& t, py::handle blocks) { t.device_evicted(to_ids(blocks)); })
       .def("device_dropped", [](TierManager& t, py::handle blocks) { t.device_dropped(to_ids(blocks)); })
       .def("device_holders", [](const TierManager& t, py::handle key) { return t.device_holders(bytes_view(key, "key")); })
@@ -210,6 +226,16 @@ csrc/tier_manager.h; prefixcache.tiers wraps it.
             return locations(t.chain(p, packed.view(), saturated_int64(start, "start"), saturated_int64(stop, "stop")));
           },
           py::arg("pool"), py::arg("keys"), py::arg("start"), py::arg("stop"))
+      .def(
+          "follow",
+          [](const TierManager& t, py::handle parent, py::handle tokens) {
+            std::string keys;
+            auto found = t.follow(bytes_view(parent, "parent"), tokens_of(tokens), &keys);
+            return py::make_tuple(locations(found), py::bytes(keys));
+          },
+          py::arg("parent"), py::arg("tokens"),
+          "Lineage: the tier slots of the whole blocks of `tokens` after the block keyed `parent`, up to "
+          "the first held nowhere, and their keys packed: ([(tier, slot), ...], bytes).")
       .def("pin", [](TierManager& t, py::handle slots) { t.pin(to_locations(slots)); })
       .def("unpin", [](TierManager& t, py::handle slots) { t.unpin(to_locations(slots)); })
       .def(

@@ -2,7 +2,11 @@
 #include "tier_manager.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
+
+#define XXH_INLINE_ALL
+#include "third_party/xxhash/xxhash.h"
 
 namespace prefixcache {
 
@@ -10,6 +14,7 @@ TierManager::Slots::Slots(const TierSpec& s, int64_t /*key_size*/)
     : spec(s),
       index(static_cast<int32_t>(s.num_slots)),
       children_of(static_cast<int32_t>(s.num_slots)),
+      by_link(static_cast<int32_t>(s.num_slots)),
       parent(s.num_slots),
       has_parent(s.num_slots, 0),
       meta(s.num_slots),
@@ -28,12 +33,13 @@ TierManager::Slots::Slots(const TierSpec& s, int64_t /*key_size*/)
 }
 
 TierManager::TierManager(int64_t num_device_blocks, int64_t block_size, int64_t key_size, std::vector<TierSpec> tiers,
-                         bool keep_tokens, bool record_events)
+                         bool keep_tokens, bool record_events, bool lineage)
     : num_device_blocks_(num_device_blocks),
       block_size_(block_size),
       key_size_(key_size),
       keep_tokens_(keep_tokens),
       record_events_(record_events),
+      lineage_(lineage),
       device_(num_device_blocks < 1 || num_device_blocks > kMaxBlocks ? 1 : num_device_blocks) {
   if (num_device_blocks < 1 || num_device_blocks > kMaxBlocks) {
     throw std::invalid_argument("num_device_blocks must be in [1, " + std::to_string(kMaxBlocks) + "], got " +
@@ -41,6 +47,9 @@ TierManager::TierManager(int64_t num_device_blocks, int64_t block_size, int64_t 
   }
   if (block_size < 1) throw std::invalid_argument("block_size must be >= 1, got " + std::to_string(block_size));
   if (key_size < 1) throw std::invalid_argument("key_size must be >= 1, got " + std::to_string(key_size));
+  if (lineage && !keep_tokens) {
+    throw std::invalid_argument("lineage needs keep_tokens: a block is found by comparing its token ids");
+  }
   if (keep_tokens && block_size > (int64_t{1} << 20)) {
     throw std::invalid_argument("block_size " + std::to_string(block_size) + " is too large to keep tokens per slot");
   }
@@ -171,6 +180,7 @@ void TierManager::remove_slot(int32_t t, int32_t slot) {
     }
     s.children_of.erase(slot);
   }
+  if (s.by_link.has_key(slot)) s.by_link.erase(slot);
   s.has_parent[slot] = 0;
   s.index.erase(slot);
   s.children[slot] = 0;
@@ -191,6 +201,16 @@ void TierManager::link_children(Slots& s, int32_t slot) {
   int32_t kids = 0;
   for (int32_t c : s.children_of.holders(s.index.key(slot))) kids += s.index.has_key(c) ? 1 : 0;
   s.children[slot] = kids;
+}
+
+std::string TierManager::link_of(std::string_view parent, uint64_t token_hash) const {
+  std::string link(parent);
+  link.append(reinterpret_cast<const char*>(&token_hash), sizeof token_hash);
+  return link;
+}
+
+uint64_t TierManager::hash_tokens(const int64_t* tokens) const {
+  return XXH3_64bits(tokens, static_cast<size_t>(block_size_) * sizeof(int64_t));
 }
 
 void TierManager::demote(int32_t from, int32_t src, std::string_view key, const std::string* parent,
@@ -262,6 +282,7 @@ int32_t TierManager::store(int32_t t, int32_t src_tier, int32_t src, std::string
   if (parent != nullptr) {
     s.parent[slot].assign(parent->data(), parent->size());
     s.has_parent[slot] = 1;
+    if (lineage_) s.by_link.insert(slot, link_of(*parent, meta.token_hash));
   }
   link_children(s, slot);
   s.meta[slot] = meta;
@@ -293,6 +314,9 @@ void TierManager::device_cached(const std::vector<int64_t>& blocks, std::string_
     throw std::invalid_argument("device_cached: parent must be " + std::to_string(key_size_) + " bytes, got " +
                                 std::to_string(parent->size()));
   }
+  if (lineage_ && n > 0 && !parent) {
+    throw std::invalid_argument("device_cached: with lineage every chain names its parent (a root key at the start)");
+  }
   if (keep_tokens_ && tokens.size() != n * static_cast<size_t>(block_size_)) {
     throw std::invalid_argument("device_cached: " + std::to_string(n) + " blocks need " +
                                 std::to_string(n * block_size_) + " token ids, got " + std::to_string(tokens.size()));
@@ -306,32 +330,82 @@ void TierManager::device_cached(const std::vector<int64_t>& blocks, std::string_
   }
   for (size_t i = 0; i < n; ++i) {
     const int32_t b = static_cast<int32_t>(blocks[i]);
-    std::string_view key = keys.substr(i * key_size_, key_size_);
     std::optional<std::string_view> up = i ? std::optional<std::string_view>(keys.substr((i - 1) * key_size_, key_size_))
                                            : parent;
     if (device_.index.has_key(b)) continue;  // holds this key already (a loaded block)
-    device_.index.insert(b, key);
-    count_use(key);
-    device_.has_parent[b] = up.has_value();
-    if (up) device_.parent[b].assign(up->data(), up->size());
-    device_.meta[b] = BlockMeta{0, 1, depth, traffic_, request_tokens, tag};
-    const int64_t* toks = nullptr;
-    if (keep_tokens_) {
-      std::copy(tokens.begin() + i * block_size_, tokens.begin() + (i + 1) * block_size_,
-                device_tokens_.begin() + static_cast<size_t>(b) * block_size_);
-      toks = device_tokens_.data() + static_cast<size_t>(b) * block_size_;
-    }
-    const std::string* par = up ? &device_.parent[b] : nullptr;
-    for (int32_t t = 0; t < num_tiers(); ++t) {
-      if (tiers_[t].spec.write == TierWrite::kWriteThrough && tiers_[t].index.first(key) < 0) {
-        if (reused_enough(tiers_[t], key)) {
-          store(t, kDevice, b, key, par, toks, device_.meta[b]);
-        } else {
-          ++tiers_[t].counters.filtered;
-        }
+    const int64_t* toks = keep_tokens_ ? tokens.data() + i * block_size_ : nullptr;
+    cache_one(b, keys.substr(i * key_size_, key_size_), up, toks, depth, request_tokens, tag,
+              lineage_ ? hash_tokens(toks) : 0);
+  }
+}
+
+void TierManager::cache_one(int32_t b, std::string_view key, std::optional<std::string_view> up, const int64_t* tokens,
+                            int64_t depth, int64_t request_tokens, int32_t tag, uint64_t token_hash) {
+  device_.index.insert(b, key);
+  count_use(key);
+  device_.has_parent[b] = up.has_value();
+  if (up) device_.parent[b].assign(up->data(), up->size());
+  device_.meta[b] = BlockMeta{0, 1, depth, traffic_, request_tokens, tag, token_hash};
+  const int64_t* toks = nullptr;
+  if (keep_tokens_) {
+    toks = device_tokens_.data() + static_cast<size_t>(b) * block_size_;
+    std::copy(tokens, tokens + block_size_, device_tokens_.begin() + static_cast<size_t>(b) * block_size_);
+  }
+  const std::string* par = up ? &device_.parent[b] : nullptr;
+  for (int32_t t = 0; t < num_tiers(); ++t) {
+    if (tiers_[t].spec.write == TierWrite::kWriteThrough && tiers_[t].index.first(key) < 0) {
+      if (reused_enough(tiers_[t], key)) {
+        store(t, kDevice, b, key, par, toks, device_.meta[b]);
+      } else {
+        ++tiers_[t].counters.filtered;
       }
     }
   }
+}
+
+void TierManager::device_cached_named(const std::vector<int64_t>& blocks, std::string_view parent,
+                                      const std::vector<int64_t>& tokens, int64_t depth, int64_t request_tokens,
+                                      int32_t tag) {
+  CallFlag::Scope running(calls_, "TierManager.device_cached_named");
+  if (!lineage_) throw std::invalid_argument("device_cached_named: this manager is keyed by hash (built without lineage)");
+  const size_t n = blocks.size();
+  if (parent.size() != static_cast<size_t>(key_size_)) {
+    throw std::invalid_argument("device_cached_named: parent must be " + std::to_string(key_size_) + " bytes, got " +
+                                std::to_string(parent.size()));
+  }
+  if (tokens.size() != n * static_cast<size_t>(block_size_)) {
+    throw std::invalid_argument("device_cached_named: " + std::to_string(n) + " blocks need " +
+                                std::to_string(n * block_size_) + " token ids, got " + std::to_string(tokens.size()));
+  }
+  for (size_t i = 0; i < n; ++i) check_block(blocks[i], "device_cached_named");
+  std::string up(parent);
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t b = static_cast<int32_t>(blocks[i]);
+    if (device_.index.has_key(b)) {  // a loaded block: named already
+      up = device_.index.key(b);
+      continue;
+    }
+    const int64_t* page = tokens.data() + i * block_size_;
+    const uint64_t h = hash_tokens(page);
+    const auto [t, slot] = find_link(up, page, h);
+    const std::string name = t == kNowhere ? new_name() : tiers_[t].index.key(slot);
+    cache_one(b, name, up, page, depth, request_tokens, tag, h);
+    up = name;
+  }
+}
+
+std::string TierManager::new_name() {
+  if (!lineage_) throw std::invalid_argument("new_name: this manager is keyed by hash (built without lineage)");
+  const uint64_t n = ++names_;
+  std::string name(static_cast<size_t>(key_size_), '\0');
+  std::memcpy(name.data(), &n, std::min<size_t>(sizeof n, name.size()));
+  return name;
+}
+
+std::optional<std::string> TierManager::device_key(int64_t block) const {
+  const int32_t b = check_block(block, "device_key");
+  if (!device_.index.has_key(b)) return std::nullopt;
+  return device_.index.key(b);
 }
 
 int64_t TierManager::admitted(int64_t tokens, const std::vector<int64_t>& blocks, int64_t request_tokens) {
@@ -473,6 +547,50 @@ std::vector<std::pair<int32_t, int32_t>> TierManager::chain(const BlockPool* poo
     out.push_back(where);
   }
   return out;
+}
+
+std::vector<std::pair<int32_t, int32_t>> TierManager::follow(std::string_view parent,
+                                                             const std::vector<int64_t>& tokens,
+                                                             std::string* keys) const {
+  if (!lineage_) throw std::invalid_argument("follow: this manager finds blocks by key (built without lineage)");
+  if (parent.size() != static_cast<size_t>(key_size_)) {
+    throw std::invalid_argument("follow: parent must be " + std::to_string(key_size_) + " bytes, got " +
+                                std::to_string(parent.size()));
+  }
+  if (tokens.size() % static_cast<size_t>(block_size_)) {
+    throw std::invalid_argument("follow: " + std::to_string(tokens.size()) + " token ids are not whole blocks of " +
+                                std::to_string(block_size_));
+  }
+  const size_t bs = static_cast<size_t>(block_size_);
+  std::vector<std::pair<int32_t, int32_t>> out;
+  std::string up(parent);
+  for (size_t at = 0; at < tokens.size(); at += bs) {
+    const int64_t* page = tokens.data() + at;
+    const auto found = find_link(up, page, hash_tokens(page));
+    if (found.first == kNowhere) break;
+    out.push_back(found);
+    up = tiers_[found.first].index.key(found.second);
+    if (keys != nullptr) keys->append(up);
+  }
+  return out;
+}
+
+std::pair<int32_t, int32_t> TierManager::find_link(std::string_view up, const int64_t* page,
+                                                    uint64_t token_hash) const {
+  const std::string link = link_of(up, token_hash);
+  const size_t bs = static_cast<size_t>(block_size_);
+  for (int32_t t = 0; t < num_tiers(); ++t) {
+    const Slots& s = tiers_[t];
+    // Holders share the link's bytes; the parent and every token id decide (a hash
+    // collision, or a block computed twice, is only a second holder).
+    for (int32_t slot : s.by_link.holders(link)) {
+      if (s.parent[slot] == up &&
+          std::memcmp(tokens_[t].data() + static_cast<size_t>(slot) * bs, page, bs * sizeof(int64_t)) == 0) {
+        return {t, slot};
+      }
+    }
+  }
+  return {kNowhere, -1};
 }
 
 // ------------------------------------------------------------------ loads
@@ -626,9 +744,11 @@ void TierManager::restore(int32_t tier, int32_t slot, std::string_view key, std:
   BlockMeta meta{std::max<int64_t>(hits, 0), std::max<int64_t>(hits, 0) + 1, 0, traffic_, 0, 0};
   // store() without taking a slot or recording a transfer: the data is already there.
   s.index.insert(slot, key);
+  if (lineage_) meta.token_hash = hash_tokens(tokens.data());
   if (parent) {
     s.parent[slot] = par;
     s.has_parent[slot] = 1;
+    if (lineage_) s.by_link.insert(slot, link_of(par, meta.token_hash));
   }
   link_children(s, slot);
   s.meta[slot] = meta;
@@ -733,6 +853,7 @@ void TierManager::check_invariants(const BlockPool* pool) const {
     const Slots& s = tiers_[t];
     s.index.check_invariants();
     s.children_of.check_invariants();
+    s.by_link.check_invariants();
     std::vector<int32_t> entries(s.spec.num_slots, 0);
     for (const Slots::Entry& e : s.heap) {
       if (live(s, e)) ++entries[e.slot];
@@ -748,6 +869,7 @@ void TierManager::check_invariants(const BlockPool* pool) const {
           fail(where + " holds no block but is not in the free list");
         }
         if (s.pins[i]) fail(where + " is pinned but holds no block");
+        if (s.by_link.has_key(i)) fail(where + " holds no block but is linked");
         continue;
       }
       if (s.free_pos[i] >= 0) fail(where + " holds a block but is in the free list");
@@ -760,6 +882,14 @@ void TierManager::check_invariants(const BlockPool* pool) const {
                std::to_string(kids));
         }
         if (s.has_parent[i] != (s.children_of.has_key(i) ? 1 : 0)) fail(where + ": parent index out of step");
+      }
+      if (lineage_) {
+        const bool linked = s.by_link.has_key(i);
+        if (linked != (s.has_parent[i] != 0)) fail(where + ": link index out of step");
+        const uint64_t h = hash_tokens(tokens_[t].data() + static_cast<size_t>(i) * block_size_);
+        if (h != s.meta[i].token_hash || (linked && s.by_link.key(i) != link_of(s.parent[i], h))) {
+          fail(where + ": its link does not name its parent and tokens");
+        }
       }
       if (evictable(s, i) && entries[i] != 1) {
         fail(where + " may leave but has " + std::to_string(entries[i]) + " live heap entries");

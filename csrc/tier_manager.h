@@ -5,7 +5,8 @@
 // each slot (the block's chained hash), what travels with a block between tiers
 // (BlockMeta: hit and use counts, the chain's depth, the traffic clock of its last
 // use, a namespace tag; and for events or a disk tier its parent hash and token ids),
-// pins (a slot a queued load reads stays put while the admission runs), the tier's
+// pins (a slot a queued load reads stays put while the admission runs), with `lineage`
+// an index of each slot by its link (parent key, tokens), the tier's
 // eviction order, and its counters. On the device side it owns a mirror of the
 // device blocks the strategy has cached (key -> blocks, plus the same BlockMeta), so
 // that a block the strategy evicts can be demoted with what it held. It records,
@@ -39,6 +40,14 @@
 // Transfers are recorded in the order they must run: a slot's old content is moved
 // down before the store that overwrites it, and a load before any store that reuses
 // its slot (the slot is pinned until the load is recorded).
+//
+// Keys. By default a key is the block's chained hash (content-addressed: a block is
+// found by hashing its prefix). With `lineage` a key is any unique name the strategy
+// gives a block (radix: a counter), and a block is found from its parent's key and its
+// own token ids, compared in full (`follow`): no hash decides a hit, so nothing needs
+// to be collision resistant, and a strategy that already knows its prefix (a tree)
+// hashes nothing. A block is then found only through its parent: one whose parent left
+// every tier and the device is unreachable until evicted.
 //
 // Invariants (check_invariants): a key is held by at most one slot per tier; a
 // slot's child count equals the slots of its tier whose parent it is; every
@@ -93,6 +102,7 @@ struct BlockMeta {
   int64_t last_use = 0;        // traffic clock (TOKENS admitted) at its last use
   int64_t request_tokens = 0;  // whole-block prompt TOKENS of the request that last used it
   int32_t tag = 0;             // namespace tag (the Python side's table; events only)
+  uint64_t token_hash = 0;     // lineage: XXH3-64 of its token ids (the link's second half)
 };
 
 // Copy one block's KV from (src_tier, src) to (dst_tier, dst); tier -1 is the device pool.
@@ -130,14 +140,17 @@ class TierManager {
 
   // `num_device_blocks`: the device pool's size; `block_size` TOKENS; `key_size`
   // bytes per chained hash; `keep_tokens`: remember each block's parent and
-  // tokens (for events and a disk file's headers); `record_events`: log TierRecords.
+  // tokens (for events and a disk file's headers); `record_events`: log TierRecords;
+  // `lineage`: keys are names, blocks are found by `follow` (needs keep_tokens, and every
+  // block cached with a parent: a chain's first block names its root).
   TierManager(int64_t num_device_blocks, int64_t block_size, int64_t key_size, std::vector<TierSpec> tiers,
-              bool keep_tokens, bool record_events);
+              bool keep_tokens, bool record_events, bool lineage = false);
 
   int32_t num_tiers() const { return static_cast<int32_t>(tiers_.size()); }
   int64_t block_size() const { return block_size_; }
   int64_t key_size() const { return key_size_; }
   bool keep_tokens() const { return keep_tokens_; }
+  bool lineage() const { return lineage_; }
   int64_t traffic() const { return traffic_; }
   int64_t num_slots(int32_t tier) const { return tier_at(tier).spec.num_slots; }
   int64_t num_used(int32_t tier) const { return tier_at(tier).index.size(); }
@@ -152,6 +165,18 @@ class TierManager {
   // its key is left as it is. Feeds write_through tiers.
   void device_cached(const std::vector<int64_t>& blocks, std::string_view keys, std::optional<std::string_view> parent,
                      const std::vector<int64_t>& tokens, int64_t depth, int64_t request_tokens, int32_t tag);
+  // Lineage only: device_cached, the blocks' names chosen here. A block that already
+  // holds a name keeps it (a loaded block); one the tiers hold after the same parent with
+  // the same tokens takes that copy's name (so its children stay reachable, as hashing
+  // would give it its copy's key); any other a fresh name. `parent` names the block
+  // before the first (a chain's root name at the start).
+  void device_cached_named(const std::vector<int64_t>& blocks, std::string_view parent,
+                           const std::vector<int64_t>& tokens, int64_t depth, int64_t request_tokens, int32_t tag);
+  // Lineage only: a name never given before (the manager counts them: key_size bytes,
+  // the count little-endian, zero-padded).
+  std::string new_name();
+  // The key (name) the device mirror holds for `block`, or nullopt.
+  std::optional<std::string> device_key(int64_t block) const;
   // An admission of `tokens` TOKENS (whole blocks) hit the device blocks `blocks`:
   // the traffic clock advances, each block counts a hit; feeds selective tiers.
   // Returns the request's chain depth: 1 + the depth of its last hit block when that
@@ -177,6 +202,14 @@ class TierManager {
   // earliest holder), else {tier, slot}. `pool` may be null (tiers only).
   std::vector<std::pair<int32_t, int32_t>> chain(const BlockPool* pool, std::string_view keys, int64_t start,
                                                  int64_t stop) const;
+
+  // Lineage only: where each block of `tokens` (whole blocks) after the block keyed
+  // `parent` is in the tiers, up to the first held nowhere: the slot whose parent is
+  // the previous block's key and whose token ids equal the block's (the highest tier
+  // first; in a tier, the earliest stored of such slots). Appends the found
+  // slots' keys, packed, to `keys`.
+  std::vector<std::pair<int32_t, int32_t>> follow(std::string_view parent, const std::vector<int64_t>& tokens,
+                                                  std::string* keys) const;
 
   // -- an admission's loads --
   // Pin slots so nothing this admission does evicts them; unpin() undoes it.
@@ -238,6 +271,7 @@ class TierManager {
     TierSpec spec;
     KeyIndex index;                   // slot -> key; key -> its slot
     KeyIndex children_of;             // slot -> its parent's key; parent key -> child slots
+    KeyIndex by_link;                 // lineage: slot -> its link (parent key, token hash)
     std::vector<std::string> parent;  // parent key (when has_parent)
     std::vector<uint8_t> has_parent;
     std::vector<BlockMeta> meta;
@@ -294,12 +328,21 @@ class TierManager {
   void record(bool stored, int32_t tier, std::string_view key, const std::string* parent, const int64_t* tokens,
               int32_t tag);
   void compact(Slots& s);
+  // device_cached's per-block work once keys are known (checked by the caller).
+  void cache_one(int32_t b, std::string_view key, std::optional<std::string_view> up, const int64_t* tokens,
+                 int64_t depth, int64_t request_tokens, int32_t tag, uint64_t token_hash);
+  // Lineage: the slot (tier, slot) holding the block after `up` with these tokens, or {kNowhere, -1}.
+  std::pair<int32_t, int32_t> find_link(std::string_view up, const int64_t* page, uint64_t token_hash) const;
+  std::string link_of(std::string_view parent, uint64_t token_hash) const;
+  uint64_t hash_tokens(const int64_t* tokens) const;
 
   int64_t num_device_blocks_;
   int64_t block_size_;
   int64_t key_size_;
   bool keep_tokens_;
   bool record_events_;
+  bool lineage_;
+  uint64_t names_ = 0;  // lineage: names given so far
   int64_t traffic_ = 0;
   std::vector<Slots> tiers_;
   std::vector<std::vector<int64_t>> tokens_;  // per tier, block_size ids per slot (keep_tokens)

@@ -12,7 +12,10 @@ Both built-in strategies use it the same way (docs/tiers.md): they report what t
 device caches (`cached`), hits (`admitted`) and evicts (`evicted`); look a chain up
 (`chain`), cut it with `plan`, and turn what they keep into loads (`pin`, then `load`
 once the device blocks are allocated). A plugin backend does the same through this
-class; nothing here knows which strategy calls it.
+class; nothing here knows which strategy calls it. A strategy that knows its prefix
+without hashing it (a tree) may build it with `lineage`: blocks are then named by the
+strategy and found through their parent's name and their token ids (`follow`),
+compared in full, instead of by chained hash.
 
 The cost model. Loading the lower-tier blocks of a hit's first c blocks costs, per tier
 t used, latency_t + n_t x block_bytes / bandwidth_t; computing the prompt from block c
@@ -120,7 +123,13 @@ class Tiers:
     holds in BYTES (the cost model's; the engine sets its model's)."""
 
     def __init__(
-        self, config: CacheConfig, num_device_blocks: int, key_size: int, events: EventLog | NullEventLog
+        self,
+        config: CacheConfig,
+        num_device_blocks: int,
+        key_size: int,
+        events: EventLog | NullEventLog,
+        *,
+        lineage: bool = False,
     ) -> None:
         self.config = config
         self.block_size = config.block_size
@@ -136,9 +145,11 @@ class Tiers:
              p.native_params(), t.medium == "DISK", t.store_threshold, t.reuse_slots)
             for i, (t, p) in enumerate(zip(config.tiers, self.policies, strict=True))
         ]  # fmt: skip
-        # Token ids travel with blocks for events and for a disk file's records.
-        keep_tokens = events.enabled or any(t.medium == "DISK" for t in config.tiers)
-        self.native = TierManager(num_device_blocks, self.block_size, key_size, native_tiers, keep_tokens, events.enabled)
+        # Token ids travel with blocks for events, for a disk file's records, and for
+        # lineage, which finds a block by comparing them.
+        keep_tokens = lineage or events.enabled or any(t.medium == "DISK" for t in config.tiers)
+        self.native = TierManager(num_device_blocks, self.block_size, key_size, native_tiers, keep_tokens, events.enabled,
+                                  lineage)  # fmt: skip
         self.keep_tokens = keep_tokens
         self._events = events
         self.block_bytes = config.cost_model.bytes_per_token * self.block_size
@@ -189,6 +200,32 @@ class Tiers:
                                   self.tag(namespace))
         self.flush_events()
 
+    def cached_named(
+        self,
+        blocks: Sequence[int],
+        parent: bytes,
+        tokens: Sequence[int],
+        depth: int,
+        request_tokens: int,
+        namespace: Hashable,
+    ) -> None:
+        """Lineage: `cached`, the blocks named here (a block the tiers hold after the same
+        parent with the same tokens takes that copy's name, any other a fresh one);
+        `parent` names the block before the first (`new_name()` for a chain's root)."""
+        self.native.device_cached_named(blocks, parent, tokens, depth, request_tokens, self.tag(namespace))
+        self.flush_events()
+
+    def new_name(self) -> bytes:
+        """Lineage: a name never given before (a chain's root)."""
+        return self.native.new_name()
+
+    def device_key(self, block: int) -> bytes:
+        """The key (with lineage, the name) the device block `block` is cached under."""
+        key = self.native.device_key(block)
+        if key is None:
+            raise KeyError(f"device block {block} is not cached in the tiers' mirror")
+        return key
+
     def admitted(self, num_tokens: int, hit_blocks: Sequence[int], request_tokens: int) -> int:
         """An admission of `num_tokens` TOKENS (whole blocks) whose hit is the device
         blocks `hit_blocks` (loaded ones included): hit counts, selective copies; returns
@@ -222,6 +259,14 @@ class Tiers:
         tiers calls this before it changes anything)."""
         self.raise_policy_error()
         return self.native.chain(pool, keys, start, stop)
+
+    def follow(self, parent: bytes, tokens: Sequence[int]) -> tuple[list[Location], bytes]:
+        """Lineage only: where the whole blocks of `tokens` after the block named `parent`
+        are in the tiers, up to the first held nowhere (each found by its parent's name
+        and its token ids, compared in full), and their names packed. Raises a policy's
+        failure first, as `chain` does."""
+        self.raise_policy_error()
+        return self.native.follow(parent, tokens)
 
     def raise_policy_error(self) -> None:
         """Raise (once) the first failure of a tier's Python policy since the last call:

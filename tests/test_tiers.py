@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import random
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given, settings
 
 import prefixcache
 import prefixcache.testing as kit
@@ -316,6 +318,49 @@ def test_both_strategies_pass_the_kit_with_tiers(backend, tiers):
     # The plain host tier at the kit's block sizes; the other layouts at one (the suite's time).
     sizes = (1, 4) if len(tiers) == 1 and tiers[0].write == "on_evict" else (2,)
     kit.check_backend(backend, tiers=tiers, enable_events=True, max_examples=25, block_sizes=sizes)
+
+
+@pytest.mark.parametrize(
+    "tiers",
+    [
+        (TierConfig("CPU", 3),),
+        (TierConfig("CPU", 2, eviction="chain"), TierConfig("CPU", 3, write="on_evict", eviction="lfu")),
+        (TierConfig("CPU", 2, write="selective", min_hits=1), TierConfig("CPU", 3, write="write_through")),
+    ],
+    ids=["cpu", "cpu+cpu-chain", "selective+write-through"],
+)
+def test_radix_with_lineage_passes_the_kit(tiers):
+    # Without events or a disk, radix names its pages and follows them through the tiers.
+    config = CacheConfig(backend="radix", block_size=2, num_blocks=8, tiers=tiers, enable_events=False)
+    assert build_cache(config).tiers.native.lineage
+    kit.check_backend("radix", tiers=tiers, enable_events=False, max_examples=25, block_sizes=(1, 2))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    prompts=st.lists(st.lists(st.integers(0, 2), min_size=2, max_size=12), min_size=1, max_size=30),
+    eviction=st.sampled_from(["lru", "lfu", "chain"]),
+)
+def test_radix_finds_by_lineage_what_it_finds_by_hash(prompts, eviction):
+    # A host tier large enough never to evict holds no block whose parent it lost, so
+    # lineage (names, followed from the tree) and hashes must find exactly the same:
+    # every admission's hit, per tier, its loads, and the tiers' counters.
+    def replay(events):
+        cache = tiered("radix", num_blocks=4, tiers=({"medium": "CPU", "num_blocks": 64, "eviction": eviction},),
+                       enable_events=events)  # fmt: skip
+        assert cache.tiers.native.lineage is not events
+        seen = []
+        for i, tokens in enumerate(prompts):
+            adm = cache.admit(i, tokens)
+            seen.append(None if adm is None else (adm.num_cached_tokens, adm.tier_hits, adm.loads))
+            if adm is not None:
+                cache.commit(i, len(tokens))
+                cache.release(i)
+                cache.drain_transfers()
+            cache.check_invariants()
+        return seen, cache.stats().tiers
+
+    assert replay(False) == replay(True)
 
 
 class _MisloadingHash(HashCache):

@@ -1,6 +1,6 @@
 """The native tier manager against its Python model (tests/reference/tiers.py), driven by
 random device caching, hits, evictions, loads, drops and persists (a graceful close),
-under native orders and Python policies: after every step both hold every key in the same tier and slot, record the same
+under native orders and Python policies, keyed by hash and by lineage: after every step both hold every key in the same tier and slot, record the same
 transfers in the same order and count the same."""
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ class TailsByTraffic(EvictionPolicy):
 
 BS = 2
 DEVICE_BLOCKS = 6
-KEYS = [bytes([k, 0, 0, 0]) for k in range(12)]  # a small universe: keys come back
+KEYS = [bytes([k, 0, 0, 128]) for k in range(12)]  # a small universe: keys come back (never a name the manager gives)
+ROOT = b"root"  # with lineage: the parent a chain's first block names
 CONFIGS = [  # (num_slots, write, min_hits, eviction (a name or a policy class), keep_on_load, store_threshold, reuse_slots)
     [(3, "on_evict", 0, "lru", False, 0, 0), (4, "on_evict", 0, "chain", True, 0, 0)],
     [(3, "write_through", 0, "lfu", False, 0, 0)],
@@ -49,15 +50,21 @@ CONFIGS = [  # (num_slots, write, min_hits, eviction (a name or a policy class),
 ]
 
 
+def page(k: int) -> list[int]:
+    """Block k's token ids (a key always names the same tokens, as lineage requires)."""
+    return [7 * k + i for i in range(BS)]
+
+
 class TierMachine(RuleBasedStateMachine):
-    @initialize(config=st.sampled_from(CONFIGS))
-    def start(self, config):
+    @initialize(config=st.sampled_from(CONFIGS), lineage=st.booleans())
+    def start(self, config, lineage):
         policies = [policy() if isinstance(policy, type) else resolve_eviction_policy(policy)()
                     for _, _, _, policy, _, _, _ in config]  # fmt: skip
         self.errors = []
         native = [(n, w, h, p.native or PolicyRank(p, "test", self.errors), p.leaves_only, p.native_params(), keep,
                    k, size) for (n, w, h, _, keep, k, size), p in zip(config, policies)]  # fmt: skip
-        self.native = TierManager(DEVICE_BLOCKS, BS, 4, native, True, False)
+        self.lineage = lineage
+        self.native = TierManager(DEVICE_BLOCKS, BS, 4, native, True, False, lineage)
         self.model = PyTierManager(DEVICE_BLOCKS, BS, [(n, w, h, p, p.leaves_only, keep, k, size)
                                                        for (n, w, h, _, keep, k, size), p in zip(config, policies)])  # fmt: skip
 
@@ -72,10 +79,23 @@ class TierMachine(RuleBasedStateMachine):
         blocks = data.draw(st.permutations(free))[:n]
         start = data.draw(st.integers(0, len(KEYS) - n))
         keys = KEYS[start : start + n]
-        parent = KEYS[start - 1] if start else None
-        toks = [7 * start + i for i in range(n * BS)]
+        parent = KEYS[start - 1] if start else (ROOT if self.lineage else None)
+        toks = [t for k in range(start, start + n) for t in page(k)]
         self.native.device_cached(blocks, b"".join(keys), parent, toks, depth, tokens, 0)
         self.model.device_cached(blocks, keys, parent, toks, depth, tokens)
+
+    @precondition(lambda self: self.lineage and len(self.free_blocks()) > 0)
+    @rule(data=st.data(), depth=st.integers(0, 2), tokens=st.integers(0, 40))
+    def cache_named(self, data, depth, tokens):
+        # The manager names the blocks: a tier's copy after the same parent lends its name.
+        free = self.free_blocks()
+        n = data.draw(st.integers(1, min(3, len(free))))
+        blocks = data.draw(st.permutations(free))[:n]
+        start = data.draw(st.integers(0, len(KEYS) - n))
+        toks = [t for k in range(start, start + n) for t in page(k)]
+        parent = KEYS[start - 1] if start else ROOT
+        self.native.device_cached_named(blocks, parent, toks, depth, tokens, 0)
+        self.model.device_cached_named(blocks, parent, toks, depth, tokens)
 
     @precondition(lambda self: self.model.device)
     @rule(data=st.data(), tokens=st.integers(0, 40))
@@ -142,6 +162,13 @@ class TierMachine(RuleBasedStateMachine):
                 assert tuple(self.native.slot_tokens(t, slot)) == s.tokens
         for b in range(DEVICE_BLOCKS):
             assert self.native.device_has(b) == (b in self.model.device)
+            assert self.native.device_key(b) == (self.model.device[b][0] if b in self.model.device else None)
+        if self.lineage:  # every chain, found from every block, as the model finds it
+            for start in range(len(KEYS)):
+                tokens = [t for k in range(start, len(KEYS)) for t in page(k)]
+                parent = KEYS[start - 1] if start else ROOT
+                found, keys = self.native.follow(parent, tokens)
+                assert (found, keys) == self.model.follow(parent, tokens)
 
 
 TierMachine.TestCase.settings = settings(

@@ -3,7 +3,7 @@
 `PyTierManager` has the semantics of the native `prefixcache._C.TierManager`
 (csrc/tier_manager.h) operation for operation: per tier, slots keyed by a block's
 chained hash with what travels with it (hits, uses, chain depth, last use, parent,
-tokens), pins, an eviction order ranked by the policy's `priority()` (eviction.py; the
+tokens; with lineage the tokens find a block: `follow`), pins, an eviction order ranked by the policy's `priority()` (eviction.py; the
 native order mirrors it), ties broken by the order candidates were ranked in,
 leaves-only eviction for a policy that asks for it; the device mirror; the write
 policies (on_evict moves a block down when it leaves the tier above, write_through
@@ -95,8 +95,11 @@ class Tier:
 
 
 class PyTierManager:
-    def __init__(self, num_device_blocks: int, block_size: int, tiers: list[tuple], keep_tokens: bool = True) -> None:
+    def __init__(self, num_device_blocks: int, block_size: int, tiers: list[tuple], keep_tokens: bool = True,
+                 key_size: int = 4) -> None:  # fmt: skip
         self.block_size = block_size
+        self.key_size = key_size
+        self.names = 0  # lineage: names given so far
         self.keep_tokens = keep_tokens
         # (num_slots, write, min_hits, policy, leaves_only, keep_on_load, store_threshold, reuse_slots)
         self.tiers = [Tier(*tier) for tier in tiers]
@@ -184,6 +187,26 @@ class PyTierManager:
                     else:
                         tier.counters["filtered"] += 1
 
+    def device_cached_named(self, blocks: list[int], parent: bytes, tokens: list[int], depth: int,
+                            request_tokens: int) -> None:  # fmt: skip
+        """Lineage: each block keeps the name it holds, else takes the name of the tiers'
+        copy after the same parent with the same tokens, else a fresh one."""
+        bs, up = self.block_size, parent
+        for j, b in enumerate(blocks):
+            if b in self.device:
+                up = self.device[b][0]
+                continue
+            page = tokens[j * bs : (j + 1) * bs]
+            found, keys = self.follow(up, page)
+            name = keys if found else self.new_name()
+            self.device_cached([b], [name], up, page, depth, request_tokens)
+            up = name
+
+    def new_name(self) -> bytes:
+        """Lineage: the count of names given, little-endian in key_size bytes."""
+        self.names += 1
+        return self.names.to_bytes(8, "little")[: self.key_size].ljust(self.key_size, b"\0")
+
     def admitted(self, tokens: int, blocks: list[int], request_tokens: int) -> int:
         self.traffic += tokens
         depth = 0
@@ -239,6 +262,28 @@ class PyTierManager:
             if i is not None:
                 return (t, i)
         return None
+
+    def follow(self, parent: bytes, tokens: list[int]) -> tuple[list[tuple[int, int]], bytes]:
+        """Lineage: each whole block of `tokens` after the block keyed `parent`, found by
+        its parent's key and its token ids (the highest tier first), up to the first
+        held nowhere; and the found keys, packed."""
+        found: list[tuple[int, int]] = []
+        keys = b""
+        up = parent
+        for at in range(0, len(tokens), self.block_size):
+            page = tuple(tokens[at : at + self.block_size])
+            where = None
+            for t, tier in enumerate(self.tiers):  # the highest tier first; in it, the earliest stored
+                held = [(s.created, i) for i, s in tier.slots.items() if s.parent == up and s.tokens == page]
+                if held:
+                    where = (t, min(held)[1])
+                    break
+            if where is None:
+                break
+            found.append(where)
+            up = self.tiers[where[0]].slots[where[1]].key
+            keys += up
+        return found, keys
 
     def pin(self, slots: list[tuple[int, int]]) -> None:
         for t, i in slots:
