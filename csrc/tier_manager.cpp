@@ -23,6 +23,7 @@ TierManager::Slots::Slots(const TierSpec& s, int64_t /*key_size*/)
       stamp(s.num_slots, 0),
       created(s.num_slots, 0),
       version(s.num_slots, 0),
+      page(s.num_slots, TokenPages::kNone),
       free_pos(s.num_slots, -1),
       reuse(s.store_threshold >= 2 ? s.reuse_slots : 0) {
   free_slots.reserve(s.num_slots);
@@ -40,7 +41,8 @@ TierManager::TierManager(int64_t num_device_blocks, int64_t block_size, int64_t 
       keep_tokens_(keep_tokens),
       record_events_(record_events),
       lineage_(lineage),
-      device_(num_device_blocks < 1 || num_device_blocks > kMaxBlocks ? 1 : num_device_blocks) {
+      device_(num_device_blocks < 1 || num_device_blocks > kMaxBlocks ? 1 : num_device_blocks),
+      pages_(1, 0) {
   if (num_device_blocks < 1 || num_device_blocks > kMaxBlocks) {
     throw std::invalid_argument("num_device_blocks must be in [1, " + std::to_string(kMaxBlocks) + "], got " +
                                 std::to_string(num_device_blocks));
@@ -74,11 +76,15 @@ TierManager::TierManager(int64_t num_device_blocks, int64_t block_size, int64_t 
     }
   }
   tiers_.reserve(tiers.size());
-  for (const TierSpec& s : tiers) {
-    tiers_.emplace_back(s, key_size);
-    tokens_.emplace_back(keep_tokens ? static_cast<size_t>(s.num_slots * block_size) : 0, 0);
-  }
-  if (keep_tokens) device_tokens_.assign(static_cast<size_t>(num_device_blocks * block_size), 0);
+  for (const TierSpec& s : tiers) tiers_.emplace_back(s, key_size);
+  pages_ = TokenPages(block_size, pages_capacity());
+}
+
+int64_t TierManager::pages_capacity() const {
+  if (!keep_tokens_) return 0;
+  int64_t holders = num_device_blocks_;
+  for (const Slots& s : tiers_) holders += s.spec.num_slots;
+  return holders + 1;
 }
 
 TierManager::Slots& TierManager::tier_at(int32_t t) {
@@ -213,8 +219,8 @@ uint64_t TierManager::hash_tokens(const int64_t* tokens) const {
   return XXH3_64bits(tokens, static_cast<size_t>(block_size_) * sizeof(int64_t));
 }
 
-void TierManager::demote(int32_t from, int32_t src, std::string_view key, const std::string* parent,
-                         const int64_t* tokens, const BlockMeta& meta) {
+void TierManager::demote(int32_t from, int32_t src, std::string_view key, const std::string* parent, int32_t page,
+                         const BlockMeta& meta) {
   const int32_t next = from + 1;
   // The next tier only: an inclusive tier further down may hold a copy (written through),
   // which does not make this one hold it.
@@ -225,7 +231,7 @@ void TierManager::demote(int32_t from, int32_t src, std::string_view key, const 
     ++s.counters.filtered;  // dropped by the filter
     return;
   }
-  store(next, from, src, key, parent, tokens, meta);
+  store(next, from, src, key, parent, page, meta);
 }
 
 void TierManager::count_use(std::string_view key) {
@@ -262,8 +268,7 @@ int32_t TierManager::take_slot(int32_t t) {
     ++s.counters.evictions;
     const int64_t stores_below = t + 1 < num_tiers() ? tiers_[t + 1].counters.stores : 0;
     // The victim's data moves down before the caller's store overwrites its slot.
-    const int64_t* tokens = keep_tokens_ ? tokens_[t].data() + static_cast<size_t>(victim) * block_size_ : nullptr;
-    demote(t, victim, s.index.key(victim), has_parent ? &s.parent[victim] : nullptr, tokens, meta);
+    demote(t, victim, s.index.key(victim), has_parent ? &s.parent[victim] : nullptr, s.page[victim], meta);
     if (t + 1 < num_tiers() && tiers_[t + 1].counters.stores > stores_below) ++s.counters.demotions;
     return victim;
   }
@@ -271,7 +276,7 @@ int32_t TierManager::take_slot(int32_t t) {
 }
 
 int32_t TierManager::store(int32_t t, int32_t src_tier, int32_t src, std::string_view key, const std::string* parent,
-                           const int64_t* tokens, const BlockMeta& meta) {
+                           int32_t page, const BlockMeta& meta) {
   const int32_t slot = take_slot(t);
   Slots& s = tiers_[t];
   if (slot < 0) {
@@ -288,12 +293,10 @@ int32_t TierManager::store(int32_t t, int32_t src_tier, int32_t src, std::string
   s.meta[slot] = meta;
   s.stamp[slot] = s.created[slot] = ++s.clock;
   s.pins[slot] = 0;
-  if (keep_tokens_ && tokens != nullptr) {
-    std::copy(tokens, tokens + block_size_, tokens_[t].begin() + static_cast<size_t>(slot) * block_size_);
-  }
+  if (keep_tokens_) pages_.hold(s.page[slot], page);  // the block's ids, by reference
   transfers_.push_back(Transfer{src_tier, src, t, slot});
   ++s.counters.stores;
-  record(true, t, key, parent, keep_tokens_ ? tokens : nullptr, meta.tag);
+  record(true, t, key, parent, pages_.data(s.page[slot]), meta.tag);
   push(s, slot);
   return slot;
 }
@@ -346,16 +349,12 @@ void TierManager::cache_one(int32_t b, std::string_view key, std::optional<std::
   device_.has_parent[b] = up.has_value();
   if (up) device_.parent[b].assign(up->data(), up->size());
   device_.meta[b] = BlockMeta{0, 1, depth, traffic_, request_tokens, tag, token_hash};
-  const int64_t* toks = nullptr;
-  if (keep_tokens_) {
-    toks = device_tokens_.data() + static_cast<size_t>(b) * block_size_;
-    std::copy(tokens, tokens + block_size_, device_tokens_.begin() + static_cast<size_t>(b) * block_size_);
-  }
+  if (keep_tokens_) pages_.fill(device_.page[b], tokens);
   const std::string* par = up ? &device_.parent[b] : nullptr;
   for (int32_t t = 0; t < num_tiers(); ++t) {
     if (tiers_[t].spec.write == TierWrite::kWriteThrough && tiers_[t].index.first(key) < 0) {
       if (reused_enough(tiers_[t], key)) {
-        store(t, kDevice, b, key, par, toks, device_.meta[b]);
+        store(t, kDevice, b, key, par, device_.page[b], device_.meta[b]);
       } else {
         ++tiers_[t].counters.filtered;
       }
@@ -432,12 +431,11 @@ int64_t TierManager::admitted(int64_t tokens, const std::vector<int64_t>& blocks
     std::string_view key = device_.index.key(b);
     count_use(key);
     const std::string* par = device_.has_parent[b] ? &device_.parent[b] : nullptr;
-    const int64_t* toks = keep_tokens_ ? device_tokens_.data() + static_cast<size_t>(b) * block_size_ : nullptr;
     for (int32_t t = 0; t < num_tiers(); ++t) {
       Slots& s = tiers_[t];
       if (s.spec.write == TierWrite::kSelective && m.hits >= s.spec.min_hits && s.index.first(key) < 0) {
         if (reused_enough(s, key)) {
-          store(t, kDevice, b, key, par, toks, m);
+          store(t, kDevice, b, key, par, device_.page[b], m);
         } else {
           ++s.counters.filtered;
         }
@@ -458,8 +456,7 @@ void TierManager::device_evicted(const std::vector<int64_t>& blocks) {
     device_.index.erase(b);
     std::string_view key = device_.index.key(b);
     if (device_.index.first(key) >= 0) continue;  // another copy is still on the device
-    const int64_t* toks = keep_tokens_ ? device_tokens_.data() + static_cast<size_t>(b) * block_size_ : nullptr;
-    demote(kDevice, b, key, device_.has_parent[b] ? &device_.parent[b] : nullptr, toks, device_.meta[b]);
+    demote(kDevice, b, key, device_.has_parent[b] ? &device_.parent[b] : nullptr, device_.page[b], device_.meta[b]);
   }
 }
 
@@ -489,23 +486,21 @@ int64_t TierManager::persist(int32_t t) {
   const int64_t most = dst.spec.num_slots;
   int64_t stored = 0;
   // A source the tier already holds is skipped, so a key held twice above is copied once.
-  auto copy = [&](int32_t src_tier, int32_t src, std::string_view key, const std::string* parent,
-                  const int64_t* tokens, const BlockMeta& meta) {
+  auto copy = [&](int32_t src_tier, int32_t src, std::string_view key, const std::string* parent, int32_t page,
+                  const BlockMeta& meta) {
     if (stored >= most || dst.index.first(key) >= 0) return;
-    if (store(t, src_tier, src, key, parent, tokens, meta) >= 0) ++stored;
+    if (store(t, src_tier, src, key, parent, page, meta) >= 0) ++stored;
   };
   for (int32_t b = 0; b < static_cast<int32_t>(num_device_blocks_); ++b) {
     if (!device_.index.has_key(b)) continue;
-    const int64_t* toks = keep_tokens_ ? device_tokens_.data() + static_cast<size_t>(b) * block_size_ : nullptr;
-    copy(kDevice, b, device_.index.key(b), device_.has_parent[b] ? &device_.parent[b] : nullptr, toks,
+    copy(kDevice, b, device_.index.key(b), device_.has_parent[b] ? &device_.parent[b] : nullptr, device_.page[b],
          device_.meta[b]);
   }
   for (int32_t u = 0; u < t; ++u) {
     Slots& s = tiers_[u];
     for (int32_t slot = 0; slot < static_cast<int32_t>(s.spec.num_slots); ++slot) {
       if (!s.index.has_key(slot)) continue;
-      const int64_t* toks = keep_tokens_ ? tokens_[u].data() + static_cast<size_t>(slot) * block_size_ : nullptr;
-      copy(u, slot, s.index.key(slot), s.has_parent[slot] ? &s.parent[slot] : nullptr, toks, s.meta[slot]);
+      copy(u, slot, s.index.key(slot), s.has_parent[slot] ? &s.parent[slot] : nullptr, s.page[slot], s.meta[slot]);
     }
   }
   return stored;
@@ -585,7 +580,7 @@ std::pair<int32_t, int32_t> TierManager::find_link(std::string_view up, const in
     // collision, or a block computed twice, is only a second holder).
     for (int32_t slot : s.by_link.holders(link)) {
       if (s.parent[slot] == up &&
-          std::memcmp(tokens_[t].data() + static_cast<size_t>(slot) * bs, page, bs * sizeof(int64_t)) == 0) {
+          std::memcmp(pages_.data(s.page[slot]), page, bs * sizeof(int64_t)) == 0) {
         return {t, slot};
       }
     }
@@ -681,11 +676,7 @@ void TierManager::load(const std::vector<std::pair<int32_t, int32_t>>& sources, 
     device_.has_parent[b] = s.has_parent[slot];
     if (s.has_parent[slot]) device_.parent[b] = s.parent[slot];
     device_.meta[b] = s.meta[slot];
-    if (keep_tokens_) {
-      std::copy(tokens_[t].begin() + static_cast<size_t>(slot) * block_size_,
-                tokens_[t].begin() + static_cast<size_t>(slot + 1) * block_size_,
-                device_tokens_.begin() + static_cast<size_t>(b) * block_size_);
-    }
+    if (keep_tokens_) pages_.hold(device_.page[b], s.page[slot]);
     if (promote) promote_slot(t, slot);
   }
 }
@@ -753,8 +744,8 @@ void TierManager::restore(int32_t tier, int32_t slot, std::string_view key, std:
   link_children(s, slot);
   s.meta[slot] = meta;
   s.stamp[slot] = s.created[slot] = ++s.clock;
-  if (keep_tokens_) std::copy(tokens.begin(), tokens.end(), tokens_[tier].begin() + static_cast<size_t>(slot) * block_size_);
-  record(true, tier, key, parent ? &par : nullptr, keep_tokens_ ? tokens.data() : nullptr, 0);
+  if (keep_tokens_) pages_.fill(s.page[slot], tokens.data());
+  record(true, tier, key, parent ? &par : nullptr, pages_.data(s.page[slot]), 0);
   push(s, slot);
 }
 
@@ -776,8 +767,8 @@ std::optional<std::string> TierManager::slot_parent(int32_t tier, int32_t slot) 
 std::vector<int64_t> TierManager::slot_tokens(int32_t tier, int32_t slot) const {
   slot_key(tier, slot);
   if (!keep_tokens_) return {};
-  const auto& toks = tokens_[tier];
-  return {toks.begin() + static_cast<size_t>(slot) * block_size_, toks.begin() + static_cast<size_t>(slot + 1) * block_size_};
+  const int64_t* ids = pages_.data(tiers_[tier].page[slot]);
+  return {ids, ids + block_size_};
 }
 
 int64_t TierManager::slot_hits(int32_t tier, int32_t slot) const {
@@ -830,6 +821,7 @@ void TierManager::reset() {
     tiers_[t] = std::move(fresh);
   }
   device_ = Device(num_device_blocks_);
+  pages_ = TokenPages(block_size_, pages_capacity());
   traffic_ = 0;
   transfers_.clear();
   records_.clear();
@@ -873,6 +865,7 @@ void TierManager::check_invariants(const BlockPool* pool) const {
         continue;
       }
       if (s.free_pos[i] >= 0) fail(where + " holds a block but is in the free list");
+      if (keep_tokens_ && s.page[i] == TokenPages::kNone) fail(where + " holds a block without its token ids");
       if (s.index.first(s.index.key(i)) != i) fail(where + ": its key is held by another slot of the tier");
       if (s.spec.leaves_only) {
         int32_t kids = 0;
@@ -886,7 +879,7 @@ void TierManager::check_invariants(const BlockPool* pool) const {
       if (lineage_) {
         const bool linked = s.by_link.has_key(i);
         if (linked != (s.has_parent[i] != 0)) fail(where + ": link index out of step");
-        const uint64_t h = hash_tokens(tokens_[t].data() + static_cast<size_t>(i) * block_size_);
+        const uint64_t h = hash_tokens(pages_.data(s.page[i]));
         if (h != s.meta[i].token_hash || (linked && s.by_link.key(i) != link_of(s.parent[i], h))) {
           fail(where + ": its link does not name its parent and tokens");
         }
@@ -905,6 +898,28 @@ void TierManager::check_invariants(const BlockPool* pool) const {
     }
   }
   device_.index.check_invariants();
+  if (keep_tokens_) {  // a page's references are its holders, kept or left in place
+    std::vector<int64_t> held(static_cast<size_t>(pages_.capacity()), 0);
+    auto count = [&](int32_t p) {
+      if (p != TokenPages::kNone) ++held[p];
+    };
+    for (const Slots& s : tiers_) std::for_each(s.page.begin(), s.page.end(), count);
+    std::for_each(device_.page.begin(), device_.page.end(), count);
+    int64_t unheld = 0;
+    for (int32_t p = 0; p < pages_.capacity(); ++p) {
+      if (held[p] != pages_.refs(p)) {
+        fail("token page " + std::to_string(p) + " has " + std::to_string(pages_.refs(p)) + " references and " +
+             std::to_string(held[p]) + " holders");
+      }
+      unheld += held[p] == 0;
+    }
+    if (unheld != pages_.num_free()) fail("the token pages' free list is out of step");
+    for (int32_t b = 0; b < num_device_blocks_; ++b) {
+      if (device_.index.has_key(b) && device_.page[b] == TokenPages::kNone) {
+        fail("device block " + std::to_string(b) + " is cached without its token ids");
+      }
+    }
+  }
   if (pool != nullptr) {
     for (int32_t b = 0; b < num_device_blocks_; ++b) {
       if (!device_.index.has_key(b)) continue;

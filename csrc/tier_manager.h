@@ -71,6 +71,7 @@
 #include "eviction_order.h"
 #include "ghost_table.h"
 #include "key_index.h"
+#include "token_pages.h"
 
 namespace prefixcache {
 
@@ -280,6 +281,7 @@ class TierManager {
     std::vector<int64_t> stamp;       // tier clock at store / last touch
     std::vector<int64_t> created;
     std::vector<uint32_t> version;
+    std::vector<int32_t> page;        // keep_tokens: the slot's TokenPages page (left in place when it empties)
     std::vector<int32_t> free_slots;  // keyless slots, the last pushed reused first
     std::vector<int32_t> free_pos;    // a slot's index in free_slots, or -1
     struct Entry {
@@ -312,7 +314,7 @@ class TierManager {
   // Store a block (from the device block `src` or slot `src` of tier `src_tier`) into
   // tier t; returns the slot, or -1 (refused). The caller checked t does not hold it.
   int32_t store(int32_t t, int32_t src_tier, int32_t src, std::string_view key, const std::string* parent,
-                const int64_t* tokens, const BlockMeta& meta);
+                int32_t page, const BlockMeta& meta);
   void remove_slot(int32_t t, int32_t slot);
   // A request used the block `key` (computed or hit it): every reuse tracker counts it.
   void count_use(std::string_view key);
@@ -323,7 +325,7 @@ class TierManager {
   // Unpin a loaded slot, and take it out of an on_evict tier (or refresh it in an inclusive one).
   void promote_slot(int32_t t, int32_t slot);
   // Where a block leaving tier t (-1: the device) goes, by the rules above.
-  void demote(int32_t from, int32_t src, std::string_view key, const std::string* parent, const int64_t* tokens,
+  void demote(int32_t from, int32_t src, std::string_view key, const std::string* parent, int32_t page,
               const BlockMeta& meta);
   void record(bool stored, int32_t tier, std::string_view key, const std::string* parent, const int64_t* tokens,
               int32_t tag);
@@ -345,15 +347,19 @@ class TierManager {
   uint64_t names_ = 0;  // lineage: names given so far
   int64_t traffic_ = 0;
   std::vector<Slots> tiers_;
-  std::vector<std::vector<int64_t>> tokens_;  // per tier, block_size ids per slot (keep_tokens)
   struct Device {
-    explicit Device(int64_t n) : index(static_cast<int32_t>(n)), parent(n), has_parent(n, 0), meta(n) {}
+    explicit Device(int64_t n)
+        : index(static_cast<int32_t>(n)), parent(n), has_parent(n, 0), meta(n), page(n, TokenPages::kNone) {}
     KeyIndex index;
     std::vector<std::string> parent;
     std::vector<uint8_t> has_parent;
     std::vector<BlockMeta> meta;
+    std::vector<int32_t> page;  // keep_tokens: the block's page (left in place when it is evicted)
   } device_;
-  std::vector<int64_t> device_tokens_;
+  // keep_tokens: every block's token ids, shared by the device mirror and the tiers (a
+  // demotion or a load passes a page along, it copies nothing); one page per holder.
+  TokenPages pages_;
+  int64_t pages_capacity() const;
   std::vector<Transfer> transfers_;
   std::vector<TierRecord> records_;
   CallFlag calls_;
