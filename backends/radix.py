@@ -604,10 +604,12 @@ class RadixCache(PrefixCache):
             else:
                 del rest[(keep - probe.num_tokens) // bs :]  # type: ignore[attr-defined]
         lead = probe.num_tokens // bs  # type: ignore[attr-defined]
-        use = tiers.plan(rest, lead, len(toks))
-        ok = tiers.verified(rest[:use])
-        if ok < use:
-            use = tiers.plan(rest[:ok], lead, len(toks))
+        use = 0
+        if rest:
+            use = tiers.plan(rest, lead, len(toks))
+            ok = tiers.verified(rest[:use])
+            if ok < use:
+                use = tiers.plan(rest[:ok], lead, len(toks))
         sources = rest[:use]
         needed = -(-len(toks) // bs) - lead
         if needed > self._room(protecting=probe.unlocked_tokens):  # type: ignore[attr-defined]
@@ -615,16 +617,19 @@ class RadixCache(PrefixCache):
             return None
         hit = self.tree.match_prefix(key[: lead * bs], tree_key)
         self.tree.lock(hit.node)  # before evicting, so the hit cannot be evicted
-        tiers.pin(sources)  # nor can a demotion reuse the slots it loads from
+        if sources:
+            tiers.pin(sources)  # nor can a demotion reuse the slots it loads from
         try:
             fresh = self._allocate(needed, self._extend_demand(len(toks) - hit.num_tokens))
         except BaseException:
             self.tree.unlock(hit.node)
-            tiers.unpin(sources)
+            if sources:
+                tiers.unpin(sources)
             raise
-        # The slots stay where they are, pinned, until the request's commit (or release)
-        # puts the loaded pages in the tree: until then the tiers still hold, and announce, them.
-        tiers.load(sources, fresh[:use], promote=False)
+        if sources:
+            # The slots stay where they are, pinned, until the request's commit (or release)
+            # puts the loaded pages in the tree: until then the tiers still hold, and announce, them.
+            tiers.load(sources, fresh[:use], promote=False)
         table = hit.block_ids + fresh
         num_hit = (lead + use) * bs
         req = self._requests.add(
@@ -647,7 +652,8 @@ class RadixCache(PrefixCache):
         )
         req.depth = tiers.admitted(len(toks) // bs * bs, table[: lead + use], len(toks) // bs * bs)
         self._stats.record_query(len(toks), num_hit)
-        tiers.count_hit(rest, use)
+        if rest:
+            tiers.count_hit(rest, use)
         tier_hits = [0] * (tiers.num_tiers + 1)
         tier_hits[0] = lead * bs
         for t, _ in sources:

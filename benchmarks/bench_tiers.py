@@ -16,7 +16,8 @@ trace, next to the infinite-cache ceiling and Belady at the same total capacity
             (reuse trackers of 4x, 2x and 1x the disk's blocks) and 3. Target: <= 25% of
             write_through's bytes written for <= 0.01 hit-ratio loss.
   cost      the replay with a host tier against the same replay without (wall time, one
-            run each, side by side), and the tier manager alone per block moved
+            run each, side by side; events off, so radix keys its tiers by lineage and
+            hashes nothing), and the tier manager alone per block moved
             (a device -> host demotion with a host eviction, and a load back; the
             demotion again with the host tier's LRU decided in Python).
             Targets: <= 1.5x; <= 1 us per block moved.
@@ -44,7 +45,6 @@ from bench_policy import PythonGSLRU, PythonLRU  # noqa: E402
 
 from prefixcache.ab import ArmResult, replay_arm
 from prefixcache.config import CacheConfig
-from prefixcache.hashing import chain_digests, none_hash
 from prefixcache.tier_config import TierConfig
 from prefixcache.tiers import PolicyRank
 from prefixcache.workloads import BlockPlan, belady, infinite_cache, read_mooncake
@@ -162,8 +162,6 @@ def cost(workload) -> None:
               f"{tiered.wall_s:.1f} s / {c2 - c1:.1f} s -> {ratio:.2f}x wall, {cpu_ratio:.2f}x CPU "
               f"({'ok' if max(ratio, cpu_ratio) <= 1.5 else 'NOT within 1.5x'}); {moved:,} blocks moved; the cache "
               f"calls' extra time {extra / 1e6:.1f} s = {extra / moved:.2f} us per block moved", flush=True)
-        if backend == "radix":
-            hashing_floor(workload, tiered, flat.wall_s)
     from prefixcache._C import TierManager
 
     n, per = 20_000, 20
@@ -197,28 +195,6 @@ def cost(workload) -> None:
           f"{round_trip:.2f} us per block demoted and loaded back (Python calls included) -> "
           f"{'ok' if demote <= 1.0 else 'NOT <= 1 us'}; with the host tier's LRU in Python "
           f"(one priority() call per block stored): {in_python:.2f} us per block demoted")
-
-
-def hashing_floor(workload, tiered: ArmResult, flat_s: float) -> None:
-    """What the tiered radix replay cannot do without: radix keeps no hashes of its own,
-    and its lower tiers are keyed by the chained hashes (the cache's algorithm), so every
-    prompt page not hit on the device is hashed once. Times that hashing alone (each
-    prompt's whole chain in one native call, as admissions do) and adds it to the flat
-    replay: the tiered replay's floor, tier bookkeeping aside."""
-    prompts = [r.prompt.to_array(8) for r in workload.requests]
-    config = tiered.config.hash
-    root = none_hash(config.algorithm, config.seed)
-    t0 = time.perf_counter()
-    for tokens in prompts:
-        chain_digests(tokens, B, config.algorithm, root)
-    every_page = time.perf_counter() - t0
-    prompt_tokens = sum(tiered.hits.prompt_tokens)
-    lower = sum(t.loaded_tokens for t in tiered.tiers)
-    device_hit = (sum(tiered.hits.hit_tokens) - lower) / prompt_tokens
-    floor = flat_s + every_page * (1 - device_hit)
-    print(f"  radix floor: {config.algorithm} of every prompt page {every_page:.2f} s ({prompt_tokens // B:,} pages); "
-          f"{1 - device_hit:.3f} of them are not device hits, so flat + their hashing = {floor:.2f} s = "
-          f"{floor / flat_s:.2f}x the flat replay before any tier bookkeeping", flush=True)
 
 
 def main() -> None:

@@ -209,10 +209,10 @@ void TierManager::link_children(Slots& s, int32_t slot) {
   s.children[slot] = kids;
 }
 
-std::string TierManager::link_of(std::string_view parent, uint64_t token_hash) const {
-  std::string link(parent);
-  link.append(reinterpret_cast<const char*>(&token_hash), sizeof token_hash);
-  return link;
+std::string_view TierManager::link_of(std::string_view parent, uint64_t token_hash) const {
+  link_.assign(parent.data(), parent.size());
+  link_.append(reinterpret_cast<const char*>(&token_hash), sizeof token_hash);
+  return link_;
 }
 
 uint64_t TierManager::hash_tokens(const int64_t* tokens) const {
@@ -572,7 +572,7 @@ std::vector<std::pair<int32_t, int32_t>> TierManager::follow(std::string_view pa
 
 std::pair<int32_t, int32_t> TierManager::find_link(std::string_view up, const int64_t* page,
                                                     uint64_t token_hash) const {
-  const std::string link = link_of(up, token_hash);
+  const std::string_view link = link_of(up, token_hash);
   const size_t bs = static_cast<size_t>(block_size_);
   for (int32_t t = 0; t < num_tiers(); ++t) {
     const Slots& s = tiers_[t];

@@ -335,7 +335,9 @@ class TierManager {
                  int64_t depth, int64_t request_tokens, int32_t tag, uint64_t token_hash);
   // Lineage: the slot (tier, slot) holding the block after `up` with these tokens, or {kNowhere, -1}.
   std::pair<int32_t, int32_t> find_link(std::string_view up, const int64_t* page, uint64_t token_hash) const;
-  std::string link_of(std::string_view parent, uint64_t token_hash) const;
+  // The link index's key of a block: its parent's key, then its token hash. The view is
+  // of a buffer the next call overwrites (one link is in use at a time; no allocation).
+  std::string_view link_of(std::string_view parent, uint64_t token_hash) const;
   uint64_t hash_tokens(const int64_t* tokens) const;
 
   int64_t num_device_blocks_;
@@ -345,6 +347,7 @@ class TierManager {
   bool record_events_;
   bool lineage_;
   uint64_t names_ = 0;  // lineage: names given so far
+  mutable std::string link_;  // link_of's buffer
   int64_t traffic_ = 0;
   std::vector<Slots> tiers_;
   struct Device {
