@@ -19,7 +19,8 @@ trace, next to the infinite-cache ceiling and Belady at the same total capacity
             run each, side by side; events off, so radix keys its tiers by lineage and
             hashes nothing), and the tier manager alone per block moved
             (a device -> host demotion with a host eviction, and a load back; the
-            demotion again with the host tier's LRU decided in Python).
+            demotion again with the host tier's LRU decided in Python), and the tiered
+            radix replay once more with each tier-manager call timed.
             Targets: <= 1.5x; <= 1 us per block moved.
 
     python benchmarks/bench_tiers.py --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
@@ -46,7 +47,7 @@ from bench_policy import PythonGSLRU, PythonLRU  # noqa: E402
 from prefixcache.ab import ArmResult, replay_arm
 from prefixcache.config import CacheConfig
 from prefixcache.tier_config import TierConfig
-from prefixcache.tiers import PolicyRank
+from prefixcache.tiers import PolicyRank, Tiers
 from prefixcache.workloads import BlockPlan, belady, infinite_cache, read_mooncake
 
 B = 512
@@ -162,6 +163,7 @@ def cost(workload) -> None:
               f"{tiered.wall_s:.1f} s / {c2 - c1:.1f} s -> {ratio:.2f}x wall, {cpu_ratio:.2f}x CPU "
               f"({'ok' if max(ratio, cpu_ratio) <= 1.5 else 'NOT within 1.5x'}); {moved:,} blocks moved; the cache "
               f"calls' extra time {extra / 1e6:.1f} s = {extra / moved:.2f} us per block moved", flush=True)
+    native_calls(workload)
     from prefixcache._C import TierManager
 
     n, per = 20_000, 20
@@ -195,6 +197,48 @@ def cost(workload) -> None:
           f"{round_trip:.2f} us per block demoted and loaded back (Python calls included) -> "
           f"{'ok' if demote <= 1.0 else 'NOT <= 1 us'}; with the host tier's LRU in Python "
           f"(one priority() call per block stored): {in_python:.2f} us per block demoted")
+
+
+class _Timed:
+    """A tier manager whose every method call adds its wall time to `spent[name]`."""
+
+    def __init__(self, native: object, spent: dict[str, float]) -> None:
+        self._native, self._spent = native, spent
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self._native, name)
+        if not callable(attr):
+            return attr
+
+        def timed(*args: object, **kwargs: object) -> object:
+            t0 = time.perf_counter()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self._spent[name] = self._spent.get(name, 0.0) + time.perf_counter() - t0
+
+        return timed
+
+
+def native_calls(workload) -> None:
+    """The tiered radix replay once more with every tier-manager call timed: where the
+    time above the flat replay goes (native calls against the Python around them; the
+    timing adds a little to the replay's wall)."""
+    spent: dict[str, float] = {}
+    built = Tiers.__init__
+
+    def timed_init(self, *args, **kwargs) -> None:
+        built(self, *args, **kwargs)
+        self.native = _Timed(self.native, spent)
+
+    Tiers.__init__ = timed_init
+    try:
+        tiered = replay_arm(workload, "tiered", arm("radix", 1 * M, host(2 * M)))
+    finally:
+        Tiers.__init__ = built
+    top = sorted(spent.items(), key=lambda kv: -kv[1])
+    print(f"  radix tier-manager calls (one timed replay, {tiered.wall_s:.2f} s): {sum(spent.values()):.2f} s in all; "
+          + ", ".join(f"{name} {s:.3f} s" for name, s in top[:4]), flush=True)
 
 
 def main() -> None:

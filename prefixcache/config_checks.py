@@ -107,7 +107,8 @@ def check_tiers(config: CacheConfig) -> None:
     """ConfigError (path `tiers[i].<key>`, or `tiers` naming both keys) unless the lower
     tiers can be built: each tier's eviction policy resolves (a Python `priority()` ranks
     a tier's blocks once each, as a number or a pair of numbers: `prefixcache.tiers`),
-    the block hash is collision resistant (a tier finds blocks by hash alone), no two
+    the block hash is collision resistant (a tier keyed by hash finds blocks by hash alone;
+    required with radix's lineage keys too, so a config means the same with events on or off), no two
     tiers share a file, and each DISK path is a regular file (or a new one) in a
     writable directory, never a symbolic link, whose disk holds the tier once
     `cost_model.kv_bytes_per_token` says how large a block is. (A hybrid `layout` with
@@ -115,7 +116,7 @@ def check_tiers(config: CacheConfig) -> None:
     if config.hash.algorithm not in CRYPTOGRAPHIC:
         raise ConfigError(
             "tiers",
-            f"lower tiers find blocks by their chained hash alone; hash.algorithm {config.hash.algorithm} is not "
+            f"lower tiers keyed by hash find blocks by their chained hash alone; hash.algorithm {config.hash.algorithm} is not "
             f"collision resistant: use {' or '.join(CRYPTOGRAPHIC)} with cache.tiers",
         )
     paths: dict[str, int] = {}
