@@ -459,13 +459,7 @@ class HashCache(BlockwiseAppend, HashCacheBase):
                 hits, rest = hits[: keep // bs], []
                 lead = len(hits)
             del rest[keep // bs - lead :]
-        use = 0
-        if rest:
-            use = tiers.plan(rest, lead, len(tokens))
-            ok = tiers.verified(rest[:use])
-            if ok < use:
-                use = tiers.plan(rest[:ok], lead, len(tokens))
-        kept = rest[:use]
+        kept = rest[: tiers.usable(rest, lead, len(tokens))]
         pinned = hits + [b for t, b in kept if t == DEVICE]
         sources = [(t, b) for t, b in kept if t != DEVICE]
         num_new = _ceil_div(len(tokens), bs) - len(pinned)
@@ -520,7 +514,7 @@ class HashCache(BlockwiseAppend, HashCacheBase):
         tier_hits = [0] * (tiers.num_tiers + 1)
         tier_hits[0] = lead * bs
         if rest:
-            tiers.count_hit(rest, use)
+            tiers.count_hit(rest, len(kept))
             for t, _ in kept:
                 tier_hits[t + 1] += bs
         loads = tuple((t, b, table[i]) for (t, b), i in zip(sources, loaded, strict=True))

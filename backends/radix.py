@@ -604,12 +604,7 @@ class RadixCache(PrefixCache):
             else:
                 del rest[(keep - probe.num_tokens) // bs :]  # type: ignore[attr-defined]
         lead = probe.num_tokens // bs  # type: ignore[attr-defined]
-        use = 0
-        if rest:
-            use = tiers.plan(rest, lead, len(toks))
-            ok = tiers.verified(rest[:use])
-            if ok < use:
-                use = tiers.plan(rest[:ok], lead, len(toks))
+        use = tiers.usable(rest, lead, len(toks))
         sources = rest[:use]
         needed = -(-len(toks) // bs) - lead
         if needed > self._room(protecting=probe.unlocked_tokens):  # type: ignore[attr-defined]

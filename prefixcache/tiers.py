@@ -306,6 +306,15 @@ class Tiers:
                 best_c, best = c, cost
         return best_c
 
+    def usable(self, locations: Sequence[Location], first: int, num_prompt_tokens: int) -> int:
+        """How many blocks of `locations` an admission loads or keeps: `plan`'s choice, cut
+        at the first block the verifier refuses and planned again over what is left."""
+        if not locations:
+            return 0
+        use = self.plan(locations, first, num_prompt_tokens)
+        ok = self.verified(locations[:use])
+        return use if ok == use else self.plan(locations[:ok], first, num_prompt_tokens)
+
     def verified(self, locations: Sequence[Location]) -> int:
         """How many leading `locations` pass the verifier (none set: all). A slot whose
         store the engine has not run yet is not loadable (its data is not there); a slot

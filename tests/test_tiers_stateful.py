@@ -71,16 +71,20 @@ class TierMachine(RuleBasedStateMachine):
     def free_blocks(self):
         return [b for b in range(DEVICE_BLOCKS) if b not in self.model.device]
 
-    @precondition(lambda self: len(self.free_blocks()) > 0)
-    @rule(data=st.data(), depth=st.integers(0, 2), tokens=st.integers(0, 40))
-    def cache(self, data, depth, tokens):
+    def draw_chain(self, data):
+        """Free device blocks for a run of KEYS, its first key's index, and its token ids."""
         free = self.free_blocks()
         n = data.draw(st.integers(1, min(3, len(free))))
         blocks = data.draw(st.permutations(free))[:n]
         start = data.draw(st.integers(0, len(KEYS) - n))
-        keys = KEYS[start : start + n]
+        return blocks, start, [t for k in range(start, start + n) for t in page(k)]
+
+    @precondition(lambda self: len(self.free_blocks()) > 0)
+    @rule(data=st.data(), depth=st.integers(0, 2), tokens=st.integers(0, 40))
+    def cache(self, data, depth, tokens):
+        blocks, start, toks = self.draw_chain(data)
+        keys = KEYS[start : start + len(blocks)]
         parent = KEYS[start - 1] if start else (ROOT if self.lineage else None)
-        toks = [t for k in range(start, start + n) for t in page(k)]
         self.native.device_cached(blocks, b"".join(keys), parent, toks, depth, tokens, 0)
         self.model.device_cached(blocks, keys, parent, toks, depth, tokens)
 
@@ -88,11 +92,7 @@ class TierMachine(RuleBasedStateMachine):
     @rule(data=st.data(), depth=st.integers(0, 2), tokens=st.integers(0, 40))
     def cache_named(self, data, depth, tokens):
         # The manager names the blocks: a tier's copy after the same parent lends its name.
-        free = self.free_blocks()
-        n = data.draw(st.integers(1, min(3, len(free))))
-        blocks = data.draw(st.permutations(free))[:n]
-        start = data.draw(st.integers(0, len(KEYS) - n))
-        toks = [t for k in range(start, start + n) for t in page(k)]
+        blocks, start, toks = self.draw_chain(data)
         parent = KEYS[start - 1] if start else ROOT
         self.native.device_cached_named(blocks, parent, toks, depth, tokens, 0)
         self.model.device_cached_named(blocks, parent, toks, depth, tokens)
