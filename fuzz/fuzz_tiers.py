@@ -1,17 +1,19 @@
 """Fuzz harness: the native TierManager against its Python model, bad arguments and Python policies included.
 
 Each input builds one to three lower tiers (sizes, write policy, `min_hits`,
-`store_threshold` with its reuse tracker, keep-on-load), each ranked by a native order
+`store_threshold` with its reuse tracker, keep-on-load), keyed by hash or by lineage, each ranked by a native order
 or by a Python policy through `prefixcache.tiers.PolicyRank`: well behaved, one that
 raises or returns a string for some candidates, or one that calls back into the manager
 from `priority()`. Then a sequence of operations: device_cached, admitted,
 device_evicted, device_dropped, pin + load (promoting, or later through finish_loads),
-pin + unpin, drop, persist, count_hits, chain, reset. A valid call goes to the native
+pin + unpin, drop, persist, count_hits, chain, reset, and with lineage device_cached_named
+and follow. A valid call goes to the native
 manager and to the model (tests/reference/tiers.py, whose Python policies rank through
 the same `PolicyRank`), which must agree after every step as in
 tests/test_tiers_stateful.py. A call with a bad argument (a block or slot out of range,
 keys of the wrong size, a load of an unpinned slot, a drop of a pinned one, a persist of
-a tier that is not a disk's, ...) goes to the native manager alone: it must raise
+a tier that is not a disk's, tokens that are not whole blocks, a lineage call to a manager
+keyed by hash, ...) goes to the native manager alone: it must raise
 ValueError, IndexError, TypeError or OverflowError and change nothing it shows (every
 tier's keys, counters and order, the device mirror, the transfer log). A Python policy
 that fails ranks its slot first in both; one that calls back in is refused (a
@@ -33,7 +35,8 @@ from prefixcache.tiers import PolicyRank
 
 BS = 2
 DEVICE_BLOCKS = 6
-KEYS = [bytes([k, 0, 0, 0]) for k in range(10)]
+KEYS = [bytes([k, 0, 0, 128]) for k in range(10)]  # never a name a lineage manager gives
+ROOT = b"root"  # with lineage: the parent a chain's first block names
 BAD = (ValueError, IndexError, TypeError, OverflowError)
 NATIVE = ("lru", "lfu", "fifo", "gslru", "chain", "slru")
 
@@ -98,6 +101,7 @@ class Pair:
             threshold = r.choice((0, 0, 2, 3))
             self.specs.append((r.int(1, 5), write, r.int(1, 2) if write == "selective" else 0, r.choice(NATIVE + tuple(PYTHON)),
                                r.bool(), threshold, r.int(1, 8) if threshold >= 2 else 0))  # fmt: skip
+        self.lineage = r.bool()
         self.build()
 
     def build(self) -> None:
@@ -113,7 +117,7 @@ class Pair:
                 native.append((n, write, hits, policy.native, policy.leaves_only, policy.native_params(), keep,
                                threshold, reuse))  # fmt: skip
                 model.append((n, write, hits, policy, policy.leaves_only, keep, threshold, reuse))
-        self.native = TierManager(DEVICE_BLOCKS, BS, 4, native, True, False)
+        self.native = TierManager(DEVICE_BLOCKS, BS, 4, native, True, False, self.lineage)
         self.model = PyTierManager(DEVICE_BLOCKS, BS, model)
         Reentrant.manager = self.native
 
@@ -123,7 +127,7 @@ class Pair:
         for t in range(len(self.specs)):
             slots = [(s, self.native.slot_key(t, s)) for s in self.native.used_slots(t)]
             tiers.append((slots, self.native.counters(t), self.native.order(t)))
-        device = [self.native.device_has(b) for b in range(DEVICE_BLOCKS)]
+        device = [self.native.device_key(b) for b in range(DEVICE_BLOCKS)]
         return tuple(tiers), tuple(device), self.native.num_transfers
 
     def refused(self, op: str, *args) -> None:
@@ -148,7 +152,7 @@ class Pair:
             for slot, s in tier.slots.items():
                 assert tuple(self.native.slot_tokens(t, slot)) == s.tokens
         for b in range(DEVICE_BLOCKS):
-            assert self.native.device_has(b) == (b in self.model.device), b
+            assert self.native.device_key(b) == (self.model.device[b][0] if b in self.model.device else None), b
 
     def free_blocks(self) -> list[int]:
         return [b for b in range(DEVICE_BLOCKS) if b not in self.model.device]
@@ -162,7 +166,7 @@ def bad_block(r: Reader) -> int:
 
 
 def step(p: Pair, r: Reader) -> None:
-    op = r.int(0, 13)
+    op = r.int(0, 15)
     free, held = p.free_blocks(), p.held()
     if op == 0 and free:  # cache a run of keys on free device blocks
         n = r.int(1, min(3, len(free)))
@@ -171,7 +175,7 @@ def step(p: Pair, r: Reader) -> None:
             return
         start = r.int(0, len(KEYS) - n)
         keys = KEYS[start : start + n]
-        parent = KEYS[start - 1] if start else None
+        parent = KEYS[start - 1] if start else (ROOT if p.lineage else None)
         toks = [7 * start + i for i in range(n * BS)]
         depth, tokens = r.int(0, 2), r.int(0, 40)
         p.native.device_cached(blocks, b"".join(keys), parent, toks, depth, tokens, 0)
@@ -246,6 +250,22 @@ def step(p: Pair, r: Reader) -> None:
         p.refused("drop", w[0], w[1], False)
         for m in (p.native, p.model):
             m.unpin([w])
+    elif op == 14 and p.lineage and free:  # the manager names a run of blocks
+        n = r.int(1, min(3, len(free)))
+        blocks = [free[(r.int(0, 7) + i) % len(free)] for i in range(n)]
+        if len(set(blocks)) < n:
+            return
+        start = r.int(0, len(KEYS) - 1)
+        parent = KEYS[start - 1] if start else ROOT
+        toks = [7 * start + i for i in range(n * BS)]
+        depth, tokens = r.int(0, 2), r.int(0, 40)
+        p.native.device_cached_named(blocks, parent, toks, depth, tokens, 0)
+        p.model.device_cached_named(blocks, parent, toks, depth, tokens)
+    elif op == 15 and p.lineage:  # follow a chain from any key
+        start, n = r.int(0, len(KEYS)), r.int(0, 4)
+        parent = KEYS[start - 1] if start else ROOT
+        toks = [7 * r.int(0, len(KEYS)) + i for i in range(n * BS)]
+        assert p.native.follow(parent, toks) == p.model.follow(parent, toks)
     elif op == 13:
         t = r.int(-1, len(p.specs))
         if 0 <= t < len(p.specs):
@@ -256,7 +276,7 @@ def step(p: Pair, r: Reader) -> None:
 
 def bad(p: Pair, r: Reader) -> None:
     free, held = p.free_blocks(), p.held()
-    kind = r.int(0, 8)
+    kind = r.int(0, 10)
     if kind == 0:
         p.refused("device_cached", [bad_block(r)], KEYS[0], None, [0] * BS, 0, 0, 0)
     elif kind == 1 and free:
@@ -284,6 +304,19 @@ def bad(p: Pair, r: Reader) -> None:
         p.refused("load", [w], [r.choice(sorted(p.model.device))], True)  # the block still holds a key
         for m in (p.native, p.model):
             m.unpin([w])
+    elif kind == 9:  # lineage calls: to a manager keyed by hash, a parent of the wrong size, part of a block
+        op = r.choice(("follow", "device_cached_named"))
+        parent = KEYS[0] if p.lineage and r.bool() else b"\x00"
+        toks = [0] * (BS * r.int(0, 2) + (r.int(1, BS - 1) if parent == KEYS[0] else 0))
+        if op == "follow":
+            p.refused(op, parent, toks)
+        elif free:
+            p.refused(op, [free[0]], parent, toks, 0, 0, 0)
+    elif kind == 10:
+        if p.lineage and free:  # a chain start without the root it follows
+            p.refused("device_cached", [free[0]], KEYS[0], None, [0] * BS, 0, 0, 0)
+        elif not p.lineage:
+            p.refused("new_name")
 
 
 def test_one_input(data: bytes) -> None:
