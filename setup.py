@@ -42,9 +42,13 @@ def native_extension() -> Pybind11Extension:
         flags = [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-g1"]
         extra_compile_args = ["-O0", *flags]
         extra_link_args += flags
+    # The headers too: an edit to one alone must rebuild the extension (setuptools rebuilds
+    # when any of sources + depends is newer than the built module).
+    headers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.h"))
     return Pybind11Extension(
         "prefixcache._C",
         sources,
+        depends=headers,
         include_dirs=["csrc"],
         cxx_std=20,
         extra_compile_args=extra_compile_args,
