@@ -477,7 +477,8 @@ class RadixCache(PrefixCache):
 
     def _record_stored(self, req: _RadixRequest, start: int, end: int) -> None:
         """One BlockStored per new page in tokens [start, end), chained to the page before;
-        with tiers, the pages are reported to them too."""
+        with tiers, the pages are reported to them too (with lineage, only that: the tiers
+        name them)."""
         if start >= end:
             return
         bs = self.block_size

@@ -579,8 +579,8 @@ std::pair<int32_t, int32_t> TierManager::find_link(std::string_view up, const in
     // Holders share the link's bytes; the parent and every token id decide (a hash
     // collision, or a block computed twice, is only a second holder).
     for (int32_t slot : s.by_link.holders(link)) {
-      if (s.parent[slot] == up &&
-          std::memcmp(pages_.data(s.page[slot]), page, bs * sizeof(int64_t)) == 0) {
+      const int64_t* held = pages_.data(s.page[slot]);  // (never null for a linked slot; checked all the same)
+      if (held != nullptr && s.parent[slot] == up && std::memcmp(held, page, bs * sizeof(int64_t)) == 0) {
         return {t, slot};
       }
     }

@@ -2,7 +2,7 @@
 // instance per cache, shared by every strategy.
 //
 // Owns: for each lower tier, its slots (a block's KV lives in one slot), the key of
-// each slot (the block's chained hash), what travels with a block between tiers
+// each slot (the block's chained hash, or with `lineage` its name), what travels with a block between tiers
 // (BlockMeta: hit and use counts, the chain's depth, the traffic clock of its last
 // use, a namespace tag; and for events or a disk tier its parent hash and token ids),
 // pins (a slot a queued load reads stays put while the admission runs), with `lineage`
@@ -15,7 +15,8 @@
 // residency changes an event consumer needs (`TierRecord`).
 //
 // Never does: decide hits (the strategy and the cost model do), hold a device block
-// reference, move data (the engine does, in the order recorded), or hash.
+// reference, move data (the engine does, in the order recorded), or hash a key (with
+// `lineage` it hashes a block's token ids, only to narrow a look-up it then compares in full).
 //
 // Semantics (docs/tiers.md):
 //   * A block evicted from the device goes to tier 0 if tier 0 writes `on_evict`
@@ -42,12 +43,13 @@
 // its slot (the slot is pinned until the load is recorded).
 //
 // Keys. By default a key is the block's chained hash (content-addressed: a block is
-// found by hashing its prefix). With `lineage` a key is any unique name the strategy
-// gives a block (radix: a counter), and a block is found from its parent's key and its
-// own token ids, compared in full (`follow`): no hash decides a hit, so nothing needs
-// to be collision resistant, and a strategy that already knows its prefix (a tree)
-// hashes nothing. A block is then found only through its parent: one whose parent left
-// every tier and the device is unreachable until evicted.
+// found by hashing its prefix). With `lineage` a key is a name the manager gives
+// (`new_name`, `device_cached_named`: a counter, never reused), and a block is found
+// from its parent's key and its own token ids, compared in full (`follow`): no hash
+// decides a hit, so nothing needs to be collision resistant, and a strategy that
+// already knows its prefix (a tree) hashes nothing. A block is then found only through
+// its parent: one whose parent left every tier and the device is unreachable until
+// evicted.
 //
 // Invariants (check_invariants): a key is held by at most one slot per tier; a
 // slot's child count equals the slots of its tier whose parent it is; every

@@ -13,9 +13,9 @@ device caches (`cached`), hits (`admitted`) and evicts (`evicted`); look a chain
 (`chain`), cut it with `plan`, and turn what they keep into loads (`pin`, then `load`
 once the device blocks are allocated). A plugin backend does the same through this
 class; nothing here knows which strategy calls it. A strategy that knows its prefix
-without hashing it (a tree) may build it with `lineage`: blocks are then named by the
-strategy and found through their parent's name and their token ids (`follow`),
-compared in full, instead of by chained hash.
+without hashing it (a tree) may build it with `lineage`: the tier manager then names
+the blocks the strategy caches (`cached_named`) and finds them through their parent's
+name and their token ids (`follow`), compared in full, instead of by chained hash.
 
 The cost model. Loading the lower-tier blocks of a hit's first c blocks costs, per tier
 t used, latency_t + n_t x block_bytes / bandwidth_t; computing the prompt from block c
