@@ -58,6 +58,7 @@ def ab_a(e: Engine, vocab: int):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_prefix_loaded_from_host_gives_the_same_output(tiny, backend):
     e = engine(tiny, backend, TierConfig("CPU", 16))
+    assert e.cache.tiers.native.lineage is (backend == "radix")  # no events, no disk: radix names its pages
     got = ab_a(e, tiny.weights.config.vocab_size)
     assert_same_outputs(got, reference(tiny, backend), logits_rtol=1e-5)
     host = e.cache.stats().tiers[0]
