@@ -200,7 +200,8 @@ class RadixCache(PrefixCache):
         )
         self._roots: dict[str | None, bytes] = {}  # with lineage: tree key -> the name its first pages follow
         key_size = _NAME_BYTES if self._lineage else self._digest_size
-        self.tiers = Tiers(config, pool.num_blocks, key_size, self._events, lineage=self._lineage) if config.tiers else None
+        self.tiers = (Tiers(config, pool.num_blocks, key_size, self._events, lineage=self._lineage,
+                            token_bytes=self.token_itemsize) if config.tiers else None)  # fmt: skip
         self._hashes_pages = self._events.enabled or (self.tiers is not None and not self._lineage)
 
     # -- look-up -----------------------------------------------------------------------

@@ -105,12 +105,31 @@ std::optional<std::string_view> optional_key(py::handle obj, const char* what) {
   return bytes_view(obj, what);
 }
 
-std::vector<int64_t> tokens_of(py::handle obj) {
-  if (obj.is_none()) return {};
-  TokenIds<int64_t> toks = read_token_ids<int64_t>(obj, "tokens");
-  if (!toks.complete()) throw std::invalid_argument("tokens: a tier keeps int64 token ids only");
-  return std::move(toks.ids);
-}
+// Token ids as the manager takes them: packed, token_bytes() each (None: none). An id
+// beyond int32 for a 4-byte manager is the converter's ValueError naming `tokens`.
+class TierTokens {
+ public:
+  TierTokens(const TierManager& t, py::handle obj) {
+    if (obj.is_none()) return;
+    if (t.token_bytes() == 4) {
+      narrow_ = read_token_ids<int32_t>(obj, "tokens").ids;
+      view_ = {reinterpret_cast<const char*>(narrow_.data()), narrow_.size() * sizeof(int32_t)};
+      return;
+    }
+    TokenIds<int64_t> toks = read_token_ids<int64_t>(obj, "tokens");
+    if (!toks.complete()) throw std::invalid_argument("tokens: a tier keeps int64 token ids only");
+    wide_ = std::move(toks.ids);
+    view_ = {reinterpret_cast<const char*>(wide_.data()), wide_.size() * sizeof(int64_t)};
+  }
+  TierTokens(const TierTokens&) = delete;
+  TierTokens& operator=(const TierTokens&) = delete;
+  std::string_view view() const { return view_; }
+
+ private:
+  std::vector<int32_t> narrow_;
+  std::vector<int64_t> wide_;
+  std::string_view view_;
+};
 
 py::list locations(const std::vector<Location>& locs) {
   py::list out(locs.size());
@@ -132,29 +151,32 @@ void bind_tiers(py::module_& m) {
 The lower tiers of one cache (host memory, disk) below its device pool: slots keyed by
 chained block hash, each tier's eviction order and write policy, the device mirror
 demotions read from, and the ordered log of transfers an engine performs.
-TierManager(num_device_blocks, block_size, key_size, tiers, keep_tokens, record_events, lineage=False),
+TierManager(num_device_blocks, block_size, key_size, tiers, keep_tokens, record_events, lineage=False,
+token_bytes=8),
 each tier (num_slots, write, min_hits, eviction, leaves_only, params, keep_on_load, store_threshold,
 reuse_slots), eviction a native order's name or a callable rank(candidate) -> (int, int) (smallest
 first; one that raises ranks the slot first and reports through sys.unraisablehook). With
-lineage, keys are names and blocks are found by parent key and token ids (follow). See
+lineage, keys are names and blocks are found by parent key and token ids (follow). Token ids
+are kept token_bytes wide (4: int32, the radix tree's; 8: int64). See
 csrc/tier_manager.h; prefixcache.tiers wraps it.
 )doc")
       .def(py::init([](py::handle num_device_blocks, py::handle block_size, py::handle key_size, py::handle tiers,
-                       bool keep_tokens, bool record_events, bool lineage) {
+                       bool keep_tokens, bool record_events, bool lineage, py::handle token_bytes) {
              std::vector<TierSpec> specs;
              for (py::handle t : tiers) specs.push_back(to_spec(t));
              return std::make_unique<TierManager>(saturated_int64(num_device_blocks, "num_device_blocks"),
                                                   saturated_int64(block_size, "block_size"),
                                                   saturated_int64(key_size, "key_size"), std::move(specs), keep_tokens,
-                                                  record_events, lineage);
+                                                  record_events, lineage, saturated_int64(token_bytes, "token_bytes"));
            }),
            py::arg("num_device_blocks"), py::arg("block_size"), py::arg("key_size"), py::arg("tiers"),
-           py::arg("keep_tokens"), py::arg("record_events"), py::arg("lineage") = false)
+           py::arg("keep_tokens"), py::arg("record_events"), py::arg("lineage") = false, py::arg("token_bytes") = 8)
       .def_property_readonly("num_tiers", &TierManager::num_tiers)
       .def_property_readonly("block_size", &TierManager::block_size)
       .def_property_readonly("key_size", &TierManager::key_size)
       .def_property_readonly("keep_tokens", &TierManager::keep_tokens)
       .def_property_readonly("lineage", &TierManager::lineage)
+      .def_property_readonly("token_bytes", &TierManager::token_bytes)
       .def_property_readonly("traffic", &TierManager::traffic, "TOKENS admitted so far (the traffic clock).")
       .def_property_readonly("num_device_cached", &TierManager::num_device_cached)
       .def("num_slots", [](const TierManager& t, py::handle tier) { return t.num_slots(tier_arg(tier)); })
@@ -180,7 +202,7 @@ csrc/tier_manager.h; prefixcache.tiers wraps it.
           [](TierManager& t, py::handle blocks, py::handle keys, py::handle parent, py::handle tokens, int64_t depth,
              int64_t request_tokens, int32_t tag) {
             ByteBuffer packed(keys, "keys");
-            t.device_cached(to_ids(blocks), packed.view(), optional_key(parent, "parent"), tokens_of(tokens), depth,
+            t.device_cached(to_ids(blocks), packed.view(), optional_key(parent, "parent"), TierTokens(t, tokens).view(), depth,
                             request_tokens, tag);
           },
           py::arg("blocks"), py::arg("keys"), py::arg("parent"), py::arg("tokens"), py::arg("depth") = 0,
@@ -196,7 +218,7 @@ csrc/tier_manager.h; prefixcache.tiers wraps it.
           "device_cached_named",
           [](TierManager& t, py::handle blocks, py::handle parent, py::handle tokens, int64_t depth,
              int64_t request_tokens, int32_t tag) {
-            t.device_cached_named(to_ids(blocks), bytes_view(parent, "parent"), tokens_of(tokens), depth,
+            t.device_cached_named(to_ids(blocks), bytes_view(parent, "parent"), TierTokens(t, tokens).view(), depth,
                                   request_tokens, tag);
           },
           py::arg("blocks"), py::arg("parent"), py::arg("tokens"), py::arg("depth") = 0, py::arg("request_tokens") = 0,
@@ -230,7 +252,7 @@ csrc/tier_manager.h; prefixcache.tiers wraps it.
           "follow",
           [](const TierManager& t, py::handle parent, py::handle tokens) {
             std::string keys;
-            auto found = t.follow(bytes_view(parent, "parent"), tokens_of(tokens), &keys);
+            auto found = t.follow(bytes_view(parent, "parent"), TierTokens(t, tokens).view(), &keys);
             return py::make_tuple(locations(found), py::bytes(keys));
           },
           py::arg("parent"), py::arg("tokens"),
@@ -260,7 +282,7 @@ csrc/tier_manager.h; prefixcache.tiers wraps it.
           [](TierManager& t, py::handle tier, py::handle slot, py::handle key, py::handle parent, py::handle tokens,
              py::handle hits) {
             t.restore(tier_arg(tier), slot_arg(slot), bytes_view(key, "key"), optional_key(parent, "parent"),
-                      tokens_of(tokens), saturated_int64(hits, "hits"));
+                      TierTokens(t, tokens).view(), saturated_int64(hits, "hits"));
           },
           py::arg("tier"), py::arg("slot"), py::arg("key"), py::arg("parent"), py::arg("tokens"), py::arg("hits") = 0)
       .def("slot_key", [](const TierManager& t, py::handle tier, py::handle slot) {

@@ -34,13 +34,15 @@ TierManager::Slots::Slots(const TierSpec& s, int64_t /*key_size*/)
 }
 
 TierManager::TierManager(int64_t num_device_blocks, int64_t block_size, int64_t key_size, std::vector<TierSpec> tiers,
-                         bool keep_tokens, bool record_events, bool lineage)
+                         bool keep_tokens, bool record_events, bool lineage, int64_t token_bytes)
     : num_device_blocks_(num_device_blocks),
       block_size_(block_size),
       key_size_(key_size),
       keep_tokens_(keep_tokens),
       record_events_(record_events),
       lineage_(lineage),
+      token_bytes_(token_bytes),
+      page_bytes_(token_bytes == 4 || token_bytes == 8 ? static_cast<size_t>(block_size * token_bytes) : 0),
       device_(num_device_blocks < 1 || num_device_blocks > kMaxBlocks ? 1 : num_device_blocks),
       pages_(1, 0) {
   if (num_device_blocks < 1 || num_device_blocks > kMaxBlocks) {
@@ -49,6 +51,9 @@ TierManager::TierManager(int64_t num_device_blocks, int64_t block_size, int64_t 
   }
   if (block_size < 1) throw std::invalid_argument("block_size must be >= 1, got " + std::to_string(block_size));
   if (key_size < 1) throw std::invalid_argument("key_size must be >= 1, got " + std::to_string(key_size));
+  if (token_bytes != 4 && token_bytes != 8) {
+    throw std::invalid_argument("token_bytes must be 4 or 8, got " + std::to_string(token_bytes));
+  }
   if (lineage && !keep_tokens) {
     throw std::invalid_argument("lineage needs keep_tokens: a block is found by comparing its token ids");
   }
@@ -77,7 +82,7 @@ TierManager::TierManager(int64_t num_device_blocks, int64_t block_size, int64_t 
   }
   tiers_.reserve(tiers.size());
   for (const TierSpec& s : tiers) tiers_.emplace_back(s, key_size);
-  pages_ = TokenPages(block_size, pages_capacity());
+  pages_ = TokenPages(static_cast<int64_t>(page_bytes_), pages_capacity());
 }
 
 int64_t TierManager::pages_capacity() const {
@@ -167,10 +172,10 @@ void TierManager::compact(Slots& s) {
 // ------------------------------------------------------------------ movement
 
 void TierManager::record(bool stored, int32_t tier, std::string_view key, const std::string* parent,
-                         const int64_t* tokens, int32_t tag) {
+                         const char* tokens, int32_t tag) {
   if (!record_events_) return;
   TierRecord r{stored, tier, std::string(key), parent ? *parent : std::string(), parent != nullptr, {}, tag};
-  if (stored && tokens != nullptr) r.tokens.assign(tokens, tokens + block_size_);
+  if (stored && tokens != nullptr) r.tokens = widened(tokens);
   records_.push_back(std::move(r));
 }
 
@@ -215,8 +220,28 @@ std::string_view TierManager::link_of(std::string_view parent, uint64_t token_ha
   return link_;
 }
 
-uint64_t TierManager::hash_tokens(const int64_t* tokens) const {
-  return XXH3_64bits(tokens, static_cast<size_t>(block_size_) * sizeof(int64_t));
+uint64_t TierManager::hash_tokens(const char* page) const { return XXH3_64bits(page, page_bytes_); }
+
+std::vector<int64_t> TierManager::widened(const char* page) const {
+  std::vector<int64_t> out(static_cast<size_t>(block_size_));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (token_bytes_ == 4) {
+      int32_t v;
+      std::memcpy(&v, page + i * 4, 4);
+      out[i] = v;
+    } else {
+      std::memcpy(&out[i], page + i * 8, 8);
+    }
+  }
+  return out;
+}
+
+void TierManager::check_token_bytes(std::string_view tokens, size_t blocks, const char* what) const {
+  if (tokens.size() != blocks * page_bytes_) {
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(blocks) + " blocks need " +
+                                std::to_string(blocks * block_size_) + " token ids, got " +
+                                std::to_string(tokens.size() / token_bytes_));
+  }
 }
 
 void TierManager::demote(int32_t from, int32_t src, std::string_view key, const std::string* parent, int32_t page,
@@ -304,8 +329,8 @@ int32_t TierManager::store(int32_t t, int32_t src_tier, int32_t src, std::string
 // ------------------------------------------------------------------ device side
 
 void TierManager::device_cached(const std::vector<int64_t>& blocks, std::string_view keys,
-                                std::optional<std::string_view> parent, const std::vector<int64_t>& tokens,
-                                int64_t depth, int64_t request_tokens, int32_t tag) {
+                                std::optional<std::string_view> parent, std::string_view tokens, int64_t depth,
+                                int64_t request_tokens, int32_t tag) {
   CallFlag::Scope running(calls_, "TierManager.device_cached");
   const size_t n = blocks.size();
   if (keys.size() != n * static_cast<size_t>(key_size_)) {
@@ -320,10 +345,7 @@ void TierManager::device_cached(const std::vector<int64_t>& blocks, std::string_
   if (lineage_ && n > 0 && !parent) {
     throw std::invalid_argument("device_cached: with lineage every chain names its parent (a root key at the start)");
   }
-  if (keep_tokens_ && tokens.size() != n * static_cast<size_t>(block_size_)) {
-    throw std::invalid_argument("device_cached: " + std::to_string(n) + " blocks need " +
-                                std::to_string(n * block_size_) + " token ids, got " + std::to_string(tokens.size()));
-  }
+  if (keep_tokens_) check_token_bytes(tokens, n, "device_cached");
   for (size_t i = 0; i < n; ++i) {
     int32_t b = check_block(blocks[i], "device_cached");
     if (device_.index.has_key(b) && device_.index.key(b) != keys.substr(i * key_size_, key_size_)) {
@@ -336,13 +358,13 @@ void TierManager::device_cached(const std::vector<int64_t>& blocks, std::string_
     std::optional<std::string_view> up = i ? std::optional<std::string_view>(keys.substr((i - 1) * key_size_, key_size_))
                                            : parent;
     if (device_.index.has_key(b)) continue;  // holds this key already (a loaded block)
-    const int64_t* toks = keep_tokens_ ? tokens.data() + i * block_size_ : nullptr;
+    const char* toks = keep_tokens_ ? tokens.data() + i * page_bytes_ : nullptr;
     cache_one(b, keys.substr(i * key_size_, key_size_), up, toks, depth, request_tokens, tag,
               lineage_ ? hash_tokens(toks) : 0);
   }
 }
 
-void TierManager::cache_one(int32_t b, std::string_view key, std::optional<std::string_view> up, const int64_t* tokens,
+void TierManager::cache_one(int32_t b, std::string_view key, std::optional<std::string_view> up, const char* tokens,
                             int64_t depth, int64_t request_tokens, int32_t tag, uint64_t token_hash) {
   device_.index.insert(b, key);
   count_use(key);
@@ -363,8 +385,7 @@ void TierManager::cache_one(int32_t b, std::string_view key, std::optional<std::
 }
 
 void TierManager::device_cached_named(const std::vector<int64_t>& blocks, std::string_view parent,
-                                      const std::vector<int64_t>& tokens, int64_t depth, int64_t request_tokens,
-                                      int32_t tag) {
+                                      std::string_view tokens, int64_t depth, int64_t request_tokens, int32_t tag) {
   CallFlag::Scope running(calls_, "TierManager.device_cached_named");
   if (!lineage_) throw std::invalid_argument("device_cached_named: this manager is keyed by hash (built without lineage)");
   const size_t n = blocks.size();
@@ -372,10 +393,7 @@ void TierManager::device_cached_named(const std::vector<int64_t>& blocks, std::s
     throw std::invalid_argument("device_cached_named: parent must be " + std::to_string(key_size_) + " bytes, got " +
                                 std::to_string(parent.size()));
   }
-  if (tokens.size() != n * static_cast<size_t>(block_size_)) {
-    throw std::invalid_argument("device_cached_named: " + std::to_string(n) + " blocks need " +
-                                std::to_string(n * block_size_) + " token ids, got " + std::to_string(tokens.size()));
-  }
+  check_token_bytes(tokens, n, "device_cached_named");
   for (size_t i = 0; i < n; ++i) check_block(blocks[i], "device_cached_named");
   std::string up(parent);
   for (size_t i = 0; i < n; ++i) {
@@ -384,7 +402,7 @@ void TierManager::device_cached_named(const std::vector<int64_t>& blocks, std::s
       up = device_.index.key(b);
       continue;
     }
-    const int64_t* page = tokens.data() + i * block_size_;
+    const char* page = tokens.data() + i * page_bytes_;
     const uint64_t h = hash_tokens(page);
     const auto [t, slot] = find_link(up, page, h);
     const std::string name = t == kNowhere ? new_name() : tiers_[t].index.key(slot);
@@ -544,23 +562,21 @@ std::vector<std::pair<int32_t, int32_t>> TierManager::chain(const BlockPool* poo
   return out;
 }
 
-std::vector<std::pair<int32_t, int32_t>> TierManager::follow(std::string_view parent,
-                                                             const std::vector<int64_t>& tokens,
+std::vector<std::pair<int32_t, int32_t>> TierManager::follow(std::string_view parent, std::string_view tokens,
                                                              std::string* keys) const {
   if (!lineage_) throw std::invalid_argument("follow: this manager finds blocks by key (built without lineage)");
   if (parent.size() != static_cast<size_t>(key_size_)) {
     throw std::invalid_argument("follow: parent must be " + std::to_string(key_size_) + " bytes, got " +
                                 std::to_string(parent.size()));
   }
-  if (tokens.size() % static_cast<size_t>(block_size_)) {
-    throw std::invalid_argument("follow: " + std::to_string(tokens.size()) + " token ids are not whole blocks of " +
-                                std::to_string(block_size_));
+  if (tokens.size() % page_bytes_) {
+    throw std::invalid_argument("follow: " + std::to_string(tokens.size() / token_bytes_) +
+                                " token ids are not whole blocks of " + std::to_string(block_size_));
   }
-  const size_t bs = static_cast<size_t>(block_size_);
   std::vector<std::pair<int32_t, int32_t>> out;
   std::string up(parent);
-  for (size_t at = 0; at < tokens.size(); at += bs) {
-    const int64_t* page = tokens.data() + at;
+  for (size_t at = 0; at < tokens.size(); at += page_bytes_) {
+    const char* page = tokens.data() + at;
     const auto found = find_link(up, page, hash_tokens(page));
     if (found.first == kNowhere) break;
     out.push_back(found);
@@ -570,17 +586,16 @@ std::vector<std::pair<int32_t, int32_t>> TierManager::follow(std::string_view pa
   return out;
 }
 
-std::pair<int32_t, int32_t> TierManager::find_link(std::string_view up, const int64_t* page,
+std::pair<int32_t, int32_t> TierManager::find_link(std::string_view up, const char* page,
                                                     uint64_t token_hash) const {
   const std::string_view link = link_of(up, token_hash);
-  const size_t bs = static_cast<size_t>(block_size_);
   for (int32_t t = 0; t < num_tiers(); ++t) {
     const Slots& s = tiers_[t];
     // Holders share the link's bytes; the parent and every token id decide (a hash
     // collision, or a block computed twice, is only a second holder).
     for (int32_t slot : s.by_link.holders(link)) {
-      const int64_t* held = pages_.data(s.page[slot]);  // (never null for a linked slot; checked all the same)
-      if (held != nullptr && s.parent[slot] == up && std::memcmp(held, page, bs * sizeof(int64_t)) == 0) {
+      const char* held = pages_.data(s.page[slot]);  // (never null for a linked slot; checked all the same)
+      if (held != nullptr && s.parent[slot] == up && std::memcmp(held, page, page_bytes_) == 0) {
         return {t, slot};
       }
     }
@@ -706,7 +721,7 @@ void TierManager::drop(int32_t tier, int32_t slot, bool failed_write) {
 }
 
 void TierManager::restore(int32_t tier, int32_t slot, std::string_view key, std::optional<std::string_view> parent,
-                          const std::vector<int64_t>& tokens, int64_t hits) {
+                          std::string_view tokens, int64_t hits) {
   CallFlag::Scope running(calls_, "TierManager.restore");
   Slots& s = tier_at(tier);
   check_slot(s, tier, slot, "restore");
@@ -720,10 +735,7 @@ void TierManager::restore(int32_t tier, int32_t slot, std::string_view key, std:
   if (s.index.first(key) >= 0) {
     throw std::invalid_argument("restore: tier " + std::to_string(tier) + " already holds that key");
   }
-  if (keep_tokens_ && tokens.size() != static_cast<size_t>(block_size_)) {
-    throw std::invalid_argument("restore: needs " + std::to_string(block_size_) + " token ids, got " +
-                                std::to_string(tokens.size()));
-  }
+  if (keep_tokens_) check_token_bytes(tokens, 1, "restore");
   // Out of the free list (swap with its last entry).
   const int32_t at = s.free_pos[slot];
   const int32_t last = s.free_slots.back();
@@ -735,7 +747,7 @@ void TierManager::restore(int32_t tier, int32_t slot, std::string_view key, std:
   BlockMeta meta{std::max<int64_t>(hits, 0), std::max<int64_t>(hits, 0) + 1, 0, traffic_, 0, 0};
   // store() without taking a slot or recording a transfer: the data is already there.
   s.index.insert(slot, key);
-  if (lineage_) meta.token_hash = hash_tokens(tokens.data());
+  if (lineage_) meta.token_hash = hash_tokens(tokens.data());  // (lineage keeps tokens: checked above)
   if (parent) {
     s.parent[slot] = par;
     s.has_parent[slot] = 1;
@@ -767,8 +779,7 @@ std::optional<std::string> TierManager::slot_parent(int32_t tier, int32_t slot) 
 std::vector<int64_t> TierManager::slot_tokens(int32_t tier, int32_t slot) const {
   slot_key(tier, slot);
   if (!keep_tokens_) return {};
-  const int64_t* ids = pages_.data(tiers_[tier].page[slot]);
-  return {ids, ids + block_size_};
+  return widened(pages_.data(tiers_[tier].page[slot]));
 }
 
 int64_t TierManager::slot_hits(int32_t tier, int32_t slot) const {
@@ -821,7 +832,7 @@ void TierManager::reset() {
     tiers_[t] = std::move(fresh);
   }
   device_ = Device(num_device_blocks_);
-  pages_ = TokenPages(block_size_, pages_capacity());
+  pages_ = TokenPages(static_cast<int64_t>(page_bytes_), pages_capacity());
   traffic_ = 0;
   transfers_.clear();
   records_.clear();

@@ -145,15 +145,18 @@ class TierManager {
   // bytes per chained hash; `keep_tokens`: remember each block's parent and
   // tokens (for events and a disk file's headers); `record_events`: log TierRecords;
   // `lineage`: keys are names, blocks are found by `follow` (needs keep_tokens, and every
-  // block cached with a parent: a chain's first block names its root).
+  // block cached with a parent: a chain's first block names its root); `token_bytes`:
+  // how wide the strategy's token ids are (4 or 8), so how they are passed (packed,
+  // little-endian as the machine) and kept.
   TierManager(int64_t num_device_blocks, int64_t block_size, int64_t key_size, std::vector<TierSpec> tiers,
-              bool keep_tokens, bool record_events, bool lineage = false);
+              bool keep_tokens, bool record_events, bool lineage = false, int64_t token_bytes = 8);
 
   int32_t num_tiers() const { return static_cast<int32_t>(tiers_.size()); }
   int64_t block_size() const { return block_size_; }
   int64_t key_size() const { return key_size_; }
   bool keep_tokens() const { return keep_tokens_; }
   bool lineage() const { return lineage_; }
+  int64_t token_bytes() const { return token_bytes_; }
   int64_t traffic() const { return traffic_; }
   int64_t num_slots(int32_t tier) const { return tier_at(tier).spec.num_slots; }
   int64_t num_used(int32_t tier) const { return tier_at(tier).index.size(); }
@@ -163,18 +166,18 @@ class TierManager {
   // -- the device side (the strategy reports what it caches, hits and evicts) --
   // Blocks `blocks` (device ids) now hold the packed `keys` (key_size bytes each),
   // a chain whose first block's parent is `parent` (nullopt: a chain start);
-  // `tokens` (n * block_size ids, or empty) are theirs. `depth`, `request_tokens`
+  // `tokens` (n * block_size packed ids, or empty) are theirs. `depth`, `request_tokens`
   // and `tag` describe the request that computed them. A block that already holds
   // its key is left as it is. Feeds write_through tiers.
   void device_cached(const std::vector<int64_t>& blocks, std::string_view keys, std::optional<std::string_view> parent,
-                     const std::vector<int64_t>& tokens, int64_t depth, int64_t request_tokens, int32_t tag);
+                     std::string_view tokens, int64_t depth, int64_t request_tokens, int32_t tag);
   // Lineage only: device_cached, the blocks' names chosen here. A block that already
   // holds a name keeps it (a loaded block); one the tiers hold after the same parent with
   // the same tokens takes that copy's name (so its children stay reachable, as hashing
   // would give it its copy's key); any other a fresh name. `parent` names the block
   // before the first (a chain's root name at the start).
-  void device_cached_named(const std::vector<int64_t>& blocks, std::string_view parent,
-                           const std::vector<int64_t>& tokens, int64_t depth, int64_t request_tokens, int32_t tag);
+  void device_cached_named(const std::vector<int64_t>& blocks, std::string_view parent, std::string_view tokens,
+                           int64_t depth, int64_t request_tokens, int32_t tag);
   // Lineage only: a name never given before (the manager counts them: key_size bytes,
   // the count little-endian, zero-padded).
   std::string new_name();
@@ -211,7 +214,7 @@ class TierManager {
   // the previous block's key and whose token ids equal the block's (the highest tier
   // first; in a tier, the earliest stored of such slots). Appends the found
   // slots' keys, packed, to `keys`.
-  std::vector<std::pair<int32_t, int32_t>> follow(std::string_view parent, const std::vector<int64_t>& tokens,
+  std::vector<std::pair<int32_t, int32_t>> follow(std::string_view parent, std::string_view tokens,
                                                   std::string* keys) const;
 
   // -- an admission's loads --
@@ -245,7 +248,7 @@ class TierManager {
   int64_t persist(int32_t t);
   // Put back a block a disk file holds (a restart): `slot` must be free.
   void restore(int32_t tier, int32_t slot, std::string_view key, std::optional<std::string_view> parent,
-               const std::vector<int64_t>& tokens, int64_t hits);
+               std::string_view tokens, int64_t hits);
   std::string slot_key(int32_t tier, int32_t slot) const;
   std::optional<std::string> slot_parent(int32_t tier, int32_t slot) const;
   std::vector<int64_t> slot_tokens(int32_t tier, int32_t slot) const;
@@ -329,18 +332,22 @@ class TierManager {
   // Where a block leaving tier t (-1: the device) goes, by the rules above.
   void demote(int32_t from, int32_t src, std::string_view key, const std::string* parent, int32_t page,
               const BlockMeta& meta);
-  void record(bool stored, int32_t tier, std::string_view key, const std::string* parent, const int64_t* tokens,
+  void record(bool stored, int32_t tier, std::string_view key, const std::string* parent, const char* tokens,
               int32_t tag);
   void compact(Slots& s);
   // device_cached's per-block work once keys are known (checked by the caller).
-  void cache_one(int32_t b, std::string_view key, std::optional<std::string_view> up, const int64_t* tokens,
+  void cache_one(int32_t b, std::string_view key, std::optional<std::string_view> up, const char* tokens,
                  int64_t depth, int64_t request_tokens, int32_t tag, uint64_t token_hash);
   // Lineage: the slot (tier, slot) holding the block after `up` with these tokens, or {kNowhere, -1}.
-  std::pair<int32_t, int32_t> find_link(std::string_view up, const int64_t* page, uint64_t token_hash) const;
+  std::pair<int32_t, int32_t> find_link(std::string_view up, const char* page, uint64_t token_hash) const;
   // The link index's key of a block: its parent's key, then its token hash. The view is
   // of a buffer the next call overwrites (one link is in use at a time; no allocation).
   std::string_view link_of(std::string_view parent, uint64_t token_hash) const;
-  uint64_t hash_tokens(const int64_t* tokens) const;
+  uint64_t hash_tokens(const char* page) const;
+  // A page's ids as int64s.
+  std::vector<int64_t> widened(const char* page) const;
+  // Throws unless `tokens` is `blocks` whole blocks of packed ids (what: the call's name).
+  void check_token_bytes(std::string_view tokens, size_t blocks, const char* what) const;
 
   int64_t num_device_blocks_;
   int64_t block_size_;
@@ -348,6 +355,8 @@ class TierManager {
   bool keep_tokens_;
   bool record_events_;
   bool lineage_;
+  int64_t token_bytes_;
+  size_t page_bytes_;  // block_size x token_bytes: one block's packed ids
   uint64_t names_ = 0;  // lineage: names given so far
   mutable std::string link_;  // link_of's buffer
   int64_t traffic_ = 0;

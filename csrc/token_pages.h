@@ -1,6 +1,7 @@
 // TokenPages: the token ids of cached blocks, one page of block_size ids per block,
 // shared by whoever holds the block (the tier manager's device mirror and its tiers'
-// slots), so that a block moving between them moves a reference, not its ids.
+// slots), so that a block moving between them moves a reference, not its ids. Ids are
+// kept as wide as the strategy's (4 or 8 bytes each), packed.
 //
 // Owns: the pages, a reference count per page, and the free pages.
 // Never does: know keys, tiers or devices; copy a page once it is made.
@@ -9,8 +10,8 @@
 // (the one extra: a holder makes its new page before it lets go of the old one).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -21,20 +22,21 @@ class TokenPages {
  public:
   static constexpr int32_t kNone = -1;
 
-  TokenPages(int64_t page_size, int64_t capacity)
-      : page_size_(page_size),
-        ids_(static_cast<size_t>(page_size * capacity), 0),
+  // `page_bytes`: a block's ids, packed; `capacity` pages.
+  TokenPages(int64_t page_bytes, int64_t capacity)
+      : page_bytes_(static_cast<size_t>(page_bytes)),
+        bytes_(static_cast<size_t>(page_bytes * capacity), 0),
         refs_(static_cast<size_t>(capacity), 0) {
     free_.reserve(static_cast<size_t>(capacity));
     for (int64_t p = capacity - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
   }
 
-  // A new page holding ids[0, page_size), with one reference.
-  int32_t make(const int64_t* ids) {
+  // A new page holding page_bytes of packed ids, with one reference.
+  int32_t make(const char* ids) {
     if (free_.empty()) throw std::logic_error("TokenPages: every page is held (a holder holds more than one)");
     const int32_t p = free_.back();
     free_.pop_back();
-    std::copy(ids, ids + page_size_, ids_.begin() + static_cast<size_t>(p) * page_size_);
+    std::memcpy(bytes_.data() + static_cast<size_t>(p) * page_bytes_, ids, page_bytes_);
     refs_[p] = 1;
     return p;
   }
@@ -46,8 +48,8 @@ class TokenPages {
     holder = p;
   }
 
-  // `holder` lets go of its page and holds a new one holding ids[0, page_size).
-  void fill(int32_t& holder, const int64_t* ids) {
+  // `holder` lets go of its page and holds a new one holding `ids`.
+  void fill(int32_t& holder, const char* ids) {
     const int32_t p = make(ids);
     release(holder);
     holder = p;
@@ -59,14 +61,17 @@ class TokenPages {
     holder = kNone;
   }
 
-  const int64_t* data(int32_t p) const { return p == kNone ? nullptr : ids_.data() + static_cast<size_t>(p) * page_size_; }
+  const char* data(int32_t p) const {
+    return p == kNone ? nullptr : bytes_.data() + static_cast<size_t>(p) * page_bytes_;
+  }
+  size_t page_bytes() const { return page_bytes_; }
   int64_t refs(int32_t p) const { return refs_[p]; }
   int64_t capacity() const { return static_cast<int64_t>(refs_.size()); }
   int64_t num_free() const { return static_cast<int64_t>(free_.size()); }
 
  private:
-  int64_t page_size_;
-  std::vector<int64_t> ids_;
+  size_t page_bytes_;
+  std::vector<char> bytes_;
   std::vector<int64_t> refs_;
   std::vector<int32_t> free_;
 };

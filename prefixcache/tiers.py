@@ -132,6 +132,7 @@ class Tiers:
         events: EventLog | NullEventLog,
         *,
         lineage: bool = False,
+        token_bytes: int = 8,
     ) -> None:
         self.config = config
         self.block_size = config.block_size
@@ -150,8 +151,9 @@ class Tiers:
         # Token ids travel with blocks for events, for a disk file's records, and for
         # lineage, which finds a block by comparing them.
         keep_tokens = lineage or events.enabled or any(t.medium == "DISK" for t in config.tiers)
+        # Token ids are kept as wide as the strategy keeps them (`token_bytes`: 4 or 8).
         self.native = TierManager(num_device_blocks, self.block_size, key_size, native_tiers, keep_tokens, events.enabled,
-                                  lineage)  # fmt: skip
+                                  lineage, token_bytes)  # fmt: skip
         self.keep_tokens = keep_tokens
         self._events = events
         self.block_bytes = config.cost_model.bytes_per_token * self.block_size

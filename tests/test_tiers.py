@@ -456,3 +456,24 @@ def test_persist_copies_what_is_held_above_a_disk_tier_once():
     m.check_invariants(None)
     with pytest.raises(ValueError, match="only a disk tier persists"):
         m.persist(0)
+
+
+def test_token_ids_are_kept_as_wide_as_the_strategy_keeps_them():
+    from prefixcache._C import TierManager
+
+    tier = [(4, "on_evict", 0, "lru", False, {}, False, 0, 0)]
+    narrow = TierManager(4, 2, 8, tier, True, False, True, 4)
+    root = narrow.new_name()
+    with pytest.raises(ValueError, match="tokens"):  # an id radix's tree cannot hold
+        narrow.device_cached_named([0], root, [1, 2**31], 0, 0, 0)
+    assert narrow.device_key(0) is None  # refused before anything changed
+    narrow.device_cached_named([0], root, [1, -(2**31)], 0, 0, 0)
+    narrow.device_evicted([0])
+    assert narrow.follow(root, [1, -(2**31)])[0] == [(0, 0)]
+    assert list(narrow.slot_tokens(0, 0)) == [1, -(2**31)]  # read back as ints, sign kept
+    with pytest.raises(ValueError, match="token_bytes must be 4 or 8, got 2"):
+        TierManager(4, 2, 8, tier, True, False, False, 2)
+    wide = TierManager(4, 2, 32, tier, True, False)
+    assert wide.token_bytes == 8 and narrow.token_bytes == 4
+    assert build_cache(CacheConfig(backend="radix", block_size=2, num_blocks=8, tiers=(TierConfig("CPU", 4),),
+                                   enable_events=False)).tiers.native.token_bytes == 4  # fmt: skip

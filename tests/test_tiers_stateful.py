@@ -1,6 +1,6 @@
 """The native tier manager against its Python model (tests/reference/tiers.py), driven by
 random device caching, hits, evictions, loads, drops and persists (a graceful close),
-under native orders and Python policies, keyed by hash and by lineage: after every step both hold every key in the same tier and slot, record the same
+under native orders and Python policies, keyed by hash and by lineage, token ids kept 4 or 8 bytes wide: after every step both hold every key in the same tier and slot, record the same
 transfers in the same order and count the same."""
 
 from __future__ import annotations
@@ -56,15 +56,15 @@ def page(k: int) -> list[int]:
 
 
 class TierMachine(RuleBasedStateMachine):
-    @initialize(config=st.sampled_from(CONFIGS), lineage=st.booleans())
-    def start(self, config, lineage):
+    @initialize(config=st.sampled_from(CONFIGS), lineage=st.booleans(), token_bytes=st.sampled_from([4, 8]))
+    def start(self, config, lineage, token_bytes):
         policies = [policy() if isinstance(policy, type) else resolve_eviction_policy(policy)()
                     for _, _, _, policy, _, _, _ in config]  # fmt: skip
         self.errors = []
         native = [(n, w, h, p.native or PolicyRank(p, "test", self.errors), p.leaves_only, p.native_params(), keep,
                    k, size) for (n, w, h, _, keep, k, size), p in zip(config, policies)]  # fmt: skip
         self.lineage = lineage
-        self.native = TierManager(DEVICE_BLOCKS, BS, 4, native, True, False, lineage)
+        self.native = TierManager(DEVICE_BLOCKS, BS, 4, native, True, False, lineage, token_bytes)
         self.model = PyTierManager(DEVICE_BLOCKS, BS, [(n, w, h, p, p.leaves_only, keep, k, size)
                                                        for (n, w, h, _, keep, k, size), p in zip(config, policies)])  # fmt: skip
 

@@ -102,8 +102,13 @@ class KVTiers:
             if record.key in seen:  # a key written twice (a crash between two writes): keep the first
                 f.erase(slot)
                 continue
+            try:
+                self.tiers.native.restore(t, slot, record.key, record.parent, record.tokens, record.hits)
+            except ValueError:  # token ids the strategy cannot hold (radix: beyond int32): not restored
+                f.erase(slot)
+                self.restore_errors += 1
+                continue
             seen.add(record.key)
-            self.tiers.native.restore(t, slot, record.key, record.parent, record.tokens, record.hits)
             self.restored += 1
         self.tiers.flush_events()
 
