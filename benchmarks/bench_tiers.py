@@ -6,7 +6,8 @@ trace, next to the infinite-cache ceiling and Belady at the same total capacity
 (`prefixcache.workloads`), measured in one run on this machine. Sections:
 
   capacity  flat 3M tokens vs device 1M + host 2M (on_evict; write_through beside it),
-            both strategies, the same policy (LRU); device 3M + host 30M vs the ceiling.
+            both strategies, the same policy (LRU); radix's tiers keyed by hash (events
+            on) beside its lineage keys, request by request; device 3M + host 30M vs the ceiling.
             Targets: tiered on_evict within 0.01 of flat 3M; 3M + 30M >= 0.95 x ceiling.
   policy    device 1M + host 2M under lru, gslru and chain (ours) on the host tier,
             against Belady at 3M. Target: >= 0.25. And the host tier's gslru decided
@@ -32,6 +33,7 @@ Never commit the trace.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import shlex
@@ -90,6 +92,12 @@ def capacity(workload, plan) -> None:
         gap = flat.hit_ratio - tiered.hit_ratio
         row(f"{backend} device 1M + host 2M on_evict", tiered,
             f"| vs flat {-gap:+.4f} -> {'ok' if abs(gap) <= 0.01 else 'NOT within 0.01'}")
+        if backend == "radix":  # events on: the same tiers keyed by hash, not by lineage
+            hashed = replay_arm(workload, "hashed", dataclasses.replace(arm(backend, 1 * M, host(2 * M)),
+                                                                        enable_events=True))  # fmt: skip
+            same = hashed.hits.hit_tokens == tiered.hits.hit_tokens
+            row("radix the same, keyed by hash", hashed,
+                f"| {'every request hits as with lineage' if same else 'NOT the hits lineage finds'}")
         through = replay_arm(workload, "write_through", arm(backend, 1 * M, host(2 * M, write="write_through")))
         row(f"{backend} device 1M + host 2M write_through", through, f"| vs flat {through.hit_ratio - flat.hit_ratio:+.4f}")
         big = replay_arm(workload, "big", arm(backend, 3 * M, host(30 * M)))

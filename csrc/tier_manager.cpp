@@ -224,16 +224,23 @@ uint64_t TierManager::hash_tokens(const char* page) const { return XXH3_64bits(p
 
 std::vector<int64_t> TierManager::widened(const char* page) const {
   std::vector<int64_t> out(static_cast<size_t>(block_size_));
+  if (token_bytes_ == 8) {
+    std::memcpy(out.data(), page, page_bytes_);
+    return out;
+  }
   for (size_t i = 0; i < out.size(); ++i) {
-    if (token_bytes_ == 4) {
-      int32_t v;
-      std::memcpy(&v, page + i * 4, 4);
-      out[i] = v;
-    } else {
-      std::memcpy(&out[i], page + i * 8, 8);
-    }
+    int32_t v;
+    std::memcpy(&v, page + i * sizeof v, sizeof v);
+    out[i] = v;
   }
   return out;
+}
+
+void TierManager::check_key_size(std::string_view key, const char* what, const char* name) const {
+  if (key.size() != static_cast<size_t>(key_size_)) {
+    throw std::invalid_argument(std::string(what) + ": " + name + " must be " + std::to_string(key_size_) +
+                                " bytes, got " + std::to_string(key.size()));
+  }
 }
 
 void TierManager::check_token_bytes(std::string_view tokens, size_t blocks, const char* what) const {
@@ -338,10 +345,7 @@ void TierManager::device_cached(const std::vector<int64_t>& blocks, std::string_
                                 " keys of " + std::to_string(key_size_) + " bytes, got " +
                                 std::to_string(keys.size()) + " bytes");
   }
-  if (parent && parent->size() != static_cast<size_t>(key_size_)) {
-    throw std::invalid_argument("device_cached: parent must be " + std::to_string(key_size_) + " bytes, got " +
-                                std::to_string(parent->size()));
-  }
+  if (parent) check_key_size(*parent, "device_cached", "parent");
   if (lineage_ && n > 0 && !parent) {
     throw std::invalid_argument("device_cached: with lineage every chain names its parent (a root key at the start)");
   }
@@ -389,10 +393,7 @@ void TierManager::device_cached_named(const std::vector<int64_t>& blocks, std::s
   CallFlag::Scope running(calls_, "TierManager.device_cached_named");
   if (!lineage_) throw std::invalid_argument("device_cached_named: this manager is keyed by hash (built without lineage)");
   const size_t n = blocks.size();
-  if (parent.size() != static_cast<size_t>(key_size_)) {
-    throw std::invalid_argument("device_cached_named: parent must be " + std::to_string(key_size_) + " bytes, got " +
-                                std::to_string(parent.size()));
-  }
+  check_key_size(parent, "device_cached_named", "parent");
   check_token_bytes(tokens, n, "device_cached_named");
   for (size_t i = 0; i < n; ++i) check_block(blocks[i], "device_cached_named");
   std::string up(parent);
@@ -565,10 +566,7 @@ std::vector<std::pair<int32_t, int32_t>> TierManager::chain(const BlockPool* poo
 std::vector<std::pair<int32_t, int32_t>> TierManager::follow(std::string_view parent, std::string_view tokens,
                                                              std::string* keys) const {
   if (!lineage_) throw std::invalid_argument("follow: this manager finds blocks by key (built without lineage)");
-  if (parent.size() != static_cast<size_t>(key_size_)) {
-    throw std::invalid_argument("follow: parent must be " + std::to_string(key_size_) + " bytes, got " +
-                                std::to_string(parent.size()));
-  }
+  check_key_size(parent, "follow", "parent");
   if (tokens.size() % page_bytes_) {
     throw std::invalid_argument("follow: " + std::to_string(tokens.size() / token_bytes_) +
                                 " token ids are not whole blocks of " + std::to_string(block_size_));
@@ -729,9 +727,8 @@ void TierManager::restore(int32_t tier, int32_t slot, std::string_view key, std:
     throw std::invalid_argument("restore: slot " + std::to_string(slot) + " of tier " + std::to_string(tier) +
                                 " already holds a block");
   }
-  if (key.size() != static_cast<size_t>(key_size_) || (parent && parent->size() != static_cast<size_t>(key_size_))) {
-    throw std::invalid_argument("restore: keys must be " + std::to_string(key_size_) + " bytes");
-  }
+  check_key_size(key, "restore", "key");
+  if (parent) check_key_size(*parent, "restore", "parent");
   if (s.index.first(key) >= 0) {
     throw std::invalid_argument("restore: tier " + std::to_string(tier) + " already holds that key");
   }

@@ -346,6 +346,8 @@ class TierManager {
   uint64_t hash_tokens(const char* page) const;
   // A page's ids as int64s.
   std::vector<int64_t> widened(const char* page) const;
+  // Throws unless `key` is key_size bytes (what: the call's name; name: the argument's).
+  void check_key_size(std::string_view key, const char* what, const char* name) const;
   // Throws unless `tokens` is `blocks` whole blocks of packed ids (what: the call's name).
   void check_token_bytes(std::string_view tokens, size_t blocks, const char* what) const;
 
