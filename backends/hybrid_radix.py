@@ -92,7 +92,7 @@ from prefixcache.events import (
     event_lora,
 )
 from prefixcache.hashing import chain_digests, namespace_extra_keys, none_hash
-from prefixcache.isolation import exact_key
+from prefixcache.isolation import SPARE_NAMESPACES, exact_key
 from prefixcache.layout import CHUNKED_LOCAL_ATTENTION, FULL_ATTENTION, MAMBA, NULL_BLOCK, SLIDING_WINDOW
 from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded
 from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_priority, check_tokens
@@ -244,6 +244,7 @@ class HybridRadixCache(PrefixCache):
         self._none_hash = none_hash(self._algorithm, config.hash.seed)
         self._ds = len(self._none_hash)
         self._namespaces: dict[object, Namespace] = {}  # tree key -> namespace (events name it)
+        self._namespaces_limit = SPARE_NAMESPACES
 
     @classmethod
     def check_layout(cls, config: CacheConfig, options) -> None:
@@ -425,6 +426,8 @@ class HybridRadixCache(PrefixCache):
         req.allocated_to, req.chunk_ends = hit, list(ends)
         self._extend(req)
         req.chunk_start = self._chunk_start(hit)
+        if tree_key not in self._namespaces and len(self._namespaces) >= self._namespaces_limit:
+            self._forget_namespaces()
         self._namespaces[tree_key] = namespace
         self._requests.add(req)
         self._stats.record_query(n, hit)
@@ -909,6 +912,14 @@ class HybridRadixCache(PrefixCache):
             depth += len(node.key) // self.block_size
             node = node.parent  # type: ignore[assignment]
         return depth
+
+    def _forget_namespaces(self) -> None:
+        """Drop the tree keys no node and no live request has, so the table follows what
+        the tree holds (a scan of the root's children, amortized: the limit doubles past
+        what stays)."""
+        kept = {key[0] for key in self.tree.root.children} | {r.tree_key for r in self._requests}
+        self._namespaces = {k: ns for k, ns in self._namespaces.items() if k in kept}
+        self._namespaces_limit = 2 * len(self._namespaces) + SPARE_NAMESPACES
 
     def _namespace_of(self, node: TreeNode) -> Namespace:
         return self._namespaces.get(node.ns)

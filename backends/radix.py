@@ -99,7 +99,7 @@ from prefixcache.events import (
     event_lora,
 )
 from prefixcache.hashing import block_hashes, chain_digests, namespace_extra_keys, none_hash
-from prefixcache.isolation import exact_key
+from prefixcache.isolation import SPARE_NAMESPACES, exact_key
 from prefixcache.limits import RADIX_TOKEN_RANGE
 from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded
 from prefixcache.registry import register_backend, resolve_eviction_policy
@@ -199,6 +199,7 @@ class RadixCache(PrefixCache):
             t.medium != "DISK" and t.store_threshold < 2 for t in config.tiers
         )
         self._roots: dict[str | None, bytes] = {}  # with lineage: tree key -> the name its first pages follow
+        self._roots_limit = SPARE_NAMESPACES
         key_size = _NAME_BYTES if self._lineage else self._digest_size
         self.tiers = (Tiers(config, pool.num_blocks, key_size, self._events, lineage=self._lineage,
                             token_bytes=self.token_itemsize) if config.tiers else None)  # fmt: skip
@@ -546,11 +547,23 @@ class RadixCache(PrefixCache):
 
     # -- lower tiers (docs/tiers.md) ------------------------------------------------------
     def _root_name(self, tree_key: str | None) -> bytes:
-        """The name a namespace's first pages follow (lineage)."""
+        """The name a namespace's first pages follow (lineage); a namespace without one
+        gets a fresh name. Names nothing follows any more are forgotten now and then
+        (`_forget_roots`), so the table follows what the cache holds."""
         name = self._roots.get(tree_key)
         if name is None:
+            if len(self._roots) >= self._roots_limit:
+                self._forget_roots()
             name = self._roots[tree_key] = self.tiers.new_name()
         return name
+
+    def _forget_roots(self) -> None:
+        """Drop the root names no device page or tier slot follows: no look-up can pass
+        through them (one native scan, amortized: the limit doubles past what stays)."""
+        keys = list(self._roots)
+        used = self.tiers.native.parents_in_use(b"".join(self._roots[k] for k in keys))
+        self._roots = {k: self._roots[k] for k, kept in zip(keys, used) if kept}
+        self._roots_limit = 2 * len(self._roots) + SPARE_NAMESPACES
 
     def _none_hash(self) -> bytes:
         """The chain's seed hash (the parent of a namespace's first page)."""
@@ -568,7 +581,9 @@ class RadixCache(PrefixCache):
         if first >= full:
             return [], b""
         if self._lineage:
-            up = self.tiers.device_key(device.block_ids[-1]) if first else self._root_name(exact_key(namespace))  # type: ignore[attr-defined]
+            up = self.tiers.device_key(device.block_ids[-1]) if first else self._roots.get(exact_key(namespace))  # type: ignore[attr-defined]
+            if up is None:  # a namespace without a root name: nothing below follows it
+                return [], b""
             return self.tiers.follow(up, tokens[first * bs : full * bs])[0], b""
         parent = self._page_hash[device.block_ids[-1]] if first else None  # type: ignore[attr-defined]
         digests = chain_digests(

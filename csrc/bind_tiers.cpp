@@ -224,6 +224,9 @@ csrc/tier_manager.h; prefixcache.tiers wraps it.
           py::arg("blocks"), py::arg("parent"), py::arg("tokens"), py::arg("depth") = 0, py::arg("request_tokens") = 0,
           py::arg("tag") = 0)
       .def("new_name", [](TierManager& t) { return py::bytes(t.new_name()); })
+      .def("tags_in_use", &TierManager::tags_in_use)
+      .def("parents_in_use",
+           [](const TierManager& t, py::handle names) { return t.parents_in_use(bytes_view(names, "names")); })
       .def("device_key", [](const TierManager& t, py::handle b) -> py::object {
         auto key = t.device_key(saturated_int64(b, "block"));
         return key ? py::object(py::bytes(*key)) : py::object(py::none());

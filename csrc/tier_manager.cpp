@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <unordered_map>
 
 #define XXH_INLINE_ALL
 #include "third_party/xxhash/xxhash.h"
@@ -814,6 +815,48 @@ std::vector<TierRecord> TierManager::drain_records() {
   CallFlag::Scope running(calls_, "TierManager.drain_records");
   std::vector<TierRecord> out;
   out.swap(records_);
+  return out;
+}
+
+std::vector<int32_t> TierManager::tags_in_use() const {
+  std::vector<int32_t> out;
+  for (int32_t b = 0; b < num_device_blocks_; ++b) {
+    if (device_.index.has_key(b)) out.push_back(device_.meta[b].tag);
+  }
+  for (const Slots& s : tiers_) {
+    for (int32_t i = 0; i < s.spec.num_slots; ++i) {
+      if (s.index.has_key(i)) out.push_back(s.meta[i].tag);
+    }
+  }
+  for (const TierRecord& r : records_) out.push_back(r.tag);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::vector<bool> TierManager::parents_in_use(std::string_view names) const {
+  if (names.size() % static_cast<size_t>(key_size_)) {
+    throw std::invalid_argument("parents_in_use: names must be whole keys of " + std::to_string(key_size_) +
+                                " bytes, got " + std::to_string(names.size()) + " bytes");
+  }
+  const size_t n = names.size() / static_cast<size_t>(key_size_);
+  auto name = [&](size_t i) { return names.substr(i * key_size_, key_size_); };
+  std::unordered_map<std::string_view, bool> followed;  // a name given twice is looked up once
+  followed.reserve(n);
+  for (size_t i = 0; i < n; ++i) followed.emplace(name(i), false);
+  auto mark = [&](bool keyed, bool has_parent, const std::string& parent) {
+    if (!keyed || !has_parent) return;
+    const auto it = followed.find(parent);
+    if (it != followed.end()) it->second = true;
+  };
+  for (int32_t b = 0; b < num_device_blocks_; ++b) {
+    mark(device_.index.has_key(b), device_.has_parent[b] != 0, device_.parent[b]);
+  }
+  for (const Slots& s : tiers_) {
+    for (int32_t i = 0; i < s.spec.num_slots; ++i) mark(s.index.has_key(i), s.has_parent[i] != 0, s.parent[i]);
+  }
+  std::vector<bool> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = followed.at(name(i));
   return out;
 }
 

@@ -264,6 +264,15 @@ class TierManager {
   bool pending(int32_t tier, int32_t slot) const;
   std::vector<TierRecord> drain_records();
 
+  // -- what the Python side's per-namespace tables may forget --
+  // The namespace tags that a keyed device block, a tier's slot or an undrained record
+  // carries, ascending; any other tag names nothing here and may be given out again.
+  std::vector<int32_t> tags_in_use() const;
+  // For each name in `names` (packed, key_size bytes each): whether a keyed device block
+  // or a tier's slot follows it (names it as its parent). A chain root's name that
+  // nothing follows can be forgotten: no look-up can pass through it.
+  std::vector<bool> parents_in_use(std::string_view names) const;
+
   // Every tier emptied, the device mirror too, counters zeroed (a cache reset).
   void reset();
   // `pool`: the device pool (null: skip the device cross-check).

@@ -166,7 +166,7 @@ def bad_block(r: Reader) -> int:
 
 
 def step(p: Pair, r: Reader) -> None:
-    op = r.int(0, 15)
+    op = r.int(0, 16)
     free, held = p.free_blocks(), p.held()
     if op == 0 and free:  # cache a run of keys on free device blocks
         n = r.int(1, min(3, len(free)))
@@ -266,6 +266,14 @@ def step(p: Pair, r: Reader) -> None:
         parent = KEYS[start - 1] if start else ROOT
         toks = [7 * r.int(0, len(KEYS)) + i for i in range(n * BS)]
         assert p.native.follow(parent, toks) == p.model.follow(parent, toks)
+    elif op == 16:  # which names a block follows; a name cut short is refused
+        names = b"".join(r.choice(KEYS + [ROOT]) for _ in range(r.int(0, 4)))
+        size = len(KEYS[0])
+        assert p.native.parents_in_use(names) == p.model.parents_in_use(names, size)
+        if r.bool():
+            p.refused("parents_in_use", names + b"\x00")
+        tags = p.native.tags_in_use()  # every call here passes tag 0
+        assert tags == [0] if p.model.device or any(t.slots for t in p.model.tiers) else tags in ([], [0])
     elif op == 13:
         t = r.int(-1, len(p.specs))
         if 0 <= t < len(p.specs):

@@ -28,7 +28,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-__all__ = ["LoRA", "Isolation", "Namespace", "check_namespace", "extra_keys", "exact_key", "exact_bytes"]
+__all__ = ["LoRA", "Isolation", "Namespace", "check_namespace", "extra_keys", "exact_key", "exact_bytes", "SPARE_NAMESPACES"]
+
+#: A cache's table keyed by namespace is pruned of the namespaces it no longer holds
+#: when it has this many entries beyond twice those it kept last time: pruning scans
+#: what the cache holds, so it runs once per that many new namespaces, and a stream of
+#: one-request tenants costs bounded memory.
+SPARE_NAMESPACES = 1024
 
 
 def _check_text(value: object, what: str) -> str:

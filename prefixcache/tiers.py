@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from prefixcache._C import TierManager
 from prefixcache.events import FULL_ATTENTION, BlockRemoved, BlockStored, EventLog, NullEventLog, event_extra_keys, event_lora
 from prefixcache.hashing import namespace_extra_keys
+from prefixcache.isolation import SPARE_NAMESPACES
 from prefixcache.registry import resolve_eviction_policy
 from prefixcache.stats import TierStats
 
@@ -161,8 +162,11 @@ class Tiers:
         self._load_s = [self.block_bytes / (t.gbps * 1e9) for t in config.tiers]
         self._latency_s = [t.latency_s for t in config.tiers]
         self.verifier: Verifier | None = None
+        # Events only: namespace <-> the tag its blocks carry natively (0: no namespace).
         self._namespaces: list[Hashable] = [None]
         self._tags: dict[Hashable, int] = {None: 0}
+        self._free_tags: list[int] = []
+        self._tags_limit = SPARE_NAMESPACES
         n = len(config.tiers)
         self._hit_tokens = [0] * n
         self._loaded_tokens = [0] * n
@@ -180,12 +184,32 @@ class Tiers:
 
     # -- the device side --------------------------------------------------------------
     def tag(self, namespace: Hashable) -> int:
-        """The small int a namespace travels as (for its events' extra keys)."""
+        """The small int a namespace travels as, for its events' extra keys (0 without
+        events: nothing reads it). A tag no block carries any more is given out again, so
+        the table follows what the cache holds, not every namespace it has seen."""
+        if not self._events.enabled:
+            return 0
         tag = self._tags.get(namespace)
         if tag is None:
-            tag = self._tags[namespace] = len(self._namespaces)
-            self._namespaces.append(namespace)
+            if len(self._tags) >= self._tags_limit:
+                self._forget_tags()
+            tag = self._free_tags.pop() if self._free_tags else len(self._namespaces)
+            if tag == len(self._namespaces):
+                self._namespaces.append(namespace)
+            self._namespaces[tag] = namespace
+            self._tags[namespace] = tag
         return tag
+
+    def _forget_tags(self) -> None:
+        """Drop the namespaces no block or pending record carries (one native scan of the
+        tiers' slots, amortized: the limit doubles past what stays)."""
+        in_use = set(self.native.tags_in_use())
+        in_use.add(0)
+        self._tags = {ns: t for ns, t in self._tags.items() if t in in_use}
+        self._free_tags = [t for t in range(len(self._namespaces) - 1, 0, -1) if t not in in_use]
+        for t in self._free_tags:
+            self._namespaces[t] = None
+        self._tags_limit = 2 * len(self._tags) + SPARE_NAMESPACES
 
     def cached(
         self,

@@ -263,6 +263,12 @@ class PyTierManager:
                 return (t, i)
         return None
 
+    def parents_in_use(self, names: bytes, key_size: int) -> list[bool]:
+        """For each packed name: whether a device block or a slot names it as its parent."""
+        parents = {up for _, up, _, _ in self.device.values()}
+        parents |= {s.parent for tier in self.tiers for s in tier.slots.values()}
+        return [names[i : i + key_size] in parents for i in range(0, len(names), key_size)]
+
     def follow(self, parent: bytes, tokens: list[int]) -> tuple[list[tuple[int, int]], bytes]:
         """Lineage: each whole block of `tokens` after the block keyed `parent`, found by
         its parent's key and its token ids (the highest tier first), up to the first
