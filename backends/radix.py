@@ -487,8 +487,9 @@ class RadixCache(PrefixCache):
         first = start // bs
         if self._lineage:  # the tiers name the pages: nothing is hashed
             up = self.tiers.device_key(req.block_table[first - 1]) if first else self._root_name(req.tree_key)
-            self.tiers.cached_named(req.block_table[first : end // bs], up, req.tokens[start:end], req.depth,
-                                    req.prompt_len // bs * bs, req.namespace)  # fmt: skip
+            # A view, not a slice: the tier manager reads the request's own buffer in place.
+            self.tiers.cached_named(req.block_table[first : end // bs], up, memoryview(req.tokens)[start:end],
+                                    req.depth, req.prompt_len // bs * bs, req.namespace)  # fmt: skip
             return
         if not self._hashes_pages:
             return

@@ -3,6 +3,8 @@
 #include <pybind11/stl.h>
 
 #include <limits>
+#include <optional>
+#include <string_view>
 
 #include "py_args.h"
 #include "tier_manager.h"
@@ -111,6 +113,16 @@ class TierTokens {
  public:
   TierTokens(const TierManager& t, py::handle obj) {
     if (obj.is_none()) return;
+    // A buffer that holds the ids as the manager keeps them (a backend's array('i') for
+    // 4-byte pages, array('q') for 8, or a memoryview slice of one) is read in place,
+    // exported for the call: every id of that width is allowed, so nothing is checked
+    // that a copy would check, and the export keeps the owner from resizing it.
+    borrowed_.emplace(obj.ptr());
+    if (borrowed_->held() && packed_ids(borrowed_->view(), t.token_bytes())) {
+      view_ = {static_cast<const char*>(borrowed_->view().buf), static_cast<size_t>(borrowed_->view().len)};
+      return;
+    }
+    borrowed_.reset();
     if (t.token_bytes() == 4) {
       narrow_ = read_token_ids<int32_t>(obj, "tokens").ids;
       view_ = {reinterpret_cast<const char*>(narrow_.data()), narrow_.size() * sizeof(int32_t)};
@@ -126,6 +138,15 @@ class TierTokens {
   std::string_view view() const { return view_; }
 
  private:
+  // One dimension, contiguous, native signed ints of `width` bytes.
+  static bool packed_ids(const Py_buffer& v, int64_t width) {
+    if (v.ndim != 1 || v.itemsize != width || v.format == nullptr) return false;
+    if (v.strides != nullptr && v.strides[0] != v.itemsize) return false;
+    const std::string_view f(v.format);
+    return width == 4 ? (f == "i" || f == "@i") : (f == "q" || f == "@q" || f == "l" || f == "@l");
+  }
+
+  std::optional<token_ids_detail::IntBuffer> borrowed_;
   std::vector<int32_t> narrow_;
   std::vector<int64_t> wide_;
   std::string_view view_;

@@ -477,3 +477,46 @@ def test_token_ids_are_kept_as_wide_as_the_strategy_keeps_them():
     assert wide.token_bytes == 8 and narrow.token_bytes == 4
     assert build_cache(CacheConfig(backend="radix", block_size=2, num_blocks=8, tiers=(TierConfig("CPU", 4),),
                                    enable_events=False)).tiers.native.token_bytes == 4  # fmt: skip
+
+
+@pytest.mark.parametrize("width,code", [(4, "i"), (8, "q")])
+def test_a_buffer_of_the_managers_width_is_read_in_place_and_any_other_converted(width, code):
+    """The tier manager reads an array of its own id width (or a contiguous view of one) in
+    place, and converts anything else: the same pages either way, and a buffer it holds
+    cannot be resized under it by a Python policy running inside the call."""
+    from array import array
+
+    from prefixcache._C import TierManager
+
+    ids = [5, -7, 2**31 - 1, 0, 3, 9]
+
+    def manager(policy="lru"):
+        m = TierManager(8, 2, 8, [(8, "on_evict", 0, policy, False, {}, False, 0, 0)], True, False, True, width)
+        return m, m.new_name()
+
+    forms = [ids, array(code, ids), memoryview(array(code, [0, 0] + ids))[2:], array("q" if code == "i" else "i", ids),
+             memoryview(array(code, [x for i in ids for x in (i, 0)]))[::2]]  # fmt: skip
+    seen = []
+    for tokens in forms:
+        m, root = manager()
+        m.device_cached_named([0, 1, 2], root, tokens, 0, 0, 0)
+        m.device_evicted([0, 1, 2])
+        seen.append(([list(m.slot_tokens(0, s)) for s in m.used_slots(0)], m.follow(root, ids)[0]))
+    assert all(s == seen[0] for s in seen) and len(seen[0][1]) == 3
+    held, outcomes = array(code, ids), []
+
+    class Resizer:
+        leaves_only = False
+
+        def __call__(self, candidate):  # a rank that tries to grow the caller's buffer
+            try:
+                held.extend(range(1000))
+                outcomes.append("resized")
+            except BufferError:
+                outcomes.append("refused")
+            return (0, 0)
+
+    # write_through: the tier stores, and ranks, inside device_cached_named, while it reads `held`.
+    m = TierManager(8, 2, 8, [(8, "write_through", 0, Resizer(), False, {}, False, 0, 0)], True, False, True, width)
+    m.device_cached_named([0, 1, 2], m.new_name(), held, 0, 0, 0)
+    assert outcomes == ["refused"] * 3 and list(held) == ids
