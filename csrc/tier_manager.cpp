@@ -156,9 +156,27 @@ bool later(const Entry& a, const Entry& b) {
 
 void TierManager::push(Slots& s, int32_t slot) {
   if (!evictable(s, slot)) return;
-  if (s.heap.size() > 2 * static_cast<size_t>(s.spec.num_slots) + 64) compact(s);
-  s.heap.push_back(Slots::Entry{key_of(s, slot), s.next_seq++, slot, ++s.version[slot]});
-  std::push_heap(s.heap.begin(), s.heap.end(), later<Slots::Entry>);
+  if (s.queued() > 2 * static_cast<size_t>(s.spec.num_slots) + 64) compact(s);
+  const Slots::Entry e{key_of(s, slot), s.next_seq++, slot, ++s.version[slot]};
+  if (s.run.empty() || !later(s.run.back(), e)) {
+    s.run.push_back(e);  // leaves no earlier than the run's last: O(1)
+  } else {
+    s.heap.push_back(e);
+    std::push_heap(s.heap.begin(), s.heap.end(), later<Slots::Entry>);
+  }
+}
+
+std::optional<TierManager::Slots::Entry> TierManager::pop(Slots& s) {
+  if (s.run.empty() && s.heap.empty()) return std::nullopt;
+  if (s.run.empty() || (!s.heap.empty() && later(s.run.front(), s.heap.front()))) {
+    std::pop_heap(s.heap.begin(), s.heap.end(), later<Slots::Entry>);
+    const Slots::Entry top = s.heap.back();
+    s.heap.pop_back();
+    return top;
+  }
+  const Slots::Entry top = s.run.front();
+  s.run.pop_front();
+  return top;
 }
 
 void TierManager::compact(Slots& s) {
@@ -168,6 +186,11 @@ void TierManager::compact(Slots& s) {
   }
   s.heap.swap(kept);
   std::make_heap(s.heap.begin(), s.heap.end(), later<Slots::Entry>);
+  std::deque<Slots::Entry> run;  // (a subsequence of an ordered run is in order)
+  for (const Slots::Entry& e : s.run) {
+    if (live(s, e)) run.push_back(e);
+  }
+  s.run.swap(run);
 }
 
 // ------------------------------------------------------------------ movement
@@ -286,10 +309,8 @@ int32_t TierManager::take_slot(int32_t t) {
     s.free_pos[slot] = -1;
     return slot;
   }
-  while (!s.heap.empty()) {
-    std::pop_heap(s.heap.begin(), s.heap.end(), later<Slots::Entry>);
-    Slots::Entry top = s.heap.back();
-    s.heap.pop_back();
+  while (const std::optional<Slots::Entry> next = pop(s)) {
+    const Slots::Entry top = *next;
     if (!live(s, top)) continue;
     const int32_t victim = top.slot;
     // remove_slot drops the key from the index but leaves the slot's key, parent and
@@ -884,6 +905,9 @@ std::vector<int32_t> TierManager::order(int32_t tier) const {
   for (const Slots::Entry& e : s.heap) {
     if (live(s, e)) entries.push_back(e);
   }
+  for (const Slots::Entry& e : s.run) {
+    if (live(s, e)) entries.push_back(e);
+  }
   std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return later(b, a); });
   std::vector<int32_t> out;
   for (const auto& e : entries) out.push_back(e.slot);
@@ -900,6 +924,10 @@ void TierManager::check_invariants(const BlockPool* pool) const {
     std::vector<int32_t> entries(s.spec.num_slots, 0);
     for (const Slots::Entry& e : s.heap) {
       if (live(s, e)) ++entries[e.slot];
+    }
+    for (size_t i = 0; i < s.run.size(); ++i) {
+      if (i > 0 && later(s.run[i - 1], s.run[i])) fail("tier " + std::to_string(t) + ": its ordered run is out of order");
+      if (live(s, s.run[i])) ++entries[s.run[i].slot];
     }
     int64_t num_free = 0;
     for (int32_t i = 0; i < s.spec.num_slots; ++i) {
@@ -936,7 +964,7 @@ void TierManager::check_invariants(const BlockPool* pool) const {
         }
       }
       if (evictable(s, i) && entries[i] != 1) {
-        fail(where + " may leave but has " + std::to_string(entries[i]) + " live heap entries");
+        fail(where + " may leave but has " + std::to_string(entries[i]) + " live queue entries");
       }
     }
     if (s.reuse.size() > s.reuse.capacity()) {

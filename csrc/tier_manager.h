@@ -53,7 +53,7 @@
 //
 // Invariants (check_invariants): a key is held by at most one slot per tier; a
 // slot's child count equals the slots of its tier whose parent it is; every
-// unpinned keyed slot that may leave has exactly one live heap entry; free slots
+// unpinned keyed slot that may leave has exactly one live entry in its queues; free slots
 // hold no key; the device mirror holds only what the strategy says is cached.
 // Every bad argument throws before anything changes; nothing here aborts. A tier's
 // `rank` runs Python code part-way through a call: a call that would change the
@@ -61,6 +61,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <string>
@@ -304,7 +305,13 @@ class TierManager {
       int32_t slot;
       uint32_t version;
     };
+    // Candidates in leaving order, lazily deleted (an entry whose version is stale is
+    // skipped): those pushed after one leaving no later go to `run`, a queue already in
+    // order (an LRU tier's every store and touch), the rest to `heap`; the next to leave
+    // is the earlier of the two fronts.
+    std::deque<Entry> run;
     std::vector<Entry> heap;
+    size_t queued() const { return run.size() + heap.size(); }
     // Requests that used each of the last reuse_slots keys (store_threshold >= 2 only):
     // a GhostTable whose count is put back one higher at every use.
     GhostTable reuse;
@@ -344,6 +351,8 @@ class TierManager {
   void record(bool stored, int32_t tier, std::string_view key, const std::string* parent, const char* tokens,
               int32_t tag);
   void compact(Slots& s);
+  // The next candidate to leave (live or not), taken out; nullopt when none is queued.
+  std::optional<Slots::Entry> pop(Slots& s);
   // device_cached's per-block work once keys are known (checked by the caller).
   void cache_one(int32_t b, std::string_view key, std::optional<std::string_view> up, const char* tokens,
                  int64_t depth, int64_t request_tokens, int32_t tag, uint64_t token_hash);
