@@ -118,8 +118,35 @@ def test_kv_events_through_the_adapter_follows_the_index_and_the_replica_set(rep
         router.on_request_completed(b.replica_id, "r1")
         assert router.state()["replicas"]["b"]["load_tokens"] == 0
 
-        # A call without token ids (a replica's info) is offered to every candidate.
-        assert await router.choose_replicas(replicas, pending(object(), "info")) == [replicas]
+        # A call without token ids (a replica's info) is offered to every candidate, and
+        # its routing is not ours to account.
+        info = pending(object(), "info")
+        assert await router.choose_replicas(replicas, info) == [replicas]
+        router.on_request_routed(info, a.replica_id, None)
+        assert router.state()["unaccounted"] == 0
+        # Ray runs completion callbacks from another thread: a short request can finish
+        # before its routing is reported. Counted as routed, it loads nothing.
+        quick = pending(Call(prompt + [7], max_tokens=1), "quick")
+        assert await router.choose_replicas(replicas, quick) == [[b]]
+        router.on_request_completed(b.replica_id, "quick")
+        router.on_request_routed(quick, b.replica_id, None)
+        row = router.state()["replicas"]["b"]
+        assert (row["routed"], row["in_flight"], row["load_tokens"], row["active_blocks"]) == (2, 0, 0, 0)
+        # An attempt's end before a new choice for the same request (a rejected attempt,
+        # retried) is not the retry's: the retry loads its replica until it completes.
+        retried = pending(Call(prompt + [8], max_tokens=1), "retried")
+        await router.choose_replicas(replicas, retried)
+        router.on_request_completed(b.replica_id, "retried")
+        await router.choose_replicas(replicas, retried)
+        router.on_request_routed(retried, b.replica_id, None)
+        assert router.state()["replicas"]["b"]["in_flight"] == 1
+        router.on_request_completed(b.replica_id, "retried")
+        assert router.state()["replicas"]["b"]["in_flight"] == 0 and router.state()["unaccounted"] == 0
+        # One of ours routed with no choice on record, or to a replica the adapter does not
+        # know: nothing to account it to, counted.
+        router.on_request_routed(pending(Call(prompt, max_tokens=1), "unasked"), a.replica_id, None)
+        router.on_request_routed(pending(Call(prompt, max_tokens=1), "stranger"), ReplicaID("z", DEPLOYMENT), None)
+        assert router.state()["unaccounted"] == 2 and router.state()["replicas"]["a"]["routed"] == 0
 
         # b leaves: its blocks leave the index and its stream is dropped; a dies.
         router.update_replicas([a, c])

@@ -187,6 +187,8 @@ class PrefixCacheRequestRouter(RequestRouter):
         self._request_ids: dict[str, str] = {}  # the ingress's request id -> internal id, while in flight
         self._routing_loop: asyncio.AbstractEventLoop | None = None
         self._departed: list[str] = []
+        self._unaccounted = 0  # requests of ours Ray reported routed that the adapter could not account
+        self._completed_early: dict[str, str] = {}  # internal request id -> replica it finished on, before routed
         register(self)
 
     # -- the replica set ----------------------------------------------------------------
@@ -264,14 +266,24 @@ class PrefixCacheRequestRouter(RequestRouter):
         uid = replica_id.unique_id
         load = self._loads.get(uid)
         if request is None or load is None:
+            if _routed_call(pending_request) is not None:
+                # One of our calls without a choice on record, or on a replica the adapter
+                # does not know: its load cannot be accounted. Counted, so it shows.
+                self._unaccounted += 1
+            return
+        if self._completed_early.pop(rid, None) == uid:
+            # Ray runs a request's completion callback from another thread: a short request
+            # can finish on this loop before its acceptance does. It loads nothing now.
+            load.routed += 1
+            self.router.on_request_routed(request, uid)
+            self.router.on_request_completed(request, uid)
             return
         prompt, block = request.num_prompt_tokens, self.hasher.block_size
         tokens = prompt + request.num_output_tokens
         cached = 0
         if self.index is not None and uid in self.index:
             cached = min(self.index.longest_prefix(request.hashes).get(uid, 0) * block, prompt)
-        call = _routed_call(pending_request)
-        request_id = getattr(call, "request_id", None)
+        request_id = getattr(_routed_call(pending_request), "request_id", None)
         flight = _InFlight(uid, tokens, prompt - cached, request.hashes.digests(), request,
                            request_id if isinstance(request_id, str) else None)
         old = self._in_flight.pop(rid, None)  # a retried request routed again
@@ -289,15 +301,22 @@ class PrefixCacheRequestRouter(RequestRouter):
         self.router.on_request_routed(request, uid)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        self._requests.pop(internal_request_id, None)
         flight = self._in_flight.get(internal_request_id)
+        uid = replica_id.unique_id
         # A call sent again (its replica died) keeps its id: only its own replica's completion counts.
-        if flight is not None and flight.replica == replica_id.unique_id:
+        if flight is not None and flight.replica == uid:
+            self._requests.pop(internal_request_id, None)
             del self._in_flight[internal_request_id]
             if flight.request_id is not None:
                 self._request_ids.pop(flight.request_id, None)
             self._unload(flight)
             self.router.on_request_completed(flight.request, flight.replica)
+        elif flight is None and internal_request_id in self._requests:
+            # Chosen for and finished, not yet reported routed (see on_request_routed): its
+            # routing, when it is reported, loads nothing. Bounded like the choices.
+            if len(self._completed_early) >= _MAX_UNROUTED:
+                self._completed_early.pop(next(iter(self._completed_early)))
+            self._completed_early[internal_request_id] = uid
 
     def first_token(self, request_id: str) -> None:
         """The ingress saw request `request_id`'s first token (callable from any thread;
@@ -336,6 +355,7 @@ class PrefixCacheRequestRouter(RequestRouter):
 
     def _routing_request(self, pending: PendingRequest, call: RoutedCall) -> RoutingRequest:
         rid = pending.metadata.internal_request_id
+        self._completed_early.pop(rid, None)  # a new choice is a new attempt: an earlier one's end is not its
         request = self._requests.get(rid)
         if request is None:  # chosen for once; Ray may ask again (a full replica, backoff)
             request = RoutingRequest(rid, list(call.prompt_token_ids), namespace=call.namespace,
@@ -375,7 +395,7 @@ class PrefixCacheRequestRouter(RequestRouter):
             replicas[uid] = row
         out: dict[str, Any] = {"router": self.spec.router, "options": self.spec.option_values(),
                                "deployment": self._deployment_id.name, "replicas": replicas,
-                               "departed": list(self._departed)}
+                               "departed": list(self._departed), "unaccounted": self._unaccounted}
         if self.index is not None:
             out["index"] = {"num_hashes": self.index.num_hashes, "num_pairs": self.index.num_pairs,
                             "counters": self.index.counters}
