@@ -27,7 +27,9 @@ What the adapter does, and nothing else:
   replica's info) is offered to every candidate;
 - `on_request_routed` / `on_request_completed`: the request joins / leaves its
   replica's load, and the router hears where it went and when it left
-  (`Router.on_request_routed`, `Router.on_request_completed`);
+  (`Router.on_request_routed`, `Router.on_request_completed`). Ray runs completion
+  callbacks from another thread, so a short request may end before its routing is
+  reported: it then counts as routed and loads nothing;
 - `first_token(request_id)`: the ingress, which streams the request, says its first
   token is out (from any thread: it is handed to the router's event loop); the request's
   prefill leaves the replica's prefill load, as Dynamo's `mark_prefill_completed`, and
