@@ -92,7 +92,7 @@ from prefixcache.events import (
     event_lora,
 )
 from prefixcache.hashing import chain_digests, namespace_extra_keys, none_hash
-from prefixcache.isolation import SPARE_NAMESPACES, exact_key
+from prefixcache.isolation import exact_key, prune_at
 from prefixcache.layout import CHUNKED_LOCAL_ATTENTION, FULL_ATTENTION, MAMBA, NULL_BLOCK, SLIDING_WINDOW
 from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded
 from prefixcache.requests import Request, RequestTable, check_count, check_namespace, check_priority, check_tokens
@@ -244,7 +244,7 @@ class HybridRadixCache(PrefixCache):
         self._none_hash = none_hash(self._algorithm, config.hash.seed)
         self._ds = len(self._none_hash)
         self._namespaces: dict[object, Namespace] = {}  # tree key -> namespace (events name it)
-        self._namespaces_limit = SPARE_NAMESPACES
+        self._namespaces_limit = prune_at(0)
 
     @classmethod
     def check_layout(cls, config: CacheConfig, options) -> None:
@@ -919,7 +919,7 @@ class HybridRadixCache(PrefixCache):
         what stays)."""
         kept = {key[0] for key in self.tree.root.children} | {r.tree_key for r in self._requests}
         self._namespaces = {k: ns for k, ns in self._namespaces.items() if k in kept}
-        self._namespaces_limit = 2 * len(self._namespaces) + SPARE_NAMESPACES
+        self._namespaces_limit = prune_at(len(self._namespaces))
 
     def _namespace_of(self, node: TreeNode) -> Namespace:
         return self._namespaces.get(node.ns)

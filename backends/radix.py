@@ -99,7 +99,7 @@ from prefixcache.events import (
     event_lora,
 )
 from prefixcache.hashing import block_hashes, chain_digests, namespace_extra_keys, none_hash
-from prefixcache.isolation import SPARE_NAMESPACES, exact_key
+from prefixcache.isolation import exact_key, prune_at
 from prefixcache.limits import RADIX_TOKEN_RANGE
 from prefixcache.protocol import Admission, BlockIds, Match, Namespace, PrefixCache, guarded
 from prefixcache.registry import register_backend, resolve_eviction_policy
@@ -199,7 +199,7 @@ class RadixCache(PrefixCache):
             t.medium != "DISK" and t.store_threshold < 2 for t in config.tiers
         )
         self._roots: dict[str | None, bytes] = {}  # with lineage: tree key -> the name its first pages follow
-        self._roots_limit = SPARE_NAMESPACES
+        self._roots_limit = prune_at(0)
         key_size = _NAME_BYTES if self._lineage else self._digest_size
         self.tiers = (Tiers(config, pool.num_blocks, key_size, self._events, lineage=self._lineage,
                             token_bytes=self.token_itemsize) if config.tiers else None)  # fmt: skip
@@ -564,7 +564,7 @@ class RadixCache(PrefixCache):
         keys = list(self._roots)
         used = self.tiers.native.parents_in_use(b"".join(self._roots[k] for k in keys))
         self._roots = {k: self._roots[k] for k, kept in zip(keys, used) if kept}
-        self._roots_limit = 2 * len(self._roots) + SPARE_NAMESPACES
+        self._roots_limit = prune_at(len(self._roots))
 
     def _none_hash(self) -> bytes:
         """The chain's seed hash (the parent of a namespace's first page)."""

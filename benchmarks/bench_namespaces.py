@@ -8,8 +8,9 @@ Owns two measurements:
                     evicted. One run per arm (`--arms`): `radix`; `radix` over a 2,048-block
                     host tier (lineage: root names per namespace); `radix` and `hash` with
                     that tier and KV events (a namespace tag per block); `radix` over a
-                    full + sliding-window layout (the hybrid tree's namespaces). Memory is read at the start (cache built and the first 1,024
-                    tenants served and evicted, so Python's and malloc's pools are warm),
+                    full + sliding-window layout (the hybrid tree's namespaces). Memory is
+                    read at the start (cache built and the first 1,024 tenants served and
+                    evicted, so Python's and malloc's pools are warm),
                     at the peak (sampled every 10% of the run) and at the end, as the
                     process's resident set after glibc's malloc_trim hands freed pages
                     back, and as the bytes malloc holds in use (mallinfo2, C and C++
@@ -96,10 +97,8 @@ def serve(cache, tenant: int) -> None:
 
 
 def evict_all(cache) -> None:
-    """Everything out of the device pool and the tiers below it."""
-    if cache.config.layout:
-        cache.evict(POOL)
-    elif cache.tiers is not None:
+    """Everything out of the device pool and the tiers below it (a reset empties both)."""
+    if getattr(cache, "tiers", None) is not None:
         cache.reset()
     else:
         cache.evict(POOL)

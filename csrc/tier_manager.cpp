@@ -841,14 +841,7 @@ std::vector<TierRecord> TierManager::drain_records() {
 
 std::vector<int32_t> TierManager::tags_in_use() const {
   std::vector<int32_t> out;
-  for (int32_t b = 0; b < num_device_blocks_; ++b) {
-    if (device_.index.has_key(b)) out.push_back(device_.meta[b].tag);
-  }
-  for (const Slots& s : tiers_) {
-    for (int32_t i = 0; i < s.spec.num_slots; ++i) {
-      if (s.index.has_key(i)) out.push_back(s.meta[i].tag);
-    }
-  }
+  for_each_held([&](const BlockMeta& meta, const std::string*) { out.push_back(meta.tag); });
   for (const TierRecord& r : records_) out.push_back(r.tag);
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
@@ -865,17 +858,11 @@ std::vector<bool> TierManager::parents_in_use(std::string_view names) const {
   std::unordered_map<std::string_view, bool> followed;  // a name given twice is looked up once
   followed.reserve(n);
   for (size_t i = 0; i < n; ++i) followed.emplace(name(i), false);
-  auto mark = [&](bool keyed, bool has_parent, const std::string& parent) {
-    if (!keyed || !has_parent) return;
-    const auto it = followed.find(parent);
+  for_each_held([&](const BlockMeta&, const std::string* parent) {
+    if (parent == nullptr) return;
+    const auto it = followed.find(*parent);
     if (it != followed.end()) it->second = true;
-  };
-  for (int32_t b = 0; b < num_device_blocks_; ++b) {
-    mark(device_.index.has_key(b), device_.has_parent[b] != 0, device_.parent[b]);
-  }
-  for (const Slots& s : tiers_) {
-    for (int32_t i = 0; i < s.spec.num_slots; ++i) mark(s.index.has_key(i), s.has_parent[i] != 0, s.parent[i]);
-  }
+  });
   std::vector<bool> out(n);
   for (size_t i = 0; i < n; ++i) out[i] = followed.at(name(i));
   return out;

@@ -351,6 +351,18 @@ class TierManager {
   void record(bool stored, int32_t tier, std::string_view key, const std::string* parent, const char* tokens,
               int32_t tag);
   void compact(Slots& s);
+  // fn(meta, parent or nullptr) for every keyed device block and tier slot.
+  template <class Fn>
+  void for_each_held(Fn&& fn) const {
+    for (int32_t b = 0; b < num_device_blocks_; ++b) {
+      if (device_.index.has_key(b)) fn(device_.meta[b], device_.has_parent[b] ? &device_.parent[b] : nullptr);
+    }
+    for (const Slots& s : tiers_) {
+      for (int32_t i = 0; i < s.spec.num_slots; ++i) {
+        if (s.index.has_key(i)) fn(s.meta[i], s.has_parent[i] ? &s.parent[i] : nullptr);
+      }
+    }
+  }
   // The next candidate to leave (live or not), taken out; nullopt when none is queued.
   std::optional<Slots::Entry> pop(Slots& s);
   // device_cached's per-block work once keys are known (checked by the caller).

@@ -273,7 +273,8 @@ def step(p: Pair, r: Reader) -> None:
         if r.bool():
             p.refused("parents_in_use", names + b"\x00")
         tags = p.native.tags_in_use()  # every call here passes tag 0
-        assert tags == [0] if p.model.device or any(t.slots for t in p.model.tiers) else tags in ([], [0])
+        holding = p.model.device or any(t.slots for t in p.model.tiers)
+        assert (tags == [0]) if holding else (tags in ([], [0]))
     elif op == 13:
         t = r.int(-1, len(p.specs))
         if 0 <= t < len(p.specs):

@@ -28,13 +28,20 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-__all__ = ["LoRA", "Isolation", "Namespace", "check_namespace", "extra_keys", "exact_key", "exact_bytes", "SPARE_NAMESPACES"]
+__all__ = ["LoRA", "Isolation", "Namespace", "check_namespace", "extra_keys", "exact_key", "exact_bytes",
+           "SPARE_NAMESPACES", "prune_at"]
 
 #: A cache's table keyed by namespace is pruned of the namespaces it no longer holds
 #: when it has this many entries beyond twice those it kept last time: pruning scans
 #: what the cache holds, so it runs once per that many new namespaces, and a stream of
 #: one-request tenants costs bounded memory.
 SPARE_NAMESPACES = 1024
+
+
+def prune_at(kept: int) -> int:
+    """The size at which a table keyed by namespace that kept `kept` entries at its last
+    pruning (0: never pruned) is pruned next."""
+    return 2 * kept + SPARE_NAMESPACES
 
 
 def _check_text(value: object, what: str) -> str:

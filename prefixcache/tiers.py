@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from prefixcache._C import TierManager
 from prefixcache.events import FULL_ATTENTION, BlockRemoved, BlockStored, EventLog, NullEventLog, event_extra_keys, event_lora
 from prefixcache.hashing import namespace_extra_keys
-from prefixcache.isolation import SPARE_NAMESPACES
+from prefixcache.isolation import prune_at
 from prefixcache.registry import resolve_eviction_policy
 from prefixcache.stats import TierStats
 
@@ -166,7 +166,7 @@ class Tiers:
         self._namespaces: list[Hashable] = [None]
         self._tags: dict[Hashable, int] = {None: 0}
         self._free_tags: list[int] = []
-        self._tags_limit = SPARE_NAMESPACES
+        self._tags_limit = prune_at(0)
         n = len(config.tiers)
         self._hit_tokens = [0] * n
         self._loaded_tokens = [0] * n
@@ -193,10 +193,12 @@ class Tiers:
         if tag is None:
             if len(self._tags) >= self._tags_limit:
                 self._forget_tags()
-            tag = self._free_tags.pop() if self._free_tags else len(self._namespaces)
-            if tag == len(self._namespaces):
+            if self._free_tags:
+                tag = self._free_tags.pop()
+                self._namespaces[tag] = namespace
+            else:
+                tag = len(self._namespaces)
                 self._namespaces.append(namespace)
-            self._namespaces[tag] = namespace
             self._tags[namespace] = tag
         return tag
 
@@ -209,7 +211,7 @@ class Tiers:
         self._free_tags = [t for t in range(len(self._namespaces) - 1, 0, -1) if t not in in_use]
         for t in self._free_tags:
             self._namespaces[t] = None
-        self._tags_limit = 2 * len(self._tags) + SPARE_NAMESPACES
+        self._tags_limit = prune_at(len(self._tags))
 
     def cached(
         self,

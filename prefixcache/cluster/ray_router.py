@@ -265,10 +265,11 @@ class PrefixCacheRequestRouter(RequestRouter):
             pass
         rid = pending_request.metadata.internal_request_id
         request = self._requests.pop(rid, None)
+        call = _routed_call(pending_request)
         uid = replica_id.unique_id
         load = self._loads.get(uid)
         if request is None or load is None:
-            if _routed_call(pending_request) is not None:
+            if call is not None:
                 # One of our calls without a choice on record, or on a replica the adapter
                 # does not know: its load cannot be accounted. Counted, so it shows.
                 self._unaccounted += 1
@@ -285,7 +286,7 @@ class PrefixCacheRequestRouter(RequestRouter):
         cached = 0
         if self.index is not None and uid in self.index:
             cached = min(self.index.longest_prefix(request.hashes).get(uid, 0) * block, prompt)
-        request_id = getattr(_routed_call(pending_request), "request_id", None)
+        request_id = getattr(call, "request_id", None)
         flight = _InFlight(uid, tokens, prompt - cached, request.hashes.digests(), request,
                            request_id if isinstance(request_id, str) else None)
         old = self._in_flight.pop(rid, None)  # a retried request routed again
@@ -316,9 +317,7 @@ class PrefixCacheRequestRouter(RequestRouter):
         elif flight is None and internal_request_id in self._requests:
             # Chosen for and finished, not yet reported routed (see on_request_routed): its
             # routing, when it is reported, loads nothing. Bounded like the choices.
-            if len(self._completed_early) >= _MAX_UNROUTED:
-                self._completed_early.pop(next(iter(self._completed_early)))
-            self._completed_early[internal_request_id] = uid
+            _put_bounded(self._completed_early, internal_request_id, uid)
 
     def first_token(self, request_id: str) -> None:
         """The ingress saw request `request_id`'s first token (callable from any thread;
@@ -362,9 +361,7 @@ class PrefixCacheRequestRouter(RequestRouter):
         if request is None:  # chosen for once; Ray may ask again (a full replica, backoff)
             request = RoutingRequest(rid, list(call.prompt_token_ids), namespace=call.namespace,
                                      num_output_tokens=call.max_tokens or 0, hasher=self.hasher)
-            if len(self._requests) >= _MAX_UNROUTED:  # requests cancelled before routing leave entries
-                self._requests.pop(next(iter(self._requests)))
-            self._requests[rid] = request
+            _put_bounded(self._requests, rid, request)  # requests cancelled before routing leave entries
         return request
 
     def _candidates(self, uids: list[str]) -> Candidates:
@@ -412,6 +409,13 @@ class PrefixCacheRequestRouter(RequestRouter):
 
 
 _MAX_UNROUTED = 10_000
+
+
+def _put_bounded(table: dict[str, Any], key: str, value: Any) -> None:
+    """table[key] = value, dropping the oldest entry first once it holds _MAX_UNROUTED."""
+    if len(table) >= _MAX_UNROUTED:
+        table.pop(next(iter(table)))
+    table[key] = value
 
 
 def _routed_call(pending: PendingRequest | None) -> RoutedCall | None:
