@@ -45,9 +45,12 @@ protocol's calls do is what SGLang 0.5.23's scheduler does around the cache
 
 The pools: SGLang keeps a full-attention pool, a sliding-window pool and a Mamba state
 pool apart; here they are three budgets on our one `BlockPool` (every id a block of it,
-a state a block too): `num_blocks` less the Mamba group's `slots` (default: SGLang's
-`mamba_full_memory_ratio` 0.9, a state counted as a block) split between FULL and SWA
-by the SWA group's `pool_ratio` (SGLang's `swa_full_tokens_ratio`, default 0.8). Each
+a state a block too): `num_blocks` less what the Mamba group's `slots` take (default:
+SGLang's `mamba_full_memory_ratio` 0.9 of the blocks) split between FULL and SWA by the
+SWA group's `pool_ratio` (SGLang's `swa_full_tokens_ratio`, default 0.8). A state takes
+`Layout.state_blocks` blocks: its bytes over a block's when the layout gives both sizes
+(one block holds the state, the others are held back), else one. So the block stays
+SGLang's page, never raised to hold a state (vLLM's rule), and a state costs its bytes. Each
 budget evicts on its own, as each SGLang pool does. `admit` and `append` first check
 that what they take fits after evicting everything evictable, and otherwise return None
 having changed nothing (SGLang's scheduler would keep the request waiting or retract
@@ -129,7 +132,7 @@ MAMBA_OPTIONS = ("mamba_chunk", "mamba_track_interval", "state_cap")
 
 MAMBA_FULL_MEMORY_RATIO = 0.9
 """SGLang's default `mamba_full_memory_ratio`: the state pool's size against the KV pool's,
-here in blocks (a state counted as one block) when the layout gives no `slots`."""
+here in blocks (a state taking `Layout.state_blocks`) when the layout gives no `slots`."""
 
 SWA_EVICTION_INTERVAL = 128
 """SGLang's `SGLANG_SWA_EVICTION_INTERVAL`: a decoding request frees its out-of-window SWA
@@ -186,19 +189,21 @@ class _Budget:
         return self.capacity - self.used
 
 
-def _size_budgets(num_blocks: int, layout) -> dict[Component, _Budget]:
+def _size_budgets(num_blocks: int, block_size: int, layout) -> dict[Component, _Budget]:
     """FULL, SWA and Mamba budgets on a pool of `num_blocks` (module docstring);
     ConfigError if one would be empty."""
     out: dict[Component, _Budget] = {}
     rest = num_blocks
     if layout.has_mamba:
+        cost = layout.state_blocks(block_size)
         slots = next(g.slots for g in layout if g.kind == MAMBA)
-        slots = slots or int(num_blocks * MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO))
-        if not 0 < slots < num_blocks:
-            raise ConfigError("layout", f"the mamba group's {slots} state slots leave no room in a pool of "
+        slots = slots or int(num_blocks * MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO) / cost)
+        if not 0 < slots * cost < num_blocks:
+            each = f", {cost} blocks each (state_bytes over block_size x bytes_per_token)" if cost > 1 else ""
+            raise ConfigError("layout", f"the mamba group's {slots} state slots{each} leave no room in a pool of "
                                         f"{num_blocks} blocks (cache.num_blocks)")  # fmt: skip
         out[STATE] = _Budget(slots)
-        rest -= slots
+        rest -= slots * cost  # a state is one pool block; the rest of its bytes are held back
     if any(g.kind == SLIDING_WINDOW for g in layout):
         ratio = next(g.pool_ratio for g in layout if g.kind == SLIDING_WINDOW)
         full = round(rest / (1 + ratio))
@@ -230,7 +235,7 @@ class HybridRadixCache(PrefixCache):
         chunk, interval = self.options["mamba_chunk"], self.options["mamba_track_interval"]
         self.state_grid = max(chunk, bs)  # mamba_checkpoint_grid: lcm(max(chunk, page), page)
         self.track_grid = math.lcm(self.state_grid, interval)
-        self._budgets = _size_budgets(pool.num_blocks, layout)
+        self._budgets = _size_budgets(pool.num_blocks, bs, layout)
         components = [FULL] + ([SWA] if self.window else []) + ([STATE] if self.has_mamba else [])
         self._events = event_log(config.enable_events)
         hooks = {"on_store": self._stored, "on_remove": self._removed} if self._events.enabled else {}
@@ -290,7 +295,7 @@ class HybridRadixCache(PrefixCache):
             raise ConfigError("options.chunked_prefill_size", f"{options['chunked_prefill_size']}: with a mamba group "
                               f"must be 0 or >= max(mamba_chunk, block_size) = {max(chunk, bs)} TOKENS, or no prefill "
                               "chunk tracks a state")  # fmt: skip
-        _size_budgets(config.num_blocks, layout)
+        _size_budgets(config.num_blocks, bs, layout)
 
     # -- the pools ------------------------------------------------------------------------
     def _available(self, c: Component) -> int:

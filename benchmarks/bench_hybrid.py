@@ -15,7 +15,9 @@ Eight measurements, each side by side in one run (record `cat /proc/loadavg` wit
    prefix and over whole workloads.
 4. States finer than the block (`state_granule`): full + mamba at block 528 against
    vLLM's defaults there and full attention at block 16, requests decoded token by
-   token (so a conversation's next turn can start where the last one ended).
+   token (so a conversation's next turn can start where the last one ended); then
+   `radix`, whose state pool is apart, at block 16 (a state costing its bytes) against
+   block 528.
 5. A per-path state cap (`state_cap`, replay-length-aware) against LRU alone at equal
    memory: long conversations, full + mamba at block 528 with `state_granule: 16`,
    keeping every state written (`retention: dense, state_interval: 64`: a state every
@@ -239,6 +241,38 @@ def finer_states(args) -> None:
             if wname == "1500-shared" else "-"
         share = f"{sum(fine) / sum(full16):.3f}" if sum(full16) else "-"
         print(f"| {wname} | {sum(full16):,} | {sum(vllm):,} | {sum(fine):,} | {share} | {over} |")
+    radix_states(args)
+
+
+def radix_states(args) -> None:
+    """`radix` keeps states in a pool of their own (SGLang's), so its block is not raised to
+    hold one: the same workloads at block 16, a state costing the 33 blocks its bytes fill
+    (a 2 MiB state, 528 tokens of a 4 KiB-a-token layer), against block 528."""
+    from prefixcache.layout import LayerGroup
+
+    def radix(bs: int, **options):
+        import prefixcache
+        from prefixcache.config import CacheConfig
+
+        layout = (LayerGroup("full_attention", bytes_per_token=4096), LayerGroup("mamba", state_bytes=528 * 4096))
+        return prefixcache.build_cache(CacheConfig(backend="radix", block_size=bs, num_blocks=60_000 if bs == 16
+                                                   else 2000, enable_events=False, layout=layout, options=options))
+
+    arms = [("block 528, `mamba_chunk: 48`", 528, {"mamba_chunk": 48}), ("block 16, SGLang's defaults", 16, {}),
+            ("block 16, `mamba_track_interval: 64`", 16, {"mamba_track_interval": 64})]
+    print("\n`radix` (SGLang 0.5.23's rules; hit tokens, of full attention at block 16, requests after the first "
+          "hitting >= 1,350 on the 1,500-shared case)\n")
+    print("| workload | full attention, block 16 | " + " | ".join(a[0] for a in arms) + " |")
+    print("|---|---|" + "---|" * len(arms))
+    for wname, make in WORKLOADS.items():
+        reqs = make(random.Random(args.seed))
+        full16 = sum(replay_decoded(build(FULL, 16, 60_000), reqs))
+        cells = []
+        for _, bs, opts in arms:
+            hits = replay_decoded(radix(bs, **opts), reqs)
+            over = f"; {sum(h >= 1350 for h in hits[1:])} of {len(hits) - 1}" if wname == "1500-shared" else ""
+            cells.append(f"{sum(hits):,} ({sum(hits) / full16:.3f}{over})")
+        print(f"| {wname} | {full16:,} | " + " | ".join(cells) + " |")
 
 
 def long_chats(rng: random.Random, sessions: int = 24, turns: int = 6):

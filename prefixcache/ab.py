@@ -76,7 +76,7 @@ from typing import Any
 from prefixcache import build_cache
 from prefixcache.ab_config import ABConfig
 from prefixcache.config import CacheConfig, from_mapping, to_plain
-from prefixcache.layout import SLIDING_WINDOW
+from prefixcache.layout import MAMBA, SLIDING_WINDOW
 from prefixcache.percentiles import percentile
 from prefixcache.protocol import PrefixCache
 from prefixcache.stats import TierStats
@@ -411,7 +411,10 @@ def replay_arm(
         ceiling = HitCounts(_layout_ceiling(workload, config, max_concurrent), prompts)
         # Hits finer than the block (hash's `state_granule`) are planned at that granule.
         granule = config.options.get("state_granule") or bs
-        unit_belady = layout_belady(BlockPlan.of(workload, granule), config.groups, config.num_blocks, bs).hits
+        # `radix` charges a state the blocks its bytes fill (its pool is apart, as SGLang's).
+        state_blocks = config.groups.state_blocks(bs) if config.backend == "radix" else 1
+        unit_belady = layout_belady(BlockPlan.of(workload, granule), config.groups, config.num_blocks, bs,
+                                    state_blocks).hits
     stats = cache.stats()
     return ArmResult(
         name, config, HitCounts(state.hits, prompts), tuple(t / 1000.0 for t in state.ns),
@@ -424,17 +427,17 @@ def replay_arm(
 def _layout_ceiling(workload: Workload, config: CacheConfig, max_concurrent: int) -> list[int]:
     """Per-request hits of `config`'s rules with a pool nothing is evicted from: every
     request's blocks (every group's, ceil((P + O) / B) each) for the whole run, in each
-    of the pools `radix` splits it into (its SWA share, its Mamba state slots: a layout's
-    own `slots` count is raised to that footprint too)."""
+    of the pools `radix` splits it into (its SWA share; its Mamba group's `slots` set to
+    that footprint, each state taking its `Layout.state_blocks`)."""
     footprint = sum(-(-(len(r.prompt) + len(r.output)) // config.block_size) for r in workload.requests)
     needed, layout = footprint * len(config.groups) + 1, config.layout
     if config.backend == "radix":  # one pool split three ways (backends/hybrid_radix.py)
-        scale = 2  # the default state pool takes 0.9 / 1.9 of the blocks
+        scale = 1
         for g in config.groups:
             if g.kind == SLIDING_WINDOW:  # SWA gets rest * r / (1 + r), FULL rest / (1 + r)
                 scale *= -(-(1 + g.pool_ratio) // g.pool_ratio)
-        layout = tuple(dataclasses.replace(g, slots=footprint) if g.slots else g for g in layout)
-        needed = int(needed * scale) + footprint
+        layout = tuple(dataclasses.replace(g, slots=footprint) if g.kind == MAMBA else g for g in layout)
+        needed = int(needed * scale) + footprint * config.groups.state_blocks(config.block_size)
     unbounded = config.replace(num_blocks=max(config.num_blocks, needed), layout=layout, enable_events=False)
     state = _Replay(workload, "layout ceiling", build_cache(unbounded), max_concurrent)
     for i in range(len(workload)):

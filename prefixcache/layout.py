@@ -76,9 +76,11 @@ class LayerGroup:
                      (K and V, every head); 0 = not given (A/B reports then leave bytes out)
     state_bytes:     mamba: BYTES of one layer's recurrent state (conv + SSM); 0 = not given
     slots:           mamba, `radix` only: recurrent states its state pool holds (SGLang's
-                     separate Mamba pool, `max_mamba_cache_size`), each a block of
-                     num_blocks; 0 = SGLang's `mamba_full_memory_ratio` 0.9 (states :
-                     the other blocks = 0.9 : 1)
+                     separate Mamba pool, `max_mamba_cache_size`), each taking
+                     `Layout.state_blocks` blocks of num_blocks (one unless the layout
+                     gives state_bytes and bytes_per_token); 0 = SGLang's
+                     `mamba_full_memory_ratio` 0.9 (the states' blocks : the other
+                     blocks = 0.9 : 1)
     pool_ratio:      sliding_window, `radix` only: the sliding-window pool's size as a
                      fraction of the full-attention pool's (SGLang's
                      `swa_full_tokens_ratio`, default 0.8); the two split what the
@@ -170,6 +172,19 @@ class Layout(tuple):
 
     def kinds(self) -> tuple[str, ...]:
         return tuple(g.kind for g in self)
+
+    def state_blocks(self, block_size: int) -> int:
+        """BLOCKS of the pool one recurrent state takes where states have a pool of their
+        own (`radix`, as SGLang's Mamba pool): a layer's `state_bytes` over what a block
+        of `block_size` TOKENS costs a full-attention layer (`bytes_per_token`), rounded
+        up; 1 unless the layout gives both sizes. At the block vLLM would raise its page
+        to (one state per page) it is 1; at a smaller block a state costs what its bytes
+        cost, not one small block."""
+        state = max((g.state_bytes for g in self if g.kind == MAMBA), default=0)
+        kv = max((g.bytes_per_token for g in self if g.kind == FULL_ATTENTION), default=0)
+        if not state or not kv:
+            return 1
+        return max(1, -(-state // (block_size * kv)))
 
 
 def check_layout(groups: Sequence[LayerGroup]) -> None:

@@ -30,7 +30,7 @@ from prefixcache.backends.hybrid_radix_tree import Component
 from prefixcache.backends.radix import RadixCache
 from prefixcache.errors import ConfigError
 from prefixcache.events import BlockRemoved, BlockStored
-from prefixcache.layout import NULL_BLOCK, LayerGroup
+from prefixcache.layout import NULL_BLOCK, LayerGroup, Layout
 from prefixcache.testing import RULE_CHECKS, conformance_test_case
 from prefixcache.testing_hybrid import LAYOUTS, check_hybrid_backend
 
@@ -442,6 +442,37 @@ def test_the_pools_split_the_one_pool():
     assert budgets((FULL, swa(64, 0.5), mamba(40))) == {"MAMBA": 40, "SWA": 50, "FULL": 100}
 
 
+def test_a_state_takes_the_blocks_its_bytes_fill():
+    """With sizes given, a state costs its bytes: at block 16 a 2 MiB state (528 tokens of a
+    4 KiB-a-token layer) takes 33 blocks, so the default state pool is 0.9 / 1.9 of the pool
+    in bytes; at block 528 it is one block, as without sizes."""
+    kv, state = LayerGroup("full_attention", bytes_per_token=4096), LayerGroup("mamba", state_bytes=528 * 4096)
+    assert Layout((kv, state)).state_blocks(16) == 33
+    assert Layout((kv, state)).state_blocks(528) == 1
+    assert Layout((FULL, state)).state_blocks(16) == Layout((kv, mamba())).state_blocks(16) == 1
+
+    def budgets(block_size, num_blocks, layout, **options):
+        c = build_cache(CacheConfig(backend="radix", block_size=block_size, num_blocks=num_blocks, layout=layout,
+                                    options={"mamba_chunk": 16, **options}))  # fmt: skip
+        return {k.name: b.capacity for k, b in c._budgets.items()}
+
+    assert budgets(16, 3300, (kv, state)) == {"MAMBA": 47, "FULL": 3300 - 47 * 33}
+    assert budgets(16, 3300, (kv, LayerGroup("mamba", state_bytes=528 * 4096, slots=10))) == {
+        "MAMBA": 10, "FULL": 3300 - 330}
+    with pytest.raises(ConfigError, match=r"^layout: the mamba group's 100 state slots, 33 blocks each"):
+        budgets(16, 3300, (kv, LayerGroup("mamba", state_bytes=528 * 4096, slots=100)))
+    # The held-back blocks are never handed out: a full pool still checks.
+    cache = build_cache(CacheConfig(backend="radix", block_size=16, num_blocks=400, layout=(kv, state),
+                                    options={"mamba_chunk": 16}))  # fmt: skip
+    for i in range(40):
+        adm = cache.admit(i, [i] * 7 + list(range(200)))
+        if adm is None:
+            break
+        cache.commit(i, 207)
+        cache.check_invariants()
+    assert cache.pool.num_free >= 400 - cache._budgets[Component.FULL].capacity - cache._budgets[Component.MAMBA].capacity
+
+
 # -- events --------------------------------------------------------------------------------
 def test_events_are_per_group_with_the_hash_backends_block_hashes():
     layout = (FULL, swa(9), mamba(20))
@@ -562,3 +593,31 @@ def test_ids_beyond_int32_and_int64_are_stored_or_refused_by_name(layout):
     big_ids_are_stored_or_refused(
         lambda bs, n: prefixcache.build_cache(CacheConfig(backend="radix", block_size=bs, num_blocks=n, layout=layout)), 4
     )
+
+
+def test_at_its_own_block_a_long_shared_prefix_hits_to_the_state_grid():
+    """The state that makes vLLM raise its block to 528 tokens has a pool of its own here (it
+    takes the 33 blocks its bytes fill), so the block stays 16: a 1,500-token shared prefix
+    hits 1,472 (floored to SGLang's state grid, 64) from its third sighting, where block
+    528 hits 1,056 (the second learns the branching point, as SGLang's one extend does)."""
+    rng = random.Random(3)
+    shared = [rng.randrange(50_000) for _ in range(1500)]
+    prompts = [shared + [rng.randrange(50_000) for _ in range(700)] for _ in range(6)]
+    kv, state = LayerGroup("full_attention", bytes_per_token=4096), LayerGroup("mamba", state_bytes=528 * 4096)
+
+    def hits(block_size: int, **options) -> list[int]:
+        cache = build_cache(CacheConfig(backend="radix", block_size=block_size, num_blocks=60_000 // block_size * 16,
+                                        layout=(kv, state), options=options))  # fmt: skip
+        out = []
+        for i, prompt in enumerate(prompts):
+            adm = cache.admit(i, prompt)
+            for c in adm.checkpoints:
+                cache.commit(i, c)
+            cache.commit(i, len(prompt))
+            cache.release(i)
+            out.append(adm.num_cached_tokens)
+        cache.check_invariants()
+        return out
+
+    assert hits(16) == [0, 0] + [1472] * 4
+    assert hits(528, mamba_chunk=48) == [0, 0] + [1056] * 4

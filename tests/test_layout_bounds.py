@@ -51,16 +51,16 @@ def held_at_once(group: LayerGroup, blocks: int, block_size: int) -> int:
 
 
 def naive_layout_belady(
-    plan: BlockPlan, layout: list[LayerGroup], capacity: int, per_block: int = 1
+    plan: BlockPlan, layout: list[LayerGroup], capacity: int, per_block: int = 1, state_blocks: int = 1
 ) -> tuple[list[int], int]:
     """The module docstring's rules with sets and full scans of the future; the pool's
-    blocks hold `per_block` of the plan's, and a state costs a whole one."""
+    blocks hold `per_block` of the plan's, and a state costs `state_blocks` whole ones."""
     b = plan.block_size
     n = len(plan)
     capacity *= per_block
 
     def cost(g: int) -> int:
-        return per_block if layout[g].kind == "mamba" else 1
+        return per_block * state_blocks if layout[g].kind == "mamba" else 1
 
     running = [
         i for i in range(n)
@@ -224,6 +224,17 @@ def test_hits_finer_than_the_pools_block_agree_with_the_naive_model(w, layout, g
     plan = BlockPlan.of(w, granule)
     result = layout_belady(plan, Layout(layout), capacity, block_size=granule * per_block)
     hits, evictions = naive_layout_belady(plan, layout, capacity, per_block)
+    assert list(result.hits.hit_tokens) == hits
+    assert result.evictions == evictions
+
+
+@settings(max_examples=100, deadline=None)
+@given(random_workloads(), layouts(), st.integers(1, 2), st.integers(1, 3), st.integers(2, 4), st.integers(1, 40))
+def test_a_state_of_several_blocks_agrees_with_the_naive_model(w, layout, granule, per_block, state_blocks, capacity):
+    """`radix`'s states cost the blocks their bytes fill: `state_blocks` whole blocks each."""
+    plan = BlockPlan.of(w, granule)
+    result = layout_belady(plan, Layout(layout), capacity, granule * per_block, state_blocks)
+    hits, evictions = naive_layout_belady(plan, layout, capacity, per_block, state_blocks)
     assert list(result.hits.hit_tokens) == hits
     assert result.evictions == evictions
 

@@ -9,7 +9,8 @@ Belady choose).
 Units. Each group keeps one unit per full block of the plan (`plan.block_size` TOKENS,
 written B below): its KV for the attention kinds, for `mamba` the recurrent state after
 the block's last token. A state costs one block of the pool, as in the shared
-`BlockPool`; so does a unit of KV when the plan's blocks are the pool's. Hits finer than
+`BlockPool` (or `state_blocks`, where states have a pool apart that charges their
+bytes: `radix`); so does a unit of KV when the plan's blocks are the pool's. Hits finer than
 the pool's block (`state_granule`): plan at the granule, pass the pool's `block_size`,
 and a unit of KV costs its share of a block; KV is then kept per granule, which a pool
 of whole blocks cannot do, so there the line is an idealisation. Units of different
@@ -133,13 +134,16 @@ def _next_uses(plan: BlockPlan, rules: Sequence[_Rule], running: Sequence[int], 
 
 
 def layout_belady(
-    plan: BlockPlan, layout: Layout, capacity_blocks: int | None, block_size: int | None = None
+    plan: BlockPlan, layout: Layout, capacity_blocks: int | None, block_size: int | None = None,
+    state_blocks: int = 1,
 ) -> BoundResult:
     """Belady's rule over `layout`'s units with a pool of `capacity_blocks` BLOCKS of
     `block_size` TOKENS (None: unbounded). Hits are whole units of `plan.block_size`
     TOKENS: the pool's block (the default), or a state granule that divides it, where a
-    state still costs a whole block and KV costs its share of one. Per-request hits in
-    TOKENS; `evictions` counts evicted units."""
+    state still costs `state_blocks` whole blocks (`radix`'s `Layout.state_blocks`; one
+    as in vLLM's pool) and KV costs its share of one. Per-request hits in TOKENS;
+    `evictions` counts evicted units."""
+    check_int("state_blocks", state_blocks, 1)
     if capacity_blocks is not None:
         check_int("capacity_blocks", capacity_blocks, 1)
     granule = plan.block_size
@@ -149,7 +153,7 @@ def layout_belady(
         raise ValueError(f"block_size {block_size} must be a multiple of the plan's {granule} TOKENS")
     per_block = block_size // granule
     layout = Layout(layout)
-    rules = [_Rule(g, granule, per_block) for g in layout]
+    rules = [_Rule(g, granule, per_block * state_blocks) for g in layout]
     num_groups, num_keys = len(rules), plan.num_keys
     n = len(plan)
     limit = capacity_blocks * per_block if capacity_blocks is not None else sys.maxsize
