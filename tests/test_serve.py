@@ -112,6 +112,47 @@ def test_max_tokens_past_the_rest_of_the_context_is_cut_as_vllm_does(replicas):
     assert out.usage.completion_tokens == 4 and out.choices[0].finish_reason == "length"
 
 
+def _a_stop_string_in(text: str) -> tuple[str, int]:
+    """Three characters from the middle of `text` (several tokens on the byte-level tiny
+    model) and where they first occur."""
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    return stop, text.index(stop)
+
+
+@pytest.mark.parametrize("arm", ["hash", "radix"])
+def test_a_stop_string_ends_the_output_before_it_as_vllm_does(replicas, arm):
+    r, plain = replicas[arm], client(replicas["none"])
+    free = plain.completions.create(model="tiny", prompt=PROMPT, max_tokens=40, extra_body={"ignore_eos": True})
+    text = free.choices[0].text
+    stop, at = _a_stop_string_in(text)
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 40, "ignore_eos": True, "stop": ["never seen", stop]}
+    out = httpx.post(r.base_url + "/v1/completions", json=body).json()
+    choice = out["choices"][0]
+    assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == (text[:at], "stop", stop)
+    assert 0 < out["usage"]["completion_tokens"] < 40  # the tokens drawn up to the one that completed it
+    kept = httpx.post(r.base_url + "/v1/completions", json={**body, "include_stop_str_in_output": True}).json()
+    assert kept["choices"][0]["text"] == text[: at + len(stop)]
+    # Streamed: the held-back characters never leak; the deltas add up to the same text.
+    for include in (False, True):
+        response = httpx.post(r.base_url + "/v1/completions", json={
+            **body, "include_stop_str_in_output": include, "stream": True})
+        chunks = [e for e in sse_events(response) if e != "[DONE]"]
+        streamed = "".join(c["choices"][0]["text"] for c in chunks)
+        assert streamed == text[: at + (len(stop) if include else 0)]
+        assert (chunks[-1]["choices"][0]["finish_reason"], chunks[-1]["choices"][0]["stop_reason"]) == ("stop", stop)
+    # A chat stops alike (the openai client's own `stop`).
+    messages = [{"role": "user", "content": PROMPT}]
+    free_chat = plain.chat.completions.create(model="tiny", messages=messages, max_tokens=40,
+                                              extra_body={"ignore_eos": True})
+    chat_stop, chat_at = _a_stop_string_in(free_chat.choices[0].message.content)
+    chat = client(r).chat.completions.create(model="tiny", messages=messages, max_tokens=40, stop=chat_stop,
+                                             extra_body={"ignore_eos": True})
+    assert chat.choices[0].message.content == free_chat.choices[0].message.content[:chat_at]
+    assert chat.choices[0].finish_reason == "stop"
+    idle(r)
+    in_engine(r, lambda e: e.check_invariants())
+
+
 BAD = [
     # (what, path, body (dict) or raw bytes, status, param)
     ("invalid JSON", "/v1/completions", b'{"prompt": "x", ', 400, None),
@@ -138,7 +179,10 @@ BAD = [
     ("an empty token list", "/v1/completions", {"prompt": []}, 400, "prompt"),
     ("two prompts", "/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
     ("n = 2", "/v1/completions", {"prompt": "x", "n": 2}, 400, "n"),
-    ("stop strings", "/v1/completions", {"prompt": "x", "stop": ["\n"]}, 400, "stop"),
+    ("an empty stop string", "/v1/completions", {"prompt": "x", "stop": ["\n", ""]}, 400, "stop"),
+    ("too many stop strings", "/v1/completions", {"prompt": "x", "stop": [str(i) for i in range(65)]}, 400, "stop"),
+    ("a stop string too long", "/v1/completions", {"prompt": "x", "stop": "y" * 1025}, 400, "stop"),
+    ("stop a number", "/v1/completions", {"prompt": "x", "stop": 7}, 400, "stop"),
     ("messages not a list", "/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
     ("no messages", "/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("a message without a role", "/v1/chat/completions", {"messages": [{"content": "x"}]}, 400, "messages[0].role"),

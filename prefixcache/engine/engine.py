@@ -45,6 +45,7 @@ from prefixcache import BlockPool, build_cache
 from prefixcache.config import ConfigError
 from prefixcache.engine.batch import SeqChunk
 from prefixcache.engine.config import ServingConfig, load_serving_config
+from prefixcache.engine.detokenizer import StopStrings
 from prefixcache.engine.kv_tiers import KVTiers
 from prefixcache.engine.gemma3 import Gemma3Model, Gemma3Weights
 from prefixcache.engine.hybrid_model import HybridModel, HybridWeights
@@ -76,6 +77,8 @@ class GenerationRequest:
     overrides of the engine's defaults. `keep_first_logits`: return the fp32 logits the
     first output token was drawn from. `ignore_eos`: the tokenizer's end-of-sequence
     and end-of-turn tokens do not stop it (vLLM's `ignore_eos`; configured stop tokens still do).
+    `stop`: strings that end it once its output text reaches one (vLLM's; the text is
+    cut before it, or after it with `include_stop_str_in_output`: `detokenizer`).
     `arrival_s`: when it arrived (`time.perf_counter()` SECONDS; default: when added),
     the start of its TTFT and latency."""
 
@@ -89,13 +92,16 @@ class GenerationRequest:
     request_id: str | None = None
     ignore_eos: bool = False
     arrival_s: float | None = None
+    stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
 
 
 @dataclass
 class RequestOutput:
     """A finished request. `token_ids` include a final stop token; `text` does not.
-    `finish_reason` "error" (vLLM's `FinishReason.ERROR`): its forward pass or sampling
-    failed, `error` says how, and the tokens are those drawn before."""
+    `stop_str`: the stop string that ended it (its `text` cut there; `token_ids` keep
+    every token drawn). `finish_reason` "error" (vLLM's `FinishReason.ERROR`): its forward
+    pass or sampling failed, `error` says how, and the tokens are those drawn before."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -105,6 +111,7 @@ class RequestOutput:
     metrics: RequestMetrics
     first_logits: torch.Tensor | None = field(default=None, repr=False)
     error: str | None = None
+    stop_str: str | None = None
 
 
 @dataclass(frozen=True)
@@ -225,6 +232,11 @@ class Engine:
         self._next_id += 1
         now = time.perf_counter() if request.arrival_s is None else request.arrival_s
         stops = self._config_stop_ids if request.ignore_eos else self._stop_ids
+        stop_strings = None
+        if request.stop:  # checked before anything is queued: ValueError naming `stop`
+            if isinstance(request.stop, str):
+                raise ValueError(f"stop must be a sequence of str, got the str {request.stop!r}")
+            stop_strings = StopStrings(self.tokenizer, request.stop, request.include_stop_str_in_output)
         self.scheduler.add(
             Seq(
                 request_id=rid,
@@ -236,6 +248,7 @@ class Engine:
                 generator=generator,
                 metrics=RequestMetrics(arrival_s=now, prompt_tokens=len(prompt)),
                 keep_first_logits=request.keep_first_logits,
+                stop_strings=stop_strings,
             )
         )
         self._requests += 1
@@ -416,6 +429,8 @@ class Engine:
             reason = None
             if tok in seq.stop_token_ids:
                 reason = "stop"
+            elif seq.stop_strings is not None and seq.stop_strings.add(tok) is not None:
+                reason = "stop"  # before the length limit, as vLLM's output processor overrides it
             elif len(seq.output) >= seq.max_tokens or len(seq.tokens) >= max_position:
                 reason = "length"
             if reason is not None:
@@ -431,15 +446,20 @@ class Engine:
             self.model.forget(request_id)
 
     def _output(self, seq: Seq) -> RequestOutput:
-        text_ids = seq.output[:-1] if seq.finish_reason == "stop" else seq.output
+        stopped = seq.stop_strings.stop if seq.stop_strings is not None else None
+        if stopped is not None:
+            text = seq.stop_strings.text  # type: ignore[union-attr]
+        else:
+            text = self.tokenizer.decode(seq.output[:-1] if seq.finish_reason == "stop" else seq.output)
         return RequestOutput(
             request_id=seq.request_id,
             prompt_token_ids=list(seq.prompt),
             token_ids=list(seq.output),
-            text=self.tokenizer.decode(text_ids),
+            text=text,
             finish_reason=seq.finish_reason or "",
             metrics=seq.metrics,
             first_logits=seq.first_logits,
+            stop_str=stopped,
         )
 
     def generate(

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from prefixcache.engine.detokenizer import StopStrings
 from prefixcache.engine.metrics import RequestMetrics
 from prefixcache.engine.sampling import SamplingParams
 from prefixcache.protocol import Namespace, PrefixCache
@@ -65,6 +66,7 @@ class Sequence:
     decoding: bool = False  # sampled since its last admission: one token per step from here
     finish_reason: str | None = None
     first_logits: torch.Tensor | None = None
+    stop_strings: StopStrings | None = None  # the request's stop strings over its output text
 
     def __post_init__(self) -> None:
         if not self.tokens:

@@ -43,6 +43,7 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from prefixcache.engine.detokenizer import StopStrings
 from prefixcache.engine.engine import GenerationRequest, RequestOutput
 from prefixcache.engine.tokenizer import Tokenizer
 from prefixcache.serve import responses as R
@@ -234,7 +235,9 @@ class _Serving:
             body, created = prepared.body, int(time.time())
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
-                events = self.events(stream, created, chat=chat, include_usage=include_usage)
+                gen = prepared.generation
+                hold_back = StopStrings.hold_back(gen.stop, gen.include_stop_str_in_output)
+                events = self.events(stream, created, chat=chat, include_usage=include_usage, hold_back=hold_back)
 
                 def close() -> None:
                     self.loop.abort(rid)  # a no-op for a request that finished
@@ -279,13 +282,15 @@ class _Serving:
                 aborted = True
         return None if aborted else done_task.result()
 
-    async def events(self, stream: SubmittedStream, created: int, *, chat: bool, include_usage: bool
-                     ) -> AsyncIterator[str]:
-        """The stream's server-sent events; aborts the request if the client goes away first."""
-        text = R.IncrementalText(self.tokenizer)
+    async def events(self, stream: SubmittedStream, created: int, *, chat: bool, include_usage: bool,
+                     hold_back: int = 0) -> AsyncIterator[str]:
+        """The stream's server-sent events, the last `hold_back` CHARACTERS of text held until
+        the next chunk (a request's stop strings); aborts the request if the client goes
+        away first."""
+        text = R.IncrementalText(self.tokenizer, hold_back)
         rid, model = stream.request_id, self.info.model_name
 
-        def chunk(delta: str, finish: str | None = None, stop: int | None = None) -> str:
+        def chunk(delta: str, finish: str | None = None, stop: int | str | None = None) -> str:
             if chat:
                 return R.sse(R.chat_chunk(rid, created, model, {"content": delta}, finish, stop))
             return R.sse(R.completion_chunk(rid, created, model, delta, finish, stop))

@@ -6,11 +6,11 @@ Owns the pydantic models FastAPI validates `POST /v1/completions` and
 defaults to 16 for completions and to "the rest of the context" for chat, a completion
 `prompt` is a string or token ids (ids >= 0, never bools), and fields this server does not
 know are accepted and ignored, as vLLM's `extra="allow"` does. vLLM's own extensions we
-honor: `top_k`, `ignore_eos`, `stop_token_ids`, `cache_salt`.
+honor: `top_k`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`, `cache_salt`.
 
 What we do not serve is refused by `unsupported()` with the field named (a 400), never
-silently ignored: several prompts in one request, `n` > 1, `echo`, `logprobs`, string
-`stop` sequences, `best_of`, and non-text chat content.
+silently ignored: several prompts in one request, `n` > 1, `echo`, `logprobs`, `best_of`,
+and non-text chat content.
 
 Must never: run anything or decide status codes (`errors` does).
 """
@@ -50,6 +50,7 @@ class _Sampling(_Request):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     n: int = 1
     logprobs: Any = None
@@ -87,8 +88,6 @@ def unsupported(body: _Sampling) -> tuple[str, str] | None:
     serve, or None."""
     if body.n != 1:
         return "n", f"only n=1 is supported, got n={body.n}"
-    if body.stop:
-        return "stop", "stop strings are not supported; use stop_token_ids"
     if body.logprobs:
         return "logprobs", "logprobs are not supported"
     if isinstance(body, CompletionRequest):

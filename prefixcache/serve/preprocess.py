@@ -21,7 +21,9 @@ The checks, in vLLM 0.33's terms (errors: 400 BadRequestError unless said):
   `_text_len_check`, `param: "input_text"`); a chat template is rendered within
   `server.chat_template_timeout_s` and that many characters;
 - an empty prompt; a token id outside the vocabulary; a prompt of `max_model_len` tokens
-  or more (`param: "input_tokens"`); `max_tokens` < 1 or > `max_model_len`. A request
+  or more (`param: "input_tokens"`); `max_tokens` < 1 or > `max_model_len`; an empty
+  stop string, more than `MAX_STOP_STRINGS` of them or one longer than `MAX_STOP_CHARS`
+  (`param: "stop"`). A request
   whose prompt plus `max_tokens` passes the context gets `max_tokens` cut to what is
   left, as vLLM does.
 
@@ -56,6 +58,10 @@ __all__ = ["Preprocessor", "Prepared", "ReplicaInfo", "parse_body"]
 
 T = TypeVar("T")
 Body = CompletionRequest | ChatCompletionRequest
+MAX_STOP_STRINGS = 64
+"""Stop strings a request may give (OpenAI allows 4, vLLM any number)."""
+MAX_STOP_CHARS = 1024
+"""CHARACTERS in one stop string."""
 # A JSON string escape of a UTF-16 surrogate: the only way a lone one gets into parsed text.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -215,8 +221,24 @@ class Preprocessor:
         return GenerationRequest(
             prompt=prompt, namespace=body.cache_salt, max_tokens=room if max_tokens is None else min(max_tokens, room),
             sampling=_sampling(body, model.default_sampling), stop_token_ids=tuple(body.stop_token_ids or ()),
-            ignore_eos=body.ignore_eos, request_id=rid, arrival_s=arrival,
+            ignore_eos=body.ignore_eos, request_id=rid, arrival_s=arrival, stop=_stop_strings(body),
+            include_stop_str_in_output=body.include_stop_str_in_output,
         )
+
+
+def _stop_strings(body: Body) -> tuple[str, ...]:
+    """The request's stop strings, as vLLM takes them (a string or a list; none empty),
+    within MAX_STOP_STRINGS of MAX_STOP_CHARS each: the engine looks for every one after
+    each token, so their number and length bound what one request costs every step."""
+    stops = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    if len(stops) > MAX_STOP_STRINGS:
+        raise APIError(f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}", param="stop")
+    for s in stops:
+        if not s:
+            raise APIError("stop cannot contain an empty string.", param="stop")
+        if len(s) > MAX_STOP_CHARS:
+            raise APIError(f"stop: a stop string of at most {MAX_STOP_CHARS} characters, got {len(s)}", param="stop")
+    return stops
 
 
 def _sampling(body: Body, default: SamplingParams) -> SamplingParams | None:

@@ -17,11 +17,11 @@ Must never: decide what a request may ask for (app) or touch the engine.
 
 from __future__ import annotations
 
-import codecs
 import json
 from collections.abc import Sequence
 from typing import Any
 
+from prefixcache.engine.detokenizer import IncrementalDecoder
 from prefixcache.engine.engine import RequestOutput
 from prefixcache.engine.tokenizer import Tokenizer
 
@@ -49,34 +49,40 @@ def sse(obj: dict[str, Any]) -> str:
 class IncrementalText:
     """The text of a request's output so far, handed out as deltas.
 
-    `add(token_ids)` returns the text the new tokens completed: their bytes
-    (`Tokenizer.token_bytes`) go through an incremental UTF-8 decoder, so a delta that
-    would end inside a character holds its bytes back until the character is whole, and
-    each token costs the same however long the output (re-decoding the whole output at
-    every step made a stream quadratic). `finish(output)` returns the rest of the final
-    text, which is authoritative (it leaves out a final stop token): the deltas always add
-    up to `output.text`."""
+    `add(token_ids)` returns the text the new tokens completed (`IncrementalDecoder`: a
+    delta that would end inside a character holds its bytes back until the character is
+    whole, and each token costs the same however long the output), less the last
+    `hold_back` characters, which wait for the next delta (a request with stop strings:
+    `StopStrings.hold_back`, so that nothing sent is cut later). `finish(output)` returns
+    the rest of the final text, which is authoritative (it leaves out a final stop token
+    and what a stop string cut): the deltas always add up to `output.text`."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self._tokenizer = tokenizer
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.sent = ""
+    def __init__(self, tokenizer: Tokenizer, hold_back: int = 0) -> None:
+        self._decoder = IncrementalDecoder(tokenizer)
+        self._hold_back = hold_back
+        self._pending = ""  # decoded, not sent: at most hold_back CHARACTERS between calls
+        self._sent = 0  # CHARACTERS sent
 
     def add(self, token_ids: Sequence[int]) -> str:
-        delta = self._utf8.decode(b"".join(self._tokenizer.token_bytes(t) for t in token_ids))
-        self.sent += delta
+        self._pending += self._decoder.add(token_ids)
+        ready = len(self._pending) - self._hold_back
+        if ready <= 0:
+            return ""
+        delta, self._pending = self._pending[:ready], self._pending[ready:]
+        self._sent += ready
         return delta
 
     def finish(self, output: RequestOutput) -> str:
-        text = output.text
-        delta = text[len(self.sent):] if text.startswith(self.sent) else text
-        self.sent = text
+        delta = output.text[self._sent:]
+        self._sent, self._pending = len(output.text), ""
         return delta
 
 
-def stop_reason(output: RequestOutput, eos_token_id: int) -> int | None:
-    """vLLM's `stop_reason`: the stop token id that ended the request, None for the
-    end-of-sequence token or a length limit."""
+def stop_reason(output: RequestOutput, eos_token_id: int) -> int | str | None:
+    """vLLM's `stop_reason`: the stop string or stop token id that ended the request, None
+    for the end-of-sequence token or a length limit."""
+    if output.stop_str is not None:
+        return output.stop_str
     if output.finish_reason == "stop" and output.token_ids and output.token_ids[-1] != eos_token_id:
         return output.token_ids[-1]
     return None
@@ -102,7 +108,7 @@ def _body(rid: str, obj: str, created: int, model: str, choice: dict[str, Any] |
             "choices": [] if choice is None else [{"index": 0, **choice}], **rest}
 
 
-def _ending(finish_reason: str | None, stop: int | None) -> dict[str, Any]:
+def _ending(finish_reason: str | None, stop: int | str | None) -> dict[str, Any]:
     return {"logprobs": None, "finish_reason": finish_reason, "stop_reason": stop}
 
 
@@ -112,7 +118,7 @@ def completion_body(rid: str, created: int, model: str, output: RequestOutput, e
 
 
 def completion_chunk(
-    rid: str, created: int, model: str, text: str, finish_reason: str | None = None, stop: int | None = None
+    rid: str, created: int, model: str, text: str, finish_reason: str | None = None, stop: int | str | None = None
 ) -> dict[str, Any]:
     return _body(rid, "text_completion", created, model, {"text": text, **_ending(finish_reason, stop)})
 
@@ -125,7 +131,7 @@ def chat_body(rid: str, created: int, model: str, output: RequestOutput, eos: in
 
 def chat_chunk(
     rid: str, created: int, model: str, delta: dict[str, Any], finish_reason: str | None = None,
-    stop: int | None = None,
+    stop: int | str | None = None,
 ) -> dict[str, Any]:
     return _body(rid, "chat.completion.chunk", created, model, {"delta": delta, **_ending(finish_reason, stop)})
 

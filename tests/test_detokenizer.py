@@ -1,0 +1,105 @@
+"""Stop strings over a growing output text (`prefixcache.engine.detokenizer`), against a naive
+model that decodes the whole output again after every token, and through the engine."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefixcache.engine.detokenizer import IncrementalDecoder, StopStrings
+from prefixcache.engine.engine import GenerationRequest
+from prefixcache.engine.tokenizer import ByteTokenizer
+from prefixcache.serve.responses import IncrementalText
+
+TOK = ByteTokenizer(300)
+
+
+def naive_stop(tokens: list[int], stops: list[str], include: bool) -> tuple[int, str, str] | None:
+    """(tokens drawn, the stop string, the text kept) where the first of `stops` in the
+    request's order is found in the characters the latest token completed (vLLM's rule),
+    decoding everything again at each token."""
+    before = ""
+    for k in range(1, len(tokens) + 1):
+        text = TOK.decode(tokens[:k])
+        if text.endswith("\ufffd"):  # a character not yet whole: the incremental decoder waits for it
+            continue
+        for stop in stops:
+            i = text.find(stop, max(0, len(before) - len(stop) + 1))
+            if i != -1:
+                return k, stop, text[: i + len(stop) if include else i]
+        before = text
+    return None
+
+
+texts = st.text(alphabet="ab\nxé", max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts, st.lists(st.text(alphabet="ab\nxé", min_size=1, max_size=4), min_size=1, max_size=3), st.booleans())
+def test_stop_strings_agree_with_the_naive_model(text, stops, include):
+    tokens = list(text.encode())
+    checker = StopStrings(TOK, stops, include)
+    got = None
+    for k, t in enumerate(tokens, 1):
+        if checker.add(t) is not None:
+            got = (k, checker.stop, checker.text)
+            break
+    assert got == naive_stop(tokens, stops, include)
+
+
+def test_the_first_stop_string_in_the_requests_order_wins_over_an_earlier_one():
+    """vLLM's check: "world" and "d" both end at the last token; the list decides."""
+    for stops, expect in ((["world", "d"], "world"), (["d", "world"], "d")):
+        checker = StopStrings(TOK, stops, False)
+        found = [checker.add(t) for t in b"hello world"]
+        assert found[-1] == expect and not any(found[:-1])
+        assert checker.text == ("hello " if expect == "world" else "hello worl")
+
+
+def test_bad_stop_strings_are_named():
+    for bad in ([], [""], ["a", 3]):
+        with pytest.raises(ValueError, match="^stop: each stop string must be a non-empty str"):
+            StopStrings(TOK, bad, False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts, st.integers(0, 6), st.lists(st.integers(1, 5), min_size=1, max_size=12))
+def test_a_stream_holding_back_characters_sends_a_prefix_of_the_final_text(text, hold, steps):
+    """IncrementalText never sends what it holds back; the deltas add up to the final text."""
+    from prefixcache.engine.engine import RequestOutput
+
+    tokens = list(text.encode())
+    stream = IncrementalText(TOK, hold)
+    decoder = IncrementalDecoder(TOK)
+    sent, i = "", 0
+    for n in steps:
+        sent += stream.add(tokens[i : i + n])
+        decoder.add(tokens[i : i + n])
+        i += n
+        assert decoder.text.startswith(sent) and len(sent) == max(0, len(decoder.text) - hold)
+    final = TOK.decode(tokens[:i])
+    out = RequestOutput("r", [], tokens[:i], final, "length", None)  # type: ignore[arg-type]
+    assert sent + stream.finish(out) == final
+
+
+def test_the_engine_ends_a_request_at_a_stop_string_and_frees_its_blocks():
+    from prefixcache.engine.engine import Engine
+    from prefixcache.engine.loader import load_model
+    from serve_cases import serve_config
+
+    engine = Engine(serve_config("radix").serving, model=load_model("tiny"))
+    prompt = list(b"The quick brown fox jumps over the lazy dog. ")
+    free = engine.generate([GenerationRequest(prompt=prompt, max_tokens=30, ignore_eos=True)])[0]
+    stop = free.text[12:15]
+    at = free.text.index(stop)
+    out = engine.generate([GenerationRequest(prompt=prompt, max_tokens=30, ignore_eos=True, stop=("zzzz", stop))])[0]
+    assert (out.text, out.finish_reason, out.stop_str) == (free.text[:at], "stop", stop)
+    assert out.token_ids == free.token_ids[: len(out.token_ids)] and len(out.token_ids) < 30
+    assert TOK.decode(out.token_ids).startswith(free.text[: at + len(stop)])  # every token drawn is kept
+    assert not engine.has_unfinished()
+    engine.check_invariants()
+    with pytest.raises(ValueError, match="stop"):
+        engine.add_request(GenerationRequest(prompt=prompt, stop=("",)))
+    with pytest.raises(ValueError, match="^stop must be a sequence of str"):
+        engine.add_request(GenerationRequest(prompt=prompt, stop="x"))  # type: ignore[arg-type]
