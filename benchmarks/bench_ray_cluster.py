@@ -84,6 +84,8 @@ def config_for(arm: str, args: argparse.Namespace, port: int):
         "cache": {"backend": args.backend, "block_size": args.block_size, "num_blocks": args.num_blocks},
         "engine": {"model": args.model, "num_threads": args.threads, "max_num_seqs": args.max_num_seqs,
                    "max_num_batched_tokens": args.max_num_batched_tokens,
+                   **({"in_batch_prefix_tokens": args.in_batch_prefix_tokens}
+                      if args.in_batch_prefix_tokens is not None else {}),
                    **({"pace": {"speedup_ratio": args.pace}} if args.pace is not None else {})},
         "cluster": {"replicas": args.replicas, "router": router, "num_cpus": args.num_cpus, "port": port,
                     "replica_cpus": 1.0, "options": args.options.get(arm, {})},
@@ -113,6 +115,9 @@ def main() -> int:
     p.add_argument("--num-blocks", type=int, default=1024)
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--in-batch-prefix-tokens", type=int, default=None,
+                   help="engine.in_batch_prefix_tokens of the replicas (default: the engine's; 0: a request never "
+                        "waits for a running prefill)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per replica")
     p.add_argument("--num-cpus", type=int, default=None, help="the local Ray cluster's logical CPUs")
     p.add_argument("--seed", type=int, default=0)

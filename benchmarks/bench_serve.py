@@ -4,7 +4,8 @@ For each arm it starts `prefixcache serve` in a process of its own on 127.0.0.1 
 port), waits for `/health`, replays one shared-prefix workload against it with the
 load generator (`prefixcache.loadgen`, in this process: the client never shares the
 server's interpreter), stops the server, and moves on. Arms differ only in
-`cache.backend` / `engine.prefix_caching`; model, pool, step budget and the request
+`cache.backend` / `engine.prefix_caching` (and, for the `/no-wait` arms,
+`engine.in_batch_prefix_tokens: 0`); model, pool, step budget and the request
 stream (prompts, Poisson arrival times, output lengths) are the same. With
 `--repeat N` the arms run N times each in rotating order.
 
@@ -46,7 +47,10 @@ from prefixcache.loadgen.schedule import build_schedule  # noqa: E402
 from prefixcache.loadgen.summary import summarize  # noqa: E402
 
 VOCAB = {"smollm2": 49152, "tiny": 320}
-ARMS = {"hash": ("hash", True), "radix": ("radix", True), "none": ("hash", False)}
+# arm: (cache.backend, engine.prefix_caching, engine.in_batch_prefix_tokens or None for the default)
+ARMS = {"hash": ("hash", True, None), "radix": ("radix", True, None), "none": ("hash", False, None),
+        "hash/no-wait": ("hash", True, 0), "radix/no-wait": ("radix", True, 0)}
+DEFAULT_ARMS = ("hash", "radix", "none")
 
 
 def free_port() -> int:
@@ -56,12 +60,14 @@ def free_port() -> int:
 
 
 def write_config(path: Path, arm: str, args: argparse.Namespace) -> None:
-    backend, caching = ARMS[arm]
+    backend, caching, in_batch = ARMS[arm]
     config = {
         "cache": {"backend": backend, "block_size": args.block_size, "num_blocks": args.num_blocks},
         "engine": {"model": args.model, "prefix_caching": caching, "num_threads": args.threads,
                    "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens},
     }
+    if in_batch is not None:
+        config["engine"]["in_batch_prefix_tokens"] = in_batch
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
@@ -94,7 +100,8 @@ def stop_server(proc: subprocess.Popen) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", choices=sorted(VOCAB))
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), choices=list(ARMS),
+                   help="hash, radix, none; hash/no-wait, radix/no-wait: engine.in_batch_prefix_tokens 0")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--num-groups", type=int, default=4)
     p.add_argument("--prompts-per-group", type=int, default=8)
@@ -127,10 +134,11 @@ def main() -> int:
         for rep in range(args.repeat):
             order = args.arms[rep % len(args.arms):] + args.arms[: rep % len(args.arms)]
             for arm in order:
-                config = Path(tmp) / f"{arm}.yaml"
+                stem = arm.replace("/", "_")  # a file name
+                config = Path(tmp) / f"{stem}.yaml"
                 write_config(config, arm, args)
                 port = free_port()
-                proc = start_server(config, port, args.out / f"server_{arm}_{rep}.log")
+                proc = start_server(config, port, args.out / f"server_{stem}_{rep}.log")
                 try:
                     options = BenchOptions(
                         base_url=f"http://127.0.0.1:{port}", workload="shared_prefix", workload_args=workload_args,
@@ -143,7 +151,7 @@ def main() -> int:
                 finally:
                     stop_server(proc)
                 summary = summarize(run.results, run.planned, run.duration_s)
-                write_json(args.out / f"bench_{arm}_{rep}.json", summary, run, options)
+                write_json(args.out / f"bench_{stem}_{rep}.json", summary, run, options)
                 rows.append((rep, arm, summary))
                 print(f"#   repeat {rep} {arm}: {summary.completed}/{run.planned} done in {summary.duration_s:.1f} s",
                       flush=True)

@@ -11,13 +11,18 @@ Part 1, shared system prompt (the workloads package's `shared_prefix`: one group
               them alike. Target: TTFT p50 cached <= 0.15x uncached.
   burst       all 16 arrive at once (continuous batching, 2,048-token step budget):
               TTFT includes queueing behind other prefills.
+  inbatch     the same burst with a system prompt shorter than the step budget
+              (`--inbatch-system`, 512 tokens), so that several requests could compute it
+              side by side in one step: each cached arm with `in_batch_prefix_tokens` 0
+              (off) and 32 (the default: a request waits for the running prefill of the
+              prefix it shares, then hits it).
 Part 2, no sharing (`no_sharing`: every prompt distinct, 0% hits): throughput with the
 cache on vs off, fresh engines per repeat, arms interleaved in rotating order, repeated;
 reports the median and spread of wall and process CPU time of each arm relative to
 `none` in the same repeat, and the time spent inside cache calls (the bookkeeping the
 cache adds, measured directly). Target: overhead < 0.5%.
 
-    python benchmarks/bench_ttft.py [--threads 2] [--parts sequential,burst,nohit]
+    python benchmarks/bench_ttft.py [--threads 2] [--parts sequential,burst,inbatch,nohit]
                                     [--repeats 5] [--json FILE]
 
 OMP_WAIT_POLICY defaults to PASSIVE here (set before torch loads): on a shared 2-core
@@ -50,10 +55,12 @@ from prefixcache.workloads import no_sharing, shared_prefix  # noqa: E402
 ARMS = ("none", "hash", "radix")
 
 
-def make_engine(model, arm: str, *, block_size: int, num_blocks: int, budget: int, max_tokens: int) -> Engine:
+def make_engine(model, arm: str, *, block_size: int, num_blocks: int, budget: int, max_tokens: int,
+                in_batch: int = 32) -> Engine:
     cache = CacheConfig(backend="hash" if arm == "none" else arm, block_size=block_size, num_blocks=num_blocks)
     engine = EngineConfig(
-        model="smollm2", prefix_caching=arm != "none", max_num_batched_tokens=budget, max_num_seqs=16, max_tokens=max_tokens
+        model="smollm2", prefix_caching=arm != "none", max_num_batched_tokens=budget, max_num_seqs=16, max_tokens=max_tokens,
+        in_batch_prefix_tokens=in_batch,
     )
     return Engine(ServingConfig(cache, engine), model=model)
 
@@ -132,6 +139,34 @@ def part_burst(model, args, reqs) -> tuple[str, dict]:
     return format_table(HEAD, rows) + f"\n\nGreedy outputs identical across arms: {same}", {"rows": rows, "same_outputs": same}
 
 
+def part_inbatch(model, args, reqs) -> tuple[str, dict]:
+    """A burst whose shared prefix fits the step budget several times: cached arms with and
+    without waiting for a running prefill (`in_batch_prefix_tokens` 0 / 32)."""
+    head = ["arm", "in_batch_prefix_tokens", "TTFT p50 ms", "TTFT p90 ms", "TTFT max ms", "prefill computed",
+            "waits (steps)", "total s"]
+    rows, tokens = [], {}
+    for a in ("hash", "radix"):
+        for in_batch in (0, 32):
+            engine = make_engine(model, a, block_size=args.block_size, num_blocks=args.num_blocks, budget=args.budget,
+                                 max_tokens=args.output, in_batch=in_batch)
+            warm_up(engine)
+            t0 = time.perf_counter()
+            outs = engine.generate(reqs)
+            wall = time.perf_counter() - t0
+            print(f"  inbatch {a} {in_batch}: {wall:.1f} s", file=sys.stderr, flush=True)
+            engine.check_invariants()
+            ttft = [o.metrics.ttft_s * 1000 for o in outs]
+            st = engine.stats()
+            rows.append([a, in_batch, round(percentile(ttft, 50), 1), round(percentile(ttft, 90), 1), round(max(ttft), 1),
+                         st.prefill_tokens_computed, st.prefix_waits, round(wall, 2)])
+            tokens[a, in_batch] = [o.token_ids for o in outs]
+            del engine
+            gc.collect()
+    same = len({tuple(map(tuple, t)) for t in tokens.values()}) == 1
+    text = format_table(head, rows) + f"\n\nGreedy outputs identical across arms: {same}"
+    return text, {"rows": rows, "same_outputs": same}
+
+
 def part_nohit(model, args) -> tuple[str, dict]:
     vocab = model.weights.config.vocab_size
     wl = no_sharing(args.nohit_requests, args.nohit_prompt, args.nohit_output, seed=0)
@@ -186,11 +221,12 @@ def part_nohit(model, args) -> tuple[str, dict]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--parts", default="sequential,burst,nohit")
+    p.add_argument("--parts", default="sequential,burst,inbatch,nohit")
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--system", type=int, default=2048, help="shared system prompt, TOKENS")
     p.add_argument("--question", type=int, default=64, help="question, TOKENS")
     p.add_argument("--output", type=int, default=16, help="output per request, TOKENS")
+    p.add_argument("--inbatch-system", type=int, default=512, help="the inbatch part's system prompt, TOKENS")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--budget", type=int, default=2048, help="max_num_batched_tokens")
     p.add_argument("--num-blocks", type=int, default=0, help="pool size (0: enough for every request at once)")
@@ -225,6 +261,12 @@ def main() -> int:
     if "burst" in parts:
         text, out["burst"] = part_burst(model, args, reqs)
         print(f"\n## The same {args.requests} requests arriving at once\n\n{text}", flush=True)
+    if "inbatch" in parts:
+        short = requests_of(shared_prefix(1, args.requests, args.inbatch_system, args.question, args.output, seed=0),
+                            vocab, args.output)
+        text, out["inbatch"] = part_inbatch(model, args, short)
+        print(f"\n## A {args.inbatch_system}-token system prompt + {args.question}-token questions, {args.requests} "
+              f"requests at once (several prompts fit one {args.budget}-token step)\n\n{text}", flush=True)
     if "nohit" in parts:
         text, out["nohit"] = part_nohit(model, args)
         print(f"\n## No sharing (0% hits): {args.nohit_requests} distinct {args.nohit_prompt}-token prompts, "

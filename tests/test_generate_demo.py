@@ -67,12 +67,18 @@ def test_arrivals_are_read_per_line_and_bad_ones_name_the_line(tmp_path):
 def test_engine_generate_adds_each_request_at_its_arrival(tmp_path):
     prefix = list(range(1, 65))
     requests = [GenerationRequest(prompt=prefix + [70, 71], max_tokens=2), GenerationRequest(prompt=prefix + [80], max_tokens=2)]
-    at_once = Engine.from_yaml(_tiny_config(tmp_path)).generate(requests)
+    config = _tiny_config(tmp_path, "in_batch_prefix_tokens: 0")
+    at_once = Engine.from_yaml(config).generate(requests)
     assert [o.metrics.cached_tokens for o in at_once] == [0, 0]  # both admitted in the first step
-    engine = Engine.from_yaml(_tiny_config(tmp_path))
+    engine = Engine.from_yaml(config)
     outs = engine.generate(requests, arrival_offsets_s=[0.0, 0.05])
     assert [o.metrics.cached_tokens for o in outs] == [0, 64]
     assert [o.token_ids for o in outs] == [o.token_ids for o in at_once]
+    # At once, with the default in_batch_prefix_tokens (32), the second waits for the first's
+    # prefill and hits it, as it does arriving later.
+    waited = Engine.from_yaml(_tiny_config(tmp_path))
+    assert [o.metrics.cached_tokens for o in waited.generate(requests)] == [0, 64]
+    assert waited.stats().prefix_waits == 1
     assert outs[1].metrics.arrival_s - outs[0].metrics.arrival_s == pytest.approx(0.05)
     for offsets, message in (([0.0], "1 offsets for 2 requests"), ([0.0, -1.0], r"arrival_offsets_s\[1\]")):
         with pytest.raises(ValueError, match=message):
@@ -80,9 +86,10 @@ def test_engine_generate_adds_each_request_at_its_arrival(tmp_path):
     engine.check_invariants()
 
 
-def _tiny_config(tmp_path: Path) -> Path:
+def _tiny_config(tmp_path: Path, engine: str = "") -> Path:
     path = tmp_path / "tiny.yaml"
-    path.write_text("cache: {backend: hash, block_size: 16, num_blocks: 64}\nengine: {model: tiny}\n")
+    path.write_text("cache: {backend: hash, block_size: 16, num_blocks: 64}\nengine: {model: tiny%s}\n"
+                    % (", " + engine if engine else ""))
     return path
 
 

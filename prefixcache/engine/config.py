@@ -158,6 +158,12 @@ class EngineConfig:
                             baseline of an A/B against the configured strategy
     max_num_batched_tokens: TOKENS computed per step, decodes first, then prefill chunks
     max_num_seqs:           requests running (admitted) at once
+    in_batch_prefix_tokens: TOKENS: a waiting request whose prompt shares at least this
+                            many tokens that a running request is still computing in
+                            its prefill waits for that request's commits and hits them
+                            (SGLang's in-batch prefix caching, its threshold 32; vLLM
+                            shares them in the same step); requests behind it may go
+                            first. 0: off (first come, first served, no overtaking)
     max_tokens:             default output length in TOKENS
     stop_token_ids:         extra stop tokens, besides the tokenizer's end-of-sequence
     sampling:               default sampling (see SamplingConfig)
@@ -186,6 +192,7 @@ class EngineConfig:
     prefix_caching: bool = True
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 16
+    in_batch_prefix_tokens: int = 32
     max_tokens: int = 64
     stop_token_ids: tuple[int, ...] = ()
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -200,6 +207,7 @@ class EngineConfig:
         _check_int("seed", self.seed, 0)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _check_int("max_num_seqs", self.max_num_seqs, 1)
+        _check_int("in_batch_prefix_tokens", self.in_batch_prefix_tokens, 0)
         _check_int("max_tokens", self.max_tokens, 1)
         for i, tok in enumerate(self.stop_token_ids):
             _check_int(f"stop_token_ids[{i}]", tok, 0)

@@ -176,7 +176,8 @@ class Engine:
                                   "the engine cannot move its blocks between tiers")  # fmt: skip
             self.kv_tiers = KVTiers(cc, tiers, self.model.kv, ec.model)
         self.scheduler = Scheduler(
-            self.cache, max_num_batched_tokens=ec.max_num_batched_tokens, max_num_seqs=ec.max_num_seqs
+            self.cache, max_num_batched_tokens=ec.max_num_batched_tokens, max_num_seqs=ec.max_num_seqs,
+            in_batch_prefix_tokens=ec.in_batch_prefix_tokens if ec.prefix_caching else 0
         )
         self._pace = ec.pace
         self._config_stop_ids = frozenset(ec.stop_token_ids)
@@ -522,12 +523,13 @@ class Engine:
             self.scheduler.prefill_tokens_saved,
             self.scheduler.num_preemptions,
             self.scheduler.cache_s,
+            self.scheduler.num_prefix_waits,
         )
 
     def stats(self) -> RunStats:
         """Totals since construction or `reset_stats` (wall time = time inside `step`)."""
         s = self.scheduler
-        computed, saved, preemptions, cache_s = self._base
+        computed, saved, preemptions, cache_s, waits = self._base
         return RunStats(
             requests=self._requests,
             prompt_tokens=self._prompt_tokens,
@@ -541,6 +543,7 @@ class Engine:
             cache=self.cache.stats(),
             paced_s=self._paced_s,
             overrun_steps=self._overrun_steps,
+            prefix_waits=s.num_prefix_waits - waits,
         )
 
     def check_invariants(self) -> None:

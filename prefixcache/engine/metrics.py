@@ -67,6 +67,8 @@ class RunStats:
     paced_s:              SECONDS slept to pace steps (`engine.pace`)
     overrun_steps:        paced steps whose own work took longer than the model gives
                           them (the host too slow for the pace: those steps ran late)
+    prefix_waits:         steps a waiting request was passed over while a running
+                          request computed the prefix it shares (`in_batch_prefix_tokens`)
     """
 
     requests: int
@@ -81,6 +83,7 @@ class RunStats:
     cache: CacheStats
     paced_s: float = 0.0
     overrun_steps: int = 0
+    prefix_waits: int = 0
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -143,6 +146,7 @@ def run_summary(stats: RunStats) -> Table:
         ("output tokens", stats.output_tokens),
         ("steps", stats.steps),
         ("preemptions", stats.preemptions),
+        ("waits for a shared prefix (steps)", stats.prefix_waits),
         ("wall time s", round(stats.wall_s, 3)),
         ("time in cache calls ms", round(stats.cache_s * 1000, 3)),
         ("output tokens/s", round(stats.output_tokens_per_s, 2)),

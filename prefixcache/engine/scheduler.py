@@ -16,7 +16,15 @@ A step, in vLLM V1's order:
 2. If nothing was preempted, waiting requests are admitted in arrival order while the
    budget and `max_num_seqs` allow. A refused `admit` (no room even after eviction)
    leaves the request at the head of the queue until running requests free blocks:
-   first come, first served, no overtaking.
+   first come, first served, no overtaking. The one exception (`in_batch_prefix_tokens`,
+   SGLang's in-batch prefix caching): a request whose prompt shares at least that many
+   tokens that a running request is still computing in its prefill (past what it has
+   committed, in the same namespace) waits, and the requests behind it may go first.
+   Once the leader commits them it hits them, where it would have computed them again
+   beside the leader (vLLM reaches the same by caching blocks before they are computed,
+   which our protocol does not allow: a hit is only ever committed KV). At most
+   `max_num_seqs` waiting requests are passed over a step, so a burst costs a step
+   O(max_num_seqs x requests in prefill) prefix comparisons, not O(queue).
 Nothing here raises when the pool is full: a request that fits the pool alone
 (`Engine.add_request` checks) always finishes, because the oldest running request is
 never preempted by a newer one.
@@ -32,6 +40,7 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from prefixcache.engine.detokenizer import StopStrings
@@ -67,6 +76,13 @@ class Sequence:
     finish_reason: str | None = None
     first_logits: torch.Tensor | None = None
     stop_strings: StopStrings | None = None  # the request's stop strings over its output text
+    _ids: np.ndarray | None = field(default=None, repr=False)  # `tokens` as an array, for prefix comparisons
+
+    def ids(self) -> np.ndarray:
+        """`tokens` as an int64 array (made again when they have grown)."""
+        if self._ids is None or len(self._ids) != len(self.tokens):
+            self._ids = np.asarray(self.tokens, dtype=np.int64)
+        return self._ids
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -92,10 +108,13 @@ class Scheduled:
 class Scheduler:
     """Waiting queue + running list over `cache` (see the module docstring)."""
 
-    def __init__(self, cache: PrefixCache, *, max_num_batched_tokens: int, max_num_seqs: int) -> None:
+    def __init__(self, cache: PrefixCache, *, max_num_batched_tokens: int, max_num_seqs: int,
+                 in_batch_prefix_tokens: int = 0) -> None:
         self.cache = cache
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
+        self.in_batch_prefix_tokens = in_batch_prefix_tokens  # 0: off
+        self.num_prefix_waits = 0  # steps a waiting request was passed over for a leader's prefill
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.cache_s = 0.0  # SECONDS spent inside cache calls
@@ -159,12 +178,20 @@ class Scheduler:
             budget -= n
             i += 1
         # vLLM admits nothing in a step that had to preempt: the pool is tight.
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
-            seq = self.waiting[0]
+        w = passed = 0
+        while w < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+            seq = self.waiting[w]
+            if self.in_batch_prefix_tokens and self._leader_computing(seq):
+                self.num_prefix_waits += 1
+                passed += 1
+                if passed >= self.max_num_seqs:
+                    break
+                w += 1
+                continue
             adm = self._timed(self.cache.admit, seq.request_id, seq.tokens, namespace=seq.namespace)
             if adm is None:
                 break
-            self.waiting.popleft()
+            del self.waiting[w]
             self.running.append(seq)
             self.pending_copies.extend(adm.copies)
             seq.admitted = True
@@ -178,6 +205,21 @@ class Scheduler:
             out.append(Scheduled(seq, seq.num_computed, n, prefill=True, fresh=True))
             budget -= n
         return out
+
+    def _leader_computing(self, seq: Sequence) -> bool:
+        """Whether a running request in its prefill, in `seq`'s namespace, is computing at
+        least `in_batch_prefix_tokens` of `seq`'s prompt right after what it committed
+        (their prompts agree up to there)."""
+        need = self.in_batch_prefix_tokens
+        for leader in self.running:
+            if leader.decoding or leader.namespace != seq.namespace:
+                continue
+            upto = leader.num_computed + need
+            if upto > min(len(leader.tokens), len(seq.tokens) - 1):  # seq's last token is always computed
+                continue
+            if np.array_equal(leader.ids()[:upto], seq.ids()[:upto]):
+                return True
+        return False
 
     def take_copies(self) -> list[tuple[int, int, int]]:
         """The (src, dst, num_tokens) copies admitted since the last call, oldest first."""
