@@ -117,24 +117,31 @@ def part_sequential(model, args, reqs) -> tuple[str, dict]:
     return format_table(HEAD, rows) + f"\n\nGreedy outputs identical across arms: {same}", result
 
 
+def run_burst(model, args, reqs, arm: str, label: str, **engine_args):
+    """`reqs` all at once through a fresh, warmed-up engine of `arm`: (outputs, wall s, stats)."""
+    engine = make_engine(model, arm, block_size=args.block_size, num_blocks=args.num_blocks, budget=args.budget,
+                         max_tokens=args.output, **engine_args)
+    warm_up(engine)
+    t0 = time.perf_counter()
+    outs = engine.generate(reqs)
+    wall = time.perf_counter() - t0
+    print(f"  {label}: {wall:.1f} s", file=sys.stderr, flush=True)
+    engine.check_invariants()
+    stats = engine.stats()
+    del engine
+    gc.collect()
+    return outs, wall, stats
+
+
 def part_burst(model, args, reqs) -> tuple[str, dict]:
     rows, outs_by = [], {}
     base = None
     for a in ARMS:
-        engine = make_engine(model, a, block_size=args.block_size, num_blocks=args.num_blocks, budget=args.budget,
-                             max_tokens=args.output)
-        warm_up(engine)
-        t0 = time.perf_counter()
-        outs = engine.generate(reqs)
-        wall = time.perf_counter() - t0
-        print(f"  burst {a}: {wall:.1f} s", file=sys.stderr, flush=True)
-        engine.check_invariants()
+        outs, wall, stats = run_burst(model, args, reqs, a, f"burst {a}")
         outs_by[a] = outs
-        rows.append(arm_row(a, outs, wall, engine.stats(), base))
+        rows.append(arm_row(a, outs, wall, stats, base))
         if a == "none":
             base = percentile([o.metrics.ttft_s for o in outs], 50)
-        del engine
-        gc.collect()
     same = all(o.token_ids == n.token_ids for a in ARMS for o, n in zip(outs_by[a], outs_by["none"]))
     return format_table(HEAD, rows) + f"\n\nGreedy outputs identical across arms: {same}", {"rows": rows, "same_outputs": same}
 
@@ -147,21 +154,11 @@ def part_inbatch(model, args, reqs) -> tuple[str, dict]:
     rows, tokens = [], {}
     for a in ("hash", "radix"):
         for in_batch in (0, 32):
-            engine = make_engine(model, a, block_size=args.block_size, num_blocks=args.num_blocks, budget=args.budget,
-                                 max_tokens=args.output, in_batch=in_batch)
-            warm_up(engine)
-            t0 = time.perf_counter()
-            outs = engine.generate(reqs)
-            wall = time.perf_counter() - t0
-            print(f"  inbatch {a} {in_batch}: {wall:.1f} s", file=sys.stderr, flush=True)
-            engine.check_invariants()
+            outs, wall, st = run_burst(model, args, reqs, a, f"inbatch {a} {in_batch}", in_batch=in_batch)
             ttft = [o.metrics.ttft_s * 1000 for o in outs]
-            st = engine.stats()
             rows.append([a, in_batch, round(percentile(ttft, 50), 1), round(percentile(ttft, 90), 1), round(max(ttft), 1),
                          st.prefill_tokens_computed, st.prefix_waits, round(wall, 2)])
             tokens[a, in_batch] = [o.token_ids for o in outs]
-            del engine
-            gc.collect()
     same = len({tuple(map(tuple, t)) for t in tokens.values()}) == 1
     text = format_table(head, rows) + f"\n\nGreedy outputs identical across arms: {same}"
     return text, {"rows": rows, "same_outputs": same}
