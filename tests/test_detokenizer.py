@@ -103,3 +103,4 @@ def test_the_engine_ends_a_request_at_a_stop_string_and_frees_its_blocks():
         engine.add_request(GenerationRequest(prompt=prompt, stop=("",)))
     with pytest.raises(ValueError, match="^stop must be a sequence of str"):
         engine.add_request(GenerationRequest(prompt=prompt, stop="x"))  # type: ignore[arg-type]
+    assert engine.add_request(GenerationRequest(prompt=prompt)) == "req-2"  # a refused request takes no id

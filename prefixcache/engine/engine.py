@@ -218,6 +218,11 @@ class Engine:
                 f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) needs {-(-total // cc.block_size)} blocks of "
                 f"{cc.block_size}, more than the whole pool (cache.num_blocks = {cc.num_blocks})"
             )
+        stop_strings = None
+        if request.stop:  # checked before the request takes an id: ValueError naming `stop`
+            if isinstance(request.stop, str):
+                raise ValueError(f"stop must be a sequence of str, got the str {request.stop!r}")
+            stop_strings = StopStrings(self.tokenizer, request.stop, request.include_stop_str_in_output)
         params = request.sampling or ec.sampling
         seed = params.seed
         if request.sampling is None and seed is not None:
@@ -233,11 +238,6 @@ class Engine:
         self._next_id += 1
         now = time.perf_counter() if request.arrival_s is None else request.arrival_s
         stops = self._config_stop_ids if request.ignore_eos else self._stop_ids
-        stop_strings = None
-        if request.stop:  # checked before anything is queued: ValueError naming `stop`
-            if isinstance(request.stop, str):
-                raise ValueError(f"stop must be a sequence of str, got the str {request.stop!r}")
-            stop_strings = StopStrings(self.tokenizer, request.stop, request.include_stop_str_in_output)
         self.scheduler.add(
             Seq(
                 request_id=rid,
