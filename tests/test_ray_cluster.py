@@ -160,6 +160,13 @@ def test_the_openai_client_talks_to_the_ingress(cluster):
     assert model == "tiny"
     out = client.completions.create(model=model, prompt=head(1), max_tokens=3, extra_body={"ignore_eos": True})
     assert out.usage.completion_tokens == 3 and out.choices[0].finish_reason == "length"
+    # Stop strings travel to the replica's engine with the request (greedy: any replica agrees).
+    free = client.completions.create(model=model, prompt=head(50), max_tokens=12, extra_body={"ignore_eos": True})
+    text = free.choices[0].text
+    stop = text[len(text) // 2 :][:2]
+    cut = client.completions.create(model=model, prompt=head(50), max_tokens=12, stop=[stop],
+                                    extra_body={"ignore_eos": True})
+    assert (cut.choices[0].text, cut.choices[0].finish_reason) == (text[: text.index(stop)], "stop")
     chunks = list(client.completions.create(model=model, prompt="hello there, cluster", max_tokens=4, stream=True,
                                             stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
     assert chunks[-1].usage.completion_tokens == 4 and chunks[-2].choices[0].finish_reason == "length"
