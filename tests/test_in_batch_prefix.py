@@ -24,8 +24,8 @@ def burst(n: int = 6, shared: int = 300, own: int = 20, seed: int = 0) -> list[l
     return [prefix + [rng.randrange(250) for _ in range(own)] for _ in range(n)]
 
 
-def run(tiny, prompts, *, backend="hash", threshold=32, namespaces=None, **engine):
-    e = Engine(serving("tiny", backend=backend, num_blocks=1024, in_batch_prefix_tokens=threshold, **engine),
+def run(tiny, prompts, *, backend="hash", threshold=32, namespaces=None, num_blocks=1024, **engine):
+    e = Engine(serving("tiny", backend=backend, num_blocks=num_blocks, in_batch_prefix_tokens=threshold, **engine),
                model=tiny)
     reqs = [GenerationRequest(prompt=p, max_tokens=4, ignore_eos=True, namespace=(namespaces or {}).get(i))
             for i, p in enumerate(prompts)]
@@ -81,8 +81,8 @@ def test_at_most_max_num_seqs_are_passed_over_a_step(tiny):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_waiting_never_changes_an_output_and_leaves_nothing_pinned(tiny, data):
-    """Random bursts over a few prefixes, namespaces and budgets: the same tokens with and
-    without waiting, every request finished, invariants held, no more prefill computed."""
+    """Random bursts over a few prefixes, namespaces, budgets and pools (small ones preempt):
+    the same tokens with and without waiting, every request finished, invariants held."""
     rng = random.Random(data.draw(st.integers(0, 2**16)))
     prefixes = [[rng.randrange(250) for _ in range(rng.randint(1, 120))] for _ in range(3)]
     prompts = [rng.choice(prefixes) + [rng.randrange(250) for _ in range(rng.randint(1, 30))]
@@ -90,8 +90,11 @@ def test_waiting_never_changes_an_output_and_leaves_nothing_pinned(tiny, data):
     namespaces = {i: rng.choice([None, "b"]) for i in range(len(prompts))}
     budget = data.draw(st.sampled_from([16, 64, 512]))
     backend = data.draw(st.sampled_from(BACKENDS))
-    off, plain = run(tiny, prompts, backend=backend, threshold=0, namespaces=namespaces, max_num_batched_tokens=budget)
+    pool = data.draw(st.sampled_from([12, 24, 1024]))  # 16-token blocks: the longest request needs 11
+    off, plain = run(tiny, prompts, backend=backend, threshold=0, namespaces=namespaces, max_num_batched_tokens=budget,
+                     num_blocks=pool)
     on, waited = run(tiny, prompts, backend=backend, threshold=data.draw(st.sampled_from([1, 16, 32])),
-                     namespaces=namespaces, max_num_batched_tokens=budget, max_num_seqs=data.draw(st.integers(1, 4)))
+                     namespaces=namespaces, max_num_batched_tokens=budget, max_num_seqs=data.draw(st.integers(1, 4)),
+                     num_blocks=pool)
     assert [o.token_ids for o in waited] == [o.token_ids for o in plain]
     assert all(o.finish_reason == "length" for o in waited)

@@ -16,8 +16,10 @@ the string counts as generated. A streamed response holds back `hold_back` chara
 (the longest stop string less one; none when the stop string is kept in the output), so
 no text it sends is later cut away.
 
-Must never: sample, finish a request or touch the cache (the engine does), or decode a
-token twice.
+Must never: sample, finish a request or touch the cache (the engine does), or decode the
+whole text again (a decoder reads each token's bytes once; a stop check reads the new
+characters and the stop strings' reach before them, so a long output costs each token the
+same).
 """
 
 from __future__ import annotations
