@@ -138,6 +138,19 @@ def test_a_hit_loaded_from_a_host_tier_waits_for_its_load(monkeypatch):
     assert [(c.num_blocks, c.tiers[0].num_blocks) for c in built] == [(6, 12)]
 
 
+def test_cache_when_scheduled_lets_a_request_admitted_in_the_same_step_hit_what_the_step_computes():
+    # A and B share a 32-token prefix and arrive together while C's prefill runs, so the
+    # next step admits both (budget 64: 40 + 23 tokens, next to C's first decode). By default
+    # each computes the prefix; as vLLM (cache_when_scheduled), A's scheduled blocks are
+    # cached when the step is planned, so B, admitted after A in that step, hits them.
+    workload = by_hand((0.0, 500, 20, 5), (0.005, 0, 40, 2), (0.005, 0, 40, 2))
+    plain = run_by_hand(workload)
+    assert plain.hits.hit_tokens == (0, 0, 0) and plain.prefilled == (100,)
+    vllm = dataclasses.replace(hand_config(), cache_when_scheduled=True)
+    run = run_by_hand(workload, vllm)
+    assert run.hits.hit_tokens == (0, 0, 32) and run.prefilled == (68,)  # B computes its last 8
+
+
 def test_a_request_larger_than_a_replica_is_rejected_and_the_rest_run():
     cfg = config(capacity_tokens=64, replicas=[2], routers={"round_robin": {}}, commit_outputs=False)
     run = simulate(by_hand((0.0, 0, 40, 4), (0.0, 100, 80, 4), (0.1, 0, 40, 4)), cfg, "rr",

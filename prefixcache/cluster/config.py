@@ -20,6 +20,7 @@ never: run a simulation or build a cache (`prefixcache.cluster.simulate` does bo
     service: {model: llama-3.1-8b, device: h100, max_num_seqs: 1024, max_num_batched_tokens: 8192}
     slo: {ttft_s: 2.0, itl_s: 0.025} # what a good request stays within (goodput)
     commit_outputs: true             # outputs take cache room, as in a real engine
+    cache_when_scheduled: false      # true: a scheduled chunk is hittable in its own step (vLLM)
     arrival_speedup: 1.0             # arrival times are divided by this
     seed: 0                          # every router's random source
     routers:                         # label -> {router: name (default: the label), options: {...}}
@@ -83,6 +84,7 @@ class ClusterConfig:
     service: ServiceModel = field(default_factory=ServiceModel)
     slo: SLO = field(default_factory=SLO)
     commit_outputs: bool = True
+    cache_when_scheduled: bool = False
     arrival_speedup: float = 1.0
     seed: int = 0
 

@@ -18,8 +18,12 @@ chunk is scheduled in the same step. A request the cache has no room for waits (
 queue is FIFO: nobody passes it); one whose footprint exceeds the whole pool is rejected.
 The step that prefills a prompt's last token also samples its first output token; each
 later step samples one more; the request finishes with its last. Cache calls: `commit`
-after every chunk (vLLM caches full blocks as they are computed), `commit(P + O)` at the
-end with `commit_outputs`, `release` at the end.
+after every chunk, `commit(P + O)` at the end with `commit_outputs`, `release` at the end.
+With `cache_when_scheduled` each chunk is committed as it is scheduled, before the step
+computes it, as vLLM caches the blocks a step will fill when it schedules them
+(`allocate_slots`): a request admitted later in the same step hits them (a simulation
+has no KV that could be read before it is written). Without it, requests admitted in
+one step each compute a prefix none of them has computed yet.
 
 Lower tiers. A request whose hit the cache loads from a lower tier (`Admission.loads`,
 with `cache.tiers`) has those blocks copied in before its first chunk computes: that
@@ -88,9 +92,11 @@ class SimEngine:
     indices; engines that share a cache share the queue too."""
 
     def __init__(self, eid: int, cache: PrefixCache, queue: deque[int], service: ServiceModel, workload: Workload,
-                 listener: Listener, *, commit_outputs: bool, prompt: Callable[[int], list[int]]) -> None:
+                 listener: Listener, *, commit_outputs: bool, prompt: Callable[[int], list[int]],
+                 cache_when_scheduled: bool = False) -> None:
         self.eid, self.cache, self.queue, self.service = eid, cache, queue, service
         self.workload, self.listener, self.commit_outputs, self.prompt = workload, listener, commit_outputs, prompt
+        self.cache_when_scheduled = cache_when_scheduled
         self.num_blocks = cache.config.num_blocks
         self.block_size = cache.config.block_size
         self.tiers = cache.config.tiers
@@ -174,17 +180,13 @@ class SimEngine:
             if left <= 0:
                 break
             if r.computed < r.prompt_len:
-                chunk = min(r.prompt_len - r.computed, left)
-                chunks.append((r, chunk))
-                left -= chunk
+                left -= self._schedule_chunk(r, left, chunks)
         self.blocked = False
         while left > 0 and self.queue and len(self.running) < service.max_num_seqs:
             r = self.admit(self.queue[0], now)
             if r is None:
                 break
-            chunk = min(r.prompt_len - r.computed, left)
-            chunks.append((r, chunk))
-            left -= chunk
+            left -= self._schedule_chunk(r, left, chunks)
         if not decoding and not chunks:
             return
         steps = min((r.output_len - r.generated for r in decoding), default=math.inf)
@@ -202,6 +204,15 @@ class SimEngine:
         self.step = self.step_cost(steps) + loading
         self.version += 1
         self.listener.wake(self, self.end_s)
+
+    def _schedule_chunk(self, r: Running, left: int, chunks: list[tuple[Running, int]]) -> int:
+        """Schedule `r`'s next prompt chunk within `left` TOKENS; returns its size. With
+        `cache_when_scheduled` it is committed now (the step's first chunk always runs)."""
+        chunk = min(r.prompt_len - r.computed, left)
+        chunks.append((r, chunk))
+        if self.cache_when_scheduled:
+            self.cache.commit(r.i, r.computed + chunk)
+        return chunk
 
     def step_cost(self, steps: int) -> float:
         """SECONDS of each step of the planned segment, at its middle step's contexts."""

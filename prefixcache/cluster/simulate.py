@@ -118,7 +118,8 @@ class _Replay:
         self.caches: list[PrefixCache] = caches
         listener = Listener(self._admitted, self._first_token, self._finished, self._rejected, self._wake, self._freed)
         self.engines = [SimEngine(e, caches[e], queues[e], self.service, workload, listener,
-                                  commit_outputs=config.commit_outputs, prompt=self.prompt)
+                                  commit_outputs=config.commit_outputs, prompt=self.prompt,
+                                  cache_when_scheduled=config.cache_when_scheduled)
                         for e in range(num_engines)]
         self.loads = Candidates(range(num_engines))
         self.index: KVIndex | None = None
