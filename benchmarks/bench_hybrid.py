@@ -66,12 +66,12 @@ def build(groups, block_size: int, num_blocks: int, backend: str = "hash", **opt
                                                enable_events=False, layout=layout, options=options))  # fmt: skip
 
 
-def build_radix(layout, num_blocks: int, **options):
-    """`radix` at block 16 over `layout` (LayerGroups: its pools' sizes included)."""
+def build_radix(layout, num_blocks: int, block_size: int = 16, **options):
+    """`radix` over `layout` (LayerGroups: its pools' sizes included), block 16 by default."""
     import prefixcache
     from prefixcache.config import CacheConfig
 
-    return prefixcache.build_cache(CacheConfig(backend="radix", block_size=16, num_blocks=num_blocks,
+    return prefixcache.build_cache(CacheConfig(backend="radix", block_size=block_size, num_blocks=num_blocks,
                                                enable_events=False, layout=layout, options=options))  # fmt: skip
 
 
@@ -250,13 +250,7 @@ def radix_states(args) -> None:
     (a 2 MiB state, 528 tokens of a 4 KiB-a-token layer), against block 528."""
     from prefixcache.layout import LayerGroup
 
-    def radix(bs: int, **options):
-        import prefixcache
-        from prefixcache.config import CacheConfig
-
-        layout = (LayerGroup("full_attention", bytes_per_token=4096), LayerGroup("mamba", state_bytes=528 * 4096))
-        return prefixcache.build_cache(CacheConfig(backend="radix", block_size=bs, num_blocks=60_000 if bs == 16
-                                                   else 2000, enable_events=False, layout=layout, options=options))
+    layout = (LayerGroup("full_attention", bytes_per_token=4096), LayerGroup("mamba", state_bytes=528 * 4096))
 
     arms = [("block 528, `mamba_chunk: 48`", 528, {"mamba_chunk": 48}), ("block 16, SGLang's defaults", 16, {}),
             ("block 16, `mamba_track_interval: 64`", 16, {"mamba_track_interval": 64})]
@@ -269,7 +263,7 @@ def radix_states(args) -> None:
         full16 = sum(replay_decoded(build(FULL, 16, 60_000), reqs))
         cells = []
         for _, bs, opts in arms:
-            hits = replay_decoded(radix(bs, **opts), reqs)
+            hits = replay_decoded(build_radix(layout, 60_000 if bs == 16 else 2000, bs, **opts), reqs)
             over = f"; {sum(h >= 1350 for h in hits[1:])} of {len(hits) - 1}" if wname == "1500-shared" else ""
             cells.append(f"{sum(hits):,} ({sum(hits) / full16:.3f}{over})")
         print(f"| {wname} | {full16:,} | " + " | ".join(cells) + " |")

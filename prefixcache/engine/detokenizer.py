@@ -86,7 +86,7 @@ class StopStrings:
         self.include = include
         self._decoder = IncrementalDecoder(tokenizer)
         self._tail = ""  # the text's last _keep CHARACTERS: where a stop string may have begun
-        self._keep = max(len(s) for s in self.stops) - 1
+        self._keep = self.hold_back(self.stops, include=False)
         self.stop: str | None = None
         self.text = ""
 
