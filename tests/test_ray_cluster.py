@@ -167,11 +167,16 @@ def test_the_openai_client_talks_to_the_ingress(cluster):
     cut = client.completions.create(model=model, prompt=head(50), max_tokens=12, stop=[stop],
                                     extra_body={"ignore_eos": True})
     assert (cut.choices[0].text, cut.choices[0].finish_reason) == (text[: text.index(stop)], "stop")
+    # Logprobs ride the replica's stream items through Ray: one per token, streamed or not.
     chunks = list(client.completions.create(model=model, prompt="hello there, cluster", max_tokens=4, stream=True,
-                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+                                            stream_options={"include_usage": True}, logprobs=1,
+                                            extra_body={"ignore_eos": True}))
     assert chunks[-1].usage.completion_tokens == 4 and chunks[-2].choices[0].finish_reason == "length"
-    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert sum(len(ch.choices[0].logprobs.tokens) for ch in chunks[:-1]) == 4
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                          logprobs=True, top_logprobs=2)
     assert chat.choices[0].message.role == "assistant"
+    assert [len(e.top_logprobs) for e in chat.choices[0].logprobs.content] == [2] * chat.usage.completion_tokens
     # The serving layer's error bodies, through the ingress.
     with pytest.raises(openai.NotFoundError) as err:
         client.completions.create(model="nope", prompt=[1, 2], max_tokens=1)

@@ -153,6 +153,43 @@ def test_a_stop_string_ends_the_output_before_it_as_vllm_does(replicas, arm):
     in_engine(r, lambda e: e.check_invariants())
 
 
+@pytest.mark.parametrize("arm", ["hash", "radix"])
+def test_logprobs_in_chat_and_completions_streamed_or_not_as_vllm_writes_them(replicas, arm):
+    c = client(replicas[arm])
+    whole = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, logprobs=2)
+    lp = whole.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == whole.usage.completion_tokens == 8
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(8)]
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        # greedy: the drawn token leads, and is the most likely (it and the top 2: at most 3 keys)
+        assert next(iter(top)) == token and top[token] == value == max(top.values()) and 1 <= len(top) <= 3
+    # A stream carries each step's tokens' logprobs, offsets from the text sent before them.
+    chunks = [ch for ch in c.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, logprobs=2, stream=True)
+              if ch.choices]
+    streamed = [(ch.choices[0].logprobs.tokens, ch.choices[0].logprobs.text_offset) for ch in chunks]
+    assert sum((t for t, _ in streamed), []) == lp.tokens and sum((o for _, o in streamed), []) == lp.text_offset
+    assert sum((ch.choices[0].logprobs.token_logprobs for ch in chunks), []) == pytest.approx(lp.token_logprobs, abs=1e-4)
+    # Chat: a flag and a count; the content entries are the completion tokens' own.
+    messages = [{"role": "user", "content": "hello there"}]
+    chat = c.chat.completions.create(model="tiny", messages=messages, max_tokens=6, logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    for entry in content:
+        assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].token == entry.token
+        assert entry.bytes == list(entry.token.encode("utf-8", errors="replace"))
+        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+    stream = c.chat.completions.create(model="tiny", messages=messages, max_tokens=6, logprobs=True, top_logprobs=3,
+                                       stream=True)
+    streamed_content = [e for ch in stream if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    assert [e.token for e in streamed_content] == [e.token for e in content]
+    # top_logprobs 0 (vLLM's default): the drawn tokens alone; not asked for: null, as vLLM writes it.
+    bare = c.chat.completions.create(model="tiny", messages=messages, max_tokens=3, logprobs=True)
+    assert [e.top_logprobs for e in bare.choices[0].logprobs.content] == [[], [], []][: bare.usage.completion_tokens]
+    assert c.chat.completions.create(model="tiny", messages=messages, max_tokens=2).choices[0].logprobs is None
+    raw = httpx.post(replicas[arm].base_url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}).json()
+    assert raw["choices"][0]["logprobs"] is None
+
+
 BAD = [
     # (what, path, body (dict) or raw bytes, status, param)
     ("invalid JSON", "/v1/completions", b'{"prompt": "x", ', 400, None),
@@ -179,6 +216,16 @@ BAD = [
     ("an empty token list", "/v1/completions", {"prompt": []}, 400, "prompt"),
     ("two prompts", "/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
     ("n = 2", "/v1/completions", {"prompt": "x", "n": 2}, 400, "n"),
+    # logprobs as vLLM checks them, then its max_logprobs (20); -1 is the whole vocabulary (320)
+    ("negative logprobs", "/v1/completions", {"prompt": "x", "logprobs": -1}, 400, "logprobs"),
+    ("logprobs past max_logprobs", "/v1/completions", {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    ("top_logprobs without logprobs", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
+    ("top_logprobs -2", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": -2}, 400, "top_logprobs"),
+    ("top_logprobs -1: the vocabulary", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": -1}, 400, "top_logprobs"),
+    ("logprobs a string", "/v1/completions", {"prompt": "x", "logprobs": "some"}, 400, "logprobs"),
     ("an empty stop string", "/v1/completions", {"prompt": "x", "stop": ["\n", ""]}, 400, "stop"),
     ("too many stop strings", "/v1/completions", {"prompt": "x", "stop": [str(i) for i in range(65)]}, 400, "stop"),
     ("a stop string too long", "/v1/completions", {"prompt": "x", "stop": "y" * 1025}, 400, "stop"),

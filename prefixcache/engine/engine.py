@@ -50,6 +50,7 @@ from prefixcache.engine.kv_tiers import KVTiers
 from prefixcache.engine.gemma3 import Gemma3Model, Gemma3Weights
 from prefixcache.engine.hybrid_model import HybridModel, HybridWeights
 from prefixcache.engine.loader import LoadedModel, load_model
+from prefixcache.engine.logprobs import TokenLogprobs, token_logprobs
 from prefixcache.engine.memory import check_engine_memory
 from prefixcache.engine.metrics import RequestMetrics, RunStats
 from prefixcache.engine.model import LlamaModel
@@ -80,7 +81,8 @@ class GenerationRequest:
     `stop`: strings that end it once its output text reaches one (vLLM's; the text is
     cut before it, or after it with `include_stop_str_in_output`: `detokenizer`).
     `arrival_s`: when it arrived (`time.perf_counter()` SECONDS; default: when added),
-    the start of its TTFT and latency."""
+    the start of its TTFT and latency. `logprobs`: return each drawn token's logprob with
+    this many of the most likely tokens (vLLM's `SamplingParams.logprobs`; None: none)."""
 
     prompt: str | Sequence[int] | None = None
     messages: Sequence[Mapping[str, str]] | None = None
@@ -94,6 +96,7 @@ class GenerationRequest:
     arrival_s: float | None = None
     stop: tuple[str, ...] = ()
     include_stop_str_in_output: bool = False
+    logprobs: int | None = None
 
 
 @dataclass
@@ -101,7 +104,8 @@ class RequestOutput:
     """A finished request. `token_ids` include a final stop token; `text` does not.
     `stop_str`: the stop string that ended it (its `text` cut there; `token_ids` keep
     every token drawn). `finish_reason` "error" (vLLM's `FinishReason.ERROR`): its forward
-    pass or sampling failed, `error` says how, and the tokens are those drawn before."""
+    pass or sampling failed, `error` says how, and the tokens are those drawn before.
+    `logprobs`: one per token id, for a request that asked for them (else None)."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -112,6 +116,7 @@ class RequestOutput:
     first_logits: torch.Tensor | None = field(default=None, repr=False)
     error: str | None = None
     stop_str: str | None = None
+    logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass(frozen=True)
@@ -119,10 +124,12 @@ class StepOutput:
     """What one step did: `tokens` are the (request id, token id) pairs it sampled, in
     batch order (a request's final stop token included), `finished` the requests it
     finished (their last sampled token is in `tokens` too; a request that failed this
-    step, reason "error", sampled nothing)."""
+    step, reason "error", sampled nothing). `logprobs`: (request id, its token's logprobs)
+    for the requests of `tokens` that asked for them."""
 
     tokens: tuple[tuple[str, int], ...]
     finished: tuple[RequestOutput, ...]
+    logprobs: tuple[tuple[str, TokenLogprobs], ...] = ()
 
 
 class Engine:
@@ -223,6 +230,10 @@ class Engine:
             if isinstance(request.stop, str):
                 raise ValueError(f"stop must be a sequence of str, got the str {request.stop!r}")
             stop_strings = StopStrings(self.tokenizer, request.stop, request.include_stop_str_in_output)
+        num_logprobs = request.logprobs
+        if num_logprobs is not None and (isinstance(num_logprobs, bool) or not isinstance(num_logprobs, int)
+                                         or not 0 <= num_logprobs <= vocab):
+            raise ValueError(f"logprobs must be None or an integer in [0, {vocab}] (the vocabulary), got {num_logprobs!r}")
         params = request.sampling or ec.sampling
         seed = params.seed
         if request.sampling is None and seed is not None:
@@ -250,6 +261,7 @@ class Engine:
                 metrics=RequestMetrics(arrival_s=now, prompt_tokens=len(prompt)),
                 keep_first_logits=request.keep_first_logits,
                 stop_strings=stop_strings,
+                num_logprobs=num_logprobs,
             )
         )
         self._requests += 1
@@ -343,11 +355,11 @@ class Engine:
             self._sleep_until(pace_until)
         self.scheduler.computed(work)
         self._run_transfers()  # what the commits wrote through, copied down now that it is computed
-        sampled, finished = self._sample([w for w in work if w.samples], logits)
+        sampled, finished, logprobs = self._sample([w for w in work if w.samples], logits)
         self._steps += 1
         self._wall_s += time.perf_counter() - t0
         self._publish_events()
-        return StepOutput(tuple(sampled), tuple(failed + finished))
+        return StepOutput(tuple(sampled), tuple(failed + finished), tuple(logprobs))
 
     def _sleep_until(self, until: float) -> None:
         """Pace the step (`engine.pace`): its logits come out when the model says the
@@ -405,11 +417,16 @@ class Engine:
 
     def _sample(
         self, work: list[Scheduled], logits: torch.Tensor
-    ) -> tuple[list[tuple[str, int]], list[RequestOutput]]:
-        """Draw each request's next token: the (request id, token) pairs drawn, and the
-        requests this finished (a row that cannot be sampled fails its request alone)."""
+    ) -> tuple[list[tuple[str, int]], list[RequestOutput], list[tuple[str, TokenLogprobs]]]:
+        """Draw each request's next token: the (request id, token) pairs drawn, the
+        requests this finished (a row that cannot be sampled fails its request alone), and
+        the drawn tokens' logprobs for the requests that asked."""
         seqs = [w.seq for w in work]
         tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        asked = [i for i, (s, t) in enumerate(zip(seqs, tokens)) if s.num_logprobs is not None and isinstance(t, int)]
+        computed = token_logprobs(logits, asked, [tokens[i] for i in asked], [seqs[i].num_logprobs for i in asked])
+        row_logprobs = dict(zip(asked, computed))
+        logprobs = [(seqs[i].request_id, lp) for i, lp in row_logprobs.items()]
         now = time.perf_counter()
         sampled, done = [], []
         max_position = self.model.config.max_position
@@ -422,6 +439,8 @@ class Engine:
                 if seq.keep_first_logits:
                     seq.first_logits = logits[row].clone()
             seq.decoding = True
+            if row in row_logprobs:
+                seq.logprobs.append(row_logprobs[row])
             seq.output.append(tok)
             seq.tokens.append(tok)
             seq.metrics.output_tokens += 1
@@ -439,7 +458,7 @@ class Engine:
                 self._forget(seq.request_id)
                 seq.metrics.finish_s = now
                 done.append(self._output(seq))
-        return sampled, done
+        return sampled, done, logprobs
 
     def _forget(self, request_id: str) -> None:
         """A request left: a recurrent model drops its running state."""
@@ -461,6 +480,7 @@ class Engine:
             metrics=seq.metrics,
             first_logits=seq.first_logits,
             stop_str=stopped,
+            logprobs=list(seq.logprobs) if seq.num_logprobs is not None else None,
         )
 
     def generate(

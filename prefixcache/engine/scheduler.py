@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from prefixcache.engine.detokenizer import StopStrings
+from prefixcache.engine.logprobs import TokenLogprobs
 from prefixcache.engine.metrics import RequestMetrics
 from prefixcache.engine.sampling import SamplingParams
 from prefixcache.protocol import Namespace, PrefixCache
@@ -76,6 +77,8 @@ class Sequence:
     finish_reason: str | None = None
     first_logits: torch.Tensor | None = None
     stop_strings: StopStrings | None = None  # the request's stop strings over its output text
+    num_logprobs: int | None = None  # top logprobs per drawn token (None: no logprobs)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per output token, when asked
     _ids: np.ndarray | None = field(default=None, repr=False)  # `tokens` as an array, for prefix comparisons
 
     def ids(self) -> np.ndarray:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
@@ -45,6 +45,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from prefixcache.engine.detokenizer import StopStrings
 from prefixcache.engine.engine import GenerationRequest, RequestOutput
+from prefixcache.engine.logprobs import TokenLogprobs
 from prefixcache.engine.tokenizer import Tokenizer
 from prefixcache.serve import responses as R
 from prefixcache.serve.admission import AdmissionGate
@@ -237,7 +238,8 @@ class _Serving:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
                 gen = prepared.generation
                 hold_back = StopStrings.hold_back(gen.stop, gen.include_stop_str_in_output)
-                events = self.events(stream, created, chat=chat, include_usage=include_usage, hold_back=hold_back)
+                events = self.events(stream, created, chat=chat, include_usage=include_usage, hold_back=hold_back,
+                                     num_logprobs=gen.logprobs)
 
                 def close() -> None:
                     self.loop.abort(rid)  # a no-op for a request that finished
@@ -249,7 +251,9 @@ class _Serving:
             if output is None:  # the client went away; nobody reads this
                 return Response(status_code=499)
             make = R.chat_body if chat else R.completion_body
-            return JSONResponse(make(rid, created, self.info.model_name, output, self.info.eos_token_id))
+            k = prepared.generation.logprobs
+            lp = R.logprobs(self.tokenizer, output.logprobs, k, chat=chat) if k is not None and output.logprobs else None
+            return JSONResponse(make(rid, created, self.info.model_name, output, self.info.eos_token_id, lp))
         finally:
             if not handed_over:
                 release()
@@ -283,17 +287,26 @@ class _Serving:
         return None if aborted else done_task.result()
 
     async def events(self, stream: SubmittedStream, created: int, *, chat: bool, include_usage: bool,
-                     hold_back: int = 0) -> AsyncIterator[str]:
+                     hold_back: int = 0, num_logprobs: int | None = None) -> AsyncIterator[str]:
         """The stream's server-sent events, the last `hold_back` CHARACTERS of text held until
-        the next chunk (a request's stop strings); aborts the request if the client goes
-        away first."""
+        the next chunk (a request's stop strings), each chunk with its tokens' logprobs when
+        the request asked for `num_logprobs`; aborts the request if the client goes away first."""
         text = R.IncrementalText(self.tokenizer, hold_back)
         rid, model = stream.request_id, self.info.model_name
+        sent_chars = 0  # text sent so far, CHARACTERS: where a chunk's text_offsets start
+        sent_logprobs = 0  # positions whose logprobs were sent
 
-        def chunk(delta: str, finish: str | None = None, stop: int | str | None = None) -> str:
+        def chunk(delta: str, positions: Sequence[TokenLogprobs] = (), finish: str | None = None,
+                  stop: int | str | None = None) -> str:
+            nonlocal sent_chars, sent_logprobs
+            lp = None
+            if num_logprobs is not None and positions:
+                lp = R.logprobs(self.tokenizer, positions, num_logprobs, chat=chat, text_offset=sent_chars)
+                sent_logprobs += len(positions)
+            sent_chars += len(delta)
             if chat:
-                return R.sse(R.chat_chunk(rid, created, model, {"content": delta}, finish, stop))
-            return R.sse(R.completion_chunk(rid, created, model, delta, finish, stop))
+                return R.sse(R.chat_chunk(rid, created, model, {"content": delta}, finish, stop, lp))
+            return R.sse(R.completion_chunk(rid, created, model, delta, finish, stop, lp))
 
         finished = False
         try:
@@ -306,12 +319,14 @@ class _Serving:
                     yield R.DONE
                     return
                 if isinstance(item, Tokens):  # one chunk per step, even when its text is still held back (vLLM)
-                    yield chunk(text.add(item.token_ids))
+                    yield chunk(text.add(item.token_ids), item.logprobs)
                     continue
                 assert isinstance(item, Finished)
                 finished = True
                 output = item.output
-                yield chunk(text.finish(output), output.finish_reason, R.stop_reason(output, self.info.eos_token_id))
+                last = (output.logprobs or [])[sent_logprobs:]  # the final step's, which rode in the output
+                yield chunk(text.finish(output), last, output.finish_reason,
+                            R.stop_reason(output, self.info.eos_token_id))
                 if include_usage:
                     obj = "chat.completion.chunk" if chat else "text_completion"
                     yield R.sse(R.usage_chunk(rid, created, model, obj, output))

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
 from prefixcache.engine.engine import Engine, GenerationRequest, RequestOutput, StepOutput
+from prefixcache.engine.logprobs import TokenLogprobs
 
 __all__ = ["EngineLoop", "RequestStream", "Tokens", "Finished", "Failed", "RequestFailed", "StepObserver"]
 
@@ -44,9 +45,11 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Tokens:
-    """Token ids a request sampled in one step that did not finish it."""
+    """Token ids a request sampled in one step that did not finish it, with their
+    logprobs if it asked for them."""
 
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -233,10 +236,13 @@ class EngineLoop:
                     stream._push(Failed(RequestFailed(output.error or "the request failed")))
                 else:
                     stream._push(Finished(output))
+        logprobs: dict[str, list[TokenLogprobs]] = {}
+        for rid, lp in out.logprobs:
+            logprobs.setdefault(rid, []).append(lp)
         for rid, tokens in sampled.items():
             stream = self._streams.get(rid)
             if stream is not None:
-                stream._push(Tokens(tuple(tokens)))
+                stream._push(Tokens(tuple(tokens), tuple(logprobs.get(rid, ()))))
 
     def _fail_all(self, error: BaseException) -> None:
         for rid, stream in list(self._streams.items()):

@@ -7,10 +7,12 @@ defaults to 16 for completions and to "the rest of the context" for chat, a comp
 `prompt` is a string or token ids (ids >= 0, never bools), and fields this server does not
 know are accepted and ignored, as vLLM's `extra="allow"` does. vLLM's own extensions we
 honor: `top_k`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`, `cache_salt`.
+Logprobs as vLLM asks for them: a completion's `logprobs` is a count; a chat's `logprobs`
+a flag with `top_logprobs` (default 0) the count.
 
 What we do not serve is refused by `unsupported()` with the field named (a 400), never
-silently ignored: several prompts in one request, `n` > 1, `echo`, `logprobs`, `best_of`,
-and non-text chat content.
+silently ignored: several prompts in one request, `n` > 1, `echo`, `best_of`, and
+non-text chat content.
 
 Must never: run anything or decide status codes (`errors` does).
 """
@@ -53,7 +55,6 @@ class _Sampling(_Request):
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     n: int = 1
-    logprobs: Any = None
     cache_salt: str | None = None
     user: str | None = None
 
@@ -63,6 +64,7 @@ class CompletionRequest(_Sampling):
 
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     max_tokens: int | None = 16
+    logprobs: int | None = None
     echo: bool | None = False
     best_of: int | None = None
     suffix: str | None = None
@@ -80,7 +82,7 @@ class ChatCompletionRequest(_Sampling):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = 0
 
 
 def unsupported(body: _Sampling) -> tuple[str, str] | None:
@@ -88,8 +90,6 @@ def unsupported(body: _Sampling) -> tuple[str, str] | None:
     serve, or None."""
     if body.n != 1:
         return "n", f"only n=1 is supported, got n={body.n}"
-    if body.logprobs:
-        return "logprobs", "logprobs are not supported"
     if isinstance(body, CompletionRequest):
         if body.echo:
             return "echo", "echo is not supported"

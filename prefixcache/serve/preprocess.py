@@ -23,7 +23,9 @@ The checks, in vLLM 0.33's terms (errors: 400 BadRequestError unless said):
 - an empty prompt; a token id outside the vocabulary; a prompt of `max_model_len` tokens
   or more (`param: "input_tokens"`); `max_tokens` < 1 or > `max_model_len`; an empty
   stop string, more than `MAX_STOP_STRINGS` of them or one longer than `MAX_STOP_CHARS`
-  (`param: "stop"`). A request
+  (`param: "stop"`); a negative `logprobs` (completions), `top_logprobs` below -1 or set
+  without `logprobs: true` (chat), or more than `MAX_LOGPROBS` of them (-1: the whole
+  vocabulary; the param is the field the count came from). A request
   whose prompt plus `max_tokens` passes the context gets `max_tokens` cut to what is
   left, as vLLM does.
 
@@ -62,6 +64,9 @@ MAX_STOP_STRINGS = 64
 """Stop strings a request may give (OpenAI allows 4, vLLM any number)."""
 MAX_STOP_CHARS = 1024
 """CHARACTERS in one stop string."""
+MAX_LOGPROBS = 20
+"""Top logprobs one drawn token may return (vLLM's `max_logprobs` default): each costs a
+decoded token and a JSON entry per token, so the count bounds what a response weighs."""
 # A JSON string escape of a UTF-16 surrogate: the only way a lone one gets into parsed text.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -222,7 +227,7 @@ class Preprocessor:
             prompt=prompt, namespace=body.cache_salt, max_tokens=room if max_tokens is None else min(max_tokens, room),
             sampling=_sampling(body, model.default_sampling), stop_token_ids=tuple(body.stop_token_ids or ()),
             ignore_eos=body.ignore_eos, request_id=rid, arrival_s=arrival, stop=_stop_strings(body),
-            include_stop_str_in_output=body.include_stop_str_in_output,
+            include_stop_str_in_output=body.include_stop_str_in_output, logprobs=_logprobs(body, model.vocab_size),
         )
 
 
@@ -239,6 +244,30 @@ def _stop_strings(body: Body) -> tuple[str, ...]:
         if len(s) > MAX_STOP_CHARS:
             raise APIError(f"stop: a stop string of at most {MAX_STOP_CHARS} characters, got {len(s)}", param="stop")
     return stops
+
+
+def _logprobs(body: Body, vocab_size: int) -> int | None:
+    """How many top logprobs each drawn token returns (None: no logprobs), checked as
+    vLLM checks them: its request models' rules, then `max_logprobs`."""
+    if isinstance(body, ChatCompletionRequest):
+        k, param = body.top_logprobs, "top_logprobs"
+        if k is not None and k < -1:
+            raise APIError("`top_logprobs` must be a positive value or -1.", param=param)
+        if k is not None and k != 0 and not body.logprobs:
+            raise APIError("when using `top_logprobs`, `logprobs` must be set to true.", param=param)
+        if not body.logprobs:
+            return None
+    else:
+        k, param = body.logprobs, "logprobs"
+        if k is not None and k < 0:
+            raise APIError("`logprobs` must be a positive value.", param=param)
+    if k is None:
+        return None
+    wanted = vocab_size if k == -1 else k
+    if wanted > MAX_LOGPROBS:
+        raise APIError(f"Requested sample logprobs of {wanted}, which is greater than max allowed: {MAX_LOGPROBS}",
+                       param=param)
+    return wanted
 
 
 def _sampling(body: Body, default: SamplingParams) -> SamplingParams | None:

@@ -4,13 +4,23 @@ Owns the JSON objects `/v1/completions` and `/v1/chat/completions` answer with (
 response, a server-sent-event chunk, the final usage chunk), `usage` with
 `prompt_tokens_details.cached_tokens` (the request's prefix-cache hit, in TOKENS: vLLM
 reports it with `--enable-prompt-tokens-details`; this server always does), and
-`IncrementalText`, which turns a growing list of output token ids into text deltas.
+`IncrementalText`, which turns a growing list of output token ids into text deltas, and
+`logprobs`, a choice's logprobs in its endpoint's shape.
 
 Streams follow vLLM: one chunk per engine step that sampled tokens for the request
 (chat starts with a chunk whose delta is `{"role": "assistant", "content": ""}`), the
 last one carrying `finish_reason`; then, if the request asked for
 `stream_options.include_usage`, a chunk with `"choices": []` and `usage`; then
 `data: [DONE]`.
+
+Logprobs are vLLM's (`serving.py`'s `_create_chat_logprobs` / `_create_completion_logprobs`):
+a token is its id decoded alone (special tokens included), a logprob below -9999 (or
+-inf) is written -9999.0, and a position's alternatives are vLLM's `Logprob` dict in its
+order: the drawn token first, then the top k by rank, a token already listed not again.
+A chat lists the first k of them (so the drawn token first, even when it ranks below
+the top k), a completion the first k + 1, keyed by token text (two ids decoding to the
+same text keep one key, the later's value), with `text_offset`s in CHARACTERS from where
+the chunk's text starts.
 
 Must never: decide what a request may ask for (app) or touch the engine.
 """
@@ -23,6 +33,7 @@ from typing import Any
 
 from prefixcache.engine.detokenizer import IncrementalDecoder
 from prefixcache.engine.engine import RequestOutput
+from prefixcache.engine.logprobs import TokenLogprobs
 from prefixcache.engine.tokenizer import Tokenizer
 
 __all__ = [
@@ -36,6 +47,7 @@ __all__ = [
     "sse",
     "DONE",
     "stop_reason",
+    "logprobs",
 ]
 
 DONE = "data: [DONE]\n\n"
@@ -108,32 +120,76 @@ def _body(rid: str, obj: str, created: int, model: str, choice: dict[str, Any] |
             "choices": [] if choice is None else [{"index": 0, **choice}], **rest}
 
 
-def _ending(finish_reason: str | None, stop: int | str | None) -> dict[str, Any]:
-    return {"logprobs": None, "finish_reason": finish_reason, "stop_reason": stop}
+def _ending(finish_reason: str | None, stop: int | str | None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop}
 
 
-def completion_body(rid: str, created: int, model: str, output: RequestOutput, eos: int) -> dict[str, Any]:
-    choice = {"text": output.text, **_ending(output.finish_reason, stop_reason(output, eos))}
+_FLOOR = -9999.0  # vLLM writes a logprob below this (-inf included) as this: JSON has no -inf
+
+
+def _ranked(lp: TokenLogprobs) -> dict[int, float]:
+    """vLLM's `Logprob` dict for a position: the drawn token, then the top ones by rank."""
+    out = {lp.token_id: lp.logprob}
+    for token_id, value in lp.top:
+        out[token_id] = value
+    return out
+
+
+def logprobs(
+    tokenizer: Tokenizer, positions: Sequence[TokenLogprobs], k: int, *, chat: bool, text_offset: int = 0
+) -> dict[str, Any]:
+    """The `logprobs` of a choice (or a chunk) whose tokens drew `positions`, `k` the
+    request's count (see the module docstring)."""
+    def text(token_id: int) -> str:
+        return tokenizer.decode([token_id])
+
+    if chat:
+        def entry(token_id: int, value: float) -> dict[str, Any]:
+            t = text(token_id)
+            return {"token": t, "logprob": max(value, _FLOOR), "bytes": list(t.encode("utf-8", errors="replace"))}
+
+        return {"content": [{**entry(p.token_id, p.logprob),
+                             "top_logprobs": [entry(i, v) for i, v in list(_ranked(p).items())[:k]]}
+                            for p in positions]}  # fmt: skip
+    tokens, offsets = [text(p.token_id) for p in positions], []
+    for t in tokens:
+        offsets.append(text_offset)
+        text_offset += len(t)
+    return {
+        "text_offset": offsets,
+        "token_logprobs": [max(p.logprob, _FLOOR) for p in positions],
+        "tokens": tokens,
+        "top_logprobs": [{text(i): max(v, _FLOOR) for i, v in list(_ranked(p).items())[: k + 1]} for p in positions],
+    }
+
+
+def completion_body(rid: str, created: int, model: str, output: RequestOutput, eos: int,
+                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A whole completion; `logprobs`: its choice's (`logprobs()`), None if not asked for."""
+    choice = {"text": output.text, **_ending(output.finish_reason, stop_reason(output, eos), logprobs)}
     return _body(rid, "text_completion", created, model, choice, usage=output_usage(output))
 
 
 def completion_chunk(
-    rid: str, created: int, model: str, text: str, finish_reason: str | None = None, stop: int | str | None = None
+    rid: str, created: int, model: str, text: str, finish_reason: str | None = None, stop: int | str | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return _body(rid, "text_completion", created, model, {"text": text, **_ending(finish_reason, stop)})
+    return _body(rid, "text_completion", created, model, {"text": text, **_ending(finish_reason, stop, logprobs)})
 
 
-def chat_body(rid: str, created: int, model: str, output: RequestOutput, eos: int) -> dict[str, Any]:
+def chat_body(rid: str, created: int, model: str, output: RequestOutput, eos: int,
+              logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A whole chat completion; `logprobs` as `completion_body`'s."""
     message = {"role": "assistant", "content": output.text, "tool_calls": []}
-    choice = {"message": message, **_ending(output.finish_reason, stop_reason(output, eos))}
+    choice = {"message": message, **_ending(output.finish_reason, stop_reason(output, eos), logprobs)}
     return _body(rid, "chat.completion", created, model, choice, usage=output_usage(output))
 
 
 def chat_chunk(
     rid: str, created: int, model: str, delta: dict[str, Any], finish_reason: str | None = None,
-    stop: int | str | None = None,
+    stop: int | str | None = None, logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return _body(rid, "chat.completion.chunk", created, model, {"delta": delta, **_ending(finish_reason, stop)})
+    return _body(rid, "chat.completion.chunk", created, model, {"delta": delta, **_ending(finish_reason, stop, logprobs)})
 
 
 def usage_chunk(rid: str, created: int, model: str, obj: str, output: RequestOutput) -> dict[str, Any]:
