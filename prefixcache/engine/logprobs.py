@@ -50,12 +50,18 @@ def token_logprobs(logits: torch.Tensor, rows: Sequence[int], tokens: Sequence[i
     ranks = (lp >= chosen[:, None]).sum(dim=-1)
     most = max(ks)
     if most:
-        # torch.topk orders ties arbitrarily; a stable sort of the negated values puts
-        # the lower id first, so the order is reproducible.
-        order = torch.sort(-lp, dim=-1, stable=True).indices[:, :most]
-        top_ids, top_lp = order.tolist(), lp.gather(1, order).tolist()
+        # The most-th largest value bounds each row's top; the tokens at or above it (most,
+        # or more where values tie) are few, and a stable sort of them by value puts the
+        # lower id first among equals: reproducible, where torch.topk orders ties as it
+        # likes, and O(vocab) where sorting the row is O(vocab log vocab).
+        bound = torch.topk(lp, most, dim=-1).values[:, -1:]
+        top = []
+        for i in range(len(rows)):
+            ids = torch.nonzero(lp[i] >= bound[i], as_tuple=True)[0]
+            values = lp[i, ids]
+            order = torch.sort(-values, stable=True).indices[:most]
+            top.append(list(zip(ids[order].tolist(), values[order].tolist())))
     out = []
     for i, (token, k) in enumerate(zip(tokens, ks)):
-        top = tuple(zip(top_ids[i][:k], top_lp[i][:k])) if k else ()
-        out.append(TokenLogprobs(int(token), float(chosen[i]), int(ranks[i]), top))
+        out.append(TokenLogprobs(int(token), float(chosen[i]), int(ranks[i]), tuple(top[i][:k]) if k else ()))
     return out
