@@ -18,7 +18,7 @@ from prefixcache.engine.config import EngineConfig, SamplingConfig, load_serving
 from prefixcache.engine.loader import load_model
 from prefixcache.engine.model import LlamaModel, apply_rope, rope_tables
 from prefixcache.engine.nocache import NoPrefixCache
-from prefixcache.engine.sampling import filter_logits, sample
+from prefixcache.engine.sampling import SamplingParams, child_params, filter_logits, sample
 from prefixcache.engine.tokenizer import GGUFTokenizer
 from prefixcache.engine.weights import (
     LlamaConfig,
@@ -368,3 +368,14 @@ def test_generate_command_reports_a_bad_line(tmp_path, capsys):
     prompts.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"prompt": "x", "max_tokens": 0}) + "\n")
     assert main(["generate", "--config", str(config), "--prompts", str(prompts)]) == 2
     assert f"{prompts}:2: max_tokens: must be an integer >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_childs_params_are_the_parents_with_seed_plus_index_wrapped_to_int64():
+
+    hot = SamplingParams(temperature=0.8, top_k=5, seed=41)
+    assert child_params(hot, 0) is hot
+    assert (child_params(hot, 3).seed, child_params(hot, 3).top_k, child_params(hot, 3).temperature) == (44, 5, 0.8)
+    assert child_params(SamplingParams(temperature=0.8, seed=None), 2).seed is None  # unseeded: each draws its own
+    assert child_params(SamplingParams(seed=2**63 - 1), 1).seed == -(2**63)  # wraps as torch takes the seed
+    # -1 given is "none" (vLLM's); a child's -1 is a seed, as vLLM sets it after the check.
+    assert SamplingParams(seed=-1).seed is None and child_params(SamplingParams(seed=-3), 2).seed == -1

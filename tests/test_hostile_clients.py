@@ -257,6 +257,23 @@ def test_overload_past_the_queue_gets_503_with_retry_after_and_is_counted(tiny):
         assert len(statuses) == 12 and len(refused) in (8, 9), statuses
         assert all(s == (503, "3") for s in refused) and all(s[0] in (200, 503) for s in statuses)
         assert metric(replica, "prefixcache:refusals_total", reason="queue_full") == len(refused)
+        # A request's choices count at the gate: more than it ever takes is a 400 naming n;
+        # as many as it takes fit once the crowd has left, and leave nothing counted.
+        wait_until(lambda: not in_engine(replica, lambda e: e.has_unfinished()), "the crowd to leave")
+        body = {"prompt": [60] * 10, "max_tokens": 2}
+        too_many = httpx.post(replica.base_url + "/v1/completions", timeout=DEADLINE_S, json={**body, "n": 5})
+        assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "n"
+        for _ in range(2):  # the second fits only if the first released all four places
+            four = httpx.post(replica.base_url + "/v1/completions", timeout=DEADLINE_S, json={**body, "n": 4})
+            assert four.status_code == 200 and len(four.json()["choices"]) == 4
+        busy = threading.Thread(target=httpx.post, args=(replica.base_url + "/v1/completions",),
+                                kwargs={"timeout": DEADLINE_S, "json": {"prompt": [61] * 10, "max_tokens": 150,
+                                                                        "ignore_eos": True}})
+        busy.start()
+        wait_until(lambda: in_engine(replica, lambda e: e.has_unfinished()), "a request to be inside")
+        crowded = httpx.post(replica.base_url + "/v1/completions", timeout=DEADLINE_S, json={**body, "n": 4})
+        assert crowded.status_code == 503 and crowded.headers["retry-after"] == "3"  # 1 + 4 > 4 places, for now
+        busy.join(DEADLINE_S)
 
 
 def test_a_paused_subscriber_is_counted_and_the_others_still_get_every_batch(tiny):

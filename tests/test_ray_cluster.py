@@ -177,6 +177,10 @@ def test_the_openai_client_talks_to_the_ingress(cluster):
                                           logprobs=True, top_logprobs=2)
     assert chat.choices[0].message.role == "assistant"
     assert [len(e.top_logprobs) for e in chat.choices[0].logprobs.content] == [2] * chat.usage.completion_tokens
+    # n choices: each a request of its own through the router, answered as one.
+    two = client.completions.create(model=model, prompt=head(20), max_tokens=3, n=2, seed=3, temperature=1.0,
+                                    extra_body={"ignore_eos": True})
+    assert [c.index for c in two.choices] == [0, 1] and two.usage.completion_tokens == 6
     # The serving layer's error bodies, through the ingress.
     with pytest.raises(openai.NotFoundError) as err:
         client.completions.create(model="nope", prompt=[1, 2], max_tokens=1)
@@ -272,6 +276,7 @@ async def _stream(client: httpx.AsyncClient, url: str, prompt: list[int], max_to
 def test_a_killed_replica_leaves_the_index_its_requests_end_cleanly_and_routing_recovers(cluster):
     shared = head(3)
     victim = cache_on_one_replica(cluster, shared + [1])
+    counted = state(cluster)["ingress"]  # the ingress counts since it started: this test reads what it adds
     # Long enough that two stay in flight there for seconds, so the poll below (every 0.1 s, an HTTP
     # round trip each) cannot miss them on a fast machine; 1 runs at once, the rest wait.
     max_tokens, n = 240, 6
@@ -310,11 +315,13 @@ def test_a_killed_replica_leaves_the_index_its_requests_end_cleanly_and_routing_
     out = complete(cluster, again + [2])
     assert routed_since(cluster, before) == [holder]
     assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == len(again)
-    # Those that had not streamed a token were sent again and completed; those that had, got a 503.
+    # Those that had not streamed a token were sent again; those that had, got a 503. (A
+    # request sent again can still end with a 503: on a loaded host one may stall, be sent
+    # again to the victim and be streaming there when it dies, so the counts bound, not pair.)
     completed = sum(1 for r in results if r["error"] is None)
-    assert after["ingress"]["resubmitted"] >= 1 and after["ingress"]["failed"] == n - completed
-    assert completed >= after["ingress"]["resubmitted"]
-    print(f"killed replica: {completed}/{n} completed ({after['ingress']['resubmitted']} sent again), "
+    resubmitted = after["ingress"]["resubmitted"] - counted["resubmitted"]
+    assert 1 <= resubmitted <= n and after["ingress"]["failed"] - counted["failed"] == n - completed
+    print(f"killed replica: {completed}/{n} completed ({resubmitted} sent again), "
           f"{n - completed} ended with a 503")
 
 

@@ -190,6 +190,41 @@ def test_logprobs_in_chat_and_completions_streamed_or_not_as_vllm_writes_them(re
     assert raw["choices"][0]["logprobs"] is None
 
 
+@pytest.mark.parametrize("arm", ["hash", "radix"])
+def test_n_choices_are_vllms_child_requests_and_share_the_prompts_prefill(replicas, arm):
+    c = client(replicas[arm])
+    prompt = PROMPT + "n choices " + arm
+    kw = {"model": "tiny", "max_tokens": 6, "temperature": 1.0, "extra_body": {"ignore_eos": True}}
+    three = c.completions.create(prompt=prompt, n=3, seed=11, **kw)
+    assert [ch.index for ch in three.choices] == [0, 1, 2]
+    # Choice i is the request alone with seed + i (vLLM's ParentRequest), whatever ran beside it.
+    alone = [c.completions.create(prompt=prompt, seed=11 + i, **kw).choices[0].text for i in range(3)]
+    assert [ch.text for ch in three.choices] == alone
+    assert three.usage.prompt_tokens == len(prompt.encode()) and three.usage.completion_tokens == 18
+    # The choices arrive together and their prompt is computed once: the others wait for
+    # the first one's prefill and hit it (the usage reports the last to finish).
+    before = in_engine(replicas[arm], lambda e: e.stats().prefill_tokens_computed)
+    fresh = c.completions.create(prompt="a brand new prompt for the n test, " * 3 + arm, n=4, seed=5, **kw)
+    assert fresh.usage.prompt_tokens_details.cached_tokens > 0
+    computed = in_engine(replicas[arm], lambda e: e.stats().prefill_tokens_computed) - before
+    assert computed < fresh.usage.prompt_tokens + 3 * 4  # once, plus each choice's last, unaligned block
+    # Greedy choices are identical; a stream interleaves the choices by index.
+    messages = [{"role": "user", "content": "hello there " + arm}]
+    whole = c.chat.completions.create(model="tiny", messages=messages, max_tokens=5, n=2)
+    assert len({ch.message.content for ch in whole.choices}) == 1 and whole.usage.completion_tokens == 10
+    chunks = list(c.chat.completions.create(model="tiny", messages=messages, max_tokens=5, n=2, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert [ch.choices[0].delta.role for ch in chunks[:2]] == ["assistant", "assistant"]
+    assert [ch.choices[0].index for ch in chunks[:2]] == [0, 1]
+    for i in (0, 1):
+        mine = [ch.choices[0] for ch in chunks if ch.choices and ch.choices[0].index == i]
+        assert "".join(x.delta.content or "" for x in mine) == whole.choices[i].message.content
+        assert [x.finish_reason for x in mine if x.finish_reason] == [whole.choices[i].finish_reason]
+    assert chunks[-1].usage.completion_tokens == 10 and not chunks[-1].choices
+    idle(replicas[arm])
+    in_engine(replicas[arm], lambda e: e.check_invariants())
+
+
 BAD = [
     # (what, path, body (dict) or raw bytes, status, param)
     ("invalid JSON", "/v1/completions", b'{"prompt": "x", ', 400, None),
@@ -215,7 +250,9 @@ BAD = [
     ("an empty prompt", "/v1/completions", {"prompt": ""}, 400, "prompt"),
     ("an empty token list", "/v1/completions", {"prompt": []}, 400, "prompt"),
     ("two prompts", "/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
-    ("n = 2", "/v1/completions", {"prompt": "x", "n": 2}, 400, "n"),
+    ("n = 0", "/v1/completions", {"prompt": "x", "n": 0}, 400, "n"),
+    ("n past 128", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 129}, 400, "n"),
+    ("n a string", "/v1/completions", {"prompt": "x", "n": "two"}, 400, "n"),
     # logprobs as vLLM checks them, then its max_logprobs (20); -1 is the whole vocabulary (320)
     ("negative logprobs", "/v1/completions", {"prompt": "x", "logprobs": -1}, 400, "logprobs"),
     ("logprobs past max_logprobs", "/v1/completions", {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
@@ -324,11 +361,12 @@ def test_clients_that_go_away_release_their_blocks(replicas):
         idle(r)
         body = {"model": "tiny", "prompt": PROMPT + arm, "max_tokens": 900, "ignore_eos": True}
         with httpx.Client(base_url=r.base_url, timeout=30) as http:
-            for _ in range(3):
-                with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as stream:
+            for n in (1, 3, 1):  # n = 3: every choice is aborted, not only the first
+                with http.stream("POST", "/v1/completions", json={**body, "stream": True, "n": n}) as stream:
                     next(stream.iter_lines())  # the first chunk: the request is running
-            with pytest.raises(httpx.ReadTimeout):
-                http.post("/v1/completions", json=body, timeout=0.3)
+            for n in (1, 2):
+                with pytest.raises(httpx.ReadTimeout):
+                    http.post("/v1/completions", json={**body, "n": n}, timeout=0.3)
         idle(r)
         in_engine(r, lambda e: e.check_invariants())  # every pinned block is the tree's or a live request's
         held = (lambda e: e.cache.tree.protected_size) if arm == "radix" else (lambda e: e.cache.pool.num_pinned)

@@ -16,14 +16,28 @@ given, or let one row's failure fail another row.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
+
 import torch
 
 from prefixcache.engine.config import SamplingConfig
 
-__all__ = ["SamplingParams", "SamplingError", "sample", "filter_logits"]
+__all__ = ["SamplingParams", "SamplingError", "sample", "filter_logits", "child_params"]
 
 SamplingParams = SamplingConfig
 """A request's sampling settings: the same fields as the config's `sampling:` section."""
+
+
+def child_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The params of choice `index` of a request with n > 1 (vLLM's `ParentRequest`): the
+    parent's, with seed + index when it has a seed, wrapped to int64 as torch takes a seed
+    (two's complement). vLLM sets the child's seed after its params are checked, so a
+    child seed of -1 is a seed there, not "none": it is set the same way here."""
+    if params.seed is None or index == 0:
+        return params
+    child = replace(params, seed=None)
+    object.__setattr__(child, "seed", (params.seed + index + 2**63) % 2**64 - 2**63)
+    return child
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:

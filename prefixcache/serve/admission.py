@@ -2,7 +2,8 @@
 
 Owns `AdmissionGate`. A request counts from the moment its handler starts (before its
 body is parsed or tokenized) until its response ends, its client goes away, or it is
-refused for its content: so the gate bounds the requests running, waiting for a running
+refused for its content (its choices past the first, `n`, count too, once its body is
+parsed): so the gate bounds the requests running, waiting for a running
 slot, and waiting to be tokenized, all at once. One past the limit is answered at once
 with 503 "ServiceUnavailableError" and `Retry-After`, which the official OpenAI client
 (and any HTTP client that honours the header) waits out and retries: an overloaded
@@ -41,10 +42,12 @@ class AdmissionGate:
         self.inside = 0
         self.refused = 0
 
-    def enter(self) -> Callable[[], None]:
-        """Admit one request: its release (call it when the request leaves; idempotent).
-        `APIError` 503 with `Retry-After` when `limit` requests are already inside."""
-        if self.inside >= self.limit:
+    def enter(self, count: int = 1) -> Callable[[], None]:
+        """Admit `count` requests (a request's choices past its first count as requests:
+        each is a sequence of the engine's): their release (call it when they leave;
+        idempotent). `APIError` 503 with `Retry-After` when they do not fit beside those
+        already inside."""
+        if self.inside + count > self.limit:
             self.refused += 1
             if self.on_refuse is not None:
                 self.on_refuse()
@@ -52,13 +55,13 @@ class AdmissionGate:
                            f"takes{self.describe}. Retry after {self.retry_after_s} s.",
                            status=503, type="ServiceUnavailableError",
                            headers={"Retry-After": str(self.retry_after_s)})
-        self.inside += 1
+        self.inside += count
         released = False
 
         def release() -> None:
             nonlocal released
             if not released:
                 released = True
-                self.inside -= 1
+                self.inside -= count
 
         return release

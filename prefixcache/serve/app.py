@@ -34,6 +34,7 @@ tokenizing) on the event loop, or answer a bad request with a 500.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -229,45 +230,81 @@ class _Serving:
         handed_over = False
         try:
             prepared = await self.pre.prepare(await request.body(), chat=chat, request_id=rid, arrival_s=arrival)
-            try:
-                stream = await self.loop.submit(prepared.generation)
-            except ValueError as err:  # the engine's own checks (e.g. the request can never fit the pool)
-                raise APIError(str(err)) from None
-            body, created = prepared.body, int(time.time())
+            if self.gate is not None and len(prepared.generations) > 1:
+                release = self._enter_choices(release, len(prepared.generations))
+            streams = await self.submit(prepared.generations)
+            body, created, gen = prepared.body, int(time.time()), prepared.generation
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
-                gen = prepared.generation
                 hold_back = StopStrings.hold_back(gen.stop, gen.include_stop_str_in_output)
-                events = self.events(stream, created, chat=chat, include_usage=include_usage, hold_back=hold_back,
-                                     num_logprobs=gen.logprobs)
+                events = self.events(rid, streams, created, chat=chat, include_usage=include_usage,
+                                     hold_back=hold_back, num_logprobs=gen.logprobs)
 
                 def close() -> None:
-                    self.loop.abort(rid)  # a no-op for a request that finished
+                    self.abort(streams)  # a no-op for the choices that finished
                     release()
 
                 handed_over = True
                 return _ClosingStream(events, close, media_type="text/event-stream")
-            output = await self.until_finished(stream, request)
-            if output is None:  # the client went away; nobody reads this
+            outputs = await self.until_finished(streams, request)
+            if outputs is None:  # the client went away; nobody reads this
                 return Response(status_code=499)
             make = R.chat_body if chat else R.completion_body
-            k = prepared.generation.logprobs
-            lp = R.logprobs(self.tokenizer, output.logprobs, k, chat=chat) if k is not None and output.logprobs else None
-            return JSONResponse(make(rid, created, self.info.model_name, output, self.info.eos_token_id, lp))
+            k = gen.logprobs
+            lps = [R.logprobs(self.tokenizer, o.logprobs, k, chat=chat) if k is not None and o.logprobs else None
+                   for o in outputs]
+            return JSONResponse(make(rid, created, self.info.model_name, outputs, self.info.eos_token_id, lps))
         finally:
             if not handed_over:
                 release()
 
-    async def until_finished(self, stream: SubmittedStream, request: Request) -> RequestOutput | None:
-        """The request's output, or None (and the request aborted) if its client disconnects first."""
+    def _enter_choices(self, release: Callable[[], None], n: int) -> Callable[[], None]:
+        """A request of `n` choices, already inside as one, counts as `n` at the gate (each is
+        a sequence of the engine's): the release of all of them. 400 naming `n` for more
+        than the gate ever takes, 503 for more than it takes now."""
+        assert self.gate is not None
+        if n > self.gate.limit:
+            raise APIError(f"n={n} choices are more than this server takes at once ({self.gate.limit}"
+                           f"{self.gate.describe})", param="n")
+        rest = self.gate.enter(n - 1)
 
-        async def finished() -> RequestOutput:
-            async for item in stream:
-                if isinstance(item, Finished):
-                    return item.output
-                if isinstance(item, Failed):
-                    raise _as_api_error(item.error)
-            raise AssertionError("unreachable: a stream ends with Finished or Failed")
+        def release_all() -> None:
+            rest()
+            release()
+
+        return release_all
+
+    async def submit(self, generations: Sequence[GenerationRequest]) -> list[SubmittedStream]:
+        """The engine's streams of a request's choices, submitted at once (so the engine
+        takes them in one step and computes their shared prompt once); if one cannot be
+        submitted, those that were are aborted (the engine's own checks are a 400)."""
+        got = await asyncio.gather(*(self.loop.submit(g) for g in generations), return_exceptions=True)
+        streams = [s for s in got if not isinstance(s, BaseException)]
+        err = next((e for e in got if isinstance(e, BaseException)), None)
+        if err is None:
+            return streams
+        self.abort(streams)
+        if isinstance(err, ValueError):  # the engine's own checks (e.g. the request can never fit the pool)
+            raise APIError(str(err)) from None
+        raise err
+
+    def abort(self, streams: Sequence[SubmittedStream]) -> None:
+        for stream in streams:
+            self.loop.abort(stream.request_id)  # a no-op for a request that finished
+
+    async def until_finished(self, streams: Sequence[SubmittedStream], request: Request) -> list[RequestOutput] | None:
+        """The outputs of a request's choices, or None (and the choices aborted) if its
+        client disconnects first; a choice that fails aborts the others."""
+
+        async def finished() -> list[RequestOutput]:
+            outputs: list[RequestOutput | None] = [None] * len(streams)
+            async with contextlib.aclosing(_merged(streams)) as items:  # closed if cancelled: no pump is left
+                async for i, item in items:
+                    if isinstance(item, Finished):
+                        outputs[i] = item.output
+                    elif isinstance(item, Failed):
+                        raise _as_api_error(item.error)
+            return outputs  # type: ignore[return-value]  # every stream ended with Finished
 
         async def disconnected() -> None:
             while (await request.receive())["type"] != "http.disconnect":
@@ -282,59 +319,87 @@ class _Serving:
             watch.cancel()
             if not done_task.done():  # the client left first (or this handler was cancelled)
                 done_task.cancel()
-                self.loop.abort(stream.request_id)
+                self.abort(streams)
                 aborted = True
-        return None if aborted else done_task.result()
+        if aborted:
+            return None
+        if done_task.exception() is not None:  # one choice failed: the others end with it
+            self.abort(streams)
+        return done_task.result()
 
-    async def events(self, stream: SubmittedStream, created: int, *, chat: bool, include_usage: bool,
-                     hold_back: int = 0, num_logprobs: int | None = None) -> AsyncIterator[str]:
-        """The stream's server-sent events, the last `hold_back` CHARACTERS of text held until
-        the next chunk (a request's stop strings), each chunk with its tokens' logprobs when
-        the request asked for `num_logprobs`; aborts the request if the client goes away first."""
-        text = R.IncrementalText(self.tokenizer, hold_back)
-        rid, model = stream.request_id, self.info.model_name
-        sent_chars = 0  # text sent so far, CHARACTERS: where a chunk's text_offsets start
-        sent_logprobs = 0  # positions whose logprobs were sent
+    async def events(self, rid: str, streams: Sequence[SubmittedStream], created: int, *, chat: bool,
+                     include_usage: bool, hold_back: int = 0, num_logprobs: int | None = None) -> AsyncIterator[str]:
+        """The server-sent events of a request's choices (chunks of each carry its `index`,
+        in the order the engine drew them), the last `hold_back` CHARACTERS of each
+        choice's text held until its next chunk (a request's stop strings), each chunk with
+        its tokens' logprobs when the request asked for `num_logprobs`; aborts the choices
+        if the client goes away first, and all of them if one fails."""
+        model = self.info.model_name
+        texts = [R.IncrementalText(self.tokenizer, hold_back) for _ in streams]
+        sent_chars = [0] * len(streams)  # text sent so far, CHARACTERS: where a chunk's text_offsets start
+        sent_logprobs = [0] * len(streams)  # positions whose logprobs were sent
 
-        def chunk(delta: str, positions: Sequence[TokenLogprobs] = (), finish: str | None = None,
+        def chunk(i: int, delta: str, positions: Sequence[TokenLogprobs] = (), finish: str | None = None,
                   stop: int | str | None = None) -> str:
-            nonlocal sent_chars, sent_logprobs
             lp = None
             if num_logprobs is not None and positions:
-                lp = R.logprobs(self.tokenizer, positions, num_logprobs, chat=chat, text_offset=sent_chars)
-                sent_logprobs += len(positions)
-            sent_chars += len(delta)
+                lp = R.logprobs(self.tokenizer, positions, num_logprobs, chat=chat, text_offset=sent_chars[i])
+                sent_logprobs[i] += len(positions)
+            sent_chars[i] += len(delta)
             if chat:
-                return R.sse(R.chat_chunk(rid, created, model, {"content": delta}, finish, stop, lp))
-            return R.sse(R.completion_chunk(rid, created, model, delta, finish, stop, lp))
+                return R.sse(R.chat_chunk(rid, created, model, {"content": delta}, finish, stop, lp, index=i))
+            return R.sse(R.completion_chunk(rid, created, model, delta, finish, stop, lp, index=i))
 
-        finished = False
+        outputs: list[RequestOutput | None] = [None] * len(streams)
         try:
             if chat:
-                yield R.sse(R.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}))
-            async for item in stream:
-                if isinstance(item, Failed):  # the status line is sent: say it in the stream, as vLLM does
-                    finished = True
-                    yield R.sse(_failure_body(item.error))
-                    yield R.DONE
-                    return
-                if isinstance(item, Tokens):  # one chunk per step, even when its text is still held back (vLLM)
-                    yield chunk(text.add(item.token_ids), item.logprobs)
-                    continue
-                assert isinstance(item, Finished)
-                finished = True
-                output = item.output
-                last = (output.logprobs or [])[sent_logprobs:]  # the final step's, which rode in the output
-                yield chunk(text.finish(output), last, output.finish_reason,
-                            R.stop_reason(output, self.info.eos_token_id))
-                if include_usage:
-                    obj = "chat.completion.chunk" if chat else "text_completion"
-                    yield R.sse(R.usage_chunk(rid, created, model, obj, output))
-                yield R.DONE
-                return
+                for i in range(len(streams)):
+                    yield R.sse(R.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, index=i))
+            async with contextlib.aclosing(_merged(streams)) as items:
+                async for i, item in items:
+                    if isinstance(item, Failed):  # the status line is sent: say it in the stream, as vLLM does
+                        yield R.sse(_failure_body(item.error))
+                        yield R.DONE
+                        return
+                    if isinstance(item, Tokens):  # one chunk per step, even when its text is still held back (vLLM)
+                        yield chunk(i, texts[i].add(item.token_ids), item.logprobs)
+                        continue
+                    output = outputs[i] = item.output
+                    last = (output.logprobs or [])[sent_logprobs[i]:]  # the final step's, which rode in the output
+                    yield chunk(i, texts[i].finish(output), last, output.finish_reason,
+                                R.stop_reason(output, self.info.eos_token_id))
+            if include_usage:
+                obj = "chat.completion.chunk" if chat else "text_completion"
+                yield R.sse(R.usage_chunk(rid, created, model, obj, outputs))  # type: ignore[arg-type]
+            yield R.DONE
         finally:
-            if not finished:
-                self.loop.abort(rid)
+            self.abort([s for s, o in zip(streams, outputs) if o is None])
+
+
+async def _merged(streams: Sequence[SubmittedStream]) -> AsyncIterator[tuple[int, StreamItem]]:
+    """(choice index, item) from every stream as items arrive, until each has ended (with
+    `Finished` or `Failed`); a stream that raises ends with its error as `Failed`."""
+    merged: asyncio.Queue[tuple[int, StreamItem]] = asyncio.Queue()
+
+    async def pump(i: int, stream: SubmittedStream) -> None:
+        try:
+            async for item in stream:
+                await merged.put((i, item))
+                if isinstance(item, (Finished, Failed)):
+                    return
+        except Exception as err:  # noqa: BLE001 - the handler answers it as the stream's failure
+            await merged.put((i, Failed(err)))
+
+    pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(streams)
+        while left:
+            i, item = await merged.get()
+            left -= isinstance(item, (Finished, Failed))
+            yield i, item
+    finally:
+        for task in pumps:
+            task.cancel()
 
 
 def _nothing() -> None:
@@ -355,6 +420,9 @@ class _ClosingStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._on_close()
+            # A client gone while the generator waited at a yield leaves it suspended until
+            # collected; closing it now stops what it runs (its choices' pumps) at once.
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
 def _as_api_error(error: BaseException) -> APIError:

@@ -11,8 +11,8 @@ Logprobs as vLLM asks for them: a completion's `logprobs` is a count; a chat's `
 a flag with `top_logprobs` (default 0) the count.
 
 What we do not serve is refused by `unsupported()` with the field named (a 400), never
-silently ignored: several prompts in one request, `n` > 1, `echo`, `best_of`, and
-non-text chat content.
+silently ignored: several prompts in one request, `echo`, `best_of`, and non-text chat
+content.
 
 Must never: run anything or decide status codes (`errors` does).
 """
@@ -88,8 +88,6 @@ class ChatCompletionRequest(_Sampling):
 def unsupported(body: _Sampling) -> tuple[str, str] | None:
     """(field, message) for the first feature `body` asks for that this server does not
     serve, or None."""
-    if body.n != 1:
-        return "n", f"only n=1 is supported, got n={body.n}"
     if isinstance(body, CompletionRequest):
         if body.echo:
             return "echo", "echo is not supported"

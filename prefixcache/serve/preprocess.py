@@ -43,7 +43,7 @@ import queue
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from fastapi.exceptions import RequestValidationError
@@ -51,7 +51,7 @@ from pydantic import BaseModel, ValidationError
 
 from prefixcache.engine.chat_template import ChatTemplateError
 from prefixcache.engine.engine import GenerationRequest
-from prefixcache.engine.sampling import SamplingParams
+from prefixcache.engine.sampling import SamplingParams, child_params
 from prefixcache.engine.tokenizer import Tokenizer
 from prefixcache.serve.errors import APIError
 from prefixcache.serve.openai_types import ChatCompletionRequest, CompletionRequest, unsupported
@@ -64,6 +64,9 @@ MAX_STOP_STRINGS = 64
 """Stop strings a request may give (OpenAI allows 4, vLLM any number)."""
 MAX_STOP_CHARS = 1024
 """CHARACTERS in one stop string."""
+MAX_N = 128
+"""Choices one request may ask for (OpenAI's bound on `n`): each is a sequence of the
+engine's, so the count bounds what one request adds to the batch."""
 MAX_LOGPROBS = 20
 """Top logprobs one drawn token may return (vLLM's `max_logprobs` default): each costs a
 decoded token and a JSON entry per token, so the count bounds what a response weighs."""
@@ -86,10 +89,16 @@ class ReplicaInfo:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A checked request: its body and what the engine runs."""
+    """A checked request: its body and what the engine runs, one `GenerationRequest` per
+    choice (`n`: vLLM's child requests, ids "{i}_{request id}" and seeds seed + i when
+    n > 1, `sampling.child_params`); `generation` is the first."""
 
     body: Body
-    generation: GenerationRequest
+    generations: tuple[GenerationRequest, ...]
+
+    @property
+    def generation(self) -> GenerationRequest:
+        return self.generations[0]
 
 
 class Preprocessor:
@@ -153,7 +162,15 @@ class Preprocessor:
         else:
             prompt = self._completion_prompt(body.prompt)
             limit, param = body.max_tokens, "max_tokens"
-        return Prepared(body, self._generation(body, prompt, limit, param, arrival_s, request_id))
+        if not 1 <= body.n <= MAX_N:
+            raise APIError(f"n must be at least 1 and at most {MAX_N}, got {body.n}.", param="n")
+        gen = self._generation(body, prompt, limit, param, arrival_s, request_id)
+        if body.n == 1:
+            return Prepared(body, (gen,))
+        # Without sampling fields the engine's default applies, whose seed it offsets per request.
+        return Prepared(body, tuple(replace(gen, request_id=f"{i}_{request_id}",
+                                            sampling=gen.sampling and child_params(gen.sampling, i))
+                                    for i in range(body.n)))  # fmt: skip
 
     def _check_text(self, text: str, param: str) -> None:
         if len(text) > self.max_chars:

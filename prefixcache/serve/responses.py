@@ -110,14 +110,17 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def output_usage(output: RequestOutput) -> dict[str, Any]:
-    return usage(len(output.prompt_token_ids), len(output.token_ids), output.metrics.cached_tokens)
+def output_usage(outputs: Sequence[RequestOutput]) -> dict[str, Any]:
+    """A request's usage over its choices (vLLM's): the prompt once, every choice's
+    tokens, and the cached tokens of the choice that finished last (the one whose output
+    completes vLLM's parent request)."""
+    last = max(outputs, key=lambda o: o.metrics.finish_s or 0.0)
+    return usage(len(outputs[0].prompt_token_ids), sum(len(o.token_ids) for o in outputs), last.metrics.cached_tokens)
 
 
-def _body(rid: str, obj: str, created: int, model: str, choice: dict[str, Any] | None, **rest: Any) -> dict[str, Any]:
-    """The envelope every response and chunk shares; `choice` None: no choices."""
-    return {"id": rid, "object": obj, "created": created, "model": model,
-            "choices": [] if choice is None else [{"index": 0, **choice}], **rest}
+def _body(rid: str, obj: str, created: int, model: str, choices: Sequence[dict[str, Any]], **rest: Any) -> dict[str, Any]:
+    """The envelope every response and chunk shares; `choices` carry their own `index`."""
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": list(choices), **rest}
 
 
 def _ending(finish_reason: str | None, stop: int | str | None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -163,35 +166,40 @@ def logprobs(
     }
 
 
-def completion_body(rid: str, created: int, model: str, output: RequestOutput, eos: int,
-                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A whole completion; `logprobs`: its choice's (`logprobs()`), None if not asked for."""
-    choice = {"text": output.text, **_ending(output.finish_reason, stop_reason(output, eos), logprobs)}
-    return _body(rid, "text_completion", created, model, choice, usage=output_usage(output))
+def completion_body(rid: str, created: int, model: str, outputs: Sequence[RequestOutput], eos: int,
+                    logprobs: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
+    """A whole completion of one choice per output (choice i: `outputs[i]`); `logprobs`:
+    each choice's (`logprobs()`), None where not asked for."""
+    choices = [{"index": i, "text": o.text, **_ending(o.finish_reason, stop_reason(o, eos), lp)}
+               for i, (o, lp) in enumerate(zip(outputs, logprobs, strict=True))]
+    return _body(rid, "text_completion", created, model, choices, usage=output_usage(outputs))
 
 
 def completion_chunk(
     rid: str, created: int, model: str, text: str, finish_reason: str | None = None, stop: int | str | None = None,
-    logprobs: dict[str, Any] | None = None,
+    logprobs: dict[str, Any] | None = None, index: int = 0,
 ) -> dict[str, Any]:
-    return _body(rid, "text_completion", created, model, {"text": text, **_ending(finish_reason, stop, logprobs)})
+    choice = {"index": index, "text": text, **_ending(finish_reason, stop, logprobs)}
+    return _body(rid, "text_completion", created, model, [choice])
 
 
-def chat_body(rid: str, created: int, model: str, output: RequestOutput, eos: int,
-              logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A whole chat completion; `logprobs` as `completion_body`'s."""
-    message = {"role": "assistant", "content": output.text, "tool_calls": []}
-    choice = {"message": message, **_ending(output.finish_reason, stop_reason(output, eos), logprobs)}
-    return _body(rid, "chat.completion", created, model, choice, usage=output_usage(output))
+def chat_body(rid: str, created: int, model: str, outputs: Sequence[RequestOutput], eos: int,
+              logprobs: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
+    """A whole chat completion; arguments as `completion_body`'s."""
+    choices = [{"index": i, "message": {"role": "assistant", "content": o.text, "tool_calls": []},
+                **_ending(o.finish_reason, stop_reason(o, eos), lp)}
+               for i, (o, lp) in enumerate(zip(outputs, logprobs, strict=True))]  # fmt: skip
+    return _body(rid, "chat.completion", created, model, choices, usage=output_usage(outputs))
 
 
 def chat_chunk(
     rid: str, created: int, model: str, delta: dict[str, Any], finish_reason: str | None = None,
-    stop: int | str | None = None, logprobs: dict[str, Any] | None = None,
+    stop: int | str | None = None, logprobs: dict[str, Any] | None = None, index: int = 0,
 ) -> dict[str, Any]:
-    return _body(rid, "chat.completion.chunk", created, model, {"delta": delta, **_ending(finish_reason, stop, logprobs)})
+    choice = {"index": index, "delta": delta, **_ending(finish_reason, stop, logprobs)}
+    return _body(rid, "chat.completion.chunk", created, model, [choice])
 
 
-def usage_chunk(rid: str, created: int, model: str, obj: str, output: RequestOutput) -> dict[str, Any]:
+def usage_chunk(rid: str, created: int, model: str, obj: str, outputs: Sequence[RequestOutput]) -> dict[str, Any]:
     """The final chunk of a stream that asked for usage: no choices, the usage."""
-    return _body(rid, obj, created, model, None, usage=output_usage(output))
+    return _body(rid, obj, created, model, [], usage=output_usage(outputs))
