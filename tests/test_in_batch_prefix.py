@@ -98,3 +98,22 @@ def test_waiting_never_changes_an_output_and_leaves_nothing_pinned(tiny, data):
                      num_blocks=pool)
     assert [o.token_ids for o in waited] == [o.token_ids for o in plain]
     assert all(o.finish_reason == "length" for o in waited)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_hybrid_cache_that_caches_a_prompt_at_its_end_keeps_followers_waiting(backend):
+    """`radix` on a hybrid model inserts a prompt when its prefill ends: the leader's
+    computed tokens are no hit before, so followers let in near the end (by what the
+    leader still had to compute) computed the whole prompt again. They wait until the
+    cache would give them the tokens they share, then hit them (n choices of one prompt)."""
+    from prefixcache.config import CacheConfig
+    from prefixcache.engine.exactness import engines_for, tiny_hybrid
+
+    model = tiny_hybrid(seed=0)
+    engine, _ = engines_for(model, CacheConfig(backend=backend, block_size=16, num_blocks=256))
+    rng = random.Random(1)
+    prompt = [rng.randrange(model.weights.config.vocab_size) for _ in range(200)]
+    outs = engine.generate([GenerationRequest(prompt=prompt, max_tokens=2) for _ in range(4)])
+    assert [o.metrics.cached_tokens for o in outs] == [0, 192, 192, 192]
+    assert engine.stats().prefill_tokens_computed == 200 + 3 * 8  # the prompt once, then each one's last 8
+    engine.check_invariants()

@@ -17,14 +17,15 @@ A step, in vLLM V1's order:
    budget and `max_num_seqs` allow. A refused `admit` (no room even after eviction)
    leaves the request at the head of the queue until running requests free blocks:
    first come, first served, no overtaking. The one exception (`in_batch_prefix_tokens`,
-   SGLang's in-batch prefix caching): a request whose prompt shares at least that many
-   tokens that a running request is still computing in its prefill (past what it has
-   committed, in the same namespace) waits, and the requests behind it may go first.
-   Once the leader commits them it hits them, where it would have computed them again
-   beside the leader (vLLM reaches the same by caching blocks before they are computed,
-   which our protocol does not allow: a hit is only ever committed KV). At most
-   `max_num_seqs` waiting requests are passed over a step, so a burst costs a step
-   O(max_num_seqs x requests in prefill) prefix comparisons, not O(queue).
+   SGLang's in-batch prefix caching): a request whose prompt shares with a running
+   request still in its prefill (in the same namespace) at least that many tokens more
+   than the cache would give it now (`match`: what the leader committed, as the
+   strategy hits it) waits, and the requests behind it may go first. Once the leader
+   commits them it hits them, where it would have computed them again beside the leader
+   (vLLM reaches the same by caching blocks before they are computed, which our protocol
+   does not allow: a hit is only ever committed KV). At most `max_num_seqs` waiting
+   requests are passed over a step, so a burst costs a step O(max_num_seqs x requests in
+   prefill) prefix comparisons and O(max_num_seqs) matches, not O(queue).
 Nothing here raises when the pool is full: a request that fits the pool alone
 (`Engine.add_request` checks) always finishes, because the oldest running request is
 never preempted by a newer one.
@@ -210,19 +211,28 @@ class Scheduler:
         return out
 
     def _leader_computing(self, seq: Sequence) -> bool:
-        """Whether a running request in its prefill, in `seq`'s namespace, is computing at
-        least `in_batch_prefix_tokens` of `seq`'s prompt right after what it committed
-        (their prompts agree up to there)."""
+        """Whether a running request in its prefill, in `seq`'s namespace, shares at least
+        `in_batch_prefix_tokens` more of `seq`'s prompt than `seq` could hit now: by the
+        end of its prefill the leader has cached them. What `seq` could hit is the cache's
+        `match`, asked only when some leader shares that many at all, so it counts what the
+        leader committed so far as the strategy hits it: a hybrid layout that caches a
+        prompt only at its end (or states only at checkpoints) keeps a request waiting for
+        what a full-attention cache would already hit."""
         need = self.in_batch_prefix_tokens
+        limit = len(seq.tokens) - 1  # seq's last token is always computed
+        shared = 0
         for leader in self.running:
             if leader.decoding or leader.namespace != seq.namespace:
                 continue
-            upto = leader.num_computed + need
-            if upto > min(len(leader.tokens), len(seq.tokens) - 1):  # seq's last token is always computed
+            n = min(len(leader.tokens), limit)
+            if n - need < shared:
                 continue
-            if np.array_equal(leader.ids()[:upto], seq.ids()[:upto]):
-                return True
-        return False
+            differ = np.flatnonzero(leader.ids()[:n] != seq.ids()[:n])
+            shared = max(shared, int(differ[0]) if differ.size else n)
+        if shared < need:
+            return False
+        hit = self._timed(self.cache.match, seq.tokens[:limit], namespace=seq.namespace).num_tokens
+        return shared - hit >= need
 
     def take_copies(self) -> list[tuple[int, int, int]]:
         """The (src, dst, num_tokens) copies admitted since the last call, oldest first."""
