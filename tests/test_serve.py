@@ -5,7 +5,9 @@ A real uvicorn server on 127.0.0.1 (a port the OS picks) serves the tiny generat
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import json
 import re
 
@@ -17,7 +19,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("zmq")
 
 from prefixcache.engine.loader import load_model  # noqa: E402
-from serve_cases import idle, in_engine, running  # noqa: E402
+from serve_cases import idle, in_engine, running, wait_until  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 3  # 135 byte tokens on the tiny model
 
@@ -353,6 +355,12 @@ def test_the_official_client_sees_the_errors_as_its_own_exceptions(replicas):
         c.completions.create(model="tiny", prompt="x", max_tokens=0)
 
 
+def pumping() -> list:
+    """The server's tasks still reading a choice's engine stream (`app._merged`)."""
+    return [t for t in gc.get_objects() if type(t) is asyncio.Task and not t.done()
+            and getattr(t.get_coro(), "__name__", "") == "pump"]
+
+
 def test_clients_that_go_away_release_their_blocks(replicas):
     """Streams closed after their first chunk and plain requests whose client times out
     are aborted: afterwards nothing is running and no block is pinned."""
@@ -368,6 +376,7 @@ def test_clients_that_go_away_release_their_blocks(replicas):
                 with pytest.raises(httpx.ReadTimeout):
                     http.post("/v1/completions", json={**body, "n": n}, timeout=0.3)
         idle(r)
+        wait_until(lambda: not pumping(), "every choice's stream reader to stop")  # none left waiting forever
         in_engine(r, lambda e: e.check_invariants())  # every pinned block is the tree's or a live request's
         held = (lambda e: e.cache.tree.protected_size) if arm == "radix" else (lambda e: e.cache.pool.num_pinned)
         assert in_engine(r, held) == 0  # radix: no node locked by a request; hash: no block pinned
