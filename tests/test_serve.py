@@ -227,6 +227,28 @@ def test_n_choices_are_vllms_child_requests_and_share_the_prompts_prefill(replic
     in_engine(replicas[arm], lambda e: e.check_invariants())
 
 
+def test_a_batch_of_prompts_is_one_request_per_prompt_its_choices_prompt_by_prompt(replicas):
+    r = replicas["radix"]
+    c = client(r)
+    a, b = PROMPT + "batch one", "a different prompt, for the batch test"
+    alone = [c.completions.create(model="tiny", prompt=p, max_tokens=5) for p in (a, b)]
+    both = c.completions.create(model="tiny", prompt=[a, b], max_tokens=5, n=2)
+    # vLLM's order: prompt by prompt, n choices each; greedy, so each equals its prompt alone.
+    assert [ch.index for ch in both.choices] == [0, 1, 2, 3]
+    assert [ch.text for ch in both.choices] == [alone[0].choices[0].text] * 2 + [alone[1].choices[0].text] * 2
+    assert both.usage.prompt_tokens == len(a.encode()) + len(b.encode()) and both.usage.completion_tokens == 20
+    # Both prompts were asked before: each hits what its first request cached; the usage sums them.
+    assert both.usage.prompt_tokens_details.cached_tokens == sum(
+        (len(p.encode()) - 1) // 4 * 4 for p in (a, b))
+    ids = c.completions.create(model="tiny", prompt=[list(b"xyz" * 5), list(b"abc" * 5)], max_tokens=2)
+    assert len(ids.choices) == 2 and ids.usage.prompt_tokens == 30
+    chunks = [ch for ch in c.completions.create(model="tiny", prompt=[a, b], max_tokens=5, stream=True) if ch.choices]
+    for i in (0, 1):
+        assert "".join(ch.choices[0].text for ch in chunks if ch.choices[0].index == i) == alone[i].choices[0].text
+    idle(r)
+    in_engine(r, lambda e: e.check_invariants())
+
+
 BAD = [
     # (what, path, body (dict) or raw bytes, status, param)
     ("invalid JSON", "/v1/completions", b'{"prompt": "x", ', 400, None),
@@ -251,7 +273,10 @@ BAD = [
     ("stream a list", "/v1/completions", {"prompt": "x", "stream": [1]}, 400, "stream"),
     ("an empty prompt", "/v1/completions", {"prompt": ""}, 400, "prompt"),
     ("an empty token list", "/v1/completions", {"prompt": []}, 400, "prompt"),
-    ("two prompts", "/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("an empty prompt in a batch", "/v1/completions", {"prompt": ["a", ""]}, 400, "prompt[1]"),
+    ("an empty token list in a batch", "/v1/completions", {"prompt": [[5], []]}, 400, "prompt[1]"),
+    ("prompts x n past 1024 choices", "/v1/completions", {"prompt": ["a"] * 9, "n": 128}, 400, "prompt"),
+    ("a batch past 1024 prompts", "/v1/completions", {"prompt": [[1]] * 1025}, 400, "prompt"),
     ("n = 0", "/v1/completions", {"prompt": "x", "n": 0}, 400, "n"),
     ("n past 128", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 129}, 400, "n"),
     ("n a string", "/v1/completions", {"prompt": "x", "n": "two"}, 400, "n"),

@@ -231,14 +231,15 @@ class _Serving:
         try:
             prepared = await self.pre.prepare(await request.body(), chat=chat, request_id=rid, arrival_s=arrival)
             if self.gate is not None and len(prepared.generations) > 1:
-                release = self._enter_choices(release, len(prepared.generations))
+                release = self._enter_choices(release, len(prepared.generations),
+                                              "n" if len(prepared.generations) == prepared.n else "prompt")
             streams = await self.submit(prepared.generations)
             body, created, gen = prepared.body, int(time.time()), prepared.generation
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
                 hold_back = StopStrings.hold_back(gen.stop, gen.include_stop_str_in_output)
                 events = self.events(rid, streams, created, chat=chat, include_usage=include_usage,
-                                     hold_back=hold_back, num_logprobs=gen.logprobs)
+                                     hold_back=hold_back, num_logprobs=gen.logprobs, n=prepared.n)
 
                 def close() -> None:
                     self.abort(streams)  # a no-op for the choices that finished
@@ -253,19 +254,20 @@ class _Serving:
             k = gen.logprobs
             lps = [R.logprobs(self.tokenizer, o.logprobs, k, chat=chat) if k is not None and o.logprobs else None
                    for o in outputs]
-            return JSONResponse(make(rid, created, self.info.model_name, outputs, self.info.eos_token_id, lps))
+            return JSONResponse(make(rid, created, self.info.model_name, outputs, self.info.eos_token_id, lps,
+                                     prepared.n))
         finally:
             if not handed_over:
                 release()
 
-    def _enter_choices(self, release: Callable[[], None], n: int) -> Callable[[], None]:
-        """A request of `n` choices, already inside as one, counts as `n` at the gate (each is
-        a sequence of the engine's): the release of all of them. 400 naming `n` for more
-        than the gate ever takes, 503 for more than it takes now."""
+    def _enter_choices(self, release: Callable[[], None], n: int, param: str) -> Callable[[], None]:
+        """A request of `n` choices (its prompts x n), already inside as one, counts as `n`
+        at the gate (each is a sequence of the engine's): the release of all of them. 400
+        naming `param` for more than the gate ever takes, 503 for more than it takes now."""
         assert self.gate is not None
         if n > self.gate.limit:
-            raise APIError(f"n={n} choices are more than this server takes at once ({self.gate.limit}"
-                           f"{self.gate.describe})", param="n")
+            raise APIError(f"{n} choices are more than this server takes at once ({self.gate.limit}"
+                           f"{self.gate.describe})", param=param)
         rest = self.gate.enter(n - 1)
 
         def release_all() -> None:
@@ -328,9 +330,10 @@ class _Serving:
         return done_task.result()
 
     async def events(self, rid: str, streams: Sequence[SubmittedStream], created: int, *, chat: bool,
-                     include_usage: bool, hold_back: int = 0, num_logprobs: int | None = None) -> AsyncIterator[str]:
-        """The server-sent events of a request's choices (chunks of each carry its `index`,
-        in the order the engine drew them), the last `hold_back` CHARACTERS of each
+                     include_usage: bool, hold_back: int = 0, num_logprobs: int | None = None,
+                     n: int = 1) -> AsyncIterator[str]:
+        """The server-sent events of a request's choices (`n` per prompt; chunks of each
+        carry its `index`, in the order the engine drew them), the last `hold_back` CHARACTERS of each
         choice's text held until its next chunk (a request's stop strings), each chunk with
         its tokens' logprobs when the request asked for `num_logprobs`; aborts the choices
         if the client goes away first, and all of them if one fails."""
@@ -370,7 +373,7 @@ class _Serving:
                                 R.stop_reason(output, self.info.eos_token_id))
             if include_usage:
                 obj = "chat.completion.chunk" if chat else "text_completion"
-                yield R.sse(R.usage_chunk(rid, created, model, obj, outputs))  # type: ignore[arg-type]
+                yield R.sse(R.usage_chunk(rid, created, model, obj, outputs, n))  # type: ignore[arg-type]
             yield R.DONE
         finally:
             self.abort([s for s, o in zip(streams, outputs) if o is None])

@@ -11,8 +11,7 @@ Logprobs as vLLM asks for them: a completion's `logprobs` is a count; a chat's `
 a flag with `top_logprobs` (default 0) the count.
 
 What we do not serve is refused by `unsupported()` with the field named (a 400), never
-silently ignored: several prompts in one request, `echo`, `best_of`, and non-text chat
-content.
+silently ignored: `echo`, `best_of`, `suffix`, and non-text chat content.
 
 Must never: run anything or decide status codes (`errors` does).
 """

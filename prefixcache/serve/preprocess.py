@@ -67,6 +67,8 @@ MAX_STOP_CHARS = 1024
 MAX_N = 128
 """Choices one request may ask for (OpenAI's bound on `n`): each is a sequence of the
 engine's, so the count bounds what one request adds to the batch."""
+MAX_CHOICES = 1024
+"""Choices of one request in all (its prompts x n): each is a sequence of the engine's."""
 MAX_LOGPROBS = 20
 """Top logprobs one drawn token may return (vLLM's `max_logprobs` default): each costs a
 decoded token and a JSON entry per token, so the count bounds what a response weighs."""
@@ -90,11 +92,13 @@ class ReplicaInfo:
 @dataclass(frozen=True)
 class Prepared:
     """A checked request: its body and what the engine runs, one `GenerationRequest` per
-    choice (`n`: vLLM's child requests, ids "{i}_{request id}" and seeds seed + i when
-    n > 1, `sampling.child_params`); `generation` is the first."""
+    choice, prompt by prompt (a completion may have several), `n` per prompt (vLLM's
+    child requests: ids "{j}_{request id}" and seeds seed + j when n > 1,
+    `sampling.child_params`); `generation` is the first."""
 
     body: Body
     generations: tuple[GenerationRequest, ...]
+    n: int = 1
 
     @property
     def generation(self) -> GenerationRequest:
@@ -156,21 +160,27 @@ class Preprocessor:
         if refused is not None:
             raise APIError(refused[1], param=refused[0])
         if isinstance(body, ChatCompletionRequest):
-            prompt = self._chat_prompt(body)
+            prompts = [self._chat_prompt(body)]
             limit, param = ((body.max_completion_tokens, "max_completion_tokens")
                             if body.max_completion_tokens is not None else (body.max_tokens, "max_tokens"))
         else:
-            prompt = self._completion_prompt(body.prompt)
+            prompts = self._completion_prompts(body.prompt)
             limit, param = body.max_tokens, "max_tokens"
         if not 1 <= body.n <= MAX_N:
             raise APIError(f"n must be at least 1 and at most {MAX_N}, got {body.n}.", param="n")
-        gen = self._generation(body, prompt, limit, param, arrival_s, request_id)
-        if body.n == 1:
-            return Prepared(body, (gen,))
-        # Without sampling fields the engine's default applies, whose seed it offsets per request.
-        return Prepared(body, tuple(replace(gen, request_id=f"{i}_{request_id}",
-                                            sampling=gen.sampling and child_params(gen.sampling, i))
-                                    for i in range(body.n)))  # fmt: skip
+        if len(prompts) * body.n > MAX_CHOICES:
+            raise APIError(f"{len(prompts)} prompts x n={body.n} choices is more than {MAX_CHOICES} choices",
+                           param="prompt" if len(prompts) > 1 else "n")
+        out = []
+        for i, prompt in enumerate(prompts):
+            # vLLM's ids: "{id}-{i}" per prompt of several, "{j}_{that}" per choice of n > 1.
+            rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+            gen = self._generation(body, prompt, limit, param, arrival_s, rid)
+            # Without sampling fields the engine's default applies, whose seed it offsets per request.
+            out.extend([gen] if body.n == 1 else
+                       [replace(gen, request_id=f"{j}_{rid}", sampling=gen.sampling and child_params(gen.sampling, j))
+                        for j in range(body.n)])  # fmt: skip
+        return Prepared(body, tuple(out), body.n)
 
     def _check_text(self, text: str, param: str) -> None:
         if len(text) > self.max_chars:
@@ -180,19 +190,25 @@ class Preprocessor:
                            f"bound for {limit} input tokens). Please reduce the length of the input prompt.",
                            param=param)
 
-    def _completion_prompt(self, prompt: Any) -> list[int]:
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise APIError(f"only one prompt per request is supported, got {len(prompt)}", param="prompt")
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            self._check_text(prompt, "input_text")
-            ids = self.tokenizer.encode(prompt)
-        else:
-            ids = list(prompt)
-        if not ids:
-            raise APIError("The decoder prompt cannot be empty", param="prompt")
-        return ids
+    def _completion_prompts(self, prompt: Any) -> list[list[int]]:
+        """A completion's prompts (one, or a batch as vLLM takes them: a list of strings or
+        of token-id lists), each tokenized and checked."""
+        batch = isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))
+        prompts = prompt if batch else [prompt]
+        if len(prompts) > MAX_CHOICES:
+            raise APIError(f"at most {MAX_CHOICES} prompts per request, got {len(prompts)}", param="prompt")
+        out = []
+        for i, p in enumerate(prompts):
+            where = f"prompt[{i}]" if batch else "prompt"
+            if isinstance(p, str):
+                self._check_text(p, "input_text")
+                ids = self.tokenizer.encode(p)
+            else:
+                ids = list(p)
+            if not ids:
+                raise APIError("The decoder prompt cannot be empty", param=where)
+            out.append(ids)
+        return out
 
     def _chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
         if not body.messages:

@@ -110,12 +110,14 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def output_usage(outputs: Sequence[RequestOutput]) -> dict[str, Any]:
-    """A request's usage over its choices (vLLM's): the prompt once, every choice's
-    tokens, and the cached tokens of the choice that finished last (the one whose output
-    completes vLLM's parent request)."""
-    last = max(outputs, key=lambda o: o.metrics.finish_s or 0.0)
-    return usage(len(outputs[0].prompt_token_ids), sum(len(o.token_ids) for o in outputs), last.metrics.cached_tokens)
+def output_usage(outputs: Sequence[RequestOutput], n: int = 1) -> dict[str, Any]:
+    """A request's usage over its choices, `n` per prompt, prompt by prompt (vLLM's): each
+    prompt once, every choice's tokens, and per prompt the cached tokens of its choice that
+    finished last (the one whose output completes vLLM's parent request), summed over the
+    prompts (vLLM reports one prompt's: see docs/serving.md)."""
+    groups = [outputs[i : i + n] for i in range(0, len(outputs), n)]
+    cached = sum(max(g, key=lambda o: o.metrics.finish_s or 0.0).metrics.cached_tokens for g in groups)
+    return usage(sum(len(g[0].prompt_token_ids) for g in groups), sum(len(o.token_ids) for o in outputs), cached)
 
 
 def _body(rid: str, obj: str, created: int, model: str, choices: Sequence[dict[str, Any]], **rest: Any) -> dict[str, Any]:
@@ -167,12 +169,12 @@ def logprobs(
 
 
 def completion_body(rid: str, created: int, model: str, outputs: Sequence[RequestOutput], eos: int,
-                    logprobs: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
-    """A whole completion of one choice per output (choice i: `outputs[i]`); `logprobs`:
-    each choice's (`logprobs()`), None where not asked for."""
+                    logprobs: Sequence[dict[str, Any] | None], n: int = 1) -> dict[str, Any]:
+    """A whole completion of one choice per output (choice i: `outputs[i]`, `n` per
+    prompt); `logprobs`: each choice's (`logprobs()`), None where not asked for."""
     choices = [{"index": i, "text": o.text, **_ending(o.finish_reason, stop_reason(o, eos), lp)}
                for i, (o, lp) in enumerate(zip(outputs, logprobs, strict=True))]
-    return _body(rid, "text_completion", created, model, choices, usage=output_usage(outputs))
+    return _body(rid, "text_completion", created, model, choices, usage=output_usage(outputs, n))
 
 
 def completion_chunk(
@@ -184,12 +186,12 @@ def completion_chunk(
 
 
 def chat_body(rid: str, created: int, model: str, outputs: Sequence[RequestOutput], eos: int,
-              logprobs: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
+              logprobs: Sequence[dict[str, Any] | None], n: int = 1) -> dict[str, Any]:
     """A whole chat completion; arguments as `completion_body`'s."""
     choices = [{"index": i, "message": {"role": "assistant", "content": o.text, "tool_calls": []},
                 **_ending(o.finish_reason, stop_reason(o, eos), lp)}
                for i, (o, lp) in enumerate(zip(outputs, logprobs, strict=True))]  # fmt: skip
-    return _body(rid, "chat.completion", created, model, choices, usage=output_usage(outputs))
+    return _body(rid, "chat.completion", created, model, choices, usage=output_usage(outputs, n))
 
 
 def chat_chunk(
@@ -200,6 +202,7 @@ def chat_chunk(
     return _body(rid, "chat.completion.chunk", created, model, [choice])
 
 
-def usage_chunk(rid: str, created: int, model: str, obj: str, outputs: Sequence[RequestOutput]) -> dict[str, Any]:
+def usage_chunk(rid: str, created: int, model: str, obj: str, outputs: Sequence[RequestOutput],
+                n: int = 1) -> dict[str, Any]:
     """The final chunk of a stream that asked for usage: no choices, the usage."""
-    return _body(rid, obj, created, model, [], usage=output_usage(outputs))
+    return _body(rid, obj, created, model, [], usage=output_usage(outputs, n))
