@@ -25,7 +25,9 @@ The checks, in vLLM 0.33's terms (errors: 400 BadRequestError unless said):
   stop string, more than `MAX_STOP_STRINGS` of them or one longer than `MAX_STOP_CHARS`
   (`param: "stop"`); a negative `logprobs` (completions), `top_logprobs` below -1 or set
   without `logprobs: true` (chat), or more than `MAX_LOGPROBS` of them (-1: the whole
-  vocabulary; the param is the field the count came from). A request
+  vocabulary; the param is the field the count came from); `n` outside [1, `MAX_N`], a
+  completion's batch of prompts with an empty one (`prompt[i]`) or more than
+  `MAX_CHOICES` choices in all (prompts x n). A request
   whose prompt plus `max_tokens` passes the context gets `max_tokens` cut to what is
   left, as vLLM does.
 
@@ -159,6 +161,8 @@ class Preprocessor:
         refused = unsupported(body)
         if refused is not None:
             raise APIError(refused[1], param=refused[0])
+        if not 1 <= body.n <= MAX_N:  # before any prompt is tokenized
+            raise APIError(f"n must be at least 1 and at most {MAX_N}, got {body.n}.", param="n")
         if isinstance(body, ChatCompletionRequest):
             prompts = [self._chat_prompt(body)]
             limit, param = ((body.max_completion_tokens, "max_completion_tokens")
@@ -166,8 +170,6 @@ class Preprocessor:
         else:
             prompts = self._completion_prompts(body.prompt)
             limit, param = body.max_tokens, "max_tokens"
-        if not 1 <= body.n <= MAX_N:
-            raise APIError(f"n must be at least 1 and at most {MAX_N}, got {body.n}.", param="n")
         if len(prompts) * body.n > MAX_CHOICES:
             raise APIError(f"{len(prompts)} prompts x n={body.n} choices is more than {MAX_CHOICES} choices",
                            param="prompt" if len(prompts) > 1 else "n")

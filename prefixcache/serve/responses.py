@@ -11,7 +11,8 @@ Streams follow vLLM: one chunk per engine step that sampled tokens for the reque
 (chat starts with a chunk whose delta is `{"role": "assistant", "content": ""}`), the
 last one carrying `finish_reason`; then, if the request asked for
 `stream_options.include_usage`, a chunk with `"choices": []` and `usage`; then
-`data: [DONE]`.
+`data: [DONE]`. A request's choices (`n`, a completion's batch of prompts) are listed by
+`index`, prompt by prompt; each chunk of a stream carries one choice's.
 
 Logprobs are vLLM's (`serving.py`'s `_create_chat_logprobs` / `_create_completion_logprobs`):
 a token is its id decoded alone (special tokens included), a logprob below -9999 (or
