@@ -21,8 +21,11 @@ cache on vs off, fresh engines per repeat, arms interleaved in rotating order, r
 reports the median and spread of wall and process CPU time of each arm relative to
 `none` in the same repeat, and the time spent inside cache calls (the bookkeeping the
 cache adds, measured directly). Target: overhead < 0.5%.
+Part 3 (`--parts logprobs`, not run by default): the no-sharing workload with
+`--logprobs-output` tokens each, asking for no logprobs, the drawn token's, the top 5
+and the top 20: what computing and keeping them costs a decode-heavy run.
 
-    python benchmarks/bench_ttft.py [--threads 2] [--parts sequential,burst,inbatch,nohit]
+    python benchmarks/bench_ttft.py [--threads 2] [--parts sequential,burst,inbatch,nohit,logprobs]
                                     [--repeats 5] [--json FILE]
 
 OMP_WAIT_POLICY defaults to PASSIVE here (set before torch loads): on a shared 2-core
@@ -215,6 +218,70 @@ def part_nohit(model, args) -> tuple[str, dict]:
     return format_table(head, rows), {"rows": rows, "times": times, "cpu": cpu, "cache_s": cache_s}
 
 
+LOGPROB_ARMS = (None, 0, 5, 20)
+
+
+def part_logprobs(model, args) -> tuple[str, dict]:
+    """What returning logprobs costs: the no-sharing workload on `hash`, each request asking
+    for none, the drawn token's, or the top 5 / 20, fresh engines per repeat, arms
+    interleaved in rotating order. The time inside the engine's logprobs computation is
+    measured directly (a wrapper around it), so the share it takes of the run does not
+    drown in the machine's noise as a difference of wall times would."""
+    import dataclasses
+
+    import prefixcache.engine.engine as engine_module
+
+    vocab = model.weights.config.vocab_size
+    wl = no_sharing(args.nohit_requests, args.nohit_prompt, args.logprobs_output, seed=0)
+    base = requests_of(wl, vocab, args.logprobs_output)
+    num_blocks = args.nohit_requests * -(-(args.nohit_prompt + args.logprobs_output) // args.block_size) + 8
+    times: dict[object, list[float]] = {k: [] for k in LOGPROB_ARMS}
+    inside: dict[object, list[float]] = {k: [] for k in LOGPROB_ARMS}
+    tokens: dict[object, list[list[int]]] = {}
+    computed = engine_module.token_logprobs
+    spent = [0.0]
+
+    def timed(*a, **kw):
+        t = time.perf_counter()
+        try:
+            return computed(*a, **kw)
+        finally:
+            spent[0] += time.perf_counter() - t
+
+    engine_module.token_logprobs = timed
+    try:
+        for rep in range(args.repeats):
+            shift = rep % len(LOGPROB_ARMS)
+            for k in LOGPROB_ARMS[shift:] + LOGPROB_ARMS[:shift]:
+                engine = make_engine(model, "hash", block_size=args.block_size, num_blocks=num_blocks,
+                                     budget=args.budget, max_tokens=args.logprobs_output)
+                warm_up(engine)
+                reqs = [dataclasses.replace(r, logprobs=k) for r in base]
+                spent[0] = 0.0
+                t0 = time.perf_counter()
+                outs = engine.generate(reqs)
+                times[k].append(time.perf_counter() - t0)
+                inside[k].append(spent[0])
+                tokens[k] = [o.token_ids for o in outs]
+                assert all((o.logprobs is None) == (k is None) for o in outs)
+                del engine, outs
+                gc.collect()
+            print(f"  logprobs repeat {rep + 1}/{args.repeats}: " +
+                  ", ".join(f"{k} {times[k][-1]:.2f} s" for k in LOGPROB_ARMS), file=sys.stderr, flush=True)
+    finally:
+        engine_module.token_logprobs = computed
+    rows = []
+    for k in LOGPROB_ARMS:
+        shares = [i / w for i, w in zip(inside[k], times[k])]
+        rows.append(["none" if k is None else k, round(statistics.median(times[k]), 3),
+                     round(statistics.median(inside[k]) * 1000, 1), f"{statistics.median(shares) * 100:.2f}%",
+                     f"{min(shares) * 100:.2f}% .. {max(shares) * 100:.2f}%"])
+    same = len({tuple(map(tuple, t)) for t in tokens.values()}) == 1
+    head = ["logprobs", "wall s (median)", "in logprobs ms (median)", "share of wall (median)", "spread (min .. max)"]
+    return (format_table(head, rows) + f"\n\nGreedy outputs identical across arms: {same}",
+            {"rows": rows, "times": times, "inside": inside})
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
@@ -230,6 +297,7 @@ def main() -> int:
     p.add_argument("--nohit-requests", type=int, default=8)
     p.add_argument("--nohit-prompt", type=int, default=256)
     p.add_argument("--nohit-output", type=int, default=16)
+    p.add_argument("--logprobs-output", type=int, default=64, help="the logprobs part's output per request, TOKENS")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", help="write the measurements here")
     args = p.parse_args()
@@ -269,6 +337,10 @@ def main() -> int:
         print(f"\n## No sharing (0% hits): {args.nohit_requests} distinct {args.nohit_prompt}-token prompts, "
               f"{args.nohit_output} output tokens each, all at once; {args.repeats} repeats, arms interleaved\n\n{text}",
               flush=True)
+    if "logprobs" in parts:
+        text, out["logprobs"] = part_logprobs(model, args)
+        print(f"\n## Logprobs: {args.nohit_requests} distinct {args.nohit_prompt}-token prompts, {args.logprobs_output} "
+              f"output tokens each, all at once, on hash; {args.repeats} repeats, arms interleaved\n\n{text}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1, default=str)
