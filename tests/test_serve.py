@@ -249,6 +249,31 @@ def test_a_batch_of_prompts_is_one_request_per_prompt_its_choices_prompt_by_prom
     in_engine(r, lambda e: e.check_invariants())
 
 
+def test_continuous_usage_stats_puts_each_choices_usage_so_far_in_every_chunk(replicas):
+    r = replicas["hash"]
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chat = sse_events(httpx.post(r.base_url + "/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "count"}], "max_tokens": 4, "n": 2, "stream": True,
+        "stream_options": options, "ignore_eos": True}))
+    *chunks, final, done = chat
+    assert done == "[DONE]" and final["usage"]["completion_tokens"] == 8
+    prompt = final["usage"]["prompt_tokens"]
+    for i in (0, 1):
+        mine = [c for c in chunks if c["choices"][0]["index"] == i]
+        # vLLM's: the role chunk at 0, then each chunk its choice's tokens so far (one a step)
+        assert [c["usage"]["completion_tokens"] for c in mine] == [0, 1, 2, 3, 4]
+        assert all(c["usage"] == {"prompt_tokens": prompt, "total_tokens": prompt + c["usage"]["completion_tokens"],
+                                  "completion_tokens": c["usage"]["completion_tokens"]} for c in mine)
+    # With include_usage false it is off, as in vLLM; a completion stream carries it alike.
+    off = sse_events(httpx.post(r.base_url + "/v1/completions", json={
+        "prompt": "count", "max_tokens": 3, "stream": True,
+        "stream_options": {"include_usage": False, "continuous_usage_stats": True}}))
+    assert all("usage" not in c for c in off[:-1])
+    on = sse_events(httpx.post(r.base_url + "/v1/completions", json={
+        "prompt": "count", "max_tokens": 3, "stream": True, "stream_options": options, "ignore_eos": True}))
+    assert [c["usage"]["completion_tokens"] for c in on[:-2]] == [1, 2, 3]
+
+
 BAD = [
     # (what, path, body (dict) or raw bytes, status, param)
     ("invalid JSON", "/v1/completions", b'{"prompt": "x", ', 400, None),

@@ -65,6 +65,7 @@ class SubmittedStream(Protocol):
     """A submitted request as a handler reads it (`engine_loop.RequestStream`'s shape)."""
 
     request_id: str
+    prompt_tokens: int
 
     def __aiter__(self) -> SubmittedStream: ...
     async def __anext__(self) -> StreamItem: ...
@@ -237,9 +238,12 @@ class _Serving:
             body, created, gen = prepared.body, int(time.time()), prepared.generation
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
+                # vLLM's should_include_usage: usage in every chunk only with include_usage too.
+                continuous = include_usage and bool(body.stream_options.continuous_usage_stats)  # type: ignore[union-attr]
                 hold_back = StopStrings.hold_back(gen.stop, gen.include_stop_str_in_output)
                 events = self.events(rid, streams, created, chat=chat, include_usage=include_usage,
-                                     hold_back=hold_back, num_logprobs=gen.logprobs, n=prepared.n)
+                                     continuous_usage=continuous, hold_back=hold_back, num_logprobs=gen.logprobs,
+                                     n=prepared.n)
 
                 def close() -> None:
                     self.abort(streams)  # a no-op for the choices that finished
@@ -330,17 +334,24 @@ class _Serving:
         return done_task.result()
 
     async def events(self, rid: str, streams: Sequence[SubmittedStream], created: int, *, chat: bool,
-                     include_usage: bool, hold_back: int = 0, num_logprobs: int | None = None,
-                     n: int = 1) -> AsyncIterator[str]:
+                     include_usage: bool, continuous_usage: bool = False, hold_back: int = 0,
+                     num_logprobs: int | None = None, n: int = 1) -> AsyncIterator[str]:
         """The server-sent events of a request's choices (`n` per prompt; chunks of each
         carry its `index`, in the order the engine drew them), the last `hold_back` CHARACTERS of each
         choice's text held until its next chunk (a request's stop strings), each chunk with
-        its tokens' logprobs when the request asked for `num_logprobs`; aborts the choices
-        if the client goes away first, and all of them if one fails."""
+        its tokens' logprobs when the request asked for `num_logprobs`, and with its choice's
+        usage so far when `continuous_usage` (vLLM's `continuous_usage_stats`); aborts the
+        choices if the client goes away first, and all of them if one fails."""
         model = self.info.model_name
         texts = [R.IncrementalText(self.tokenizer, hold_back) for _ in streams]
         sent_chars = [0] * len(streams)  # text sent so far, CHARACTERS: where a chunk's text_offsets start
         sent_logprobs = [0] * len(streams)  # positions whose logprobs were sent
+        drawn = [0] * len(streams)  # tokens each choice drew so far
+
+        def sse(i: int, body: dict[str, Any]) -> str:
+            if continuous_usage:
+                body["usage"] = R.running_usage(streams[i].prompt_tokens, drawn[i])
+            return R.sse(body)
 
         def chunk(i: int, delta: str, positions: Sequence[TokenLogprobs] = (), finish: str | None = None,
                   stop: int | str | None = None) -> str:
@@ -350,14 +361,14 @@ class _Serving:
                 sent_logprobs[i] += len(positions)
             sent_chars[i] += len(delta)
             if chat:
-                return R.sse(R.chat_chunk(rid, created, model, {"content": delta}, finish, stop, lp, index=i))
-            return R.sse(R.completion_chunk(rid, created, model, delta, finish, stop, lp, index=i))
+                return sse(i, R.chat_chunk(rid, created, model, {"content": delta}, finish, stop, lp, index=i))
+            return sse(i, R.completion_chunk(rid, created, model, delta, finish, stop, lp, index=i))
 
         outputs: list[RequestOutput | None] = [None] * len(streams)
         try:
             if chat:
                 for i in range(len(streams)):
-                    yield R.sse(R.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, index=i))
+                    yield sse(i, R.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, index=i))
             async with contextlib.aclosing(_merged(streams)) as items:
                 async for i, item in items:
                     if isinstance(item, Failed):  # the status line is sent: say it in the stream, as vLLM does
@@ -365,9 +376,11 @@ class _Serving:
                         yield R.DONE
                         return
                     if isinstance(item, Tokens):  # one chunk per step, even when its text is still held back (vLLM)
+                        drawn[i] += len(item.token_ids)
                         yield chunk(i, texts[i].add(item.token_ids), item.logprobs)
                         continue
                     output = outputs[i] = item.output
+                    drawn[i] = len(output.token_ids)
                     last = (output.logprobs or [])[sent_logprobs[i]:]  # the final step's, which rode in the output
                     yield chunk(i, texts[i].finish(output), last, output.finish_reason,
                                 R.stop_reason(output, self.info.eos_token_id))

@@ -45,6 +45,7 @@ __all__ = [
     "chat_body",
     "chat_chunk",
     "usage_chunk",
+    "running_usage",
     "sse",
     "DONE",
     "stop_reason",
@@ -109,6 +110,13 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+
+
+def running_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """A stream chunk's usage with `continuous_usage_stats` (vLLM's): its choice's prompt
+    and the tokens it drew so far."""
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens}
 
 
 def output_usage(outputs: Sequence[RequestOutput], n: int = 1) -> dict[str, Any]:
