@@ -303,6 +303,18 @@ BAD = [
     ("prompts x n past 1024 choices", "/v1/completions", {"prompt": ["a"] * 9, "n": 128}, 400, "prompt"),
     ("a batch past 1024 prompts", "/v1/completions", {"prompt": [[1]] * 1025}, 400, "prompt"),
     ("n = 0", "/v1/completions", {"prompt": "x", "n": 0}, 400, "n"),
+    # vLLM's fields that change what is generated, not done here: refused, never ignored
+    ("a presence penalty", "/v1/completions", {"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("a repetition penalty", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 1.2}, 400, "repetition_penalty"),
+    ("min_tokens", "/v1/completions", {"prompt": "x", "min_tokens": 4}, 400, "min_tokens"),
+    ("a logit bias", "/v1/completions", {"prompt": "x", "logit_bias": {"5": 10}}, 400, "logit_bias"),
+    ("a JSON response format", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, 400,
+     "response_format"),
+    ("tools", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                       "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ("beam search", "/v1/completions", {"prompt": "x", "use_beam_search": True}, 400, "use_beam_search"),
     ("n past 128", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 129}, 400, "n"),
     ("n a string", "/v1/completions", {"prompt": "x", "n": "two"}, 400, "n"),
     # logprobs as vLLM checks them, then its max_logprobs (20); -1 is the whole vocabulary (320)
@@ -378,6 +390,17 @@ def test_the_openapi_schema_is_served_as_vllm_does_and_true_to_the_server(replic
     ids = [op["operationId"] for ops in schema["paths"].values() for op in ops.values()]
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)  # code generators need unique ids
     assert {"get", "post"} <= set(schema["paths"]["/flush_cache"]) and "get" in schema["paths"]["/metrics"]
+
+
+def test_the_neutral_values_of_fields_not_served_are_accepted(replicas):
+    """A client that sends vLLM's defaults explicitly (penalties 0, repetition 1, text
+    format, no tools) is served as if it had not sent them."""
+    url = replicas["hash"].base_url
+    plain = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 3}).json()["choices"][0]["text"]
+    body = {"prompt": "x", "max_tokens": 3, "presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1,
+            "min_p": 0, "min_tokens": 0, "logit_bias": {}, "use_beam_search": False, "response_format": {"type": "text"}}
+    r = httpx.post(url + "/v1/completions", json=body)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == plain
 
 
 def test_lax_type_conversions_are_accepted_as_fastapi_and_vllm_accept_them(replicas):

@@ -11,7 +11,9 @@ Logprobs as vLLM asks for them: a completion's `logprobs` is a count; a chat's `
 a flag with `top_logprobs` (default 0) the count.
 
 What we do not serve is refused by `unsupported()` with the field named (a 400), never
-silently ignored: `echo`, `best_of`, `suffix`, and non-text chat content.
+silently ignored: `echo`, `best_of`, `suffix`, non-text chat content, and vLLM's fields that
+change what is generated (penalties, `min_p`, `min_tokens`, logit bias, structured output,
+tools, beam search, ...) set to anything but the value that asks for nothing.
 
 Must never: run anything or decide status codes (`errors` does).
 """
@@ -84,9 +86,47 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = 0
 
 
+# vLLM request fields that change what is generated, which this server does not do, with
+# the values that ask for nothing: as extra fields they would be accepted and ignored, so
+# a request that sets one otherwise is refused rather than answered as if it had not.
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "repetition_penalty": (1,),
+    "min_p": (0,),
+    "min_tokens": (0,),
+    "logit_bias": (None, {}),
+    "allowed_token_ids": (None,),
+    "bad_words": (None, []),
+    "response_format": (None, {"type": "text"}),
+    "tools": (None, []),
+    "functions": (None, []),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "structured_outputs": (None,),
+    "use_beam_search": (False,),
+    "prompt_logprobs": (None,),
+    "truncate_prompt_tokens": (None,),
+    "continue_final_message": (False,),
+    "add_generation_prompt": (True,),
+}
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """JSON equality, a bool equal only to a bool (`true` is not a penalty of 1)."""
+    return value == neutral and isinstance(value, bool) == isinstance(neutral, bool)
+
+
 def unsupported(body: _Sampling) -> tuple[str, str] | None:
     """(field, message) for the first feature `body` asks for that this server does not
     serve, or None."""
+    for name, value in (body.model_extra or {}).items():
+        neutral = _NEUTRAL.get(name)
+        if neutral is not None and not any(_same(value, v) for v in neutral):
+            allowed = " or ".join(repr(v) for v in neutral)
+            return name, f"{name} is not supported: this server generates without it (only {allowed} is accepted)"
     if isinstance(body, CompletionRequest):
         if body.echo:
             return "echo", "echo is not supported"
