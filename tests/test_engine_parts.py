@@ -9,6 +9,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixcache import BlockPool
 from prefixcache.cli import main
@@ -18,7 +20,7 @@ from prefixcache.engine.config import EngineConfig, SamplingConfig, load_serving
 from prefixcache.engine.loader import load_model
 from prefixcache.engine.model import LlamaModel, apply_rope, rope_tables
 from prefixcache.engine.nocache import NoPrefixCache
-from prefixcache.engine.sampling import SamplingParams, child_params, filter_logits, sample
+from prefixcache.engine.sampling import SamplingParams, apply_penalties, child_params, filter_logits, sample
 from prefixcache.engine.tokenizer import GGUFTokenizer
 from prefixcache.engine.weights import (
     LlamaConfig,
@@ -379,3 +381,42 @@ def test_a_childs_params_are_the_parents_with_seed_plus_index_wrapped_to_int64()
     assert child_params(SamplingParams(seed=2**63 - 1), 1).seed == -(2**63)  # wraps as torch takes the seed
     # -1 given is "none" (vLLM's); a child's -1 is a seed, as vLLM sets it after the check.
     assert SamplingParams(seed=-1).seed is None and child_params(SamplingParams(seed=-3), 2).seed == -1
+
+
+def naive_penalties(row: list[float], prompt: list[int], output: list[int], presence: float, frequency: float,
+                    repetition: float) -> list[float]:
+    """vLLM's penalties, one token at a time."""
+    out = []
+    for t, x in enumerate(row):
+        if t in prompt or t in output:
+            x = x / repetition if x > 0 else x * repetition
+        out.append(x - frequency * output.count(t) - presence * (t in output))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_penalties_agree_with_the_naive_model(data):
+    vocab = data.draw(st.integers(1, 12))
+    rows = data.draw(st.integers(1, 3))
+    logits = [[data.draw(st.sampled_from([-3.0, -0.5, 0.0, 0.7, 2.0, float("-inf")])) for _ in range(vocab)]
+              for _ in range(rows)]
+    ids = st.lists(st.integers(0, vocab - 1), max_size=8)
+    prompts, outputs = [data.draw(ids) for _ in range(rows)], [data.draw(ids) for _ in range(rows)]
+    params = [SamplingParams(presence_penalty=data.draw(st.sampled_from([0.0, -1.5, 0.8])),
+                             frequency_penalty=data.draw(st.sampled_from([0.0, 0.5, -2.0])),
+                             repetition_penalty=data.draw(st.sampled_from([1.0, 1.3, 0.7]))) for _ in range(rows)]
+    got = apply_penalties(torch.tensor(logits), params, prompts, outputs)
+    for i in range(rows):
+        want = naive_penalties(logits[i], prompts[i], outputs[i], params[i].presence_penalty,
+                               params[i].frequency_penalty, params[i].repetition_penalty)
+        assert got[i].tolist() == pytest.approx(want, abs=1e-6)
+    plain = torch.tensor(logits)
+    assert apply_penalties(plain, [SamplingParams()] * rows, prompts, outputs) is plain  # nothing to do: no copy
+
+
+def test_bad_penalties_are_named():
+    for field, value in (("presence_penalty", 2.5), ("frequency_penalty", -3), ("repetition_penalty", 0.0),
+                         ("repetition_penalty", float("inf")), ("presence_penalty", True)):
+        with pytest.raises(ConfigError, match=f"^{field}"):
+            SamplingParams(**{field: value})

@@ -170,3 +170,20 @@ def test_the_server_asks_for_what_vllm_would(chat, flag, k):
         assert err.value.param == want
     else:
         assert _logprobs(body, 320) == want
+
+
+def test_penalties_shape_the_draw_and_leave_the_logprobs_raw(tiny):
+    engine = Engine(serve_config("hash").serving, model=tiny)
+    plain = engine.generate([GenerationRequest(prompt=PROMPT, max_tokens=16, ignore_eos=True, logprobs=1)])[0]
+    strict = SamplingParams(temperature=0.0, frequency_penalty=2.0, repetition_penalty=1.5)
+    penalized = engine.generate([GenerationRequest(prompt=PROMPT, max_tokens=16, ignore_eos=True, logprobs=1,
+                                                   sampling=strict)])[0]  # fmt: skip
+    assert penalized.token_ids != plain.token_ids  # greedy over penalized logits draws otherwise
+    # The first token is drawn from the same raw logits in both runs: raw logprobs agree,
+    # whichever token each drew, and a penalized greedy token need not rank first.
+    first = {t: lp for t, lp in plain.logprobs[0].top}
+    assert penalized.logprobs[0].logprob <= plain.logprobs[0].logprob + 1e-4  # (a cache hit: float noise)
+    if penalized.token_ids[0] in first:
+        assert penalized.logprobs[0].logprob == pytest.approx(first[penalized.token_ids[0]], abs=1e-5)
+    assert any(lp.rank > 1 for lp in penalized.logprobs)
+    engine.check_invariants()

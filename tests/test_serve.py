@@ -304,9 +304,13 @@ BAD = [
     ("a batch past 1024 prompts", "/v1/completions", {"prompt": [[1]] * 1025}, 400, "prompt"),
     ("n = 0", "/v1/completions", {"prompt": "x", "n": 0}, 400, "n"),
     # vLLM's fields that change what is generated, not done here: refused, never ignored
-    ("a presence penalty", "/v1/completions", {"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
-    ("a repetition penalty", "/v1/chat/completions",
-     {"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 1.2}, 400, "repetition_penalty"),
+    ("min_p", "/v1/completions", {"prompt": "x", "min_p": 0.1}, 400, "min_p"),
+    # penalties as vLLM's SamplingParams checks them
+    ("a presence penalty past 2", "/v1/completions", {"prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ("a frequency penalty below -2", "/v1/completions", {"prompt": "x", "frequency_penalty": -3}, 400,
+     "frequency_penalty"),
+    ("a repetition penalty of 0", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 0}, 400, "repetition_penalty"),
     ("min_tokens", "/v1/completions", {"prompt": "x", "min_tokens": 4}, 400, "min_tokens"),
     ("a logit bias", "/v1/completions", {"prompt": "x", "logit_bias": {"5": 10}}, 400, "logit_bias"),
     ("a JSON response format", "/v1/chat/completions",
@@ -390,6 +394,15 @@ def test_the_openapi_schema_is_served_as_vllm_does_and_true_to_the_server(replic
     ids = [op["operationId"] for ops in schema["paths"].values() for op in ops.values()]
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)  # code generators need unique ids
     assert {"get", "post"} <= set(schema["paths"]["/flush_cache"]) and "get" in schema["paths"]["/metrics"]
+
+
+def test_penalties_change_what_greedy_draws(replicas):
+    c = client(replicas["radix"])
+    kw = {"model": "tiny", "prompt": PROMPT, "max_tokens": 16, "extra_body": {"ignore_eos": True}}
+    plain = c.completions.create(**kw).choices[0].text
+    for penalty in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}, {"extra_body": {"ignore_eos": True,
+                                                                                         "repetition_penalty": 1.5}}):
+        assert c.completions.create(**{**kw, **penalty}).choices[0].text != plain, penalty
 
 
 def test_the_neutral_values_of_fields_not_served_are_accepted(replicas):

@@ -86,12 +86,23 @@ class SamplingConfig:
                  seed + i unless it brings its own), an int64 (negative ones seed
                  torch's generator as their two's complement, as in vLLM); null or -1
                  (vLLM's) = nondeterministic
+    presence_penalty:   subtracted from the logit of every token the output holds, in
+                        [-2, 2] (OpenAI's; 0 = off)
+    frequency_penalty:  subtracted once per time the output holds a token, in [-2, 2]
+                        (0 = off)
+    repetition_penalty: a token the prompt or the output holds has its logit divided by
+                        it when positive, multiplied when not (> 0 and finite; 1 = off)
+    The penalties act on the logits every token is drawn from, greedy ones too, and not
+    on the logprobs a request returns (vLLM's raw logprobs).
     """
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -103,6 +114,13 @@ class SamplingConfig:
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
             raise ConfigError("top_p", f"must be a number in (0, 1], got {p!r}")
         _check_int("top_k", self.top_k, 0)
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
+                raise ConfigError(name, f"must be in [-2, 2], got {v!r}")
+        r = self.repetition_penalty
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r <= 0:
+            raise ConfigError("repetition_penalty", f"must be a finite number greater than zero, got {r!r}")
         if self.seed is not None:
             s = self.seed
             if isinstance(s, bool) or not isinstance(s, int) or not _INT64[0] <= s <= _INT64[1]:
@@ -122,6 +140,11 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty changes the logits (`sampling.apply_penalties`)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
 
 def _check_model(model: Any) -> None:

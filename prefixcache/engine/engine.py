@@ -55,7 +55,7 @@ from prefixcache.engine.memory import check_engine_memory
 from prefixcache.engine.metrics import RequestMetrics, RunStats
 from prefixcache.engine.model import LlamaModel
 from prefixcache.engine.nocache import NoPrefixCache
-from prefixcache.engine.sampling import SamplingError, SamplingParams, sample
+from prefixcache.engine.sampling import SamplingError, SamplingParams, apply_penalties, sample
 from prefixcache.engine.scheduler import Scheduled, Scheduler, Sequence as Seq
 from prefixcache.errors import ConfigError
 from prefixcache.events import KVEvent
@@ -422,7 +422,10 @@ class Engine:
         requests this finished (a row that cannot be sampled fails its request alone), and
         the drawn tokens' logprobs for the requests that asked."""
         seqs = [w.seq for w in work]
-        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        params = [s.params for s in seqs]
+        # Penalties shape what is drawn; the logprobs a request returns are the raw ones (vLLM's).
+        drawn_from = apply_penalties(logits, params, [s.prompt for s in seqs], [s.output for s in seqs])
+        tokens = sample(drawn_from, params, [s.generator for s in seqs])
         asked = [i for i, (s, t) in enumerate(zip(seqs, tokens)) if s.num_logprobs is not None and isinstance(t, int)]
         computed = token_logprobs(logits, asked, [tokens[i] for i in asked], [seqs[i].num_logprobs for i in asked])
         row_logprobs = dict(zip(asked, computed))

@@ -1,7 +1,8 @@
 """Drawing the next token from logits: greedy, or temperature / top-k / top-p with a
 request's own seeded generator.
 
-Owns `SamplingParams` (per request) and `sample`. A request with a seed owns a
+Owns `SamplingParams` (per request), `apply_penalties` (vLLM's presence, frequency and
+repetition penalties over a request's tokens) and `sample`. A request with a seed owns a
 `torch.Generator`, so its tokens do not depend on which other requests share its steps
 or on preemption (a preempted request keeps its generator and never redraws a token).
 
@@ -22,10 +23,38 @@ import torch
 
 from prefixcache.engine.config import SamplingConfig
 
-__all__ = ["SamplingParams", "SamplingError", "sample", "filter_logits", "child_params"]
+__all__ = ["SamplingParams", "SamplingError", "sample", "filter_logits", "child_params", "apply_penalties"]
 
 SamplingParams = SamplingConfig
 """A request's sampling settings: the same fields as the config's `sampling:` section."""
+
+
+def apply_penalties(
+    logits: torch.Tensor, params: Sequence[SamplingParams], prompts: Sequence[Sequence[int]],
+    outputs: Sequence[Sequence[int]],
+) -> torch.Tensor:
+    """``logits [n, vocab]`` with row i's penalties applied (`params[i]`, over the token ids
+    of `prompts[i]` and `outputs[i]`), as vLLM's sampler applies them: repetition first (a
+    token seen in the prompt or the output: a positive logit divided by it, another
+    multiplied), then frequency (times each output token's count) and presence (once per
+    output token) subtracted. `logits` itself if no row is penalized, else a float copy."""
+    rows = [i for i, p in enumerate(params) if p.penalized]
+    if not rows:
+        return logits
+    out = logits.float().clone()
+    vocab = out.shape[-1]
+    for i in rows:
+        p = params[i]
+        counts = torch.bincount(torch.as_tensor(list(outputs[i]), dtype=torch.long), minlength=vocab)[:vocab]
+        in_output = counts > 0
+        row = out[i]
+        if p.repetition_penalty != 1.0:
+            seen = in_output | (torch.bincount(torch.as_tensor(list(prompts[i]), dtype=torch.long),
+                                               minlength=vocab)[:vocab] > 0)
+            scaled = torch.where(row > 0, row / p.repetition_penalty, row * p.repetition_penalty)
+            row = torch.where(seen, scaled, row)
+        out[i] = row - p.frequency_penalty * counts - p.presence_penalty * in_output
+    return out
 
 
 def child_params(params: SamplingParams, index: int) -> SamplingParams:

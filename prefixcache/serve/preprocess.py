@@ -308,7 +308,8 @@ def _logprobs(body: Body, vocab_size: int) -> int | None:
 def _sampling(body: Body, default: SamplingParams) -> SamplingParams | None:
     """The request's sampling: None (the engine's default) if it sets no sampling field,
     else its fields over `default`, with its own seed, checked and clamped as vLLM does."""
-    if all(v is None for v in (body.temperature, body.top_p, body.top_k, body.seed)):
+    penalties = {name: getattr(body, name) for name in ("presence_penalty", "frequency_penalty", "repetition_penalty")}
+    if all(v is None for v in (body.temperature, body.top_p, body.top_k, body.seed, *penalties.values())):
         return None
     try:
         return SamplingParams(
@@ -316,6 +317,7 @@ def _sampling(body: Body, default: SamplingParams) -> SamplingParams | None:
             top_p=default.top_p if body.top_p is None else body.top_p,
             top_k=default.top_k if body.top_k is None or body.top_k == -1 else body.top_k,
             seed=body.seed,
+            **{name: getattr(default, name) if v is None else v for name, v in penalties.items()},
         )
     except ValueError as err:  # ConfigError names the field: "temperature: must be in [0, 2], got 3.0"
         raise APIError(str(err), param=getattr(err, "path", None)) from None
