@@ -104,3 +104,33 @@ def test_the_engine_ends_a_request_at_a_stop_string_and_frees_its_blocks():
     with pytest.raises(ValueError, match="^stop must be a sequence of str"):
         engine.add_request(GenerationRequest(prompt=prompt, stop="x"))  # type: ignore[arg-type]
     assert engine.add_request(GenerationRequest(prompt=prompt)) == "req-2"  # a refused request takes no id
+
+
+def test_min_tokens_keeps_stop_tokens_and_strings_from_ending_a_request_early():
+    """vLLM's min_tokens: stop tokens cannot be drawn, and stop strings are not looked for,
+    until the output holds that many tokens."""
+    from prefixcache.engine.engine import Engine
+    from prefixcache.engine.loader import load_model
+    from serve_cases import serve_config
+
+    engine = Engine(serve_config("hash").serving, model=load_model("tiny"))
+    prompt = list(b"The quick brown fox jumps over the lazy dog. ")
+    free = engine.generate([GenerationRequest(prompt=prompt, max_tokens=30, ignore_eos=True)])[0]
+    stop_id = free.token_ids[1]
+    early = engine.generate([GenerationRequest(prompt=prompt, max_tokens=30, ignore_eos=True,
+                                               stop_token_ids=(stop_id,))])[0]  # fmt: skip
+    assert early.finish_reason == "stop" and len(early.token_ids) == 2
+    held = engine.generate([GenerationRequest(prompt=prompt, max_tokens=30, ignore_eos=True, stop_token_ids=(stop_id,),
+                                              min_tokens=8)])[0]  # fmt: skip
+    assert len(held.token_ids) >= 8 and stop_id not in held.token_ids[:8]
+    stop = free.text[:2]  # completed by the second token (one character a token here)
+    at_once = engine.generate([GenerationRequest(prompt=prompt, max_tokens=30, ignore_eos=True, stop=(stop,))])[0]
+    assert (at_once.stop_str, len(at_once.token_ids)) == (stop, 2)
+    late = engine.generate([GenerationRequest(prompt=prompt, max_tokens=30, ignore_eos=True, stop=(stop,),
+                                              min_tokens=4)])[0]  # fmt: skip
+    assert late.token_ids[:4] == free.token_ids[:4] and len(late.token_ids) > 4  # looked for past 4 tokens only
+    for bad in (-1, 31, True):
+        with pytest.raises(ValueError, match="^min_tokens must be an integer"):
+            engine.add_request(GenerationRequest(prompt=prompt, max_tokens=30, min_tokens=bad))  # type: ignore[arg-type]
+    assert not engine.has_unfinished()
+    engine.check_invariants()

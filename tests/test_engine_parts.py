@@ -270,6 +270,15 @@ def test_top_k_and_top_p_filters():
     assert torch.isinf(filter_logits(logits, 1.0, 0, 0.8)).tolist() == [False, False, True, True]
     assert torch.isinf(filter_logits(logits, 1.0, 0, 0.81)).tolist() == [False, False, False, True]
     assert torch.isinf(filter_logits(logits, 1.0, 0, 0.1)).tolist() == [False, True, True, True]
+    # min_p: at least min_p x the most likely token's probability (0.5), after temperature, first.
+    assert torch.isinf(filter_logits(logits, 1.0, 0, 1.0, 0.4)).tolist() == [False, False, True, True]
+    assert torch.isinf(filter_logits(logits, 1.0, 0, 1.0, 0.11)).tolist() == [False, False, False, True]
+    hot = filter_logits(logits, 2.0, 0, 1.0, 0.4)  # flatter: 0.15 is now above 0.4 x the top
+    assert torch.isinf(hot).tolist() == [False, False, False, True]
+    assert torch.isinf(filter_logits(logits, 1.0, 3, 1.0, 0.4)).tolist() == [False, False, True, True]
+    assert SamplingParams(temperature=0.0, min_p=0.5).min_p == 0.0  # greedy resets it, as vLLM
+    with pytest.raises(ConfigError, match="^min_p"):
+        SamplingParams(temperature=1.0, min_p=1.5)
 
 
 def test_sample_greedy_and_seeded():

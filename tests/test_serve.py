@@ -304,14 +304,16 @@ BAD = [
     ("a batch past 1024 prompts", "/v1/completions", {"prompt": [[1]] * 1025}, 400, "prompt"),
     ("n = 0", "/v1/completions", {"prompt": "x", "n": 0}, 400, "n"),
     # vLLM's fields that change what is generated, not done here: refused, never ignored
-    ("min_p", "/v1/completions", {"prompt": "x", "min_p": 0.1}, 400, "min_p"),
+    ("min_p past 1", "/v1/completions", {"prompt": "x", "temperature": 1, "min_p": 1.5}, 400, "min_p"),
     # penalties as vLLM's SamplingParams checks them
     ("a presence penalty past 2", "/v1/completions", {"prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
     ("a frequency penalty below -2", "/v1/completions", {"prompt": "x", "frequency_penalty": -3}, 400,
      "frequency_penalty"),
     ("a repetition penalty of 0", "/v1/chat/completions",
      {"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 0}, 400, "repetition_penalty"),
-    ("min_tokens", "/v1/completions", {"prompt": "x", "min_tokens": 4}, 400, "min_tokens"),
+    ("min_tokens below 0", "/v1/completions", {"prompt": "x", "min_tokens": -1}, 400, "min_tokens"),
+    ("min_tokens past max_tokens", "/v1/completions", {"prompt": "x", "max_tokens": 3, "min_tokens": 4}, 400,
+     "min_tokens"),
     ("a logit bias", "/v1/completions", {"prompt": "x", "logit_bias": {"5": 10}}, 400, "logit_bias"),
     ("a JSON response format", "/v1/chat/completions",
      {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, 400,
@@ -403,6 +405,22 @@ def test_penalties_change_what_greedy_draws(replicas):
     for penalty in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}, {"extra_body": {"ignore_eos": True,
                                                                                          "repetition_penalty": 1.5}}):
         assert c.completions.create(**{**kw, **penalty}).choices[0].text != plain, penalty
+
+
+def test_min_tokens_and_min_p_are_served(replicas):
+    c = client(replicas["hash"])
+    first = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=1).choices[0].text
+    stop_id = ord(first)  # the tiny model's tokens are bytes
+    body = {"stop_token_ids": [stop_id], "ignore_eos": True}
+    early = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, extra_body=body)
+    assert early.usage.completion_tokens == 1
+    held = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, extra_body={**body, "min_tokens": 6})
+    assert held.usage.completion_tokens >= 6 and first not in held.choices[0].text[:6]
+    # min_p 1: only the most likely token survives, so a hot draw is the greedy one.
+    hot = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=1.5, seed=3,
+                               extra_body={"min_p": 1.0, "ignore_eos": True})
+    greedy = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, extra_body={"ignore_eos": True})
+    assert hot.choices[0].text == greedy.choices[0].text
 
 
 def test_the_neutral_values_of_fields_not_served_are_accepted(replicas):

@@ -94,6 +94,9 @@ class SamplingConfig:
                         it when positive, multiplied when not (> 0 and finite; 1 = off)
     The penalties act on the logits every token is drawn from, greedy ones too, and not
     on the logprobs a request returns (vLLM's raw logprobs).
+    min_p:       keep the tokens at least min_p times as likely as the most likely one
+                 (after temperature, before top-k and top-p, as vLLM), in [0, 1] (0 =
+                 off; greedy resets it, as vLLM does)
     """
 
     temperature: float = 0.0
@@ -103,6 +106,7 @@ class SamplingConfig:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -118,6 +122,9 @@ class SamplingConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
                 raise ConfigError(name, f"must be in [-2, 2], got {v!r}")
+        m = self.min_p
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m <= 1.0:
+            raise ConfigError("min_p", f"must be in [0, 1], got {m!r}")
         r = self.repetition_penalty
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r <= 0:
             raise ConfigError("repetition_penalty", f"must be a finite number greater than zero, got {r!r}")
@@ -136,6 +143,7 @@ class SamplingConfig:
         elif t < SAMPLING_EPS:  # greedy: the filters mean nothing (vLLM resets them)
             object.__setattr__(self, "top_p", 1.0)
             object.__setattr__(self, "top_k", 0)
+            object.__setattr__(self, "min_p", 0.0)
 
     @property
     def greedy(self) -> bool:

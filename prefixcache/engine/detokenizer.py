@@ -95,10 +95,12 @@ class StopStrings:
         """CHARACTERS a stream holds back so that nothing it sends is cut later."""
         return 0 if include or not stops else max(len(s) for s in stops) - 1
 
-    def add(self, token_id: int) -> str | None:
+    def add(self, token_id: int, *, check: bool = True) -> str | None:
+        """The stop string `token_id` completes, or None; `check` False (a request short of
+        its `min_tokens`, as vLLM's detokenizer skips the check) only decodes it."""
         new = self._decoder.add((token_id,))
         window = self._tail + new
-        found = check_stop_strings(self.stops, window, len(new), self.include)
+        found = check_stop_strings(self.stops, window, len(new), self.include) if check else None
         if found is None:
             self._tail = window[max(0, len(window) - self._keep) :] if self._keep else ""
             return None

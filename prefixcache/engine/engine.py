@@ -82,7 +82,9 @@ class GenerationRequest:
     cut before it, or after it with `include_stop_str_in_output`: `detokenizer`).
     `arrival_s`: when it arrived (`time.perf_counter()` SECONDS; default: when added),
     the start of its TTFT and latency. `logprobs`: return each drawn token's logprob with
-    this many of the most likely tokens (vLLM's `SamplingParams.logprobs`; None: none)."""
+    this many of the most likely tokens (vLLM's `SamplingParams.logprobs`; None: none).
+    `min_tokens`: no stop token can be drawn, and no stop string ends it, before it has
+    this many output tokens (vLLM's; at most `max_tokens`)."""
 
     prompt: str | Sequence[int] | None = None
     messages: Sequence[Mapping[str, str]] | None = None
@@ -97,6 +99,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
+    min_tokens: int = 0
 
 
 @dataclass
@@ -230,6 +233,9 @@ class Engine:
             if isinstance(request.stop, str):
                 raise ValueError(f"stop must be a sequence of str, got the str {request.stop!r}")
             stop_strings = StopStrings(self.tokenizer, request.stop, request.include_stop_str_in_output)
+        min_tokens = request.min_tokens
+        if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or not 0 <= min_tokens <= max_tokens:
+            raise ValueError(f"min_tokens must be an integer in [0, max_tokens={max_tokens}], got {min_tokens!r}")
         num_logprobs = request.logprobs
         if num_logprobs is not None and (isinstance(num_logprobs, bool) or not isinstance(num_logprobs, int)
                                          or not 0 <= num_logprobs <= vocab):
@@ -262,6 +268,7 @@ class Engine:
                 keep_first_logits=request.keep_first_logits,
                 stop_strings=stop_strings,
                 num_logprobs=num_logprobs,
+                min_tokens=min_tokens,
             )
         )
         self._requests += 1
@@ -425,6 +432,11 @@ class Engine:
         params = [s.params for s in seqs]
         # Penalties shape what is drawn; the logprobs a request returns are the raw ones (vLLM's).
         drawn_from = apply_penalties(logits, params, [s.prompt for s in seqs], [s.output for s in seqs])
+        short = [i for i, s in enumerate(seqs) if len(s.output) < s.min_tokens]
+        if short:  # vLLM's min_tokens: no stop token can be drawn yet
+            drawn_from = drawn_from.clone() if drawn_from is logits else drawn_from
+            for i in short:
+                drawn_from[i, [t for t in seqs[i].stop_token_ids if t < drawn_from.shape[-1]]] = float("-inf")
         tokens = sample(drawn_from, params, [s.generator for s in seqs])
         asked = [i for i, (s, t) in enumerate(zip(seqs, tokens)) if s.num_logprobs is not None and isinstance(t, int)]
         computed = token_logprobs(logits, asked, [tokens[i] for i in asked], [seqs[i].num_logprobs for i in asked])
@@ -452,7 +464,8 @@ class Engine:
             reason = None
             if tok in seq.stop_token_ids:
                 reason = "stop"
-            elif seq.stop_strings is not None and seq.stop_strings.add(tok) is not None:
+            elif (seq.stop_strings is not None
+                  and seq.stop_strings.add(tok, check=len(seq.output) > seq.min_tokens) is not None):
                 reason = "stop"  # before the length limit, as vLLM's output processor overrides it
             elif len(seq.output) >= seq.max_tokens or len(seq.tokens) >= max_position:
                 reason = "length"

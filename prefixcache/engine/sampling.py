@@ -69,10 +69,15 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
     return child
 
 
-def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """``logits [vocab]`` divided by `temperature`, with tokens outside the top-k and the
-    top-p nucleus set to -inf (the most likely token always survives)."""
+def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                  min_p: float = 0.0) -> torch.Tensor:
+    """``logits [vocab]`` divided by `temperature`, with tokens less than `min_p` times as
+    likely as the most likely one, then those outside the top-k and the top-p nucleus,
+    set to -inf (vLLM's order; the most likely token always survives)."""
     x = logits.float() / temperature
+    if min_p > 0.0:
+        probs = torch.softmax(x, dim=-1)
+        x = x.masked_fill(probs < min_p * probs.max(), float("-inf"))
     if 0 < top_k < x.shape[-1]:
         kth = torch.topk(x, top_k).values[-1]
         x = x.masked_fill(x < kth, float("-inf"))
@@ -106,7 +111,7 @@ def sample(
             continue
         if p.greedy:
             continue
-        probs = torch.softmax(filter_logits(logits[i], p.temperature, p.top_k, p.top_p), dim=-1)
+        probs = torch.softmax(filter_logits(logits[i], p.temperature, p.top_k, p.top_p, p.min_p), dim=-1)
         if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
             out[i] = SamplingError(f"no token can be drawn at temperature {p.temperature}, top_k {p.top_k}, "
                                    f"top_p {p.top_p}: the distribution is not finite")

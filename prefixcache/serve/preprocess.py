@@ -27,7 +27,8 @@ The checks, in vLLM 0.33's terms (errors: 400 BadRequestError unless said):
   without `logprobs: true` (chat), or more than `MAX_LOGPROBS` of them (-1: the whole
   vocabulary; the param is the field the count came from); `n` outside [1, `MAX_N`], a
   completion's batch of prompts with an empty one (`prompt[i]`) or more than
-  `MAX_CHOICES` choices in all (prompts x n). A request
+  `MAX_CHOICES` choices in all (prompts x n); `min_tokens` below 0 or above the request's
+  `max_tokens` (after the cut below). A request
   whose prompt plus `max_tokens` passes the context gets `max_tokens` cut to what is
   left, as vLLM does.
 
@@ -258,8 +259,14 @@ class Preprocessor:
                 raise APIError(f"{param}={max_tokens} cannot be greater than max_model_len={limit}. "
                                "Please request fewer output tokens.", param=param)
         room = limit - len(prompt)
+        max_tokens = room if max_tokens is None else min(max_tokens, room)
+        if body.min_tokens < 0:
+            raise APIError(f"min_tokens must be greater than or equal to 0, got {body.min_tokens}.", param="min_tokens")
+        if body.min_tokens > max_tokens:
+            raise APIError(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {body.min_tokens}.",
+                           param="min_tokens")
         return GenerationRequest(
-            prompt=prompt, namespace=body.cache_salt, max_tokens=room if max_tokens is None else min(max_tokens, room),
+            prompt=prompt, namespace=body.cache_salt, max_tokens=max_tokens, min_tokens=body.min_tokens,
             sampling=_sampling(body, model.default_sampling), stop_token_ids=tuple(body.stop_token_ids or ()),
             ignore_eos=body.ignore_eos, request_id=rid, arrival_s=arrival, stop=_stop_strings(body),
             include_stop_str_in_output=body.include_stop_str_in_output, logprobs=_logprobs(body, model.vocab_size),
@@ -308,8 +315,8 @@ def _logprobs(body: Body, vocab_size: int) -> int | None:
 def _sampling(body: Body, default: SamplingParams) -> SamplingParams | None:
     """The request's sampling: None (the engine's default) if it sets no sampling field,
     else its fields over `default`, with its own seed, checked and clamped as vLLM does."""
-    penalties = {name: getattr(body, name) for name in ("presence_penalty", "frequency_penalty", "repetition_penalty")}
-    if all(v is None for v in (body.temperature, body.top_p, body.top_k, body.seed, *penalties.values())):
+    rest = {name: getattr(body, name) for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")}
+    if all(v is None for v in (body.temperature, body.top_p, body.top_k, body.seed, *rest.values())):
         return None
     try:
         return SamplingParams(
@@ -317,7 +324,7 @@ def _sampling(body: Body, default: SamplingParams) -> SamplingParams | None:
             top_p=default.top_p if body.top_p is None else body.top_p,
             top_k=default.top_k if body.top_k is None or body.top_k == -1 else body.top_k,
             seed=body.seed,
-            **{name: getattr(default, name) if v is None else v for name, v in penalties.items()},
+            **{name: getattr(default, name) if v is None else v for name, v in rest.items()},
         )
     except ValueError as err:  # ConfigError names the field: "temperature: must be in [0, 2], got 3.0"
         raise APIError(str(err), param=getattr(err, "path", None)) from None
