@@ -20,7 +20,8 @@ from prefixcache.engine.config import EngineConfig, SamplingConfig, load_serving
 from prefixcache.engine.loader import load_model
 from prefixcache.engine.model import LlamaModel, apply_rope, rope_tables
 from prefixcache.engine.nocache import NoPrefixCache
-from prefixcache.engine.sampling import SamplingParams, apply_penalties, child_params, filter_logits, sample
+from prefixcache.engine.sampling import (SamplingParams, apply_penalties, child_params, filter_logits, processed_logits,
+                                         sample)
 from prefixcache.engine.tokenizer import GGUFTokenizer
 from prefixcache.engine.weights import (
     LlamaConfig,
@@ -429,3 +430,25 @@ def test_bad_penalties_are_named():
                          ("repetition_penalty", float("inf")), ("presence_penalty", True)):
         with pytest.raises(ConfigError, match=f"^{field}"):
             SamplingParams(**{field: value})
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_logits_processors_agree_with_the_naive_model(data):
+    """vLLM's order: allowed ids, banned (min_tokens' stop tokens), logit bias, penalties."""
+    vocab = data.draw(st.integers(1, 10))
+    logits = [data.draw(st.sampled_from([-3.0, -0.5, 0.0, 0.7, 2.0])) for _ in range(vocab)]
+    ids = st.lists(st.integers(0, vocab - 1), max_size=6)
+    prompt, output, banned = data.draw(ids), data.draw(ids), set(data.draw(ids))
+    allowed = data.draw(st.none() | st.lists(st.integers(0, vocab - 1), min_size=1, max_size=4))
+    bias = data.draw(st.lists(st.tuples(st.integers(0, vocab - 1), st.sampled_from([-150.0, -1.0, 2.5, 100.0])),
+                              max_size=3, unique_by=lambda p: p[0]))
+    p = SamplingParams(presence_penalty=data.draw(st.sampled_from([0.0, 0.8])),
+                       repetition_penalty=data.draw(st.sampled_from([1.0, 1.3])), logit_bias=tuple(bias),
+                       allowed_token_ids=None if allowed is None else tuple(allowed))
+    row = [x if allowed is None or t in allowed else float("-inf") for t, x in enumerate(logits)]
+    row = [float("-inf") if t in banned else x for t, x in enumerate(row)]
+    row = [x + sum(min(100.0, max(-100.0, b)) for t2, b in bias if t2 == t) for t, x in enumerate(row)]
+    want = naive_penalties(row, prompt, output, p.presence_penalty, 0.0, p.repetition_penalty)
+    got = processed_logits(torch.tensor([logits]), [p], [prompt], [output], [banned])
+    assert got[0].tolist() == pytest.approx(want, abs=1e-5)

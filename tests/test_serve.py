@@ -314,7 +314,14 @@ BAD = [
     ("min_tokens below 0", "/v1/completions", {"prompt": "x", "min_tokens": -1}, 400, "min_tokens"),
     ("min_tokens past max_tokens", "/v1/completions", {"prompt": "x", "max_tokens": 3, "min_tokens": 4}, 400,
      "min_tokens"),
-    ("a logit bias", "/v1/completions", {"prompt": "x", "logit_bias": {"5": 10}}, 400, "logit_bias"),
+    ("a logit bias key not a token id", "/v1/completions", {"prompt": "x", "logit_bias": {"a": 10}}, 400,
+     "logit_bias"),
+    ("a logit bias past the vocabulary", "/v1/completions", {"prompt": "x", "logit_bias": {"320": 10}}, 400,
+     "logit_bias"),
+    ("no allowed token", "/v1/completions", {"prompt": "x", "allowed_token_ids": []}, 400, "allowed_token_ids"),
+    ("an allowed token past the vocabulary", "/v1/completions", {"prompt": "x", "allowed_token_ids": [5, 400]}, 400,
+     "allowed_token_ids"),
+    ("bad words", "/v1/completions", {"prompt": "x", "bad_words": ["no"]}, 400, "bad_words"),
     ("a JSON response format", "/v1/chat/completions",
      {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, 400,
      "response_format"),
@@ -421,6 +428,16 @@ def test_min_tokens_and_min_p_are_served(replicas):
                                extra_body={"min_p": 1.0, "ignore_eos": True})
     greedy = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, extra_body={"ignore_eos": True})
     assert hot.choices[0].text == greedy.choices[0].text
+
+
+def test_logit_bias_and_allowed_token_ids_steer_what_is_drawn(replicas):
+    c = client(replicas["hash"])
+    forced = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, logit_bias={str(ord("q")): 100},
+                                  extra_body={"ignore_eos": True})
+    assert forced.choices[0].text == "q" * 6  # +100 (OpenAI's most) outweighs every other logit
+    only = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=1.0, seed=1,
+                                extra_body={"ignore_eos": True, "allowed_token_ids": [ord("a"), ord("b")]})
+    assert set(only.choices[0].text) <= {"a", "b"} and len(only.choices[0].text) == 8
 
 
 def test_the_neutral_values_of_fields_not_served_are_accepted(replicas):

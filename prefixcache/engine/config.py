@@ -97,6 +97,9 @@ class SamplingConfig:
     min_p:       keep the tokens at least min_p times as likely as the most likely one
                  (after temperature, before top-k and top-p, as vLLM), in [0, 1] (0 =
                  off; greedy resets it, as vLLM does)
+    logit_bias:  (token id, bias) pairs added to those tokens' logits, each bias clamped
+                 to [-100, 100] (OpenAI's); before the penalties, as vLLM
+    allowed_token_ids: only these token ids can be drawn (None: any; not empty)
     """
 
     temperature: float = 0.0
@@ -107,6 +110,8 @@ class SamplingConfig:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -125,6 +130,19 @@ class SamplingConfig:
         m = self.min_p
         if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m <= 1.0:
             raise ConfigError("min_p", f"must be in [0, 1], got {m!r}")
+        bias = []
+        for pair in self.logit_bias:
+            if (not isinstance(pair, (tuple, list)) or len(pair) != 2 or isinstance(pair[0], bool)
+                    or not isinstance(pair[0], int) or pair[0] < 0 or isinstance(pair[1], bool)
+                    or not isinstance(pair[1], (int, float)) or not math.isfinite(pair[1])):
+                raise ConfigError("logit_bias", f"must be (token id >= 0, finite bias) pairs, got {pair!r}")
+            bias.append((pair[0], min(100.0, max(-100.0, float(pair[1])))))
+        object.__setattr__(self, "logit_bias", tuple(bias))
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if not ids or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+                raise ConfigError("allowed_token_ids", f"must be a non-empty list of token ids >= 0, got {ids!r}")
+            object.__setattr__(self, "allowed_token_ids", tuple(ids))
         r = self.repetition_penalty
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r <= 0:
             raise ConfigError("repetition_penalty", f"must be a finite number greater than zero, got {r!r}")
@@ -153,6 +171,11 @@ class SamplingConfig:
     def penalized(self) -> bool:
         """Whether a penalty changes the logits (`sampling.apply_penalties`)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+    @property
+    def processed(self) -> bool:
+        """Whether anything changes the logits before the draw (`sampling.processed_logits`)."""
+        return self.penalized or bool(self.logit_bias) or self.allowed_token_ids is not None
 
 
 def _check_model(model: Any) -> None:

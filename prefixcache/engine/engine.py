@@ -55,7 +55,7 @@ from prefixcache.engine.memory import check_engine_memory
 from prefixcache.engine.metrics import RequestMetrics, RunStats
 from prefixcache.engine.model import LlamaModel
 from prefixcache.engine.nocache import NoPrefixCache
-from prefixcache.engine.sampling import SamplingError, SamplingParams, apply_penalties, sample
+from prefixcache.engine.sampling import SamplingError, SamplingParams, processed_logits, sample
 from prefixcache.engine.scheduler import Scheduled, Scheduler, Sequence as Seq
 from prefixcache.errors import ConfigError
 from prefixcache.events import KVEvent
@@ -241,6 +241,11 @@ class Engine:
                                          or not 0 <= num_logprobs <= vocab):
             raise ValueError(f"logprobs must be None or an integer in [0, {vocab}] (the vocabulary), got {num_logprobs!r}")
         params = request.sampling or ec.sampling
+        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]),
+                          ("allowed_token_ids", params.allowed_token_ids or ())):
+            outside = [t for t in ids if t >= vocab]
+            if outside:
+                raise ValueError(f"{name}: token id {outside[0]} is not in the vocabulary [0, {vocab})")
         seed = params.seed
         if request.sampling is None and seed is not None:
             seed += self._next_id  # request i of the engine draws from seed + i
@@ -430,13 +435,10 @@ class Engine:
         the drawn tokens' logprobs for the requests that asked."""
         seqs = [w.seq for w in work]
         params = [s.params for s in seqs]
-        # Penalties shape what is drawn; the logprobs a request returns are the raw ones (vLLM's).
-        drawn_from = apply_penalties(logits, params, [s.prompt for s in seqs], [s.output for s in seqs])
-        short = [i for i, s in enumerate(seqs) if len(s.output) < s.min_tokens]
-        if short:  # vLLM's min_tokens: no stop token can be drawn yet
-            drawn_from = drawn_from.clone() if drawn_from is logits else drawn_from
-            for i in short:
-                drawn_from[i, [t for t in seqs[i].stop_token_ids if t < drawn_from.shape[-1]]] = float("-inf")
+        # The logits processors shape what is drawn (min_tokens: no stop token yet); the
+        # logprobs a request returns are the raw ones (vLLM's).
+        banned = [s.stop_token_ids if len(s.output) < s.min_tokens else () for s in seqs]
+        drawn_from = processed_logits(logits, params, [s.prompt for s in seqs], [s.output for s in seqs], banned)
         tokens = sample(drawn_from, params, [s.generator for s in seqs])
         asked = [i for i, (s, t) in enumerate(zip(seqs, tokens)) if s.num_logprobs is not None and isinstance(t, int)]
         computed = token_logprobs(logits, asked, [tokens[i] for i in asked], [seqs[i].num_logprobs for i in asked])

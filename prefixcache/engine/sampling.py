@@ -1,8 +1,9 @@
 """Drawing the next token from logits: greedy, or temperature / top-k / top-p with a
 request's own seeded generator.
 
-Owns `SamplingParams` (per request), `apply_penalties` (vLLM's presence, frequency and
-repetition penalties over a request's tokens) and `sample`. A request with a seed owns a
+Owns `SamplingParams` (per request), `processed_logits` (vLLM's logits processors:
+allowed token ids, min_tokens' stop-token mask, logit bias, and `apply_penalties`, its
+presence, frequency and repetition penalties over a request's tokens) and `sample`. A request with a seed owns a
 `torch.Generator`, so its tokens do not depend on which other requests share its steps
 or on preemption (a preempted request keeps its generator and never redraws a token).
 
@@ -16,14 +17,15 @@ given, or let one row's failure fail another row.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 import torch
 
 from prefixcache.engine.config import SamplingConfig
 
-__all__ = ["SamplingParams", "SamplingError", "sample", "filter_logits", "child_params", "apply_penalties"]
+__all__ = ["SamplingParams", "SamplingError", "sample", "filter_logits", "child_params", "apply_penalties",
+           "processed_logits"]
 
 SamplingParams = SamplingConfig
 """A request's sampling settings: the same fields as the config's `sampling:` section."""
@@ -42,6 +44,12 @@ def apply_penalties(
     if not rows:
         return logits
     out = logits.float().clone()
+    _penalize(out, rows, params, prompts, outputs)
+    return out
+
+
+def _penalize(out: torch.Tensor, rows: Sequence[int], params: Sequence[SamplingParams],
+              prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]) -> None:
     vocab = out.shape[-1]
     for i in rows:
         p = params[i]
@@ -54,6 +62,33 @@ def apply_penalties(
             scaled = torch.where(row > 0, row / p.repetition_penalty, row * p.repetition_penalty)
             row = torch.where(seen, scaled, row)
         out[i] = row - p.frequency_penalty * counts - p.presence_penalty * in_output
+
+
+def processed_logits(
+    logits: torch.Tensor, params: Sequence[SamplingParams], prompts: Sequence[Sequence[int]],
+    outputs: Sequence[Sequence[int]], banned: Sequence[Collection[int]],
+) -> torch.Tensor:
+    """The logits row i's token is drawn from, vLLM's logits processors in vLLM's order:
+    tokens outside `allowed_token_ids` and those in `banned[i]` (a request's stop tokens
+    while it is short of its `min_tokens`) set to -inf, `logit_bias` added, then the
+    penalties (`apply_penalties`). `logits` itself when no row has any (the raw logits
+    give the logprobs either way), else a float copy."""
+    rows = [i for i, p in enumerate(params) if p.processed or banned[i]]
+    if not rows:
+        return logits
+    out = logits.float().clone()
+    vocab = out.shape[-1]
+    for i in rows:
+        p = params[i]
+        if p.allowed_token_ids is not None:
+            keep = torch.zeros(vocab, dtype=torch.bool)
+            keep[list(p.allowed_token_ids)] = True
+            out[i] = out[i].masked_fill(~keep, float("-inf"))
+        if banned[i]:
+            out[i, [t for t in banned[i] if t < vocab]] = float("-inf")
+        for token, bias in p.logit_bias:
+            out[i, token] += bias
+    _penalize(out, [i for i in rows if params[i].penalized], params, prompts, outputs)
     return out
 
 

@@ -6,14 +6,14 @@ Owns the pydantic models FastAPI validates `POST /v1/completions` and
 defaults to 16 for completions and to "the rest of the context" for chat, a completion
 `prompt` is a string or token ids (ids >= 0, never bools), and fields this server does not
 know are accepted and ignored, as vLLM's `extra="allow"` does. vLLM's own extensions we
-honor: `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
-`include_stop_str_in_output`, `cache_salt`.
+honor: `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `allowed_token_ids`, `ignore_eos`,
+`stop_token_ids`, `include_stop_str_in_output`, `cache_salt`.
 Logprobs as vLLM asks for them: a completion's `logprobs` is a count; a chat's `logprobs`
 a flag with `top_logprobs` (default 0) the count.
 
 What we do not serve is refused by `unsupported()` with the field named (a 400), never
 silently ignored: `echo`, `best_of`, `suffix`, non-text chat content, and vLLM's fields that
-change what is generated (logit bias, structured output, tools, beam search, ...) set to anything but the value that asks for nothing.
+change what is generated (bad words, structured output, tools, beam search, ...) set to anything but the value that asks for nothing.
 
 Must never: run anything or decide status codes (`errors` does).
 """
@@ -61,6 +61,8 @@ class _Sampling(_Request):
     repetition_penalty: float | None = None
     min_p: float | None = None
     min_tokens: int = 0
+    logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[TokenId] | None = None
     cache_salt: str | None = None
     user: str | None = None
 
@@ -95,8 +97,6 @@ class ChatCompletionRequest(_Sampling):
 # the values that ask for nothing: as extra fields they would be accepted and ignored, so
 # a request that sets one otherwise is refused rather than answered as if it had not.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "logit_bias": (None, {}),
-    "allowed_token_ids": (None,),
     "bad_words": (None, []),
     "response_format": (None, {"type": "text"}),
     "tools": (None, []),

@@ -267,8 +267,8 @@ class Preprocessor:
                            param="min_tokens")
         return GenerationRequest(
             prompt=prompt, namespace=body.cache_salt, max_tokens=max_tokens, min_tokens=body.min_tokens,
-            sampling=_sampling(body, model.default_sampling), stop_token_ids=tuple(body.stop_token_ids or ()),
-            ignore_eos=body.ignore_eos, request_id=rid, arrival_s=arrival, stop=_stop_strings(body),
+            sampling=_sampling(body, model.default_sampling, model.vocab_size),
+            stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, request_id=rid, arrival_s=arrival, stop=_stop_strings(body),
             include_stop_str_in_output=body.include_stop_str_in_output, logprobs=_logprobs(body, model.vocab_size),
         )
 
@@ -312,10 +312,23 @@ def _logprobs(body: Body, vocab_size: int) -> int | None:
     return wanted
 
 
-def _sampling(body: Body, default: SamplingParams) -> SamplingParams | None:
+def _sampling(body: Body, default: SamplingParams, vocab_size: int) -> SamplingParams | None:
     """The request's sampling: None (the engine's default) if it sets no sampling field,
-    else its fields over `default`, with its own seed, checked and clamped as vLLM does."""
-    rest = {name: getattr(body, name) for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")}
+    else its fields over `default`, with its own seed, checked and clamped as vLLM does
+    (token ids of `logit_bias` and `allowed_token_ids` within the vocabulary)."""
+    rest: dict[str, Any] = {name: getattr(body, name)
+                            for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")}
+    if body.logit_bias is not None:
+        try:
+            rest["logit_bias"] = tuple((int(token), bias) for token, bias in body.logit_bias.items())
+        except ValueError:
+            raise APIError("logit_bias: its keys must be token ids", param="logit_bias") from None
+    if body.allowed_token_ids is not None:
+        rest["allowed_token_ids"] = tuple(body.allowed_token_ids)
+    for name in ("logit_bias", "allowed_token_ids"):
+        ids = [t[0] if isinstance(t, tuple) else t for t in rest.get(name) or ()]
+        if any(t >= vocab_size for t in ids):
+            raise APIError(f"{name}: token id {max(ids)} is out of vocabulary (vocab_size {vocab_size})", param=name)
     if all(v is None for v in (body.temperature, body.top_p, body.top_k, body.seed, *rest.values())):
         return None
     try:
