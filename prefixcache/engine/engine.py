@@ -42,7 +42,6 @@ from pathlib import Path
 import torch
 
 from prefixcache import BlockPool, build_cache
-from prefixcache.config import ConfigError
 from prefixcache.engine.batch import SeqChunk
 from prefixcache.engine.config import ServingConfig, load_serving_config
 from prefixcache.engine.detokenizer import StopStrings
@@ -254,12 +253,15 @@ class Engine:
             # torch seeds with 64 bits; an int64 seed (+ i) is taken modulo 2**64, as torch
             # itself takes a negative one (two's complement).
             generator = torch.Generator().manual_seed(seed % 2**64)
+        stop_ids = (self._config_stop_ids if request.ignore_eos else self._stop_ids) | frozenset(request.stop_token_ids)
+        if min_tokens and params.allowed_token_ids is not None and set(params.allowed_token_ids) <= stop_ids:
+            raise ConfigError("allowed_token_ids", "every allowed token is a stop token, which min_tokens forbids "
+                              "drawing: no token could be drawn")
         rid = request.request_id if request.request_id is not None else f"req-{self._next_id}"
         if not isinstance(rid, str):
             raise TypeError(f"request_id must be a str, got {type(rid).__name__}")
         self._next_id += 1
         now = time.perf_counter() if request.arrival_s is None else request.arrival_s
-        stops = self._config_stop_ids if request.ignore_eos else self._stop_ids
         self.scheduler.add(
             Seq(
                 request_id=rid,
@@ -267,7 +269,7 @@ class Engine:
                 namespace=check_namespace(request.namespace),
                 params=params,
                 max_tokens=max_tokens,
-                stop_token_ids=stops | frozenset(request.stop_token_ids),
+                stop_token_ids=stop_ids,
                 generator=generator,
                 metrics=RequestMetrics(arrival_s=now, prompt_tokens=len(prompt)),
                 keep_first_logits=request.keep_first_logits,

@@ -291,7 +291,7 @@ class _Serving:
             return streams
         self.abort(streams)
         if isinstance(err, ValueError):  # the engine's own checks (e.g. the request can never fit the pool)
-            raise APIError(str(err)) from None
+            raise APIError(str(err), param=getattr(err, "path", None)) from None
         raise err
 
     def abort(self, streams: Sequence[SubmittedStream]) -> None:
