@@ -73,6 +73,11 @@ class ConfigError(ValueError):
         where = f"{source}: " if source else ""
         super().__init__(f"{where}{path}: {message}" if path else f"{where}{message}")
 
+    def __reduce__(self) -> tuple[type, tuple[str, str, str | None]]:
+        # Pickled by its fields (a Ray replica's refusal reaches the ingress this way): the
+        # default would call ConfigError(full message) and fail to unpickle.
+        return type(self), (self.path, self.message, self.source)
+
     def within(self, prefix: str, source: str | None = None) -> ConfigError:
         """The same error seen from an enclosing section / file."""
         path = f"{prefix}.{self.path}" if prefix and self.path else prefix or self.path

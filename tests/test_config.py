@@ -205,3 +205,13 @@ def test_checking_options_does_not_import_torch(tmp_path):
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_config_error_survives_pickling_with_its_field():
+    """A Ray replica's refusal reaches the ingress pickled: its field must come with it."""
+    import pickle
+
+    err = ConfigError("allowed_token_ids", "no token could be drawn", "serve.yaml")
+    back = pickle.loads(pickle.dumps(err))
+    assert (type(back), back.path, back.message, back.source, str(back)) == (
+        ConfigError, err.path, err.message, err.source, str(err))

@@ -191,6 +191,10 @@ def test_the_openai_client_talks_to_the_ingress(cluster):
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=model, prompt=[1] * 2048, max_tokens=1)
     assert err.value.body["param"] == "input_tokens"
+    with pytest.raises(openai.BadRequestError) as err:  # refused by the replica's engine: its field crosses Ray
+        client.completions.create(model=model, prompt=[1, 2], max_tokens=4, extra_body={
+            "min_tokens": 2, "allowed_token_ids": [65], "stop_token_ids": [65]})
+    assert err.value.body["param"] == "allowed_token_ids"
 
 
 def test_the_cluster_listens_on_loopback_but_for_ray_serves_own_replica_servers(cluster):

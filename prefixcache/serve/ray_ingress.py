@@ -149,7 +149,8 @@ class RoutedStream:
                 self.failure = self._unavailable(err)
                 raise self.failure from None
             except ValueError as err:  # the engine's refusal, raised in the replica (RayTaskError(ValueError))
-                raise ValueError(str(getattr(err, "cause", err))) from None
+                cause = getattr(err, "cause", err)  # the engine's own error: a ConfigError names its field
+                raise (cause if isinstance(cause, ValueError) else ValueError(str(cause))) from None
             if not isinstance(first, Admitted):
                 raise RuntimeError(f"a replica answered {type(first).__name__} before admitting the request")
             return
