@@ -2,8 +2,9 @@
 
 Owns `TokenLogprobs` (one drawn token's logprob, its rank and the k most likely tokens)
 and `token_logprobs`, which makes them for a step's rows. They are vLLM's default
-`logprobs_mode`, "raw_logprobs": the log-softmax of the model's raw logits, before
-temperature, top-k or top-p, so a token's logprob does not depend on how it was drawn.
+`logprobs_mode`, "raw_logprobs": the log-softmax of the model's raw logits, before the
+logits processors (bias, penalties), temperature and the filters, so a token's logprob does
+not depend on how it was drawn.
 A rank counts the tokens at least as likely as the drawn one (vLLM's: ties share the
 worse rank), so a greedy token has rank 1 unless another token ties it.
 
