@@ -167,11 +167,15 @@ def part_inbatch(model, args, reqs) -> tuple[str, dict]:
     return text, {"rows": rows, "same_outputs": same}
 
 
+def no_sharing_run(model, args, output: int) -> tuple[list[GenerationRequest], int]:
+    """The no-sharing workload's requests (`output` TOKENS each) and a pool that holds them all."""
+    wl = no_sharing(args.nohit_requests, args.nohit_prompt, output, seed=0)
+    reqs = requests_of(wl, model.weights.config.vocab_size, output)
+    return reqs, args.nohit_requests * -(-(args.nohit_prompt + output) // args.block_size) + 8
+
+
 def part_nohit(model, args) -> tuple[str, dict]:
-    vocab = model.weights.config.vocab_size
-    wl = no_sharing(args.nohit_requests, args.nohit_prompt, args.nohit_output, seed=0)
-    reqs = requests_of(wl, vocab, args.nohit_output)
-    num_blocks = args.nohit_requests * -(-(args.nohit_prompt + args.nohit_output) // args.block_size) + 8
+    reqs, num_blocks = no_sharing_run(model, args, args.nohit_output)
     times: dict[str, list[float]] = {a: [] for a in ARMS}
     cpu: dict[str, list[float]] = {a: [] for a in ARMS}
     cache_s: dict[str, list[float]] = {a: [] for a in ARMS}
@@ -231,10 +235,7 @@ def part_logprobs(model, args) -> tuple[str, dict]:
 
     import prefixcache.engine.engine as engine_module
 
-    vocab = model.weights.config.vocab_size
-    wl = no_sharing(args.nohit_requests, args.nohit_prompt, args.logprobs_output, seed=0)
-    base = requests_of(wl, vocab, args.logprobs_output)
-    num_blocks = args.nohit_requests * -(-(args.nohit_prompt + args.logprobs_output) // args.block_size) + 8
+    base, num_blocks = no_sharing_run(model, args, args.logprobs_output)
     times: dict[object, list[float]] = {k: [] for k in LOGPROB_ARMS}
     inside: dict[object, list[float]] = {k: [] for k in LOGPROB_ARMS}
     tokens: dict[object, list[list[int]]] = {}
