@@ -20,8 +20,7 @@ from prefixcache.engine.config import EngineConfig, SamplingConfig, load_serving
 from prefixcache.engine.loader import load_model
 from prefixcache.engine.model import LlamaModel, apply_rope, rope_tables
 from prefixcache.engine.nocache import NoPrefixCache
-from prefixcache.engine.sampling import (SamplingParams, apply_penalties, child_params, filter_logits, processed_logits,
-                                         sample)
+from prefixcache.engine.sampling import SamplingParams, child_params, filter_logits, processed_logits, sample
 from prefixcache.engine.tokenizer import GGUFTokenizer
 from prefixcache.engine.weights import (
     LlamaConfig,
@@ -416,13 +415,13 @@ def test_penalties_agree_with_the_naive_model(data):
     params = [SamplingParams(presence_penalty=data.draw(st.sampled_from([0.0, -1.5, 0.8])),
                              frequency_penalty=data.draw(st.sampled_from([0.0, 0.5, -2.0])),
                              repetition_penalty=data.draw(st.sampled_from([1.0, 1.3, 0.7]))) for _ in range(rows)]
-    got = apply_penalties(torch.tensor(logits), params, prompts, outputs)
+    got = processed_logits(torch.tensor(logits), params, prompts, outputs, [()] * rows)
     for i in range(rows):
         want = naive_penalties(logits[i], prompts[i], outputs[i], params[i].presence_penalty,
                                params[i].frequency_penalty, params[i].repetition_penalty)
         assert got[i].tolist() == pytest.approx(want, abs=1e-6)
     plain = torch.tensor(logits)
-    assert apply_penalties(plain, [SamplingParams()] * rows, prompts, outputs) is plain  # nothing to do: no copy
+    assert processed_logits(plain, [SamplingParams()] * rows, prompts, outputs, [()] * rows) is plain  # no copy
 
 
 def test_bad_penalties_are_named():

@@ -117,3 +117,35 @@ def test_a_hybrid_cache_that_caches_a_prompt_at_its_end_keeps_followers_waiting(
     assert [o.metrics.cached_tokens for o in outs] == [0, 192, 192, 192]
     assert engine.stats().prefill_tokens_computed == 200 + 3 * 8  # the prompt once, then each one's last 8
     engine.check_invariants()
+
+
+def test_the_leader_sharing_most_decides_whatever_the_running_order():
+    """Two leaders in prefill share 40 and 60 tokens with a short follower that could hit 16
+    now: it waits for the one sharing 60 (44 more), not the one sharing 40 (24 more). A
+    leader was once skipped when it could not beat the best so far by the whole threshold,
+    which it need not: this fails with that skip."""
+    from prefixcache import build_cache
+    from prefixcache.config import CacheConfig
+    from prefixcache.engine.metrics import RequestMetrics
+    from prefixcache.engine.sampling import SamplingParams
+    from prefixcache.engine.scheduler import Scheduler, Sequence
+
+    def seq(rid: str, prompt: list[int]) -> Sequence:
+        return Sequence(rid, prompt, None, SamplingParams(), 4, frozenset(), None, RequestMetrics(0.0, len(prompt)))
+
+    rng = random.Random(3)
+    shared = [rng.randrange(250) for _ in range(60)]
+    a = seq("a", shared[:40] + [rng.randrange(250) for _ in range(30)])
+    b = seq("b", shared + [rng.randrange(250) for _ in range(30)])
+    follower = seq("f", shared + [1, 2, 3, 4, 5])  # 64 tokens it could hit
+    cache = build_cache(CacheConfig(block_size=16, num_blocks=64))
+    cache.admit("w", shared[:17])  # its first block cached: the follower hits 16 now
+    cache.commit("w", 17)
+    cache.release("w")
+    sched = Scheduler(cache, max_num_batched_tokens=64, max_num_seqs=4, in_batch_prefix_tokens=32)
+    sched.running = [a, b]  # both in prefill (admitted here only as far as the rule reads)
+    assert sched._waits_for_leader(follower)  # 60 shared - 16 cached = 44 >= 32
+    sched.running = [a]
+    assert not sched._waits_for_leader(follower)  # 40 - 16 = 24 < 32
+    sched.running = [b, a]
+    assert sched._waits_for_leader(follower)

@@ -454,6 +454,18 @@ def test_the_neutral_values_of_fields_not_served_are_accepted(replicas):
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == plain
 
 
+def test_an_empty_logit_bias_leaves_the_engines_default_sampling():
+    """`{}` asks for nothing: the engine's default (and its per-request seed) applies, as
+    without the field; a bias makes the request's own sampling."""
+    from prefixcache.engine.sampling import SamplingParams
+    from prefixcache.serve.openai_types import CompletionRequest
+    from prefixcache.serve.preprocess import _sampling
+
+    default = SamplingParams(temperature=1.0, seed=5)
+    assert _sampling(CompletionRequest(prompt="x", logit_bias={}), default) is None
+    assert _sampling(CompletionRequest(prompt="x", logit_bias={"7": 1.0}), default).logit_bias == ((7, 1.0),)
+
+
 def test_lax_type_conversions_are_accepted_as_fastapi_and_vllm_accept_them(replicas):
     """pydantic's lax mode, as FastAPI (and so vLLM) validates: a numeric string or a
     whole float for an int, a bool for an int (true is 1), "true"/"yes"/1 for a bool; a

@@ -169,7 +169,7 @@ class SamplingConfig:
 
     @property
     def penalized(self) -> bool:
-        """Whether a penalty changes the logits (`sampling.apply_penalties`)."""
+        """Whether a penalty changes the logits (`sampling.processed_logits`)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
     @property

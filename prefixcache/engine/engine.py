@@ -244,7 +244,7 @@ class Engine:
                           ("allowed_token_ids", params.allowed_token_ids or ())):
             outside = [t for t in ids if t >= vocab]
             if outside:
-                raise ValueError(f"{name}: token id {outside[0]} is not in the vocabulary [0, {vocab})")
+                raise ConfigError(name, f"token id {outside[0]} is not in the vocabulary [0, {vocab})")
         seed = params.seed
         if request.sampling is None and seed is not None:
             seed += self._next_id  # request i of the engine draws from seed + i

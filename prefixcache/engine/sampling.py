@@ -2,8 +2,8 @@
 request's own seeded generator.
 
 Owns `SamplingParams` (per request), `processed_logits` (vLLM's logits processors:
-allowed token ids, min_tokens' stop-token mask, logit bias, and `apply_penalties`, its
-presence, frequency and repetition penalties over a request's tokens) and `sample`. A request with a seed owns a
+allowed token ids, min_tokens' stop-token mask, logit bias, then the presence, frequency
+and repetition penalties over a request's tokens) and `sample`. A request with a seed owns a
 `torch.Generator`, so its tokens do not depend on which other requests share its steps
 or on preemption (a preempted request keeps its generator and never redraws a token).
 
@@ -24,32 +24,18 @@ import torch
 
 from prefixcache.engine.config import SamplingConfig
 
-__all__ = ["SamplingParams", "SamplingError", "sample", "filter_logits", "child_params", "apply_penalties",
-           "processed_logits"]
+__all__ = ["SamplingParams", "SamplingError", "sample", "filter_logits", "child_params", "processed_logits"]
 
 SamplingParams = SamplingConfig
 """A request's sampling settings: the same fields as the config's `sampling:` section."""
 
 
-def apply_penalties(
-    logits: torch.Tensor, params: Sequence[SamplingParams], prompts: Sequence[Sequence[int]],
-    outputs: Sequence[Sequence[int]],
-) -> torch.Tensor:
-    """``logits [n, vocab]`` with row i's penalties applied (`params[i]`, over the token ids
-    of `prompts[i]` and `outputs[i]`), as vLLM's sampler applies them: repetition first (a
-    token seen in the prompt or the output: a positive logit divided by it, another
-    multiplied), then frequency (times each output token's count) and presence (once per
-    output token) subtracted. `logits` itself if no row is penalized, else a float copy."""
-    rows = [i for i, p in enumerate(params) if p.penalized]
-    if not rows:
-        return logits
-    out = logits.float().clone()
-    _penalize(out, rows, params, prompts, outputs)
-    return out
-
-
 def _penalize(out: torch.Tensor, rows: Sequence[int], params: Sequence[SamplingParams],
               prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]) -> None:
+    """Row i of `out` (in `rows`) penalized in place as vLLM's sampler does it: repetition
+    first (a token seen in the prompt or the output: a positive logit divided by it, another
+    multiplied), then frequency (times each output token's count) and presence (once per
+    output token) subtracted."""
     vocab = out.shape[-1]
     for i in rows:
         p = params[i]
@@ -71,7 +57,7 @@ def processed_logits(
     """The logits row i's token is drawn from, vLLM's logits processors in vLLM's order:
     tokens outside `allowed_token_ids` and those in `banned[i]` (a request's stop tokens
     while it is short of its `min_tokens`) set to -inf, `logit_bias` added, then the
-    penalties (`apply_penalties`). `logits` itself when no row has any (the raw logits
+    penalties (`_penalize`). `logits` itself when no row has any (the raw logits
     give the logprobs either way), else a float copy."""
     rows = [i for i, p in enumerate(params) if p.processed or banned[i]]
     if not rows:

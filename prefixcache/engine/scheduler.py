@@ -186,7 +186,7 @@ class Scheduler:
         w = passed = 0
         while w < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[w]
-            if self.in_batch_prefix_tokens and self._leader_computing(seq):
+            if self.in_batch_prefix_tokens and self._waits_for_leader(seq):
                 self.num_prefix_waits += 1
                 passed += 1
                 if passed >= self.max_num_seqs:
@@ -211,7 +211,7 @@ class Scheduler:
             budget -= n
         return out
 
-    def _leader_computing(self, seq: Sequence) -> bool:
+    def _waits_for_leader(self, seq: Sequence) -> bool:
         """Whether a running request in its prefill, in `seq`'s namespace, shares at least
         `in_batch_prefix_tokens` more of `seq`'s prompt than `seq` could hit now: by the
         end of its prefill the leader has cached them. What `seq` could hit is the cache's
@@ -226,7 +226,7 @@ class Scheduler:
             if leader.decoding or leader.namespace != seq.namespace:
                 continue
             n = min(len(leader.tokens), limit)
-            if n - need < shared:
+            if n <= shared:  # it cannot share more than the best leader so far
                 continue
             differ = np.flatnonzero(leader.ids()[:n] != seq.ids()[:n])
             shared = max(shared, int(differ[0]) if differ.size else n)

@@ -174,11 +174,18 @@ class Preprocessor:
         if len(prompts) * body.n > MAX_CHOICES:
             raise APIError(f"{len(prompts)} prompts x n={body.n} choices is more than {MAX_CHOICES} choices",
                            param="prompt" if len(prompts) > 1 else "n")
+        # What the body asks of every prompt alike, checked once.
+        shared = GenerationRequest(
+            namespace=body.cache_salt, sampling=_sampling(body, self.model.default_sampling),
+            stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, arrival_s=arrival_s,
+            stop=_stop_strings(body), include_stop_str_in_output=body.include_stop_str_in_output,
+            logprobs=_logprobs(body, self.model.vocab_size), min_tokens=body.min_tokens,
+        )
         out = []
         for i, prompt in enumerate(prompts):
             # vLLM's ids: "{id}-{i}" per prompt of several, "{j}_{that}" per choice of n > 1.
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-            gen = self._generation(body, prompt, limit, param, arrival_s, rid)
+            gen = self._generation(shared, prompt, limit, param, rid)
             # Without sampling fields the engine's default applies, whose seed it offsets per request.
             out.extend([gen] if body.n == 1 else
                        [replace(gen, request_id=f"{j}_{rid}", sampling=gen.sampling and child_params(gen.sampling, j))
@@ -239,8 +246,11 @@ class Preprocessor:
             raise APIError("The decoder prompt cannot be empty", param="messages")
         return ids
 
-    def _generation(self, body: Body, prompt: list[int], max_tokens: int | None, param: str, arrival: float,
+    def _generation(self, shared: GenerationRequest, prompt: list[int], max_tokens: int | None, param: str,
                     rid: str) -> GenerationRequest:
+        """`shared` (what the body asks of every prompt) for one prompt, with its checks:
+        the vocabulary, the context, `max_tokens` cut to what the context leaves, and
+        `min_tokens` within that."""
         model = self.model
         top = max(prompt)
         if top >= model.vocab_size:
@@ -260,17 +270,13 @@ class Preprocessor:
                                "Please request fewer output tokens.", param=param)
         room = limit - len(prompt)
         max_tokens = room if max_tokens is None else min(max_tokens, room)
-        if body.min_tokens < 0:
-            raise APIError(f"min_tokens must be greater than or equal to 0, got {body.min_tokens}.", param="min_tokens")
-        if body.min_tokens > max_tokens:
-            raise APIError(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {body.min_tokens}.",
+        if shared.min_tokens < 0:
+            raise APIError(f"min_tokens must be greater than or equal to 0, got {shared.min_tokens}.",
                            param="min_tokens")
-        return GenerationRequest(
-            prompt=prompt, namespace=body.cache_salt, max_tokens=max_tokens, min_tokens=body.min_tokens,
-            sampling=_sampling(body, model.default_sampling, model.vocab_size),
-            stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, request_id=rid, arrival_s=arrival, stop=_stop_strings(body),
-            include_stop_str_in_output=body.include_stop_str_in_output, logprobs=_logprobs(body, model.vocab_size),
-        )
+        if shared.min_tokens > max_tokens:
+            raise APIError(f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
+                           f"got {shared.min_tokens}.", param="min_tokens")
+        return replace(shared, prompt=prompt, max_tokens=max_tokens, request_id=rid)
 
 
 def _stop_strings(body: Body) -> tuple[str, ...]:
@@ -312,23 +318,19 @@ def _logprobs(body: Body, vocab_size: int) -> int | None:
     return wanted
 
 
-def _sampling(body: Body, default: SamplingParams, vocab_size: int) -> SamplingParams | None:
+def _sampling(body: Body, default: SamplingParams) -> SamplingParams | None:
     """The request's sampling: None (the engine's default) if it sets no sampling field,
     else its fields over `default`, with its own seed, checked and clamped as vLLM does
-    (token ids of `logit_bias` and `allowed_token_ids` within the vocabulary)."""
+    (the engine checks token ids against the vocabulary: a 400 naming the field)."""
     rest: dict[str, Any] = {name: getattr(body, name)
                             for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")}
-    if body.logit_bias is not None:
+    if body.logit_bias:  # {} asks for nothing
         try:
             rest["logit_bias"] = tuple((int(token), bias) for token, bias in body.logit_bias.items())
         except ValueError:
             raise APIError("logit_bias: its keys must be token ids", param="logit_bias") from None
     if body.allowed_token_ids is not None:
         rest["allowed_token_ids"] = tuple(body.allowed_token_ids)
-    for name in ("logit_bias", "allowed_token_ids"):
-        ids = [t[0] if isinstance(t, tuple) else t for t in rest.get(name) or ()]
-        if any(t >= vocab_size for t in ids):
-            raise APIError(f"{name}: token id {max(ids)} is out of vocabulary (vocab_size {vocab_size})", param=name)
     if all(v is None for v in (body.temperature, body.top_p, body.top_k, body.seed, *rest.values())):
         return None
     try:

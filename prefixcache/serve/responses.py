@@ -102,21 +102,16 @@ def stop_reason(output: RequestOutput, eos_token_id: int) -> int | str | None:
     return None
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    """vLLM's `UsageInfo` with `prompt_tokens_details.cached_tokens`."""
-    return {
-        "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "completion_tokens": completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
-
-
 def running_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    """A stream chunk's usage with `continuous_usage_stats` (vLLM's): its choice's prompt
-    and the tokens it drew so far."""
+    """vLLM's `UsageInfo` without details: a stream chunk's with `continuous_usage_stats`
+    (its choice's prompt and the tokens it drew so far)."""
     return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
             "completion_tokens": completion_tokens}
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """vLLM's `UsageInfo` with `prompt_tokens_details.cached_tokens`."""
+    return {**running_usage(prompt_tokens, completion_tokens), "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def output_usage(outputs: Sequence[RequestOutput], n: int = 1) -> dict[str, Any]:
