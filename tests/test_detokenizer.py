@@ -3,6 +3,8 @@ model that decodes the whole output again after every token, and through the eng
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -133,4 +135,45 @@ def test_min_tokens_keeps_stop_tokens_and_strings_from_ending_a_request_early():
         with pytest.raises(ValueError, match="^min_tokens must be an integer"):
             engine.add_request(GenerationRequest(prompt=prompt, max_tokens=30, min_tokens=bad))  # type: ignore[arg-type]
     assert not engine.has_unfinished()
+    engine.check_invariants()
+
+
+specials = st.lists(st.sampled_from([*b"ab\n", 0xC3, 0xA9, *ByteTokenizer(300).special_ids]), max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(specials, st.integers(1, 4))
+def test_skip_special_tokens_leaves_out_exactly_the_special_ids(ids, step):
+    """vLLM's default: the text leaves out the tokenizer's special tokens, incrementally
+    as at once; the raw text keeps them."""
+    assert TOK.special_ids == {256, 257, 258}
+    skipped = IncrementalDecoder(TOK, skip_special_tokens=True)
+    plain = IncrementalDecoder(TOK)  # fed the same ids less the special ones
+    for i in range(0, len(ids), step):
+        chunk = ids[i : i + step]
+        assert skipped.add(chunk) == plain.add([t for t in chunk if t < 256])
+    assert skipped.text == plain.text
+    assert TOK.decode(ids, skip_special_tokens=True) == bytes(t for t in ids if t < 256).decode("utf-8", errors="replace")
+    assert TOK.decode(ids) == b"".join(TOK.token_bytes(t) for t in ids).decode("utf-8", errors="replace")
+
+
+def test_the_engine_leaves_special_tokens_out_of_the_text_unless_asked():
+    from prefixcache.engine.engine import Engine
+    from prefixcache.engine.loader import load_model
+    from prefixcache.engine.sampling import SamplingParams
+    from serve_cases import serve_config
+
+    engine = Engine(serve_config("hash").serving, model=load_model("tiny"))
+    start = TOK.encode("<|im_end|>")[0]  # the tiny model never draws <|im_start|>: its logit is -inf
+    # +100 on <|im_end|> (the most a bias gives; ignore_eos: it does not stop) wins every draw.
+    params = SamplingParams(logit_bias=((start, 100.0),))
+    base = GenerationRequest(prompt=list(b"hello"), max_tokens=5, ignore_eos=True, sampling=params)
+    default = engine.generate([base])[0]
+    raw = engine.generate([replace(base, skip_special_tokens=False)])[0]
+    assert default.token_ids == raw.token_ids == [start] * 5
+    assert (default.text, raw.text) == ("", "<|im_end|>" * 5)
+    # Stop strings read the text the request sees: the special token's only with it kept.
+    assert engine.generate([replace(base, stop=("<|im_end|>",))])[0].finish_reason == "length"
+    stopped = engine.generate([replace(base, stop=("<|im_end|>",), skip_special_tokens=False)])[0]
+    assert (stopped.stop_str, stopped.text, stopped.token_ids) == ("<|im_end|>", "", [start])
     engine.check_invariants()

@@ -443,6 +443,24 @@ def test_logit_bias_and_allowed_token_ids_steer_what_is_drawn(replicas):
     assert set(only.choices[0].text) <= {"a", "b"} and len(only.choices[0].text) == 8
 
 
+def test_special_tokens_are_left_out_of_the_text_unless_the_request_keeps_them(replicas):
+    """vLLM's `skip_special_tokens` (default true), streamed and not; the token ids and
+    usage are the same either way."""
+    url = replicas["radix"].base_url
+    end = 258  # <|im_end|>: +100 wins every draw, and with ignore_eos it does not stop
+    body = {"prompt": PROMPT, "max_tokens": 4, "logit_bias": {str(end): 100}, "ignore_eos": True}
+    for keep, text in ((None, ""), (True, ""), (False, "<|im_end|>" * 4)):
+        asked = body if keep is None else {**body, "skip_special_tokens": keep}
+        plain = httpx.post(url + "/v1/completions", json=asked, timeout=30).json()
+        assert plain["choices"][0]["text"] == text and plain["usage"]["completion_tokens"] == 4
+        chunks = sse_events(httpx.post(url + "/v1/completions", json={**asked, "stream": True}, timeout=30))
+        assert "".join(c["choices"][0]["text"] for c in chunks[:-1] if c["choices"]) == text
+    # vLLM's fast detokenizer ignores spaces_between_special_tokens; so does this server.
+    spaced = httpx.post(url + "/v1/completions", json={**body, "skip_special_tokens": False,
+                                                        "spaces_between_special_tokens": False}, timeout=30)
+    assert spaced.json()["choices"][0]["text"] == "<|im_end|>" * 4
+
+
 def test_the_neutral_values_of_fields_not_served_are_accepted(replicas):
     """A client that sends vLLM's defaults explicitly (penalties 0, repetition 1, text
     format, no tools) is served as if it had not sent them."""

@@ -35,19 +35,21 @@ __all__ = ["IncrementalDecoder", "StopStrings", "check_stop_strings"]
 class IncrementalDecoder:
     """The text of a growing list of token ids; `add` returns what new ids completed.
     The text is kept in parts (joined when read), so a long output costs each token the
-    same."""
+    same. `skip_special_tokens`: the tokenizer's `special_ids` add nothing (vLLM's
+    default for a request)."""
 
-    __slots__ = ("_tokenizer", "_utf8", "_parts", "length")
+    __slots__ = ("_tokenizer", "_skip", "_utf8", "_parts", "length")
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
         self._tokenizer = tokenizer
+        self._skip = tokenizer.special_ids if skip_special_tokens else frozenset()
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._parts: list[str] = []
         self.length = 0  # CHARACTERS so far
 
     def add(self, token_ids: Sequence[int]) -> str:
         """The text `token_ids` (appended to the ids so far) complete."""
-        delta = self._utf8.decode(b"".join(self._tokenizer.token_bytes(t) for t in token_ids))
+        delta = self._utf8.decode(b"".join(self._tokenizer.token_bytes(t) for t in token_ids if t not in self._skip))
         if delta:
             self._parts.append(delta)
             self.length += len(delta)
@@ -79,12 +81,12 @@ class StopStrings:
 
     __slots__ = ("stops", "include", "_decoder", "_tail", "_keep", "stop", "text")
 
-    def __init__(self, tokenizer: Tokenizer, stops: Sequence[str], include: bool) -> None:
+    def __init__(self, tokenizer: Tokenizer, stops: Sequence[str], include: bool, skip_special_tokens: bool = True) -> None:
         if not stops or any(not isinstance(s, str) or not s for s in stops):
             raise ValueError(f"stop: each stop string must be a non-empty str, got {list(stops)!r}")
         self.stops = tuple(stops)
         self.include = include
-        self._decoder = IncrementalDecoder(tokenizer)
+        self._decoder = IncrementalDecoder(tokenizer, skip_special_tokens)
         self._tail = ""  # the text's last _keep CHARACTERS: where a stop string may have begun
         self._keep = self.hold_back(self.stops, include=False)
         self.stop: str | None = None

@@ -83,7 +83,9 @@ class GenerationRequest:
     the start of its TTFT and latency. `logprobs`: return each drawn token's logprob with
     this many of the most likely tokens (vLLM's `SamplingParams.logprobs`; None: none).
     `min_tokens`: no stop token can be drawn, and no stop string ends it, before it has
-    this many output tokens (vLLM's; at most `max_tokens`)."""
+    this many output tokens (vLLM's; at most `max_tokens`). `skip_special_tokens`: the
+    output text (and what stop strings see) leaves out the tokenizer's special tokens
+    (vLLM's, default on; the token ids keep them)."""
 
     prompt: str | Sequence[int] | None = None
     messages: Sequence[Mapping[str, str]] | None = None
@@ -99,6 +101,7 @@ class GenerationRequest:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
     min_tokens: int = 0
+    skip_special_tokens: bool = True
 
 
 @dataclass
@@ -231,7 +234,8 @@ class Engine:
         if request.stop:  # checked before the request takes an id: ValueError naming `stop`
             if isinstance(request.stop, str):
                 raise ValueError(f"stop must be a sequence of str, got the str {request.stop!r}")
-            stop_strings = StopStrings(self.tokenizer, request.stop, request.include_stop_str_in_output)
+            stop_strings = StopStrings(self.tokenizer, request.stop, request.include_stop_str_in_output,
+                                       request.skip_special_tokens)
         min_tokens = request.min_tokens
         if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or not 0 <= min_tokens <= max_tokens:
             raise ValueError(f"min_tokens must be an integer in [0, max_tokens={max_tokens}], got {min_tokens!r}")
@@ -276,6 +280,7 @@ class Engine:
                 stop_strings=stop_strings,
                 num_logprobs=num_logprobs,
                 min_tokens=min_tokens,
+                skip_special_tokens=bool(request.skip_special_tokens),
             )
         )
         self._requests += 1
@@ -490,7 +495,8 @@ class Engine:
         if stopped is not None:
             text = seq.stop_strings.text  # type: ignore[union-attr]
         else:
-            text = self.tokenizer.decode(seq.output[:-1] if seq.finish_reason == "stop" else seq.output)
+            text = self.tokenizer.decode(seq.output[:-1] if seq.finish_reason == "stop" else seq.output,
+                                         skip_special_tokens=seq.skip_special_tokens)
         return RequestOutput(
             request_id=seq.request_id,
             prompt_token_ids=list(seq.prompt),

@@ -79,6 +79,7 @@ class Sequence:
     first_logits: torch.Tensor | None = None
     stop_strings: StopStrings | None = None  # the request's stop strings over its output text
     num_logprobs: int | None = None  # top logprobs per drawn token (None: no logprobs)
+    skip_special_tokens: bool = True  # its output text leaves out the tokenizer's special tokens
     min_tokens: int = 0  # output tokens before a stop token or string may end it
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per output token, when asked
     _ids: np.ndarray | None = field(default=None, repr=False)  # `tokens` as an array, for prefix comparisons

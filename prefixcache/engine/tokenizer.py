@@ -56,6 +56,9 @@ class Tokenizer(ABC):
 
     eos_token_id: int
     stop_token_ids: tuple[int, ...] = ()
+    #: The ids `skip_special_tokens` leaves out of a text (Hugging Face's special added
+    #: tokens: a GGUF's control and user-defined tokens, the byte tokenizer's ChatML ones).
+    special_ids: frozenset[int] = frozenset()
     chat_template: str
     vocab_size: int
     max_chars_per_token: int
@@ -64,9 +67,11 @@ class Tokenizer(ABC):
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`."""
 
-    @abstractmethod
-    def decode(self, ids: Sequence[int]) -> str:
-        """The text of token ids `ids`."""
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        """The text of token ids `ids` (with `skip_special_tokens`, less `special_ids`'):
+        their bytes (`token_bytes`) decoded as UTF-8, invalid bytes replaced by U+FFFD."""
+        skip = self.special_ids if skip_special_tokens else ()
+        return b"".join(self.token_bytes(t) for t in ids if t not in skip).decode("utf-8", errors="replace")
 
     @abstractmethod
     def token_bytes(self, token_id: int) -> bytes:
@@ -114,6 +119,7 @@ class GGUFTokenizer(Tokenizer):
         tok.decoder = decoders.ByteLevel()
         # Control (3) and user-defined (4) tokens are matched whole, as llama.cpp does.
         special = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty in (3, 4)]
+        self.special_ids = frozenset(i for i, ty in enumerate(types) if ty in (3, 4))
         tok.add_special_tokens(special)
         self._tok = tok
         self.vocab_size = len(tokens)
@@ -136,9 +142,6 @@ class GGUFTokenizer(Tokenizer):
         if self.add_bos and self.bos_token_id is not None:
             ids = [int(self.bos_token_id), *ids]
         return ids
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=False)
 
     def token_bytes(self, token_id: int) -> bytes:
         return self._bytes[token_id]
@@ -172,6 +175,7 @@ class SPMTokenizer(Tokenizer):
         self._ids = {t: i for i, t in enumerate(tokens)}
         self._byte_ids = {int(t[3:5], 16): i for i, t in enumerate(tokens) if types[i] == 6 and len(t) == 6}
         special = sorted((t for t, ty in zip(tokens, types) if ty in (3, 4) and t), key=len, reverse=True)
+        self.special_ids = frozenset(i for i, ty in enumerate(types) if ty in (3, 4))
         self._split = re.compile("(" + "|".join(re.escape(t) for t in special) + ")") if special else None
         self._bytes = [self._piece_bytes(t, ty) for t, ty in zip(tokens, types)]
         self.vocab_size = len(tokens)
@@ -249,9 +253,6 @@ class SPMTokenizer(Tokenizer):
             j = nxt[j]
         return out
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return b"".join(self.token_bytes(t) for t in ids).decode("utf-8", errors="replace")
-
     def token_bytes(self, token_id: int) -> bytes:
         return self._bytes[token_id]
 
@@ -281,6 +282,7 @@ class ByteTokenizer(Tokenizer):
         # keeps them, at the odd indices).
         self._split = re.compile("(" + "|".join(re.escape(s) for s in self.SPECIAL) + ")")
         self.eos_token_id = self._special["<|im_end|>"]
+        self.special_ids = frozenset(self._special.values())
         self.chat_template = chat_template or SMOLLM2_CHAT_TEMPLATE
         self.max_chars_per_token = max(1, *(len(s) for s in self.SPECIAL))
 
@@ -292,9 +294,6 @@ class ByteTokenizer(Tokenizer):
             elif part:
                 out += part.encode("utf-8")
         return out
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return b"".join(self.token_bytes(t) for t in ids).decode("utf-8", errors="replace")
 
     def token_bytes(self, token_id: int) -> bytes:
         if token_id < 256:

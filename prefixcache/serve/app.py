@@ -243,7 +243,7 @@ class _Serving:
                 hold_back = StopStrings.hold_back(gen.stop, gen.include_stop_str_in_output)
                 events = self.events(rid, streams, created, chat=chat, include_usage=include_usage,
                                      continuous_usage=continuous, hold_back=hold_back, num_logprobs=gen.logprobs,
-                                     n=prepared.n)
+                                     n=prepared.n, skip_special_tokens=gen.skip_special_tokens)
 
                 def close() -> None:
                     self.abort(streams)  # a no-op for the choices that finished
@@ -335,15 +335,17 @@ class _Serving:
 
     async def events(self, rid: str, streams: Sequence[SubmittedStream], created: int, *, chat: bool,
                      include_usage: bool, continuous_usage: bool = False, hold_back: int = 0,
-                     num_logprobs: int | None = None, n: int = 1) -> AsyncIterator[str]:
+                     num_logprobs: int | None = None, n: int = 1,
+                     skip_special_tokens: bool = True) -> AsyncIterator[str]:
         """The server-sent events of a request's choices (`n` per prompt; chunks of each
         carry its `index`, in the order the engine drew them), the last `hold_back` CHARACTERS of each
         choice's text held until its next chunk (a request's stop strings), each chunk with
         its tokens' logprobs when the request asked for `num_logprobs`, and with its choice's
-        usage so far when `continuous_usage` (vLLM's `continuous_usage_stats`); aborts the
+        usage so far when `continuous_usage` (vLLM's `continuous_usage_stats`), the text
+        without the tokenizer's special tokens with `skip_special_tokens`; aborts the
         choices if the client goes away first, and all of them if one fails."""
         model = self.info.model_name
-        texts = [R.IncrementalText(self.tokenizer, hold_back) for _ in streams]
+        texts = [R.IncrementalText(self.tokenizer, hold_back, skip_special_tokens) for _ in streams]
         sent_chars = [0] * len(streams)  # text sent so far, CHARACTERS: where a chunk's text_offsets start
         sent_logprobs = [0] * len(streams)  # positions whose logprobs were sent
         drawn = [0] * len(streams)  # tokens each choice drew so far

@@ -63,6 +63,9 @@ class _Sampling(_Request):
     min_tokens: int = 0
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[TokenId] | None = None
+    skip_special_tokens: bool = True
+    # vLLM's fast detokenizer ignores it too (only its slow, Python tokenizers space them).
+    spaces_between_special_tokens: bool = True
     cache_salt: str | None = None
     user: str | None = None
 

@@ -180,6 +180,7 @@ class Preprocessor:
             stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, arrival_s=arrival_s,
             stop=_stop_strings(body), include_stop_str_in_output=body.include_stop_str_in_output,
             logprobs=_logprobs(body, self.model.vocab_size), min_tokens=body.min_tokens,
+            skip_special_tokens=body.skip_special_tokens,
         )
         out = []
         for i, prompt in enumerate(prompts):

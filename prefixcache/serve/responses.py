@@ -69,10 +69,11 @@ class IncrementalText:
     `hold_back` characters, which wait for the next delta (a request with stop strings:
     `StopStrings.hold_back`, so that nothing sent is cut later). `finish(output)` returns
     the rest of the final text, which is authoritative (it leaves out a final stop token
-    and what a stop string cut): the deltas always add up to `output.text`."""
+    and what a stop string cut): the deltas always add up to `output.text`, which leaves
+    out special tokens as the deltas do (`skip_special_tokens`, the request's)."""
 
-    def __init__(self, tokenizer: Tokenizer, hold_back: int = 0) -> None:
-        self._decoder = IncrementalDecoder(tokenizer)
+    def __init__(self, tokenizer: Tokenizer, hold_back: int = 0, skip_special_tokens: bool = True) -> None:
+        self._decoder = IncrementalDecoder(tokenizer, skip_special_tokens)
         self._hold_back = hold_back
         self._pending = ""  # decoded, not sent: at most hold_back CHARACTERS between calls
         self._sent = 0  # CHARACTERS sent
