@@ -245,10 +245,11 @@ class HashCache(BlockwiseAppend, HashCacheBase):
     # -- request lifecycle ------------------------------------------------------------
     @guarded
     def admit(
-        self, request_id: Hashable, tokens: Sequence[int], *, namespace: Namespace = None, priority: int = 0
+        self, request_id: Hashable, tokens: Sequence[int], *, namespace: Namespace = None, priority: int = 0,
+        read_cache: bool = True,
     ) -> Admission | None:
         """`priority` (int): kept by the blocks the request hits and caches, for
-        `eviction: priority`."""
+        `eviction: priority`. `read_cache` False: hit nothing (protocol rule 1)."""
         priority = check_priority(priority)
         tokens = check_tokens(tokens)  # our own typed copy, read once in C++: append extends it
         namespace = check_namespace(namespace)
@@ -261,12 +262,15 @@ class HashCache(BlockwiseAppend, HashCacheBase):
         bs, ds = self.block_size, self._digest_size
         # The hit covers at most len(tokens) - 1 tokens: every full block but one that ends the prompt.
         capped = digests if len(tokens) % bs else digests[:-ds]
+        if not read_cache:
+            capped = b""  # vLLM's skip_reading_prefix_cache: nothing is looked up
         namespace_bytes = exact_bytes(namespace)
         hits, refuted = self._verifier.lookup_chain(capped, ds, tokens, namespace_bytes)
         if self.tiers is not None:
-            return self._tiered_admit(request_id, tokens, namespace, priority, digests, capped, hits, refuted)
+            return self._tiered_admit(request_id, tokens, namespace, priority, digests, capped, hits, refuted,
+                                      read_cache)
         partial = None
-        if self._trims or self.partial_hits:  # only a subclass with a hook pays for it
+        if (self._trims or self.partial_hits) and read_cache:  # only a subclass with a hook pays for it
             hits, partial, refuted_partial = self._usable(
                 tokens, namespace, namespace_bytes, digests, hits, len(tokens) - 1
             )
@@ -301,7 +305,8 @@ class HashCache(BlockwiseAppend, HashCacheBase):
                 namespace_bytes=namespace_bytes,
             )
         )
-        self._stats.record_query(len(tokens), num_hit_tokens)
+        if read_cache:
+            self._stats.record_query(len(tokens), num_hit_tokens)
         if refuted:
             self._stats.verify_failures += 1
         return Admission(BlockIds(table), num_hit_tokens, copies)
@@ -445,6 +450,7 @@ class HashCache(BlockwiseAppend, HashCacheBase):
         capped: bytes,
         hits: list[int],
         refuted: bool,
+        read_cache: bool,
     ) -> Admission | None:
         """`admit` with tiers (rules T1-T3): the chain through every tier, cut where the
         cost model says computing is cheaper or a disk block fails its checksum; the
@@ -508,7 +514,8 @@ class HashCache(BlockwiseAppend, HashCacheBase):
             self._events.record_from(self._stored_events, request, i, i + 1)
         request.depth = tiers.admitted(len(tokens) // bs * bs, table[: lead + len(kept)], len(tokens) // bs * bs)
         self._requests.add(request)
-        self._stats.record_query(len(tokens), num_hit)
+        if read_cache:
+            self._stats.record_query(len(tokens), num_hit)
         if refuted:
             self._stats.verify_failures += 1
         tier_hits = [0] * (tiers.num_tiers + 1)

@@ -331,16 +331,18 @@ class HybridHashCache(HashCacheBase):
     # -- request lifecycle ------------------------------------------------------------
     @guarded
     def admit(
-        self, request_id: Hashable, tokens: Sequence[int], *, namespace: Namespace = None, priority: int = 0
+        self, request_id: Hashable, tokens: Sequence[int], *, namespace: Namespace = None, priority: int = 0,
+        read_cache: bool = True,
     ) -> Admission | None:
-        """`priority` is accepted and ignored (a hybrid layout evicts in LRU order)."""
+        """`priority` is accepted and ignored (a hybrid layout evicts in LRU order).
+        `read_cache` False: hit nothing (protocol rule 1)."""
         check_priority(priority)
         tokens = check_tokens(tokens)
         namespace = check_namespace(namespace)
         self._requests.check_new(request_id)
         digests = self._prompt_digests(tokens, namespace)
         n = len(tokens)
-        plan = self._find_hit(tokens, namespace, digests, n - 1)
+        plan = self._find_hit(tokens, namespace, digests, n - 1 if read_cache else 0)
         hit_blocks, hit, junction = plan.blocks, plan.length, plan.junction
         ends = self._chunk_ends(hit, n, junction)
 
@@ -383,7 +385,8 @@ class HybridHashCache(HashCacheBase):
             self._allocate(request, ends[0])
         request.chunk_ends = ends[1:]
         self._requests.add(request)
-        self._stats.record_query(n, hit)
+        if read_cache:
+            self._stats.record_query(n, hit)
         tables = tuple([BlockIds(s.table) for s in request.groups])
         copies = ()
         if sources:

@@ -384,9 +384,11 @@ class HybridRadixCache(PrefixCache):
     # -- request lifecycle ---------------------------------------------------------------
     @guarded
     def admit(
-        self, request_id: Hashable, tokens: Sequence[int], *, namespace: Namespace = None, priority: int = 0
+        self, request_id: Hashable, tokens: Sequence[int], *, namespace: Namespace = None, priority: int = 0,
+        read_cache: bool = True,
     ) -> Admission | None:
-        """`priority` is accepted and ignored (a hybrid layout evicts in LRU order)."""
+        """`priority` is accepted and ignored (a hybrid layout evicts in LRU order).
+        `read_cache` False: hit nothing (protocol rule 1)."""
         check_priority(priority)
         toks = check_tokens(tokens, itemsize=4)  # radix stores int32 ids
         namespace = check_namespace(namespace)
@@ -395,7 +397,7 @@ class HybridRadixCache(PrefixCache):
         bs, n = self.block_size, len(toks)
         # _compute_max_prefix_len: the last prompt token is always computed. A usable_hit
         # that trims the hit cuts the key, so the match splits and locks only that much.
-        probe = self._probe(toks[: n - 1], namespace, tree_key)
+        probe = self._probe(toks[: n - 1 if read_cache else 0], namespace, tree_key)
         hit = probe.num_tokens
         ends = self._chunk_ends(hit, n)
         tracks = [self._track_at(start, end, probe.mamba_branching) for start, end in zip([hit, *ends], ends)]
@@ -435,7 +437,8 @@ class HybridRadixCache(PrefixCache):
             self._forget_namespaces()
         self._namespaces[tree_key] = namespace
         self._requests.add(req)
-        self._stats.record_query(n, hit)
+        if read_cache:
+            self._stats.record_query(n, hit)
         tables = tuple(BlockIds(t) for t in self._tables(req))
         checkpoints = sorted({*ends[:-1], *(t for t in tracks if t is not None and t < n)})
         return Admission(tables[0], hit, checkpoints=tuple(checkpoints), group_tables=tables)

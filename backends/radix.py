@@ -230,7 +230,10 @@ class RadixCache(PrefixCache):
         *,
         namespace: Namespace = None,
         priority: int = 0,
+        read_cache: bool = True,
     ) -> Admission | None:
+        """`read_cache` False: hit nothing (protocol rule 1; SGLang's `logprob_start_len` 0
+        caps the match at 0 tokens)."""
         # Every argument is checked before anything changes, the id last: converting the
         # tokens runs their code (tolist, __index__), which must see the table as it is.
         toks = _int32_array(tokens)
@@ -239,10 +242,10 @@ class RadixCache(PrefixCache):
         priority = check_priority(priority)
         self._requests.check_new(request_id)
         bs = self.block_size
-        key = memoryview(toks)[:-1]  # the last prompt token is always computed
+        key = memoryview(toks)[: len(toks) - 1 if read_cache else 0]  # the last prompt token is always computed
         probe = self.tree.match(key, tree_key)
         if self.tiers is not None:
-            return self._tiered_admit(request_id, toks, namespace, tree_key, priority, key, probe)
+            return self._tiered_admit(request_id, toks, namespace, tree_key, priority, key, probe, read_cache)
         if self._trims:
             keep = self.checked_usable_hit(key, probe.num_tokens, namespace)
             if keep < probe.num_tokens:  # the hit stops earlier: match and lock only that much
@@ -273,7 +276,8 @@ class RadixCache(PrefixCache):
                 prompt_len=len(toks),
             )
         )
-        self._stats.record_query(len(toks), hit.num_tokens)
+        if read_cache:
+            self._stats.record_query(len(toks), hit.num_tokens)
         return Admission(BlockIds(table), hit.num_tokens)
 
     @guarded
@@ -606,6 +610,7 @@ class RadixCache(PrefixCache):
         priority: int,
         key: memoryview,
         probe: object,
+        read_cache: bool,
     ) -> Admission | None:
         """`admit` with tiers (rules T1-T3): the tree's match, then the pages after it
         through the tiers, cut by the cost model and the disk verifier; the pages kept
@@ -664,7 +669,8 @@ class RadixCache(PrefixCache):
             )
         )
         req.depth = tiers.admitted(len(toks) // bs * bs, table[: lead + use], len(toks) // bs * bs)
-        self._stats.record_query(len(toks), num_hit)
+        if read_cache:
+            self._stats.record_query(len(toks), num_hit)
         if rest:
             tiers.count_hit(rest, use)
         tier_hits = [0] * (tiers.num_tiers + 1)

@@ -15,6 +15,12 @@ Rules every implementation obeys (the conformance kit tests each one):
    pinned; blocks for the rest of the prompt are allocated. The hit equals
    `match(tokens[:-1]).num_tokens`. (A backend whose class declares `partial_hits =
    True` may also hit part of a block; see "Partial hits" below.)
+   `admit(..., read_cache=False)` reads nothing: the hit is 0 tokens (no lower tier is
+   read, no partial hit copied), no query is counted in `stats()`, and the request's
+   blocks are cached on commit as any request's. vLLM's `skip_reading_prefix_cache`
+   and SGLang's `logprob_start_len` 0: an engine asks for it for a request that needs
+   the logits of every prompt position (prompt logprobs). A backend offers it by
+   accepting the keyword; every built-in one does.
 2. `admit` and `append` are atomic: when there is no room even after evicting
    everything evictable they return `None` and change nothing.
 3. Nothing pinned by a live request is ever evicted or reused.
@@ -107,6 +113,7 @@ set; `parse_options` checks both, when a `CacheConfig` is checked
 from __future__ import annotations
 
 import functools
+import inspect
 from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Hashable, Iterable, Mapping, Sequence
@@ -139,6 +146,7 @@ __all__ = [
     "BlockRemoved",
     "AllBlocksCleared",
     "Namespace",
+    "skips_reading",
     "Isolation",
     "LoRA",
     "as_tokens",
@@ -270,6 +278,14 @@ def guarded(method: F) -> F:
     return functools.update_wrapper(_guarded(method), method)  # type: ignore[return-value]
 
 
+def skips_reading(cache: PrefixCache) -> bool:
+    """Whether `cache.admit` takes `read_cache` (rule 1: an admission that reads nothing)."""
+    try:
+        return "read_cache" in inspect.signature(cache.admit).parameters
+    except (TypeError, ValueError):  # a callable without a signature offers nothing we can see
+        return False
+
+
 class PrefixCache(ABC):
     """A prefix-caching strategy over a shared `BlockPool` (see the module docstring).
 
@@ -398,7 +414,8 @@ class PrefixCache(ABC):
     ) -> Admission | None:
         """Start a request: pin its cached prefix, allocate blocks for the rest of the
         prompt. None (nothing changed) if the pool cannot make room. `ValueError` for an
-        empty prompt or a request id already live."""
+        empty prompt or a request id already live. An implementation may accept
+        `read_cache: bool = True` (rule 1: False hits nothing)."""
 
     @abstractmethod
     def append(self, request_id: Hashable, tokens: Sequence[int]) -> list[int] | None:

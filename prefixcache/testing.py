@@ -18,7 +18,7 @@ failure names the rule it breaks. Nothing is hashed; contents are compared exact
 Every failure is a `RuleViolation` (an `AssertionError`) whose message starts with the
 rule (`RULES`): "rule 6 (a hit is the KV of ...) broken: admit of request 3: ...".
 
-- rule 1: admit's hit equals `match(tokens[:-1])`, capped at len - 1, whole blocks unless
+- rule 1: admit's hit equals `match(tokens[:-1])` (0 with `read_cache=False`), capped at len - 1, whole blocks unless
   the class declares `partial_hits`, and covers only blocks that were computed;
 - rule 2: a refused `admit`/`append` leaves pool and tables exactly as they were;
 - rule 3: a block a request is about to write is no other live request's, and a copy's
@@ -60,7 +60,7 @@ from prefixcache.config import CacheConfig
 from prefixcache.config_checks import check_cache_config
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
 from prefixcache.isolation import check_namespace
-from prefixcache.protocol import Admission, Match, PrefixCache
+from prefixcache.protocol import Admission, Match, PrefixCache, skips_reading
 from prefixcache.registry import available_backends, resolve_backend
 
 __all__ = [
@@ -537,7 +537,9 @@ class CheckedCache:
         cache, bs = self.cache, self.block_size
         ns = check_namespace(namespace)
         what = _What("admit of request {!r} (namespace {!r})", request_id, ns)
-        expected = self._call(what, cache.match, tokens[:-1], namespace=namespace).num_tokens
+        reads = kwargs.get("read_cache", True) is not False
+        expected = self._call(what, cache.match, tokens[:-1], namespace=namespace).num_tokens if reads else 0
+        queries = cache.stats().queries
         before = self.state(recorded=True)
         adm = self._call(what, cache.admit, request_id, tokens, namespace=namespace, **kwargs)
         moved = self._moved(what)
@@ -547,6 +549,8 @@ class CheckedCache:
                 _violate("rule 2", what, "a refused admit changed the pool, a block table, or moved data")
             return None
         check_admission(cache, adm, tokens, expected, what)
+        if not reads and (adm.loads or adm.copies or cache.stats().queries != queries):
+            _violate("rule 1", what, "an admit with read_cache=False read the cache (a load, a copy or a counted query)")
         self._check_not_held(request_id, [dst for _, _, dst in adm.loads], what, "loads into block")
         table = list(adm.block_table)
         if list(cache.block_table(request_id)) != table:
@@ -1163,6 +1167,26 @@ def rule_lower_tiers_serve_demoted_kv(make: CacheFactory, bs: int) -> None:
     checked.drain()
 
 
+def rule_an_admission_that_reads_nothing_hits_nothing(make: CacheFactory, bs: int) -> None:
+    """Rule 1, `read_cache=False` (backends that take it): a cached prompt admitted again
+    hits nothing, reads no tier, counts no query, and what it computes is cached as any
+    request's: the prompt hits afterwards."""
+    checked = CheckedCache(make(bs, 32))
+    if not skips_reading(checked.cache):
+        return
+    prompt = list(range(2000, 2000 + 3 * bs + 1))
+    _run(checked, "first", prompt)
+    again = checked.admit("unread", prompt, read_cache=False)
+    assert again is not None, "a 4-block prompt did not fit a 32-block pool"
+    checked.commit("unread", len(prompt))
+    checked.release("unread")
+    if type(checked.cache).__name__ in ("HashCache", "RadixCache") and checked.match(prompt[:-1]).num_tokens != 3 * bs:
+        # Full attention: the blocks stay cached (hash keeps both copies, radix the first).
+        _violate("rule 1", "match after an unread admission", "the prompt no longer hits its 3 cached blocks")
+    _run(checked, "reader", prompt)  # whatever it hits is checked to be the prompt's KV
+    checked.drain()
+
+
 RULE_CHECKS: tuple[Callable[[CacheFactory, int], None], ...] = (
     rule_admit_hit_is_capped_whole_blocks,
     rule_hits_are_causal,
@@ -1176,6 +1200,7 @@ RULE_CHECKS: tuple[Callable[[CacheFactory, int], None], ...] = (
     rule_bad_tokens_are_refused,
     rule_commit_and_append_is_both_calls,
     rule_lower_tiers_serve_demoted_kv,
+    rule_an_admission_that_reads_nothing_hits_nothing,
 )
 
 
@@ -1263,11 +1288,16 @@ def conformance_test_case(
             self.recent.append(tokens)
             return tokens
 
-        @rule(prompt=prompts, namespace=namespaces, tail=st.lists(st.integers(0, 3), max_size=bs))
-        def admit_again(self, prompt: list[int], namespace: str | None, tail: list[int]) -> None:
-            """An earlier prompt again, in either namespace, perhaps longer: hits."""
+        @rule(prompt=prompts, namespace=namespaces, tail=st.lists(st.integers(0, 3), max_size=bs),
+              read=st.sampled_from([True, True, True, False]))
+        def admit_again(self, prompt: list[int], namespace: str | None, tail: list[int], read: bool) -> None:
+            """An earlier prompt again, in either namespace, perhaps longer: hits (or,
+            now and then, reads nothing, where the backend offers it)."""
             with self.step():
-                self.checked.admit(self.next_id, prompt + tail, namespace=namespace)
+                if read or not skips_reading(self.checked.cache):
+                    self.checked.admit(self.next_id, prompt + tail, namespace=namespace)
+                else:
+                    self.checked.admit(self.next_id, prompt + tail, namespace=namespace, read_cache=False)
             self.next_id += 1
             self.recent.append(prompt + tail)
 

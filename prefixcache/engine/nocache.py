@@ -45,7 +45,9 @@ class NoPrefixCache(BlockwiseAppend, PrefixCache):
         check_namespace(namespace)
         return Match(0, ())
 
-    def admit(self, request_id: Hashable, tokens: Sequence[int], *, namespace: Namespace = None) -> Admission | None:
+    def admit(
+        self, request_id: Hashable, tokens: Sequence[int], *, namespace: Namespace = None, read_cache: bool = True
+    ) -> Admission | None:
         self._requests.check_new(request_id)
         toks = check_tokens(tokens)
         namespace = check_namespace(namespace)
@@ -54,7 +56,8 @@ class NoPrefixCache(BlockwiseAppend, PrefixCache):
             self._stats.rejected += 1
             return None
         self._requests.add(Request(request_id, toks, namespace, blocks))
-        self._stats.record_query(len(toks), 0)
+        if read_cache:
+            self._stats.record_query(len(toks), 0)
         return Admission(tuple(blocks), 0)
 
     def _allocate_if_free(self, num_blocks: int) -> list[int] | None:

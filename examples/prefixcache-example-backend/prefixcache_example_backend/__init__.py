@@ -24,8 +24,8 @@ class HitHistogramHash(HashCache):
         super().__init__(pool, config)
         self._hits: Counter[int] = Counter()
 
-    def admit(self, request_id, tokens, *, namespace=None, priority=0):
-        admission = super().admit(request_id, tokens, namespace=namespace, priority=priority)
+    def admit(self, request_id, tokens, *, namespace=None, priority=0, read_cache=True):
+        admission = super().admit(request_id, tokens, namespace=namespace, priority=priority, read_cache=read_cache)
         if admission is not None:
             self._hits[admission.num_cached_tokens // self.block_size] += 1
         return admission
