@@ -32,12 +32,13 @@ def test_the_byte_tokenizer_matches_specials_in_one_pass():
 def test_streamed_text_adds_up_to_the_decoded_text(ids, step):
     """Deltas from each token's bytes through an incremental UTF-8 decoder are exactly
     prefixes of `decode` (never re-decoding what was sent), and finish() completes it."""
-    text = IncrementalText(BYTES)
-    sent = "".join(text.add(ids[i:i + step]) for i in range(0, len(ids), step))
-    whole = BYTES.decode(ids)
-    # Held back: at most the 3 bytes of an unfinished UTF-8 sequence, which the whole
-    # decode may turn into as many replacement characters.
-    assert whole.startswith(sent) and len(whole) - len(sent) <= 3
+    for skip in (True, False):  # special tokens left out (the default), and kept
+        text = IncrementalText(BYTES, skip_special_tokens=skip)
+        sent = "".join(text.add(ids[i:i + step]) for i in range(0, len(ids), step))
+        whole = BYTES.decode(ids, skip_special_tokens=skip)
+        # Held back: at most the 3 bytes of an unfinished UTF-8 sequence, which the whole
+        # decode may turn into as many replacement characters.
+        assert whole.startswith(sent) and len(whole) - len(sent) <= 3
 
 
 def test_the_shipped_template_renders_as_before():

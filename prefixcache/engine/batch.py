@@ -20,14 +20,16 @@ import torch
 
 from prefixcache.attention import KVWritePlan, PagedAttentionPlan, plan_paged_attention, plan_write_kv
 
-__all__ = ["SeqChunk", "StepPlan", "plan_step"]
+__all__ = ["SeqChunk", "StepPlan", "logit_rows", "plan_step"]
 
 
 @dataclass(frozen=True)
 class SeqChunk:
     """Compute `token_ids` at positions `start, start+1, ...` of one request whose KV
     lives in `block_table` (the request's blocks in token order; the KV of positions
-    `< start` is already written). `want_logits`: return logits for the last token."""
+    `< start` is already written). `want_logits`: return logits for the last token.
+    `prompt_rows`: the chunk's tokens (indices into `token_ids`) whose logits are returned
+    too, after every chunk's last-token row (a request's prompt logprobs)."""
 
     token_ids: Sequence[int]
     start: int  # TOKENS already in the cache for this request
@@ -40,12 +42,31 @@ class SeqChunk:
     #: The request's first chunk since it was admitted: a recurrent layer starts from
     #: the cached state at `start` (zeros at 0), not from a running state.
     fresh: bool = False
+    prompt_rows: range = range(0)
+
+
+def logit_rows(chunks: Sequence[SeqChunk]) -> list[int]:
+    """The rows of a step's ragged batch (chunks laid out in order) whose logits a model
+    returns, in the order it returns them: each chunk's last row if it `want_logits`,
+    then each chunk's `prompt_rows`. ValueError for a prompt row outside its chunk."""
+    last, prompt, first = [], [], 0
+    for i, c in enumerate(chunks):
+        n = len(c.token_ids)
+        if c.want_logits:
+            last.append(first + n - 1)
+        if c.prompt_rows:
+            if c.prompt_rows.step != 1 or c.prompt_rows.start < 0 or c.prompt_rows.stop > n:
+                raise ValueError(f"chunk {i}: prompt_rows {c.prompt_rows} outside its {n} tokens")
+            prompt.extend(first + j for j in c.prompt_rows)
+        first += n
+    return last + prompt
 
 
 @dataclass(frozen=True, eq=False)
 class StepPlan:
     """A planned step (see the module docstring). `logit_rows[j]` is the row of the
-    j-th chunk that wants logits, in chunk order."""
+    j-th chunk that wants logits, in chunk order, followed by every chunk's prompt rows
+    (`logit_rows`)."""
 
     token_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
@@ -74,7 +95,7 @@ def plan_step(
     if not chunks:
         raise ValueError("a step needs at least one chunk")
     max_position = cos_table.shape[0]
-    q_indptr, kv_indptr, kv_lens, kv_indices, token_ids, positions, slots, logit_rows = [0], [0], [], [], [], [], [], []
+    q_indptr, kv_indptr, kv_lens, kv_indices, token_ids, positions, slots = [0], [0], [], [], [], [], []
     for i, c in enumerate(chunks):
         n = len(c.token_ids)
         if n < 1 or c.start < 0:
@@ -94,8 +115,6 @@ def plan_step(
         pos = range(c.start, end)
         positions.extend(pos)
         slots.extend(table[p // block_size] * block_size + p % block_size for p in pos)
-        if c.want_logits:
-            logit_rows.append(q_indptr[-1] - 1)
     pos_t = torch.tensor(positions, dtype=torch.int64)
     attention = plan_paged_attention(
         q_indptr, kv_indptr, kv_indices, kv_lens, num_blocks=num_blocks, block_size=block_size, device=device
@@ -109,5 +128,5 @@ def plan_step(
         sin=sin_table.index_select(0, pos_dev),
         attention=attention,
         kv_write=kv_write,
-        logit_rows=torch.tensor(logit_rows, dtype=torch.int64, device=device),
+        logit_rows=torch.tensor(logit_rows(chunks), dtype=torch.int64, device=device),
     )

@@ -37,6 +37,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 from pathlib import Path
 
 import torch
@@ -58,7 +59,7 @@ from prefixcache.engine.sampling import SamplingError, SamplingParams, processed
 from prefixcache.engine.scheduler import Scheduled, Scheduler, Sequence as Seq
 from prefixcache.errors import ConfigError
 from prefixcache.events import KVEvent
-from prefixcache.protocol import PrefixCache, as_tokens
+from prefixcache.protocol import PrefixCache, as_tokens, skips_reading
 from prefixcache.requests import check_namespace
 from prefixcache.tiers import Tiers
 
@@ -85,7 +86,10 @@ class GenerationRequest:
     `min_tokens`: no stop token can be drawn, and no stop string ends it, before it has
     this many output tokens (vLLM's; at most `max_tokens`). `skip_special_tokens`: the
     output text (and what stop strings see) leaves out the tokenizer's special tokens
-    (vLLM's, default on; the token ids keep them)."""
+    (vLLM's, default on; the token ids keep them). `prompt_logprobs`: return each prompt
+    token's logprob given the tokens before it, with this many of the most likely tokens
+    (vLLM's `SamplingParams.prompt_logprobs`; None: none). Such a request reads nothing
+    from the cache (vLLM's `skip_reading_prefix_cache`): every prompt position is computed."""
 
     prompt: str | Sequence[int] | None = None
     messages: Sequence[Mapping[str, str]] | None = None
@@ -102,6 +106,7 @@ class GenerationRequest:
     logprobs: int | None = None
     min_tokens: int = 0
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None
 
 
 @dataclass
@@ -110,7 +115,9 @@ class RequestOutput:
     `stop_str`: the stop string that ended it (its `text` cut there; `token_ids` keep
     every token drawn). `finish_reason` "error" (vLLM's `FinishReason.ERROR`): its forward
     pass or sampling failed, `error` says how, and the tokens are those drawn before.
-    `logprobs`: one per token id, for a request that asked for them (else None)."""
+    `logprobs`: one per token id, for a request that asked for them (else None).
+    `prompt_logprobs`: one per prompt token, the first None (nothing comes before it), for
+    a request that asked for them (else None)."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -122,6 +129,7 @@ class RequestOutput:
     error: str | None = None
     stop_str: str | None = None
     logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -243,6 +251,17 @@ class Engine:
         if num_logprobs is not None and (isinstance(num_logprobs, bool) or not isinstance(num_logprobs, int)
                                          or not 0 <= num_logprobs <= vocab):
             raise ValueError(f"logprobs must be None or an integer in [0, {vocab}] (the vocabulary), got {num_logprobs!r}")
+        num_prompt_logprobs = request.prompt_logprobs
+        if num_prompt_logprobs is not None:
+            if isinstance(num_prompt_logprobs, bool) or not isinstance(num_prompt_logprobs, int) \
+                    or not 0 <= num_prompt_logprobs <= vocab:
+                raise ValueError(f"prompt_logprobs must be None or an integer in [0, {vocab}] (the vocabulary), "
+                                 f"got {num_prompt_logprobs!r}")
+            if isinstance(self.model, HybridModel):
+                raise ConfigError("prompt_logprobs", "the test hybrid model returns no logits but its chunks' last")
+            if not skips_reading(self.cache):
+                raise ConfigError("prompt_logprobs", f"the cache backend {type(self.cache).__qualname__} cannot "
+                                  "admit a request without reading its cache (`admit(read_cache=False)`)")
         params = request.sampling or ec.sampling
         for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]),
                           ("allowed_token_ids", params.allowed_token_ids or ())):
@@ -281,6 +300,8 @@ class Engine:
                 num_logprobs=num_logprobs,
                 min_tokens=min_tokens,
                 skip_special_tokens=bool(request.skip_special_tokens),
+                num_prompt_logprobs=num_prompt_logprobs,
+                prompt_logprobs=[None] if num_prompt_logprobs is not None else [],  # position 0 has none
             )
         )
         self._requests += 1
@@ -369,11 +390,13 @@ class Engine:
         # copying it into the request's own block; the copy must land before this pass.
         self.model.copy_blocks(self.scheduler.take_copies())
         pace_until = t0 + self._pace.chunks_s((w.start, w.num_tokens) for w in work) if self._pace else 0.0
-        logits, work, failed = self._forward(work)
+        logits, prompt_logits, work, failed = self._forward(work)
         if self._pace is not None:
             self._sleep_until(pace_until)
         self.scheduler.computed(work)
         self._run_transfers()  # what the commits wrote through, copied down now that it is computed
+        for w, rows in zip(work, prompt_logits):
+            self._add_prompt_logprobs(w, rows)
         sampled, finished, logprobs = self._sample([w for w in work if w.samples], logits)
         self._steps += 1
         self._wall_s += time.perf_counter() - t0
@@ -390,35 +413,67 @@ class Engine:
         else:
             self._overrun_steps += 1
 
-    def _forward(self, work: list[Scheduled]) -> tuple[torch.Tensor, list[Scheduled], list[RequestOutput]]:
-        """The logits of `work`'s sampling chunks, the chunks that ran, and the requests
-        that failed. A pass over the whole batch that raises is run again chunk by chunk
-        (each rewrites the same KV at the same slots), and only a chunk that fails on its
-        own fails its request; its KV is never committed, so never cached."""
+    def _forward(
+        self, work: list[Scheduled]
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[Scheduled], list[RequestOutput]]:
+        """The logits of `work`'s sampling chunks, each chunk's prompt-row logits
+        (`_prompt_rows`), the chunks that ran, and the requests that failed. A pass over
+        the whole batch that raises is run again chunk by chunk (each rewrites the same KV
+        at the same slots), and only a chunk that fails on its own fails its request; its
+        KV is never committed, so never cached."""
         try:
-            return self._forward_chunks(work), work, []
+            return (*self._forward_chunks(work), work, [])
         except Exception as err:  # noqa: BLE001 - one request's fault must not end the batch
             if len(work) == 1:
-                return self._no_logits(), [], [self._fail(work[0].seq, err)]
+                return self._no_logits(), [], [], [self._fail(work[0].seq, err)]
             _log.warning("a forward pass over %d requests failed (%s); running them one by one", len(work), err)
-        kept, rows, failed = [], [], []
+        kept, rows, prompt_rows, failed = [], [], [], []
         for w in work:
             try:
-                rows.append(self._forward_chunks([w]))
+                last, prompt = self._forward_chunks([w])
             except Exception as err:  # noqa: BLE001 - as above: this request alone
                 failed.append(self._fail(w.seq, err))
             else:
                 kept.append(w)
-        return (torch.cat(rows) if rows else self._no_logits()), kept, failed
+                rows.append(last)
+                prompt_rows.extend(prompt)
+        return (torch.cat(rows) if rows else self._no_logits()), prompt_rows, kept, failed
 
-    def _forward_chunks(self, work: list[Scheduled]) -> torch.Tensor:
+    def _forward_chunks(self, work: list[Scheduled]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The logits of the sampling chunks, and per chunk those of its prompt rows."""
         hybrid = isinstance(self.model, (HybridModel, Gemma3Model))  # a table per layout group
+        wanted = [self._prompt_rows(w) for w in work]
         chunks = [
             SeqChunk(w.seq.tokens[w.start : w.start + w.num_tokens], w.start, self.scheduler.block_table(w.seq), w.samples,
-                     self.scheduler.block_tables(w.seq) if hybrid else (), w.seq.request_id, w.fresh)
-            for w in work
+                     self.scheduler.block_tables(w.seq) if hybrid else (), w.seq.request_id, w.fresh, rows)
+            for w, rows in zip(work, wanted)
         ]  # fmt: skip
-        return self.model.forward(self.model.plan(chunks))
+        logits = self.model.forward(self.model.plan(chunks))
+        first = sum(w.samples for w in work)
+        bounds = list(accumulate((len(r) for r in wanted), initial=first))
+        return logits[:first], [logits[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    @staticmethod
+    def _prompt_rows(w: Scheduled) -> range:
+        """The rows of `w`'s chunk whose logits give prompt logprobs still missing: row j
+        (position start + j) gives the logprob of prompt token start + j + 1."""
+        seq = w.seq
+        if seq.num_prompt_logprobs is None:
+            return range(0)
+        have = len(seq.prompt_logprobs)  # positions [0, have) are done (a recompute skips them)
+        lo = max(w.start, have - 1)
+        hi = min(w.start + w.num_tokens, len(seq.prompt) - 1)
+        return range(lo - w.start, hi - w.start) if lo < hi else range(0)
+
+    def _add_prompt_logprobs(self, w: Scheduled, logits: torch.Tensor) -> None:
+        """Append the prompt logprobs `logits` (the rows `_prompt_rows(w)` chose) give."""
+        rows = self._prompt_rows(w)
+        if not rows:
+            return
+        seq = w.seq
+        first = w.start + rows.start + 1  # the prompt position the first row gives
+        targets = seq.prompt[first : first + len(rows)]
+        seq.prompt_logprobs.extend(token_logprobs(logits, range(len(rows)), targets, [seq.num_prompt_logprobs] * len(rows)))
 
     def _no_logits(self) -> torch.Tensor:
         return torch.empty((0, self.model.config.vocab_size))
@@ -507,6 +562,7 @@ class Engine:
             first_logits=seq.first_logits,
             stop_str=stopped,
             logprobs=list(seq.logprobs) if seq.num_logprobs is not None else None,
+            prompt_logprobs=list(seq.prompt_logprobs) if seq.num_prompt_logprobs is not None else None,
         )
 
     def generate(

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from prefixcache.engine.batch import SeqChunk
+from prefixcache.engine.batch import SeqChunk, logit_rows
 from prefixcache.attention import KVWritePlan, PagedAttentionPlan, plan_write_kv
 from prefixcache.engine.hybrid_model import _linear, _rope, batch_plan, check_table
 from prefixcache.engine.model import LlamaModel
@@ -219,7 +219,6 @@ class Gemma3Model:
         c, bs = self.config, self.block_size
         token_ids: list[int] = []
         positions: list[int] = []
-        logit_rows: list[int] = []
         spans: list[list[tuple[int, int, Sequence[int]]]] = [[] for _ in c.layout]
         slots: list[list[int]] = [[] for _ in c.layout]
         for i, ch in enumerate(chunks):
@@ -237,8 +236,6 @@ class Gemma3Model:
                 slots[g].extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             token_ids.extend(ch.token_ids)
             positions.extend(range(start, start + n))
-            if ch.want_logits:
-                logit_rows.append(len(token_ids) - 1)
         kv = self.kv[0]
         groups = tuple(
             (batch_plan(spans[g], kv, window_left=group.window - 1 if group.kind == SLIDING_WINDOW else -1),
@@ -248,12 +245,13 @@ class Gemma3Model:
         pos = torch.tensor(positions, dtype=torch.int64)
         rope = {base: (cos.index_select(0, pos).to(self.device), sin.index_select(0, pos).to(self.device))
                 for base, (cos, sin) in self._rope.items()}  # fmt: skip
-        return Gemma3Step(torch.tensor(token_ids, dtype=torch.int64, device=self.device), tuple(logit_rows), groups, rope)
+        return Gemma3Step(torch.tensor(token_ids, dtype=torch.int64, device=self.device), tuple(logit_rows(chunks)),
+                          groups, rope)
 
     @torch.inference_mode()
     def forward(self, step: Gemma3Step) -> torch.Tensor:
-        """Every chunk of the step computed in one pass; fp32 logits of the chunks that
-        want them, in chunk order."""
+        """Every chunk of the step computed in one pass; fp32 logits of the rows
+        `batch.logit_rows` names (the chunks that want them, then prompt rows)."""
         c, w = self.config, self.weights
         x = w.embed.index_select(0, step.token_ids) * self._scale
         for layer, p in enumerate(w.layers):

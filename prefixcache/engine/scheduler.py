@@ -23,7 +23,9 @@ A step, in vLLM V1's order:
    strategy hits it) waits, and the requests behind it may go first. Once the leader
    commits them it hits them, where it would have computed them again beside the leader
    (vLLM reaches the same by caching blocks before they are computed, which our protocol
-   does not allow: a hit is only ever committed KV). At most `max_num_seqs` waiting
+   does not allow: a hit is only ever committed KV). A request that asks for prompt
+   logprobs is admitted with `read_cache=False` (it needs every prompt position's logits)
+   and never waits for a leader. At most `max_num_seqs` waiting
    requests are passed over a step, so a burst costs a step O(max_num_seqs x requests in
    prefill) prefix comparisons and O(max_num_seqs) matches, not O(queue).
 Nothing here raises when the pool is full: a request that fits the pool alone
@@ -80,6 +82,8 @@ class Sequence:
     stop_strings: StopStrings | None = None  # the request's stop strings over its output text
     num_logprobs: int | None = None  # top logprobs per drawn token (None: no logprobs)
     skip_special_tokens: bool = True  # its output text leaves out the tokenizer's special tokens
+    num_prompt_logprobs: int | None = None  # top logprobs per prompt token (None: none; else it reads no cache)
+    prompt_logprobs: list = field(default_factory=list)  # per prompt position so far (TokenLogprobs | None)
     min_tokens: int = 0  # output tokens before a stop token or string may end it
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per output token, when asked
     _ids: np.ndarray | None = field(default=None, repr=False)  # `tokens` as an array, for prefix comparisons
@@ -187,14 +191,16 @@ class Scheduler:
         w = passed = 0
         while w < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[w]
-            if self.in_batch_prefix_tokens and self._waits_for_leader(seq):
+            reads = seq.num_prompt_logprobs is None  # a request that needs every prompt position's logits reads nothing
+            if reads and self.in_batch_prefix_tokens and self._waits_for_leader(seq):
                 self.num_prefix_waits += 1
                 passed += 1
                 if passed >= self.max_num_seqs:
                     break
                 w += 1
                 continue
-            adm = self._timed(self.cache.admit, seq.request_id, seq.tokens, namespace=seq.namespace)
+            adm = (self._timed(self.cache.admit, seq.request_id, seq.tokens, namespace=seq.namespace) if reads else
+                   self._timed(self.cache.admit, seq.request_id, seq.tokens, namespace=seq.namespace, read_cache=False))
             if adm is None:
                 break
             del self.waiting[w]

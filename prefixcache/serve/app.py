@@ -254,12 +254,23 @@ class _Serving:
             outputs = await self.until_finished(streams, request)
             if outputs is None:  # the client went away; nobody reads this
                 return Response(status_code=499)
-            make = R.chat_body if chat else R.completion_body
-            k = gen.logprobs
-            lps = [R.logprobs(self.tokenizer, o.logprobs, k, chat=chat) if k is not None and o.logprobs else None
-                   for o in outputs]
-            return JSONResponse(make(rid, created, self.info.model_name, outputs, self.info.eos_token_id, lps,
-                                     prepared.n))
+            k, tok = gen.logprobs, self.tokenizer
+            if prepared.echo and k is not None:  # the prompt's positions, then (unless echo_only) the output's
+                shown = [(o.prompt_logprobs or [], o.prompt_token_ids) if prepared.echo_only else
+                         ([*(o.prompt_logprobs or []), *(o.logprobs or [])], [*o.prompt_token_ids, *o.token_ids])
+                         for o in outputs]  # fmt: skip
+                lps = [R.logprobs(tok, pos, k, chat=False, token_ids=ids) for pos, ids in shown]
+            else:
+                lps = [R.logprobs(tok, o.logprobs, k, chat=chat) if k is not None and o.logprobs else None
+                       for o in outputs]
+            pls = ([R.prompt_logprobs(tok, o.prompt_logprobs or []) for o in outputs]
+                   if gen.prompt_logprobs is not None else [])
+            model, eos = self.info.model_name, self.info.eos_token_id
+            if chat:
+                return JSONResponse(R.chat_body(rid, created, model, outputs, eos, lps, prepared.n, prompt_logprobs=pls))
+            return JSONResponse(R.completion_body(rid, created, model, outputs, eos, lps, prepared.n,
+                                                  echo=prepared.echo, echo_only=prepared.echo_only,
+                                                  prompt_logprobs=pls))
         finally:
             if not handed_over:
                 release()

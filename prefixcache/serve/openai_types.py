@@ -64,6 +64,7 @@ class _Sampling(_Request):
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None
     # vLLM's fast detokenizer ignores it too (only its slow, Python tokenizers space them).
     spaces_between_special_tokens: bool = True
     cache_salt: str | None = None
@@ -110,7 +111,7 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "guided_grammar": (None,),
     "structured_outputs": (None,),
     "use_beam_search": (False,),
-    "prompt_logprobs": (None,),
+    "echo": (None, False),  # a chat's (vLLM echoes the last message); a completion's is served
     "truncate_prompt_tokens": (None,),
     "continue_final_message": (False,),
     "add_generation_prompt": (True,),
@@ -131,8 +132,8 @@ def unsupported(body: _Sampling) -> tuple[str, str] | None:
             allowed = " or ".join(repr(v) for v in neutral)
             return name, f"{name} is not supported: this server generates without it (only {allowed} is accepted)"
     if isinstance(body, CompletionRequest):
-        if body.echo:
-            return "echo", "echo is not supported"
+        if body.echo and body.stream:
+            return "echo", "echo is not supported with stream=True: this server echoes whole responses only"
         if body.best_of not in (None, 1):
             return "best_of", "best_of is not supported"
         if body.suffix:

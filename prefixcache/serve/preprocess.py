@@ -102,6 +102,10 @@ class Prepared:
     body: Body
     generations: tuple[GenerationRequest, ...]
     n: int = 1
+    #: A completion with `echo`: each prompt's text, which its choices' texts start with.
+    echo: tuple[str, ...] = ()
+    #: `echo` with `max_tokens` 0 (vLLM's): the engine draws one token, the response shows the prompt alone.
+    echo_only: bool = False
 
     @property
     def generation(self) -> GenerationRequest:
@@ -171,6 +175,8 @@ class Preprocessor:
         else:
             prompts = self._completion_prompts(body.prompt)
             limit, param = body.max_tokens, "max_tokens"
+            if body.echo and limit == 0:
+                limit = 1  # vLLM's echo_without_generation: one token drawn, none shown
         if len(prompts) * body.n > MAX_CHOICES:
             raise APIError(f"{len(prompts)} prompts x n={body.n} choices is more than {MAX_CHOICES} choices",
                            param="prompt" if len(prompts) > 1 else "n")
@@ -180,7 +186,7 @@ class Preprocessor:
             stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, arrival_s=arrival_s,
             stop=_stop_strings(body), include_stop_str_in_output=body.include_stop_str_in_output,
             logprobs=_logprobs(body, self.model.vocab_size), min_tokens=body.min_tokens,
-            skip_special_tokens=body.skip_special_tokens,
+            skip_special_tokens=body.skip_special_tokens, prompt_logprobs=_prompt_logprobs(body, self.model.vocab_size),
         )
         out = []
         for i, prompt in enumerate(prompts):
@@ -191,7 +197,14 @@ class Preprocessor:
             out.extend([gen] if body.n == 1 else
                        [replace(gen, request_id=f"{j}_{rid}", sampling=gen.sampling and child_params(gen.sampling, j))
                         for j in range(body.n)])  # fmt: skip
-        return Prepared(body, tuple(out), body.n)
+        if isinstance(body, ChatCompletionRequest) or not body.echo:
+            return Prepared(body, tuple(out), body.n)
+        return Prepared(body, tuple(out), body.n, self._echo_texts(body.prompt, prompts), body.max_tokens == 0)
+
+    def _echo_texts(self, prompt: Any, prompts: list[list[int]]) -> tuple[str, ...]:
+        """What `echo` repeats of each prompt: its text as sent, or the text of its token ids."""
+        texts = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt[0], str) else [None] * len(prompts)
+        return tuple(t if t is not None else self.tokenizer.decode(ids) for t, ids in zip(texts, prompts))
 
     def _check_text(self, text: str, param: str) -> None:
         if len(text) > self.max_chars:
@@ -316,6 +329,27 @@ def _logprobs(body: Body, vocab_size: int) -> int | None:
     if wanted > MAX_LOGPROBS:
         raise APIError(f"Requested sample logprobs of {wanted}, which is greater than max allowed: {MAX_LOGPROBS}",
                        param=param)
+    return wanted
+
+
+def _prompt_logprobs(body: Body, vocab_size: int) -> int | None:
+    """How many top logprobs each prompt token returns (None: none), checked as vLLM
+    checks them. A completion with `echo` and `logprobs` returns them with its output's
+    (vLLM's `to_sampling_params`)."""
+    k = body.prompt_logprobs
+    if k is not None:
+        if body.stream and (k > 0 or k == -1):
+            raise APIError("`prompt_logprobs` are not available when `stream=True`.", param="prompt_logprobs")
+        if k < 0 and k != -1:
+            raise APIError("`prompt_logprobs` must be a positive value or -1.", param="prompt_logprobs")
+    elif isinstance(body, CompletionRequest) and body.echo:
+        k = body.logprobs
+    if k is None:
+        return None
+    wanted = vocab_size if k == -1 else k
+    if wanted > MAX_LOGPROBS:
+        raise APIError(f"Requested prompt logprobs of {wanted}, which is greater than max allowed: {MAX_LOGPROBS}",
+                       param="prompt_logprobs" if body.prompt_logprobs is not None else "logprobs")
     return wanted
 
 

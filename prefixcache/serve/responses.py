@@ -146,10 +146,13 @@ def _ranked(lp: TokenLogprobs) -> dict[int, float]:
 
 
 def logprobs(
-    tokenizer: Tokenizer, positions: Sequence[TokenLogprobs], k: int, *, chat: bool, text_offset: int = 0
+    tokenizer: Tokenizer, positions: Sequence[TokenLogprobs | None], k: int, *, chat: bool, text_offset: int = 0,
+    token_ids: Sequence[int] = (),
 ) -> dict[str, Any]:
     """The `logprobs` of a choice (or a chunk) whose tokens drew `positions`, `k` the
-    request's count (see the module docstring)."""
+    request's count (see the module docstring). A completion's echoed prompt starts with
+    a position that has none (None: its token is `token_ids[i]`, its logprob and top null,
+    as vLLM writes it)."""
     def text(token_id: int) -> str:
         return tokenizer.decode([token_id])
 
@@ -161,24 +164,51 @@ def logprobs(
         return {"content": [{**entry(p.token_id, p.logprob),
                              "top_logprobs": [entry(i, v) for i, v in list(_ranked(p).items())[:k]]}
                             for p in positions]}  # fmt: skip
-    tokens, offsets = [text(p.token_id) for p in positions], []
+    tokens = [text(p.token_id if p is not None else token_ids[i]) for i, p in enumerate(positions)]
+    offsets = []
     for t in tokens:
         offsets.append(text_offset)
         text_offset += len(t)
     return {
         "text_offset": offsets,
-        "token_logprobs": [max(p.logprob, _FLOOR) for p in positions],
+        "token_logprobs": [max(p.logprob, _FLOOR) if p is not None else None for p in positions],
         "tokens": tokens,
-        "top_logprobs": [{text(i): max(v, _FLOOR) for i, v in list(_ranked(p).items())[: k + 1]} for p in positions],
+        "top_logprobs": [{text(i): max(v, _FLOOR) for i, v in list(_ranked(p).items())[: k + 1]} if p is not None
+                         else None for p in positions],
     }
 
 
+def prompt_logprobs(tokenizer: Tokenizer, positions: Sequence[TokenLogprobs | None]) -> list[dict[str, Any] | None]:
+    """vLLM's `prompt_logprobs` field: per prompt token (the first None), its `Logprob`s by
+    token id, the prompt token first, then the top ones, each with its rank (the top's by
+    place, as vLLM's dict keeps the prompt token's key first and the top entry's rank)."""
+    out: list[dict[str, Any] | None] = []
+    for p in positions:
+        if p is None:
+            out.append(None)
+            continue
+        ranked = {p.token_id: (p.logprob, p.rank)}
+        for place, (token_id, value) in enumerate(p.top, 1):
+            ranked[token_id] = (value, place)
+        out.append({str(t): {"logprob": max(v, _FLOOR), "rank": r, "decoded_token": tokenizer.decode([t])}
+                    for t, (v, r) in ranked.items()})
+    return out
+
+
 def completion_body(rid: str, created: int, model: str, outputs: Sequence[RequestOutput], eos: int,
-                    logprobs: Sequence[dict[str, Any] | None], n: int = 1) -> dict[str, Any]:
+                    logprobs: Sequence[dict[str, Any] | None], n: int = 1, *, echo: Sequence[str] = (),
+                    echo_only: bool = False, prompt_logprobs: Sequence[list[Any] | None] = ()) -> dict[str, Any]:
     """A whole completion of one choice per output (choice i: `outputs[i]`, `n` per
-    prompt); `logprobs`: each choice's (`logprobs()`), None where not asked for."""
-    choices = [{"index": i, "text": o.text, **_ending(o.finish_reason, stop_reason(o, eos), lp)}
-               for i, (o, lp) in enumerate(zip(outputs, logprobs, strict=True))]
+    prompt); `logprobs`: each choice's (`logprobs()`), None where not asked for. `echo`:
+    each prompt's text, which its choices' texts start with (`echo_only`: nothing after
+    it). `prompt_logprobs`: each choice's (`prompt_logprobs()`), where asked for."""
+    choices = []
+    for i, (o, lp) in enumerate(zip(outputs, logprobs, strict=True)):
+        text = o.text if not echo else echo[i // n] + ("" if echo_only else o.text)
+        choice = {"index": i, "text": text, **_ending(o.finish_reason, stop_reason(o, eos), lp)}
+        if prompt_logprobs:
+            choice["prompt_logprobs"] = prompt_logprobs[i]
+        choices.append(choice)
     return _body(rid, "text_completion", created, model, choices, usage=output_usage(outputs, n))
 
 
@@ -191,12 +221,15 @@ def completion_chunk(
 
 
 def chat_body(rid: str, created: int, model: str, outputs: Sequence[RequestOutput], eos: int,
-              logprobs: Sequence[dict[str, Any] | None], n: int = 1) -> dict[str, Any]:
-    """A whole chat completion; arguments as `completion_body`'s."""
+              logprobs: Sequence[dict[str, Any] | None], n: int = 1, *,
+              prompt_logprobs: Sequence[list[Any] | None] = ()) -> dict[str, Any]:
+    """A whole chat completion; arguments as `completion_body`'s (vLLM puts a chat's
+    `prompt_logprobs` beside its choices: the prompt's, one for all)."""
     choices = [{"index": i, "message": {"role": "assistant", "content": o.text, "tool_calls": []},
                 **_ending(o.finish_reason, stop_reason(o, eos), lp)}
                for i, (o, lp) in enumerate(zip(outputs, logprobs, strict=True))]  # fmt: skip
-    return _body(rid, "chat.completion", created, model, choices, usage=output_usage(outputs, n))
+    extra = {"prompt_logprobs": prompt_logprobs[-1]} if prompt_logprobs else {}
+    return _body(rid, "chat.completion", created, model, choices, usage=output_usage(outputs, n), **extra)
 
 
 def chat_chunk(
