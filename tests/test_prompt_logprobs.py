@@ -121,6 +121,35 @@ def test_echo_with_logprobs_scores_a_text_as_evaluation_harnesses_ask(replica):
     assert both["choices"][0]["prompt_logprobs"][1] == {str(PROMPT[1]): fields[1][str(PROMPT[1])]}
 
 
+@pytest.mark.parametrize("max_tokens", [0, 4])
+def test_a_streamed_echo_is_the_whole_response_in_chunks(replica, max_tokens):
+    """vLLM streams echo: a choice's first chunk starts with its prompt (and the prompt's
+    logprobs); the chunks add up to the response sent whole, n choices each echoed."""
+    url = replica.base_url + "/v1/completions"
+    text = bytes(PROMPT).decode()
+    body = {"prompt": text, "max_tokens": max_tokens, "echo": True, "logprobs": 2, "ignore_eos": True, "n": 2,
+            "temperature": 1.0, "seed": 7}
+    whole = httpx.post(url, json=body, timeout=30).json()
+    events = [e for e in sse_events(httpx.post(url, json={**body, "stream": True}, timeout=30)) if e != "[DONE]"]
+    for i in range(2):
+        chunks = [e["choices"][0] for e in events if e["choices"] and e["choices"][0]["index"] == i]
+        assert chunks[0]["text"].startswith(text)
+        want = whole["choices"][i]
+        assert "".join(c["text"] for c in chunks) == want["text"]
+        got = {key: [x for c in chunks if c["logprobs"] for x in c["logprobs"][key]] for key in want["logprobs"]}
+        assert got["tokens"] == want["logprobs"]["tokens"] and got["text_offset"] == want["logprobs"]["text_offset"]
+        assert got["token_logprobs"][0] is None and got["top_logprobs"][0] is None
+        assert got["token_logprobs"][1:] == pytest.approx(want["logprobs"]["token_logprobs"][1:])
+        assert len(got["tokens"]) == len(PROMPT) + max_tokens
+
+
+def sse_events(response) -> list:
+    import json
+
+    return [line[6:] if line[6:] == "[DONE]" else json.loads(line[6:])
+            for line in response.text.splitlines() if line.startswith("data: ")]
+
+
 def test_a_chat_returns_its_prompts_logprobs_beside_its_choices(replica):
     body = httpx.post(replica.base_url + "/v1/chat/completions", timeout=30,
                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
@@ -137,7 +166,6 @@ def test_a_chat_returns_its_prompts_logprobs_beside_its_choices(replica):
     ({"prompt_logprobs": -2}, "prompt_logprobs", "`prompt_logprobs` must be a positive value or -1."),
     ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs", "`prompt_logprobs` are not available when `stream=True`."),
     ({"echo": True, "logprobs": 21}, "logprobs", "Requested sample logprobs of 21"),
-    ({"echo": True, "stream": True}, "echo", "echo is not supported with stream=True"),
     ({"max_tokens": 0}, "max_tokens", "max_tokens must be at least 1, got 0."),
 ])
 def test_what_vllm_refuses_is_refused_with_its_message(replica, body, param, message):

@@ -138,11 +138,13 @@ class StepOutput:
     batch order (a request's final stop token included), `finished` the requests it
     finished (their last sampled token is in `tokens` too; a request that failed this
     step, reason "error", sampled nothing). `logprobs`: (request id, its token's logprobs)
-    for the requests of `tokens` that asked for them."""
+    for the requests of `tokens` that asked for them. `prompt_logprobs`: (request id, its
+    prompt's logprobs) for the requests that asked for them and drew their first token now."""
 
     tokens: tuple[tuple[str, int], ...]
     finished: tuple[RequestOutput, ...]
     logprobs: tuple[tuple[str, TokenLogprobs], ...] = ()
+    prompt_logprobs: tuple[tuple[str, tuple[TokenLogprobs | None, ...]], ...] = ()
 
 
 class Engine:
@@ -397,11 +399,14 @@ class Engine:
         self._run_transfers()  # what the commits wrote through, copied down now that it is computed
         for w, rows in zip(work, prompt_logits):
             self._add_prompt_logprobs(w, rows)
-        sampled, finished, logprobs = self._sample([w for w in work if w.samples], logits)
+        sampling = [w for w in work if w.samples]
+        firsts = [w.seq for w in sampling if w.seq.num_prompt_logprobs is not None and not w.seq.output]
+        sampled, finished, logprobs = self._sample(sampling, logits)
         self._steps += 1
         self._wall_s += time.perf_counter() - t0
         self._publish_events()
-        return StepOutput(tuple(sampled), tuple(failed + finished), tuple(logprobs))
+        prompt_logprobs = tuple((s.request_id, tuple(s.prompt_logprobs)) for s in firsts if s.output)
+        return StepOutput(tuple(sampled), tuple(failed + finished), tuple(logprobs), prompt_logprobs)
 
     def _sleep_until(self, until: float) -> None:
         """Pace the step (`engine.pace`): its logits come out when the model says the

@@ -243,7 +243,9 @@ class _Serving:
                 hold_back = StopStrings.hold_back(gen.stop, gen.include_stop_str_in_output)
                 events = self.events(rid, streams, created, chat=chat, include_usage=include_usage,
                                      continuous_usage=continuous, hold_back=hold_back, num_logprobs=gen.logprobs,
-                                     n=prepared.n, skip_special_tokens=gen.skip_special_tokens)
+                                     n=prepared.n, skip_special_tokens=gen.skip_special_tokens,
+                                     echo=prepared.echo, echo_only=prepared.echo_only,
+                                     prompt_ids=[g.prompt for g in prepared.generations])
 
                 def close() -> None:
                     self.abort(streams)  # a no-op for the choices that finished
@@ -347,19 +349,24 @@ class _Serving:
     async def events(self, rid: str, streams: Sequence[SubmittedStream], created: int, *, chat: bool,
                      include_usage: bool, continuous_usage: bool = False, hold_back: int = 0,
                      num_logprobs: int | None = None, n: int = 1,
-                     skip_special_tokens: bool = True) -> AsyncIterator[str]:
+                     skip_special_tokens: bool = True, echo: Sequence[str] = (), echo_only: bool = False,
+                     prompt_ids: Sequence[Any] = ()) -> AsyncIterator[str]:
         """The server-sent events of a request's choices (`n` per prompt; chunks of each
         carry its `index`, in the order the engine drew them), the last `hold_back` CHARACTERS of each
         choice's text held until its next chunk (a request's stop strings), each chunk with
         its tokens' logprobs when the request asked for `num_logprobs`, and with its choice's
         usage so far when `continuous_usage` (vLLM's `continuous_usage_stats`), the text
         without the tokenizer's special tokens with `skip_special_tokens`; aborts the
-        choices if the client goes away first, and all of them if one fails."""
+        choices if the client goes away first, and all of them if one fails. `echo` (a
+        completion's, each prompt's text): a choice's first chunk starts with its prompt
+        and, with logprobs, the prompt's (`prompt_ids`: each choice's prompt); with
+        `echo_only` it shows nothing after the prompt (vLLM's `max_tokens: 0`)."""
         model = self.info.model_name
         texts = [R.IncrementalText(self.tokenizer, hold_back, skip_special_tokens) for _ in streams]
         sent_chars = [0] * len(streams)  # text sent so far, CHARACTERS: where a chunk's text_offsets start
         sent_logprobs = [0] * len(streams)  # positions whose logprobs were sent
         drawn = [0] * len(streams)  # tokens each choice drew so far
+        echoed = [not echo] * len(streams)  # the choice's prompt was sent (or is not to be)
 
         def sse(i: int, body: dict[str, Any]) -> str:
             if continuous_usage:
@@ -367,11 +374,17 @@ class _Serving:
             return R.sse(body)
 
         def chunk(i: int, delta: str, positions: Sequence[TokenLogprobs] = (), finish: str | None = None,
-                  stop: int | str | None = None) -> str:
+                  stop: int | str | None = None, prompt: Sequence[TokenLogprobs | None] | None = None) -> str:
             lp = None
-            if num_logprobs is not None and positions:
-                lp = R.logprobs(self.tokenizer, positions, num_logprobs, chat=chat, text_offset=sent_chars[i])
-                sent_logprobs[i] += len(positions)
+            sent_logprobs[i] += len(positions)
+            shown: Sequence[TokenLogprobs | None] = positions
+            if not echoed[i]:  # vLLM's echo: the prompt, then (unless echo_only) what this chunk drew
+                echoed[i] = True
+                delta = echo[i // n] + ("" if echo_only else delta)
+                shown = [*(prompt or ()), *(() if echo_only else positions)]
+            if num_logprobs is not None and shown:
+                lp = R.logprobs(self.tokenizer, shown, num_logprobs, chat=chat, text_offset=sent_chars[i],
+                                token_ids=prompt_ids[i] if prompt_ids else ())
             sent_chars[i] += len(delta)
             if chat:
                 return sse(i, R.chat_chunk(rid, created, model, {"content": delta}, finish, stop, lp, index=i))
@@ -390,13 +403,13 @@ class _Serving:
                         return
                     if isinstance(item, Tokens):  # one chunk per step, even when its text is still held back (vLLM)
                         drawn[i] += len(item.token_ids)
-                        yield chunk(i, texts[i].add(item.token_ids), item.logprobs)
+                        yield chunk(i, texts[i].add(item.token_ids), item.logprobs, prompt=item.prompt_logprobs)
                         continue
                     output = outputs[i] = item.output
                     drawn[i] = len(output.token_ids)
                     last = (output.logprobs or [])[sent_logprobs[i]:]  # the final step's, which rode in the output
                     yield chunk(i, texts[i].finish(output), last, output.finish_reason,
-                                R.stop_reason(output, self.info.eos_token_id))
+                                R.stop_reason(output, self.info.eos_token_id), prompt=output.prompt_logprobs)
             if include_usage:
                 obj = "chat.completion.chunk" if chat else "text_completion"
                 yield R.sse(R.usage_chunk(rid, created, model, obj, outputs, n))  # type: ignore[arg-type]

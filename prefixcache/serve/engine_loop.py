@@ -46,10 +46,12 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Tokens:
     """Token ids a request sampled in one step that did not finish it, with their
-    logprobs if it asked for them."""
+    logprobs if it asked for them; its first item carries its prompt's logprobs if it
+    asked for them (a request that finishes at once has them in its output)."""
 
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprobs, ...] = ()
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -239,10 +241,11 @@ class EngineLoop:
         logprobs: dict[str, list[TokenLogprobs]] = {}
         for rid, lp in out.logprobs:
             logprobs.setdefault(rid, []).append(lp)
+        prompts = dict(out.prompt_logprobs)
         for rid, tokens in sampled.items():
             stream = self._streams.get(rid)
             if stream is not None:
-                stream._push(Tokens(tuple(tokens), tuple(logprobs.get(rid, ()))))
+                stream._push(Tokens(tuple(tokens), tuple(logprobs.get(rid, ())), prompts.get(rid)))
 
     def _fail_all(self, error: BaseException) -> None:
         for rid, stream in list(self._streams.items()):

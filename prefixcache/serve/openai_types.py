@@ -132,8 +132,6 @@ def unsupported(body: _Sampling) -> tuple[str, str] | None:
             allowed = " or ".join(repr(v) for v in neutral)
             return name, f"{name} is not supported: this server generates without it (only {allowed} is accepted)"
     if isinstance(body, CompletionRequest):
-        if body.echo and body.stream:
-            return "echo", "echo is not supported with stream=True: this server echoes whole responses only"
         if body.best_of not in (None, 1):
             return "best_of", "best_of is not supported"
         if body.suffix:
