@@ -57,6 +57,7 @@ from prefixcache.engine.model import LlamaModel
 from prefixcache.engine.nocache import NoPrefixCache
 from prefixcache.engine.sampling import SamplingError, SamplingParams, processed_logits, sample
 from prefixcache.engine.scheduler import Scheduled, Scheduler, Sequence as Seq
+from prefixcache.engine.structured import Grammars, StructuredOutputs
 from prefixcache.errors import ConfigError
 from prefixcache.events import KVEvent
 from prefixcache.protocol import PrefixCache, as_tokens, skips_reading
@@ -89,7 +90,8 @@ class GenerationRequest:
     (vLLM's, default on; the token ids keep them). `prompt_logprobs`: return each prompt
     token's logprob given the tokens before it, with this many of the most likely tokens
     (vLLM's `SamplingParams.prompt_logprobs`; None: none). Such a request reads nothing
-    from the cache (vLLM's `skip_reading_prefix_cache`): every prompt position is computed."""
+    from the cache (vLLM's `skip_reading_prefix_cache`): every prompt position is computed.
+    `structured_outputs`: a grammar its output follows (`structured`: vLLM's, on llguidance)."""
 
     prompt: str | Sequence[int] | None = None
     messages: Sequence[Mapping[str, str]] | None = None
@@ -107,6 +109,7 @@ class GenerationRequest:
     min_tokens: int = 0
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
 @dataclass
@@ -205,6 +208,7 @@ class Engine:
         self._config_stop_ids = frozenset(ec.stop_token_ids)
         self._stop_ids = self._config_stop_ids | {self.tokenizer.eos_token_id, *self.tokenizer.stop_token_ids}
         self._next_id = 0
+        self._grammars: Grammars | None = None  # built at the first request with a grammar
         self._finished: list[Seq] = []
         self.reset_stats()
 
@@ -282,6 +286,11 @@ class Engine:
         if min_tokens and params.allowed_token_ids is not None and set(params.allowed_token_ids) <= stop_ids:
             raise ConfigError("allowed_token_ids", "every allowed token is a stop token, which min_tokens forbids "
                               "drawing: no token could be drawn")
+        grammar = None
+        if request.structured_outputs is not None:
+            if self._grammars is None:
+                self._grammars = Grammars(self.tokenizer, vocab)
+            grammar = self._grammars.compile(request.structured_outputs)
         rid = request.request_id if request.request_id is not None else f"req-{self._next_id}"
         if not isinstance(rid, str):
             raise TypeError(f"request_id must be a str, got {type(rid).__name__}")
@@ -304,6 +313,7 @@ class Engine:
                 skip_special_tokens=bool(request.skip_special_tokens),
                 num_prompt_logprobs=num_prompt_logprobs,
                 prompt_logprobs=[None] if num_prompt_logprobs is not None else [],  # position 0 has none
+                grammar=grammar,
             )
         )
         self._requests += 1
@@ -502,6 +512,11 @@ class Engine:
         the drawn tokens' logprobs for the requests that asked."""
         seqs = [w.seq for w in work]
         params = [s.params for s in seqs]
+        constrained = [row for row, seq in enumerate(seqs) if seq.grammar is not None]
+        if constrained:  # vLLM masks the logits by the grammar first: the raw logprobs see the mask
+            logits = logits.clone()  # the model's are inference tensors
+            for row in constrained:
+                logits[row].masked_fill_(~seqs[row].grammar.allowed(), float("-inf"))  # type: ignore[union-attr]
         # The logits processors shape what is drawn (min_tokens: no stop token yet); the
         # logprobs a request returns are the raw ones (vLLM's).
         banned = [s.stop_token_ids if len(s.output) < s.min_tokens else () for s in seqs]
@@ -515,7 +530,11 @@ class Engine:
         sampled, done = [], []
         max_position = self.model.config.max_position
         for row, (seq, tok) in enumerate(zip(seqs, tokens)):
-            if isinstance(tok, SamplingError):
+            if isinstance(tok, SamplingError) or (seq.grammar is not None and not seq.grammar.accept(tok)):
+                if not isinstance(tok, SamplingError):
+                    tok = SamplingError(f"the grammar refused token {tok}: {seq.grammar.error}")  # type: ignore[union-attr]
+                elif seq.grammar is not None and seq.grammar.error:
+                    tok = SamplingError(f"the grammar allows no token: {seq.grammar.error}")
                 done.append(self._fail(seq, tok))
                 continue
             if seq.metrics.first_token_s is None:

@@ -50,6 +50,7 @@ from prefixcache.engine.detokenizer import StopStrings
 from prefixcache.engine.logprobs import TokenLogprobs
 from prefixcache.engine.metrics import RequestMetrics
 from prefixcache.engine.sampling import SamplingParams
+from prefixcache.engine.structured import Grammar
 from prefixcache.protocol import Namespace, PrefixCache
 
 __all__ = ["Sequence", "Scheduled", "Scheduler"]
@@ -84,6 +85,7 @@ class Sequence:
     skip_special_tokens: bool = True  # its output text leaves out the tokenizer's special tokens
     num_prompt_logprobs: int | None = None  # top logprobs per prompt token (None: none; else it reads no cache)
     prompt_logprobs: list = field(default_factory=list)  # per prompt position so far (TokenLogprobs | None)
+    grammar: Grammar | None = None  # what it may draw next (None: anything)
     min_tokens: int = 0  # output tokens before a stop token or string may end it
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per output token, when asked
     _ids: np.ndarray | None = field(default=None, repr=False)  # `tokens` as an array, for prefix comparisons

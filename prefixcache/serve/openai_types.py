@@ -20,7 +20,7 @@ Must never: run anything or decide status codes (`errors` does).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
@@ -39,6 +39,38 @@ class _Request(BaseModel):
 class StreamOptions(_Request):
     include_usage: bool | None = True
     continuous_usage_stats: bool | None = False
+
+
+class JsonSchemaFormat(_Request):
+    """`response_format.json_schema`: OpenAI's (its `schema`; `name` and `strict` are
+    accepted, as vLLM accepts them)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsParams(_Request):
+    """vLLM's `structured_outputs` (one of json, regex, choice, grammar, json_object)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    # Accepted at the values that ask for nothing (vLLM's defaults); anything else is refused.
+    disable_fallback: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
 
 
 class _Sampling(_Request):
@@ -65,6 +97,8 @@ class _Sampling(_Request):
     allowed_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     # vLLM's fast detokenizer ignores it too (only its slow, Python tokenizers space them).
     spaces_between_special_tokens: bool = True
     cache_salt: str | None = None
@@ -102,14 +136,12 @@ class ChatCompletionRequest(_Sampling):
 # a request that sets one otherwise is refused rather than answered as if it had not.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "bad_words": (None, []),
-    "response_format": (None, {"type": "text"}),
     "tools": (None, []),
     "functions": (None, []),
     "guided_json": (None,),
     "guided_regex": (None,),
     "guided_choice": (None,),
     "guided_grammar": (None,),
-    "structured_outputs": (None,),
     "use_beam_search": (False,),
     "echo": (None, False),  # a chat's (vLLM echoes the last message); a completion's is served
     "truncate_prompt_tokens": (None,),

@@ -55,7 +55,9 @@ from pydantic import BaseModel, ValidationError
 from prefixcache.engine.chat_template import ChatTemplateError
 from prefixcache.engine.engine import GenerationRequest
 from prefixcache.engine.sampling import SamplingParams, child_params
+from prefixcache.engine.structured import StructuredOutputs
 from prefixcache.engine.tokenizer import Tokenizer
+from prefixcache.errors import ConfigError
 from prefixcache.serve.errors import APIError
 from prefixcache.serve.openai_types import ChatCompletionRequest, CompletionRequest, unsupported
 
@@ -187,6 +189,7 @@ class Preprocessor:
             stop=_stop_strings(body), include_stop_str_in_output=body.include_stop_str_in_output,
             logprobs=_logprobs(body, self.model.vocab_size), min_tokens=body.min_tokens,
             skip_special_tokens=body.skip_special_tokens, prompt_logprobs=_prompt_logprobs(body, self.model.vocab_size),
+            structured_outputs=_structured_outputs(body),
         )
         out = []
         for i, prompt in enumerate(prompts):
@@ -330,6 +333,38 @@ def _logprobs(body: Body, vocab_size: int) -> int | None:
         raise APIError(f"Requested sample logprobs of {wanted}, which is greater than max allowed: {MAX_LOGPROBS}",
                        param=param)
     return wanted
+
+
+def _structured_outputs(body: Body) -> StructuredOutputs | None:
+    """The grammar the request's output follows (None: none), from `response_format`
+    (OpenAI's json_object / json_schema) or vLLM's `structured_outputs`, checked as vLLM
+    checks them; the engine compiles it (a 400 naming the field if it does not compile)."""
+    rf, so = body.response_format, body.structured_outputs
+    if rf is not None and rf.type != "text":
+        if so is not None:
+            raise APIError("You can only use one kind of constraints for structured outputs ('json', 'regex' or "
+                           "'choice').", param="structured_outputs")
+        if rf.type == "json_object":
+            return StructuredOutputs(json_object=True)
+        if rf.json_schema is None:
+            raise APIError("When response_format type is 'json_schema', the 'json_schema' field must be provided.",
+                           param="response_format")
+        return StructuredOutputs(json=rf.json_schema.schema_ if rf.json_schema.schema_ is not None else {})
+    if so is None:
+        return None
+    for name, neutral in (("disable_fallback", False), ("disable_additional_properties", False),
+                          ("whitespace_pattern", None), ("structural_tag", None)):
+        if getattr(so, name) != neutral:
+            raise APIError(f"structured_outputs.{name} is not supported", param=f"structured_outputs.{name}")
+    spec = StructuredOutputs(json=so.json_, regex=so.regex, choice=tuple(so.choice) if so.choice is not None else None,
+                             grammar=so.grammar, json_object=bool(so.json_object),
+                             disable_any_whitespace=so.disable_any_whitespace)  # fmt: skip
+    try:
+        spec.kind()
+    except ConfigError as err:
+        raise APIError("You can only use one kind of constraints for structured outputs ('json', 'regex' or "
+                       "'choice').", param=err.path) from None
+    return spec
 
 
 def _prompt_logprobs(body: Body, vocab_size: int) -> int | None:

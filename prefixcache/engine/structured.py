@@ -1,0 +1,178 @@
+"""Structured outputs: a grammar that decides which tokens a request may draw next (vLLM
+0.33's `structured_outputs`, as its `guidance` backend serves them, on llguidance).
+
+Owns `StructuredOutputs` (what a request asks for: exactly one of `json` (a JSON schema),
+`regex`, `choice`, `grammar` (Lark or GBNF) and `json_object`, vLLM's names), `Grammars`
+(an engine's compiler: its tokenizer as llguidance's, built once, and each request's spec
+turned into a matcher, a `ConfigError` naming the field for one that does not compile)
+and `Grammar` (one request's matcher: which tokens it may draw next, and the tokens it
+drew). Once the grammar is complete only the end-of-sequence token may follow, so a
+request ends the way any request ends.
+
+llguidance (Microsoft's guidance library, one of vLLM's backends) is a 3 MB wheel with no
+dependencies that computes a mask in Rust; xgrammar, vLLM's other backend, pulls triton.
+It is an optional extra (`pip install prefixcache[structured]`): without it a request
+that asks for structured output is refused by name.
+
+Must never: draw tokens (sampling does), change the logits of a request without a
+grammar, or raise into the engine for a request's bad grammar after it was admitted (a
+matcher that errs allows no token, which fails that request alone).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from prefixcache.engine.tokenizer import Tokenizer
+from prefixcache.errors import ConfigError
+
+__all__ = ["StructuredOutputs", "Grammars", "Grammar"]
+
+_FIELD = "structured_outputs"
+_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass(frozen=True)
+class StructuredOutputs:
+    """One constraint (vLLM's `StructuredOutputsParams`): `json` a JSON schema (a dict or
+    its text), `regex`, `choice` (strings), `grammar` (Lark or GBNF), or `json_object`
+    (any JSON object). `disable_any_whitespace`: JSON without free whitespace."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+    disable_any_whitespace: bool = False
+
+    def kind(self) -> str:
+        """The one constraint set; ConfigError when none or several are."""
+        given = [f.name for f in fields(self) if f.name in _KINDS and getattr(self, f.name) not in (None, False)]
+        if len(given) != 1:
+            raise ConfigError(_FIELD, "exactly one of 'json', 'regex', 'choice', 'grammar' or 'json_object' must be "
+                              f"set, got {given or 'none'}")  # fmt: skip
+        return given[0]
+
+    def key(self) -> str:
+        """A text that names the constraint (for the compiled-grammar cache)."""
+        kind = self.kind()
+        value = getattr(self, kind)
+        return json.dumps([kind, value if not isinstance(value, tuple) else list(value), self.disable_any_whitespace],
+                          sort_keys=True, default=str)
+
+
+class Grammar:
+    """One request's matcher (module docstring)."""
+
+    __slots__ = ("_matcher", "_vocab")
+
+    def __init__(self, matcher: Any, vocab_size: int) -> None:
+        self._matcher = matcher
+        self._vocab = vocab_size
+
+    def allowed(self) -> torch.Tensor:
+        """Bool ``[vocab]``: the tokens the grammar allows next (none once it erred)."""
+        bias = torch.frombuffer(bytearray(self._matcher.compute_logit_bias()), dtype=torch.uint8)
+        out = torch.zeros(self._vocab, dtype=torch.bool)
+        n = min(self._vocab, bias.numel())
+        out[:n] = bias[:n] > 0
+        return out
+
+    def accept(self, token_id: int) -> bool:
+        """The request drew `token_id`; False if the grammar does not take it."""
+        return bool(self._matcher.consume_token(token_id))
+
+    @property
+    def error(self) -> str:
+        return self._matcher.get_error()
+
+
+class Grammars:
+    """An engine's grammar compiler over `tokenizer` (its vocabulary `vocab_size` ids:
+    the model's, which may exceed the tokenizer's). Compiled grammars are kept for the
+    last `cache_size` distinct specs, so the choices of one request compile once."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, cache_size: int = 64) -> None:
+        try:
+            import llguidance
+        except ImportError:
+            raise ConfigError(_FIELD, "structured output needs the 'llguidance' package "
+                              "(pip install 'prefixcache[structured]')") from None
+        self._ll = llguidance
+        self._vocab = vocab_size
+        self._tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocabulary(tokenizer, vocab_size)),
+                                                 n_vocab=vocab_size)  # fmt: skip
+        self._compiled: OrderedDict[str, str] = OrderedDict()
+        self._cache_size = cache_size
+
+    def compile(self, spec: StructuredOutputs) -> Grammar:
+        """A fresh matcher for `spec`; ConfigError naming the field for a spec that does
+        not compile (the message is llguidance's)."""
+        key = spec.key()
+        grammar = self._compiled.get(key)
+        if grammar is None:
+            grammar = self._grammar(spec)
+            self._compiled[key] = grammar
+            if len(self._compiled) > self._cache_size:
+                self._compiled.popitem(last=False)
+        else:
+            self._compiled.move_to_end(key)
+        matcher = self._ll.LLMatcher(self._tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            self._compiled.pop(key, None)
+            raise ConfigError(f"{_FIELD}.{spec.kind()}", matcher.get_error().strip())
+        return Grammar(matcher, self._vocab)
+
+    def _grammar(self, spec: StructuredOutputs) -> str:
+        kind, ll = spec.kind(), self._ll
+        where = f"{_FIELD}.{kind}"
+        options = {"whitespace_flexible": not spec.disable_any_whitespace}
+        try:
+            if kind in ("json", "json_object"):
+                schema = {"type": "object"} if kind == "json_object" else spec.json
+                if isinstance(schema, str):
+                    schema = json.loads(schema)
+                if not isinstance(schema, dict):
+                    raise ConfigError(where, f"must be a JSON schema (an object), got {type(schema).__name__}")
+                return ll.LLMatcher.grammar_from_json_schema(schema, defaults=options)
+            if kind == "regex":
+                return ll.LLMatcher.grammar_from_regex(_text(spec.regex, where))
+            if kind == "choice":
+                choices = spec.choice
+                if not choices or any(not isinstance(c, str) for c in choices):
+                    raise ConfigError(where, f"must be a non-empty list of strings, got {choices!r}")
+                return ll.grammar_from("choice", list(choices))
+            return ll.grammar_from("grammar", _text(spec.grammar, where))
+        except ConfigError:
+            raise
+        except (ValueError, TypeError) as err:  # a schema that is not JSON, a grammar that is not Lark/GBNF
+            raise ConfigError(where, str(err).strip()) from None
+
+
+def _text(value: object, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(where, f"must be a non-empty string, got {value!r}")
+    return value
+
+
+class _Vocabulary:
+    """A `Tokenizer` as llguidance's `TokenizerWrapper` reads one: each id's bytes (ids
+    past the tokenizer's vocabulary stand for nothing), its special ids, its
+    end-of-sequence token, and text -> ids."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+        known = min(vocab_size, tokenizer.vocab_size)
+        self.tokens: Sequence[bytes] = [tokenizer.token_bytes(i) for i in range(known)] + [b""] * (vocab_size - known)
+        self.special_token_ids = sorted(i for i in tokenizer.special_ids if i < vocab_size)
+        self.eos_token_id = tokenizer.eos_token_id
+        self.bos_token_id = getattr(tokenizer, "bos_token_id", None)
+        self._tokenizer = tokenizer
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        return self._tokenizer.encode(text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text)

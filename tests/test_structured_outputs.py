@@ -1,0 +1,138 @@
+"""Structured outputs (`prefixcache.engine.structured`, vLLM's `structured_outputs` and
+OpenAI's `response_format`): whatever the model would draw, the output follows the
+grammar; a spec that does not compile is refused by name; through the engine and the
+server (the official client included)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("llguidance")
+
+from prefixcache.engine.engine import Engine, GenerationRequest  # noqa: E402
+from prefixcache.engine.loader import load_model  # noqa: E402
+from prefixcache.engine.sampling import SamplingParams  # noqa: E402
+from prefixcache.engine.structured import StructuredOutputs  # noqa: E402
+from prefixcache.errors import ConfigError  # noqa: E402
+from serve_cases import running, serve_config  # noqa: E402
+
+PROMPT = list(b"The quick brown fox jumps over the lazy dog. ")
+REGEXES = [r"[a-c]{4}", r"(yes|no|maybe)", r"[0-9]{2}-[0-9]{2}", r"x+y?z{1,3}", r"(ab|cd)(ef|gh)"]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(serve_config("radix").serving, model=load_model("tiny"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(REGEXES), st.integers(0, 2**31), st.sampled_from([0.0, 1.0, 2.0]))
+def test_the_output_matches_the_regex_whatever_the_model_draws(engine, regex, seed, temperature):
+    params = SamplingParams(temperature=temperature, seed=seed)
+    out = engine.generate([GenerationRequest(prompt=PROMPT, max_tokens=24, sampling=params,
+                                             structured_outputs=StructuredOutputs(regex=regex))])[0]
+    # The grammar ends the output with the end-of-sequence token once it is complete.
+    assert out.finish_reason == "stop" and out.token_ids[-1] == engine.tokenizer.eos_token_id
+    assert re.fullmatch(regex, out.text), out.text
+
+
+def test_choices_schemas_and_the_raw_logprobs_under_the_mask(engine):
+    pick = engine.generate([GenerationRequest(prompt=PROMPT, max_tokens=8, logprobs=3,
+                                              structured_outputs=StructuredOutputs(choice=("red", "green"))),
+                            ])[0]  # fmt: skip
+    assert pick.text in ("red", "green")
+    first = pick.logprobs[0]
+    # vLLM masks before it computes raw logprobs: only "r" and "g" can start the output.
+    assert {t for t, v in first.top if v > float("-inf")} <= {ord("r"), ord("g")} and first.rank == 1
+    schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green"]}, "n": {"enum": [1, 2]}},
+              "required": ["colour", "n"], "additionalProperties": False}
+    spec = StructuredOutputs(json=schema, disable_any_whitespace=True)
+    obj = engine.generate([GenerationRequest(prompt=PROMPT, max_tokens=40, structured_outputs=spec)])[0]
+    value = json.loads(obj.text)
+    assert value["colour"] in ("red", "green") and value["n"] in (1, 2) and set(value) == {"colour", "n"}
+    lark = StructuredOutputs(grammar='start: "<" NAME ">"\nNAME: /[a-z]{2,3}/')
+    tagged = engine.generate([GenerationRequest(prompt=PROMPT, max_tokens=10, structured_outputs=lark)])[0]
+    assert re.fullmatch(r"<[a-z]{2,3}>", tagged.text)
+    engine.check_invariants()
+
+
+@pytest.mark.parametrize("spec, field, message", [
+    (StructuredOutputs(regex="(a"), "structured_outputs.regex", "invalid regex"),
+    (StructuredOutputs(json="{not json"), "structured_outputs.json", "Expecting property name"),
+    (StructuredOutputs(json="[1]"), "structured_outputs.json", "must be a JSON schema"),
+    (StructuredOutputs(grammar="start: @@@"), "structured_outputs.grammar", "lexer error"),
+    (StructuredOutputs(choice=()), "structured_outputs.choice", "must be a non-empty list of strings"),
+    (StructuredOutputs(regex="a", choice=("b",)), "structured_outputs", "exactly one of"),
+    (StructuredOutputs(), "structured_outputs", "exactly one of"),
+])
+def test_a_spec_that_does_not_compile_is_refused_by_name(engine, spec, field, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        engine.add_request(GenerationRequest(prompt=PROMPT, structured_outputs=spec))
+    assert err.value.path == field
+    assert not engine.has_unfinished()
+
+
+def test_without_llguidance_a_grammar_is_refused_by_name(monkeypatch):
+    monkeypatch.setitem(sys.modules, "llguidance", None)  # import fails as if it were not installed
+    fresh = Engine(serve_config("hash").serving, model=load_model("tiny"))
+    with pytest.raises(ConfigError, match=r"^structured_outputs: .*pip install 'prefixcache\[structured\]'"):
+        fresh.add_request(GenerationRequest(prompt=PROMPT, structured_outputs=StructuredOutputs(regex="a")))
+    assert fresh.generate([GenerationRequest(prompt=PROMPT, max_tokens=2)])[0].finish_reason == "length"
+
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+
+@pytest.fixture(scope="module")
+def replica():
+    with running(load_model("tiny"), "hash") as r:
+        yield r
+
+
+def test_the_official_client_gets_json_that_follows_its_schema(replica):
+    c = openai.OpenAI(base_url=replica.base_url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
+              "additionalProperties": False}
+    chat = c.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Well?"}], max_tokens=30,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+        extra_body={"structured_outputs": None})
+    # Free whitespace (vLLM's default) lets a random model wander: read past it.
+    text = chat.choices[0].message.content
+    if chat.choices[0].finish_reason == "stop":
+        assert json.loads(text)["answer"] in ("yes", "no")
+    else:
+        assert text.lstrip().startswith("{")
+    done = c.completions.create(model="tiny", prompt="Colour:", max_tokens=30,
+                                extra_body={"structured_outputs": {"json": schema, "disable_any_whitespace": True}})
+    assert json.loads(done.choices[0].text)["answer"] in ("yes", "no") and done.choices[0].finish_reason == "stop"
+
+
+def test_a_streamed_choice_adds_up_to_the_one_sent_whole(replica):
+    url = replica.base_url + "/v1/completions"
+    body = {"prompt": "Pick:", "max_tokens": 10, "structured_outputs": {"choice": ["alpha", "beta", "gamma"]}}
+    whole = httpx.post(url, json=body, timeout=30).json()["choices"][0]["text"]
+    streamed = httpx.post(url, json={**body, "stream": True}, timeout=30).text
+    chunks = [json.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: {")]
+    assert whole in ("alpha", "beta", "gamma") and "".join(c["choices"][0]["text"] for c in chunks) == whole
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"structured_outputs": {"regex": "(a"}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "structured_outputs"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+])
+def test_bad_specs_get_a_400_naming_the_field(replica, extra, param):
+    r = httpx.post(replica.base_url + "/v1/completions", json={"prompt": "x", "max_tokens": 3, **extra}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
