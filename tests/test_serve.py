@@ -321,7 +321,7 @@ BAD = [
     ("no allowed token", "/v1/completions", {"prompt": "x", "allowed_token_ids": []}, 400, "allowed_token_ids"),
     ("an allowed token past the vocabulary", "/v1/completions", {"prompt": "x", "allowed_token_ids": [5, 400]}, 400,
      "allowed_token_ids"),
-    ("bad words", "/v1/completions", {"prompt": "x", "bad_words": ["no"]}, 400, "bad_words"),
+    ("a blank bad word", "/v1/completions", {"prompt": "x", "bad_words": ["no", " "]}, 400, "bad_words"),
     ("only stop tokens allowed before min_tokens", "/v1/completions",
      {"prompt": "x", "min_tokens": 2, "max_tokens": 4, "allowed_token_ids": [65], "stop_token_ids": [65]}, 400,
      "allowed_token_ids"),

@@ -55,7 +55,7 @@ from prefixcache.engine.memory import check_engine_memory
 from prefixcache.engine.metrics import RequestMetrics, RunStats
 from prefixcache.engine.model import LlamaModel
 from prefixcache.engine.nocache import NoPrefixCache
-from prefixcache.engine.sampling import SamplingError, SamplingParams, processed_logits, sample
+from prefixcache.engine.sampling import SamplingError, SamplingParams, bad_word_tokens, processed_logits, sample
 from prefixcache.engine.scheduler import Scheduled, Scheduler, Sequence as Seq
 from prefixcache.engine.structured import Grammars, StructuredOutputs
 from prefixcache.errors import ConfigError
@@ -91,7 +91,8 @@ class GenerationRequest:
     token's logprob given the tokens before it, with this many of the most likely tokens
     (vLLM's `SamplingParams.prompt_logprobs`; None: none). Such a request reads nothing
     from the cache (vLLM's `skip_reading_prefix_cache`): every prompt position is computed.
-    `structured_outputs`: a grammar its output follows (`structured`: vLLM's, on llguidance)."""
+    `structured_outputs`: a grammar its output follows (`structured`: vLLM's, on llguidance).
+    `bad_words`: words its output never ends with (vLLM's, `sampling.bad_word_tokens`)."""
 
     prompt: str | Sequence[int] | None = None
     messages: Sequence[Mapping[str, str]] | None = None
@@ -110,6 +111,7 @@ class GenerationRequest:
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None
     structured_outputs: StructuredOutputs | None = None
+    bad_words: tuple[str, ...] = ()
 
 
 @dataclass
@@ -286,6 +288,7 @@ class Engine:
         if min_tokens and params.allowed_token_ids is not None and set(params.allowed_token_ids) <= stop_ids:
             raise ConfigError("allowed_token_ids", "every allowed token is a stop token, which min_tokens forbids "
                               "drawing: no token could be drawn")
+        bad_words = bad_word_tokens(request.bad_words, lambda t: self.tokenizer.encode(t, add_special_tokens=False))
         grammar = None
         if request.structured_outputs is not None:
             if self._grammars is None:
@@ -314,6 +317,7 @@ class Engine:
                 num_prompt_logprobs=num_prompt_logprobs,
                 prompt_logprobs=[None] if num_prompt_logprobs is not None else [],  # position 0 has none
                 grammar=grammar,
+                bad_words=bad_words,
             )
         )
         self._requests += 1
@@ -520,7 +524,8 @@ class Engine:
         # The logits processors shape what is drawn (min_tokens: no stop token yet); the
         # logprobs a request returns are the raw ones (vLLM's).
         banned = [s.stop_token_ids if len(s.output) < s.min_tokens else () for s in seqs]
-        drawn_from = processed_logits(logits, params, [s.prompt for s in seqs], [s.output for s in seqs], banned)
+        drawn_from = processed_logits(logits, params, [s.prompt for s in seqs], [s.output for s in seqs], banned,
+                                      [s.bad_words for s in seqs])
         tokens = sample(drawn_from, params, [s.generator for s in seqs])
         asked = [i for i, (s, t) in enumerate(zip(seqs, tokens)) if s.num_logprobs is not None and isinstance(t, int)]
         computed = token_logprobs(logits, asked, [tokens[i] for i in asked], [seqs[i].num_logprobs for i in asked])

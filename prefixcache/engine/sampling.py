@@ -2,8 +2,9 @@
 request's own seeded generator.
 
 Owns `SamplingParams` (per request), `processed_logits` (vLLM's logits processors:
-allowed token ids, min_tokens' stop-token mask, logit bias, then the presence, frequency
-and repetition penalties over a request's tokens) and `sample`. A request with a seed owns a
+allowed token ids, bad words (`bad_word_tokens`), min_tokens' stop-token mask, logit
+bias, then the presence, frequency and repetition penalties over a request's tokens) and
+`sample`. A request with a seed owns a
 `torch.Generator`, so its tokens do not depend on which other requests share its steps
 or on preemption (a preempted request keeps its generator and never redraws a token).
 
@@ -17,14 +18,16 @@ given, or let one row's failure fail another row.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
 import torch
 
 from prefixcache.engine.config import SamplingConfig
+from prefixcache.errors import ConfigError
 
-__all__ = ["SamplingParams", "SamplingError", "sample", "filter_logits", "child_params", "processed_logits"]
+__all__ = ["SamplingParams", "SamplingError", "sample", "filter_logits", "child_params", "processed_logits",
+           "bad_word_tokens"]
 
 SamplingParams = SamplingConfig
 """A request's sampling settings: the same fields as the config's `sampling:` section."""
@@ -50,16 +53,43 @@ def _penalize(out: torch.Tensor, rows: Sequence[int], params: Sequence[SamplingP
         out[i] = row - p.frequency_penalty * counts - p.presence_penalty * in_output
 
 
+def bad_word_tokens(words: Sequence[str], encode: Callable[[str], list[int]]) -> tuple[tuple[int, ...], ...]:
+    """The token sequences `bad_words` ban (vLLM's `update_from_tokenizer`): each word
+    without its leading spaces, and again after one space where that starts with another
+    token and is as long (a word met mid-text); `encode` adds no special tokens."""
+    out: list[tuple[int, ...]] = []
+    for word in words:
+        if not isinstance(word, str) or not word.strip():
+            raise ConfigError("bad_words", f"each bad word must be a non-blank str, got {word!r}")
+        bare = tuple(encode(word.lstrip()))
+        spaced = tuple(encode(" " + word.lstrip()))
+        out.append(bare)
+        if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+            out.append(spaced)
+    return tuple(out)
+
+
+def _ban_bad_words(row: torch.Tensor, words: Sequence[Sequence[int]], output: Sequence[int]) -> None:
+    """vLLM's bad words: a word's last token is banned where the output ends with the rest."""
+    for word in words:
+        if len(word) > len(output) + 1:
+            continue
+        head = len(word) - 1
+        if head == 0 or list(output[len(output) - head :]) == list(word[:head]):
+            row[word[-1]] = float("-inf")
+
+
 def processed_logits(
     logits: torch.Tensor, params: Sequence[SamplingParams], prompts: Sequence[Sequence[int]],
     outputs: Sequence[Sequence[int]], banned: Sequence[Collection[int]],
+    bad_words: Sequence[Sequence[Sequence[int]]] = (),
 ) -> torch.Tensor:
     """The logits row i's token is drawn from, vLLM's logits processors in vLLM's order:
-    tokens outside `allowed_token_ids` and those in `banned[i]` (a request's stop tokens
-    while it is short of its `min_tokens`) set to -inf, `logit_bias` added, then the
-    penalties (`_penalize`). `logits` itself when no row has any (the raw logits
-    give the logprobs either way), else a float copy."""
-    rows = [i for i, p in enumerate(params) if p.processed or banned[i]]
+    tokens outside `allowed_token_ids`, then `bad_words[i]`'s (`bad_word_tokens`), then
+    those in `banned[i]` (a request's stop tokens while it is short of its `min_tokens`)
+    set to -inf, `logit_bias` added, then the penalties (`_penalize`). `logits` itself
+    when no row has any (the raw logits give the logprobs either way), else a float copy."""
+    rows = [i for i, p in enumerate(params) if p.processed or banned[i] or (bad_words and bad_words[i])]
     if not rows:
         return logits
     out = logits.float().clone()
@@ -70,6 +100,8 @@ def processed_logits(
             keep = torch.zeros(vocab, dtype=torch.bool)
             keep[list(p.allowed_token_ids)] = True
             out[i] = out[i].masked_fill(~keep, float("-inf"))
+        if bad_words and bad_words[i]:
+            _ban_bad_words(out[i], bad_words[i], outputs[i])
         if banned[i]:
             out[i, [t for t in banned[i] if t < vocab]] = float("-inf")
         for token, bias in p.logit_bias:

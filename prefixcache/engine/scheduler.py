@@ -86,6 +86,7 @@ class Sequence:
     num_prompt_logprobs: int | None = None  # top logprobs per prompt token (None: none; else it reads no cache)
     prompt_logprobs: list = field(default_factory=list)  # per prompt position so far (TokenLogprobs | None)
     grammar: Grammar | None = None  # what it may draw next (None: anything)
+    bad_words: tuple[tuple[int, ...], ...] = ()  # token sequences its output never ends with
     min_tokens: int = 0  # output tokens before a stop token or string may end it
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per output token, when asked
     _ids: np.ndarray | None = field(default=None, repr=False)  # `tokens` as an array, for prefix comparisons

@@ -64,8 +64,9 @@ class Tokenizer(ABC):
     max_chars_per_token: int
 
     @abstractmethod
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`."""
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; `add_special_tokens` False: without the BOS a tokenizer
+        puts first (Hugging Face's flag)."""
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         """The text of token ids `ids` (with `skip_special_tokens`, less `special_ids`'):
@@ -137,9 +138,9 @@ class GGUFTokenizer(Tokenizer):
         self._bytes = [bytes(alphabet[c] for c in t) if all(c in alphabet for c in t) else t.encode("utf-8")
                        for t in tokens]
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        if self.add_bos and self.bos_token_id is not None:
+        if add_special_tokens and self.add_bos and self.bos_token_id is not None:
             ids = [int(self.bos_token_id), *ids]
         return ids
 
@@ -196,9 +197,9 @@ class SPMTokenizer(Tokenizer):
             return b""
         return piece.replace("\u2581", " ").encode("utf-8")
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         out: list[int] = []
-        if self.add_bos and self.bos_token_id is not None:
+        if add_special_tokens and self.add_bos and self.bos_token_id is not None:
             out.append(int(self.bos_token_id))
         parts = self._split.split(text) if self._split else [text]
         for i, part in enumerate(parts):
@@ -286,8 +287,8 @@ class ByteTokenizer(Tokenizer):
         self.chat_template = chat_template or SMOLLM2_CHAT_TEMPLATE
         self.max_chars_per_token = max(1, *(len(s) for s in self.SPECIAL))
 
-    def encode(self, text: str) -> list[int]:
-        out: list[int] = []
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        out: list[int] = []  # no BOS to add
         for i, part in enumerate(self._split.split(text)):
             if i % 2:
                 out.append(self._special[part])

@@ -97,6 +97,7 @@ class _Sampling(_Request):
     allowed_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None
+    bad_words: list[str] | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParams | None = None
     # vLLM's fast detokenizer ignores it too (only its slow, Python tokenizers space them).
@@ -135,7 +136,6 @@ class ChatCompletionRequest(_Sampling):
 # the values that ask for nothing: as extra fields they would be accepted and ignored, so
 # a request that sets one otherwise is refused rather than answered as if it had not.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "bad_words": (None, []),
     "tools": (None, []),
     "functions": (None, []),
     "guided_json": (None,),

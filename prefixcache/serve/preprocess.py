@@ -189,7 +189,7 @@ class Preprocessor:
             stop=_stop_strings(body), include_stop_str_in_output=body.include_stop_str_in_output,
             logprobs=_logprobs(body, self.model.vocab_size), min_tokens=body.min_tokens,
             skip_special_tokens=body.skip_special_tokens, prompt_logprobs=_prompt_logprobs(body, self.model.vocab_size),
-            structured_outputs=_structured_outputs(body),
+            structured_outputs=_structured_outputs(body), bad_words=_bad_words(body),
         )
         out = []
         for i, prompt in enumerate(prompts):
@@ -309,6 +309,19 @@ def _stop_strings(body: Body) -> tuple[str, ...]:
         if len(s) > MAX_STOP_CHARS:
             raise APIError(f"stop: a stop string of at most {MAX_STOP_CHARS} characters, got {len(s)}", param="stop")
     return stops
+
+
+def _bad_words(body: Body) -> tuple[str, ...]:
+    """The request's bad words, within the stop strings' bounds (each is compared with
+    the output's end after every token); a blank one is a 400 naming `bad_words`."""
+    words = tuple(body.bad_words or ())
+    if len(words) > MAX_STOP_STRINGS:
+        raise APIError(f"bad_words: at most {MAX_STOP_STRINGS} words, got {len(words)}", param="bad_words")
+    for w in words:
+        if not w.strip() or len(w) > MAX_STOP_CHARS:
+            raise APIError(f"bad_words: each word must be non-blank and at most {MAX_STOP_CHARS} characters",
+                           param="bad_words")
+    return words
 
 
 def _logprobs(body: Body, vocab_size: int) -> int | None:
