@@ -56,7 +56,7 @@ from prefixcache.serve.engine_loop import EngineLoop, Failed, Finished, StreamIt
 from prefixcache.serve.errors import APIError, error_body, install_handlers
 from prefixcache.serve.metrics import CONTENT_TYPE_LATEST, ServingMetrics
 from prefixcache.serve.openai_types import ChatCompletionRequest, CompletionRequest
-from prefixcache.serve.preprocess import Preprocessor, ReplicaInfo
+from prefixcache.serve.preprocess import Prepared, Preprocessor, ReplicaInfo
 
 __all__ = ["ReplicaInfo", "RequestSubmitter", "SubmittedStream", "add_openai_routes", "build_app"]
 
@@ -227,7 +227,8 @@ class _Serving:
     async def serve(self, request: Request, *, chat: bool) -> Response:
         arrival = time.perf_counter()
         release = self.gate.enter() if self.gate is not None else _nothing  # a 503 here, before any work
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        prefix = "chatcmpl" if chat else "cmpl"
+        rid = f"{prefix}-{uuid.uuid4().hex}"  # the engine's: unique, whatever the client names its request
         handed_over = False
         try:
             prepared = await self.pre.prepare(await request.body(), chat=chat, request_id=rid, arrival_s=arrival)
@@ -236,16 +237,15 @@ class _Serving:
                                               "n" if len(prepared.generations) == prepared.n else "prompt")
             streams = await self.submit(prepared.generations)
             body, created, gen = prepared.body, int(time.time()), prepared.generation
+            # vLLM's response id: the X-Request-Id header, else the body's request_id, else its own.
+            named = request.headers.get("X-Request-Id") or body.request_id
+            shown = f"{prefix}-{named}" if named else rid
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
                 # vLLM's should_include_usage: usage in every chunk only with include_usage too.
                 continuous = include_usage and bool(body.stream_options.continuous_usage_stats)  # type: ignore[union-attr]
-                hold_back = StopStrings.hold_back(gen.stop, gen.include_stop_str_in_output)
-                events = self.events(rid, streams, created, chat=chat, include_usage=include_usage,
-                                     continuous_usage=continuous, hold_back=hold_back, num_logprobs=gen.logprobs,
-                                     n=prepared.n, skip_special_tokens=gen.skip_special_tokens,
-                                     echo=prepared.echo, echo_only=prepared.echo_only,
-                                     prompt_ids=[g.prompt for g in prepared.generations])
+                events = self.events(shown, streams, created, prepared, chat=chat, include_usage=include_usage,
+                                     continuous_usage=continuous)
 
                 def close() -> None:
                     self.abort(streams)  # a no-op for the choices that finished
@@ -256,23 +256,24 @@ class _Serving:
             outputs = await self.until_finished(streams, request)
             if outputs is None:  # the client went away; nobody reads this
                 return Response(status_code=499)
-            k, tok = gen.logprobs, self.tokenizer
+            k, tok, as_ids = gen.logprobs, self.tokenizer, bool(body.return_tokens_as_token_ids)
             if prepared.echo and k is not None:  # the prompt's positions, then (unless echo_only) the output's
-                shown = [(o.prompt_logprobs or [], o.prompt_token_ids) if prepared.echo_only else
-                         ([*(o.prompt_logprobs or []), *(o.logprobs or [])], [*o.prompt_token_ids, *o.token_ids])
-                         for o in outputs]  # fmt: skip
-                lps = [R.logprobs(tok, pos, k, chat=False, token_ids=ids) for pos, ids in shown]
+                positions = [(o.prompt_logprobs or [], o.prompt_token_ids) if prepared.echo_only else
+                             ([*(o.prompt_logprobs or []), *(o.logprobs or [])], [*o.prompt_token_ids, *o.token_ids])
+                             for o in outputs]  # fmt: skip
+                lps = [R.logprobs(tok, pos, k, chat=False, token_ids=ids, as_ids=as_ids) for pos, ids in positions]
             else:
-                lps = [R.logprobs(tok, o.logprobs, k, chat=chat) if k is not None and o.logprobs else None
-                       for o in outputs]
+                lps = [R.logprobs(tok, o.logprobs, k, chat=chat, as_ids=as_ids) if k is not None and o.logprobs
+                       else None for o in outputs]  # fmt: skip
             pls = ([R.prompt_logprobs(tok, o.prompt_logprobs or []) for o in outputs]
                    if gen.prompt_logprobs is not None else [])
-            model, eos = self.info.model_name, self.info.eos_token_id
+            model, eos, ids = self.info.model_name, self.info.eos_token_id, bool(body.return_token_ids)
             if chat:
-                return JSONResponse(R.chat_body(rid, created, model, outputs, eos, lps, prepared.n, prompt_logprobs=pls))
-            return JSONResponse(R.completion_body(rid, created, model, outputs, eos, lps, prepared.n,
+                return JSONResponse(R.chat_body(shown, created, model, outputs, eos, lps, prepared.n,
+                                                prompt_logprobs=pls, token_ids=ids))
+            return JSONResponse(R.completion_body(shown, created, model, outputs, eos, lps, prepared.n,
                                                   echo=prepared.echo, echo_only=prepared.echo_only,
-                                                  prompt_logprobs=pls))
+                                                  prompt_logprobs=pls, token_ids=ids))
         finally:
             if not handed_over:
                 release()
@@ -346,55 +347,66 @@ class _Serving:
             self.abort(streams)
         return done_task.result()
 
-    async def events(self, rid: str, streams: Sequence[SubmittedStream], created: int, *, chat: bool,
-                     include_usage: bool, continuous_usage: bool = False, hold_back: int = 0,
-                     num_logprobs: int | None = None, n: int = 1,
-                     skip_special_tokens: bool = True, echo: Sequence[str] = (), echo_only: bool = False,
-                     prompt_ids: Sequence[Any] = ()) -> AsyncIterator[str]:
+    async def events(self, rid: str, streams: Sequence[SubmittedStream], created: int, prepared: Prepared, *,
+                     chat: bool, include_usage: bool, continuous_usage: bool = False) -> AsyncIterator[str]:
         """The server-sent events of a request's choices (`n` per prompt; chunks of each
-        carry its `index`, in the order the engine drew them), the last `hold_back` CHARACTERS of each
-        choice's text held until its next chunk (a request's stop strings), each chunk with
-        its tokens' logprobs when the request asked for `num_logprobs`, and with its choice's
-        usage so far when `continuous_usage` (vLLM's `continuous_usage_stats`), the text
-        without the tokenizer's special tokens with `skip_special_tokens`; aborts the
-        choices if the client goes away first, and all of them if one fails. `echo` (a
-        completion's, each prompt's text): a choice's first chunk starts with its prompt
-        and, with logprobs, the prompt's (`prompt_ids`: each choice's prompt); with
-        `echo_only` it shows nothing after the prompt (vLLM's `max_tokens: 0`)."""
-        model = self.info.model_name
-        texts = [R.IncrementalText(self.tokenizer, hold_back, skip_special_tokens) for _ in streams]
+        carry its `index`, in the order the engine drew them): the last CHARACTERS of each
+        choice's text that a stop string could still cut held until its next chunk, its
+        tokens' logprobs when the request asked for them, its usage so far when
+        `continuous_usage` (vLLM's `continuous_usage_stats`), its token ids with
+        `return_token_ids` (the prompt's in a choice's first chunk, or a chat's role chunk);
+        with a completion's `echo` a choice's first chunk starts with its prompt and, with
+        logprobs, the prompt's (nothing after it with `echo_only`: vLLM's `max_tokens: 0`).
+        Aborts the choices if the client goes away first, and all of them if one fails."""
+        model, gen, body, n = self.info.model_name, prepared.generation, prepared.body, prepared.n
+        num_logprobs, echo, as_ids = gen.logprobs, prepared.echo, bool(body.return_tokens_as_token_ids)
+        with_ids = bool(body.return_token_ids)
+        prompts = [g.prompt for g in prepared.generations]
+        hold_back = StopStrings.hold_back(gen.stop, gen.include_stop_str_in_output)
+        texts = [R.IncrementalText(self.tokenizer, hold_back, gen.skip_special_tokens) for _ in streams]
         sent_chars = [0] * len(streams)  # text sent so far, CHARACTERS: where a chunk's text_offsets start
         sent_logprobs = [0] * len(streams)  # positions whose logprobs were sent
         drawn = [0] * len(streams)  # tokens each choice drew so far
         echoed = [not echo] * len(streams)  # the choice's prompt was sent (or is not to be)
+        first = [True] * len(streams)  # nothing of the choice was sent yet
 
         def sse(i: int, body: dict[str, Any]) -> str:
             if continuous_usage:
                 body["usage"] = R.running_usage(streams[i].prompt_tokens, drawn[i])
             return R.sse(body)
 
-        def chunk(i: int, delta: str, positions: Sequence[TokenLogprobs] = (), finish: str | None = None,
-                  stop: int | str | None = None, prompt: Sequence[TokenLogprobs | None] | None = None) -> str:
+        def chunk(i: int, delta: str, token_ids: Sequence[int], positions: Sequence[TokenLogprobs] = (),
+                  finish: str | None = None, stop: int | str | None = None,
+                  prompt: Sequence[TokenLogprobs | None] | None = None) -> str:
             lp = None
             sent_logprobs[i] += len(positions)
             shown: Sequence[TokenLogprobs | None] = positions
             if not echoed[i]:  # vLLM's echo: the prompt, then (unless echo_only) what this chunk drew
                 echoed[i] = True
-                delta = echo[i // n] + ("" if echo_only else delta)
-                shown = [*(prompt or ()), *(() if echo_only else positions)]
+                delta = echo[i // n] + ("" if prepared.echo_only else delta)
+                shown = [*(prompt or ()), *(() if prepared.echo_only else positions)]
             if num_logprobs is not None and shown:
                 lp = R.logprobs(self.tokenizer, shown, num_logprobs, chat=chat, text_offset=sent_chars[i],
-                                token_ids=prompt_ids[i] if prompt_ids else ())
+                                token_ids=prompts[i], as_ids=as_ids)
             sent_chars[i] += len(delta)
+            ids: dict[str, Any] = {}
+            if with_ids:
+                ids["token_ids"] = list(token_ids)
+                if first[i] and not chat:
+                    ids["prompt_token_ids"] = list(prompts[i])
+            first[i] = False
             if chat:
-                return sse(i, R.chat_chunk(rid, created, model, {"content": delta}, finish, stop, lp, index=i))
-            return sse(i, R.completion_chunk(rid, created, model, delta, finish, stop, lp, index=i))
+                return sse(i, R.chat_chunk(rid, created, model, {"content": delta}, finish, stop, lp, index=i, **ids))
+            return sse(i, R.completion_chunk(rid, created, model, delta, finish, stop, lp, index=i, **ids))
 
         outputs: list[RequestOutput | None] = [None] * len(streams)
         try:
             if chat:
                 for i in range(len(streams)):
-                    yield sse(i, R.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, index=i))
+                    head = R.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, index=i)
+                    if with_ids:
+                        head["prompt_token_ids"] = list(prompts[i])
+                    yield sse(i, head)
             async with contextlib.aclosing(_merged(streams)) as items:
                 async for i, item in items:
                     if isinstance(item, Failed):  # the status line is sent: say it in the stream, as vLLM does
@@ -403,12 +415,14 @@ class _Serving:
                         return
                     if isinstance(item, Tokens):  # one chunk per step, even when its text is still held back (vLLM)
                         drawn[i] += len(item.token_ids)
-                        yield chunk(i, texts[i].add(item.token_ids), item.logprobs, prompt=item.prompt_logprobs)
+                        yield chunk(i, texts[i].add(item.token_ids), item.token_ids, item.logprobs,
+                                    prompt=item.prompt_logprobs)
                         continue
                     output = outputs[i] = item.output
+                    last_ids = output.token_ids[drawn[i]:]  # the final step's, which rode in the output
                     drawn[i] = len(output.token_ids)
-                    last = (output.logprobs or [])[sent_logprobs[i]:]  # the final step's, which rode in the output
-                    yield chunk(i, texts[i].finish(output), last, output.finish_reason,
+                    last = (output.logprobs or [])[sent_logprobs[i]:]
+                    yield chunk(i, texts[i].finish(output), last_ids, last, output.finish_reason,
                                 R.stop_reason(output, self.info.eos_token_id), prompt=output.prompt_logprobs)
             if include_usage:
                 obj = "chat.completion.chunk" if chat else "text_completion"

@@ -98,6 +98,9 @@ class _Sampling(_Request):
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None
     bad_words: list[str] | None = None
+    request_id: str | None = None
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParams | None = None
     # vLLM's fast detokenizer ignores it too (only its slow, Python tokenizers space them).
@@ -147,6 +150,21 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "truncate_prompt_tokens": (None,),
     "continue_final_message": (False,),
     "add_generation_prompt": (True,),
+    "tool_choice": (None, "none", "auto"),  # "required" or a named function asks for a tool call
+    "logprob_token_ids": (None,),
+    "prompt_embeds": (None,),
+    "watermarking": (None, False),
+    "repetition_detection": (None,),
+    "thinking_token_budget": (None, -1),
+    "priority": (0,),  # vLLM refuses any other unless it schedules by priority, which this engine does not
+    # vLLM refuses a request's own template unless started with --trust-request-chat-template.
+    "chat_template": (None,),
+    "documents": (None,),
+    "mm_processor_kwargs": (None,),
+    # Disaggregated prefill/decode and encoder-cache transfer: a P/D proxy must not believe
+    # this replica took part.
+    "kv_transfer_params": (None,),
+    "ec_transfer_params": (None,),
 }
 
 

@@ -202,10 +202,14 @@ class Preprocessor:
                         for j in range(body.n)])  # fmt: skip
         if isinstance(body, ChatCompletionRequest) or not body.echo:
             return Prepared(body, tuple(out), body.n)
-        return Prepared(body, tuple(out), body.n, self._echo_texts(body.prompt, prompts), body.max_tokens == 0)
+        return Prepared(body, tuple(out), body.n, self._echo_texts(body, prompts), body.max_tokens == 0)
 
-    def _echo_texts(self, prompt: Any, prompts: list[list[int]]) -> tuple[str, ...]:
-        """What `echo` repeats of each prompt: its text as sent, or the text of its token ids."""
+    def _echo_texts(self, body: CompletionRequest, prompts: list[list[int]]) -> tuple[str, ...]:
+        """What `echo` repeats of each prompt: its text as sent, or the text of its token ids
+        (none with `return_token_ids`, as vLLM: the ids say it)."""
+        if body.return_token_ids:
+            return ("",) * len(prompts)
+        prompt = body.prompt
         texts = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt[0], str) else [None] * len(prompts)
         return tuple(t if t is not None else self.tokenizer.decode(ids) for t, ids in zip(texts, prompts))
 

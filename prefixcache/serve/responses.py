@@ -147,14 +147,15 @@ def _ranked(lp: TokenLogprobs) -> dict[int, float]:
 
 def logprobs(
     tokenizer: Tokenizer, positions: Sequence[TokenLogprobs | None], k: int, *, chat: bool, text_offset: int = 0,
-    token_ids: Sequence[int] = (),
+    token_ids: Sequence[int] = (), as_ids: bool = False,
 ) -> dict[str, Any]:
     """The `logprobs` of a choice (or a chunk) whose tokens drew `positions`, `k` the
     request's count (see the module docstring). A completion's echoed prompt starts with
     a position that has none (None: its token is `token_ids[i]`, its logprob and top null,
-    as vLLM writes it)."""
+    as vLLM writes it). `as_ids`: each token written "token_id:{id}" (vLLM's
+    `return_tokens_as_token_ids`)."""
     def text(token_id: int) -> str:
-        return tokenizer.decode([token_id])
+        return f"token_id:{token_id}" if as_ids else tokenizer.decode([token_id])
 
     if chat:
         def entry(token_id: int, value: float) -> dict[str, Any]:
@@ -197,46 +198,55 @@ def prompt_logprobs(tokenizer: Tokenizer, positions: Sequence[TokenLogprobs | No
 
 def completion_body(rid: str, created: int, model: str, outputs: Sequence[RequestOutput], eos: int,
                     logprobs: Sequence[dict[str, Any] | None], n: int = 1, *, echo: Sequence[str] = (),
-                    echo_only: bool = False, prompt_logprobs: Sequence[list[Any] | None] = ()) -> dict[str, Any]:
+                    echo_only: bool = False, prompt_logprobs: Sequence[list[Any] | None] = (),
+                    token_ids: bool = False) -> dict[str, Any]:
     """A whole completion of one choice per output (choice i: `outputs[i]`, `n` per
     prompt); `logprobs`: each choice's (`logprobs()`), None where not asked for. `echo`:
     each prompt's text, which its choices' texts start with (`echo_only`: nothing after
-    it). `prompt_logprobs`: each choice's (`prompt_logprobs()`), where asked for."""
+    it). `prompt_logprobs`: each choice's (`prompt_logprobs()`), where asked for.
+    `token_ids`: each choice's prompt and output ids too (vLLM's `return_token_ids`)."""
     choices = []
     for i, (o, lp) in enumerate(zip(outputs, logprobs, strict=True)):
         text = o.text if not echo else echo[i // n] + ("" if echo_only else o.text)
         choice = {"index": i, "text": text, **_ending(o.finish_reason, stop_reason(o, eos), lp)}
         if prompt_logprobs:
             choice["prompt_logprobs"] = prompt_logprobs[i]
+        if token_ids:
+            choice["prompt_token_ids"], choice["token_ids"] = list(o.prompt_token_ids), list(o.token_ids)
         choices.append(choice)
     return _body(rid, "text_completion", created, model, choices, usage=output_usage(outputs, n))
 
 
 def completion_chunk(
     rid: str, created: int, model: str, text: str, finish_reason: str | None = None, stop: int | str | None = None,
-    logprobs: dict[str, Any] | None = None, index: int = 0,
+    logprobs: dict[str, Any] | None = None, index: int = 0, **ids: list[int],
 ) -> dict[str, Any]:
-    choice = {"index": index, "text": text, **_ending(finish_reason, stop, logprobs)}
+    """One chunk of a completion; `ids`: its `token_ids` (and a first chunk's `prompt_token_ids`)."""
+    choice = {"index": index, "text": text, **_ending(finish_reason, stop, logprobs), **ids}
     return _body(rid, "text_completion", created, model, [choice])
 
 
 def chat_body(rid: str, created: int, model: str, outputs: Sequence[RequestOutput], eos: int,
               logprobs: Sequence[dict[str, Any] | None], n: int = 1, *,
-              prompt_logprobs: Sequence[list[Any] | None] = ()) -> dict[str, Any]:
+              prompt_logprobs: Sequence[list[Any] | None] = (), token_ids: bool = False) -> dict[str, Any]:
     """A whole chat completion; arguments as `completion_body`'s (vLLM puts a chat's
-    `prompt_logprobs` beside its choices: the prompt's, one for all)."""
+    `prompt_logprobs` and `prompt_token_ids` beside its choices: the prompt's, one for all)."""
     choices = [{"index": i, "message": {"role": "assistant", "content": o.text, "tool_calls": []},
-                **_ending(o.finish_reason, stop_reason(o, eos), lp)}
+                **_ending(o.finish_reason, stop_reason(o, eos), lp),
+                **({"token_ids": list(o.token_ids)} if token_ids else {})}
                for i, (o, lp) in enumerate(zip(outputs, logprobs, strict=True))]  # fmt: skip
-    extra = {"prompt_logprobs": prompt_logprobs[-1]} if prompt_logprobs else {}
+    extra: dict[str, Any] = {"prompt_logprobs": prompt_logprobs[-1]} if prompt_logprobs else {}
+    if token_ids:
+        extra["prompt_token_ids"] = list(outputs[-1].prompt_token_ids)
     return _body(rid, "chat.completion", created, model, choices, usage=output_usage(outputs, n), **extra)
 
 
 def chat_chunk(
     rid: str, created: int, model: str, delta: dict[str, Any], finish_reason: str | None = None,
-    stop: int | str | None = None, logprobs: dict[str, Any] | None = None, index: int = 0,
+    stop: int | str | None = None, logprobs: dict[str, Any] | None = None, index: int = 0, **ids: list[int],
 ) -> dict[str, Any]:
-    choice = {"index": index, "delta": delta, **_ending(finish_reason, stop, logprobs)}
+    """One chunk of a chat; `ids`: its `token_ids`."""
+    choice = {"index": index, "delta": delta, **_ending(finish_reason, stop, logprobs), **ids}
     return _body(rid, "chat.completion.chunk", created, model, [choice])
 
 

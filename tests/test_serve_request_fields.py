@@ -1,0 +1,111 @@
+"""vLLM's request fields about what a response carries: `request_id` (and the
+X-Request-Id header) as the response id, `return_token_ids`, `return_tokens_as_token_ids`;
+and the vLLM fields this server does not serve, refused by name rather than ignored."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+
+from prefixcache.engine.loader import load_model  # noqa: E402
+from serve_cases import running  # noqa: E402
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture(scope="module")
+def replica():
+    with running(load_model("tiny"), "radix") as r:
+        yield r
+
+
+def events(response: httpx.Response) -> list[dict]:
+    return [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_the_response_id_is_the_header_s_else_the_body_s(replica, chat):
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    prefix = "chatcmpl" if chat else "cmpl"
+    body = {**(CHAT if chat else {"prompt": "hello"}), "max_tokens": 2}
+    url = replica.base_url + path
+    assert httpx.post(url, json={**body, "request_id": "mine"}, timeout=30).json()["id"] == f"{prefix}-mine"
+    both = httpx.post(url, json={**body, "request_id": "mine"}, headers={"X-Request-Id": "hdr"}, timeout=30)
+    assert both.json()["id"] == f"{prefix}-hdr"  # vLLM reads the header first
+    assert {e["id"] for e in events(httpx.post(url, json={**body, "stream": True, "request_id": "s"}, timeout=30))} \
+        == {f"{prefix}-s"}
+    assert httpx.post(url, json=body, timeout=30).json()["id"].startswith(f"{prefix}-")
+
+
+def test_two_requests_that_share_an_id_are_both_served(replica):
+    """The id names the response; the engine's own ids stay unique."""
+    async def both() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=replica.base_url, timeout=30) as client:
+            body = {"prompt": "The quick brown fox", "max_tokens": 8, "ignore_eos": True, "request_id": "same"}
+            return await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(3)))
+
+    for r in asyncio.run(both()):
+        assert r.status_code == 200 and r.json()["id"] == "cmpl-same" and r.json()["usage"]["completion_tokens"] == 8
+
+
+def test_return_token_ids_whole_and_streamed(replica):
+    url = replica.base_url + "/v1/completions"
+    body = {"prompt": "The quick brown fox", "max_tokens": 6, "ignore_eos": True, "return_token_ids": True, "n": 2,
+            "temperature": 1.0, "seed": 3}
+    whole = httpx.post(url, json=body, timeout=30).json()
+    prompt = list(b"The quick brown fox")
+    for choice in whole["choices"]:
+        assert choice["prompt_token_ids"] == prompt and len(choice["token_ids"]) == 6
+    chunks = events(httpx.post(url, json={**body, "stream": True}, timeout=30))
+    for i in range(2):
+        mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == i]
+        assert mine[0]["prompt_token_ids"] == prompt and all("prompt_token_ids" not in c for c in mine[1:])
+        assert [t for c in mine for t in c["token_ids"]] == whole["choices"][i]["token_ids"]
+    # Without the flag no ids are added.
+    plain = httpx.post(url, json={"prompt": "x", "max_tokens": 2}, timeout=30).json()["choices"][0]
+    assert "token_ids" not in plain and "prompt_token_ids" not in plain
+
+
+def test_a_chat_returns_its_prompt_ids_beside_its_choices(replica):
+    url = replica.base_url + "/v1/chat/completions"
+    body = {**CHAT, "max_tokens": 4, "return_token_ids": True, "ignore_eos": True}
+    whole = httpx.post(url, json=body, timeout=30).json()
+    assert len(whole["prompt_token_ids"]) == whole["usage"]["prompt_tokens"]
+    assert len(whole["choices"][0]["token_ids"]) == 4
+    chunks = events(httpx.post(url, json={**body, "stream": True}, timeout=30))
+    assert chunks[0]["prompt_token_ids"] == whole["prompt_token_ids"]  # the role chunk
+    assert [t for c in chunks[1:] if c["choices"] for t in c["choices"][0]["token_ids"]] == \
+        whole["choices"][0]["token_ids"]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_return_tokens_as_token_ids_names_each_token_by_its_id(replica, chat):
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    body = {**(CHAT if chat else {"prompt": "hello"}), "max_tokens": 3, "return_tokens_as_token_ids": True,
+            "return_token_ids": True, **({"logprobs": True, "top_logprobs": 1} if chat else {"logprobs": 1})}
+    got = httpx.post(replica.base_url + path, json=body, timeout=30).json()["choices"][0]
+    want = [f"token_id:{t}" for t in got["token_ids"]]
+    if chat:
+        assert [e["token"] for e in got["logprobs"]["content"]] == want
+    else:
+        assert got["logprobs"]["tokens"] == want and all(k.startswith("token_id:") for d in
+                                                           got["logprobs"]["top_logprobs"] for k in d)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("priority", 1), ("watermarking", True), ("logprob_token_ids", [1, 2]), ("prompt_embeds", "AAAA"),
+    ("repetition_detection", {"max_pattern_size": 4}), ("thinking_token_budget", 10),
+    ("kv_transfer_params", {"do_remote_decode": True}), ("ec_transfer_params", {}), ("tool_choice", "required"),
+    ("chat_template", "{{ messages }}"), ("documents", [{"text": "d"}]), ("mm_processor_kwargs", {"a": 1}),
+])
+def test_fields_that_change_the_answer_are_refused_unless_neutral(replica, field, value):
+    url = replica.base_url + "/v1/chat/completions"
+    refused = httpx.post(url, json={**CHAT, "max_tokens": 2, field: value}, timeout=30)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == field
+    neutral = {"priority": 0, "watermarking": False, "thinking_token_budget": -1, "tool_choice": "none"}.get(field)
+    assert httpx.post(url, json={**CHAT, "max_tokens": 2, field: neutral}, timeout=30).status_code == 200
