@@ -152,6 +152,7 @@ def test_the_loader_derives_the_layout_and_the_tokenizer_from_the_file(loaded):
     # The best-scoring merge first ("ab" over "bc"); bytes for a character with no piece.
     assert pieces == ["ab", "c", "\u2581", "bc"]
     assert [tok._tokens[i] for i in tok.encode("é")[1:]] == ["<0xC3>", "<0xA9>"]
+    assert tok.encode("abc bc", add_special_tokens=False) == tok.encode("abc bc")[1:]  # no <bos>: vLLM's flag
 
 
 def test_the_decoder_equals_a_dense_gemma3_forward(gguf_file, loaded):
@@ -275,3 +276,10 @@ def test_it_serves_chats_over_http_with_its_layout_and_template(gguf_file, loade
     assert first.usage.prompt_tokens == len(prompt)  # Gemma's turns, the tokenizer's <bos> in front
     assert second.usage.prompt_tokens_details.cached_tokens > 0
     assert second.choices[0].message.content == first.choices[0].message.content
+    # A completion with add_special_tokens false (vLLM's field) is its prompt without the <bos>.
+    with running(loaded, "hash", model=path, block_size=4, num_blocks=96) as replica:
+        c = openai.OpenAI(base_url=replica.base_url + "/v1", api_key="unused", max_retries=0, timeout=30)
+        bare, with_bos = (c.completions.create(model=path, prompt="the abc", max_tokens=1,
+                                               extra_body={"add_special_tokens": flag}) for flag in (False, True))
+    assert (bare.usage.prompt_tokens, with_bos.usage.prompt_tokens) == (len(loaded.tokenizer.encode("the abc")) - 1,
+                                                                         len(loaded.tokenizer.encode("the abc")))

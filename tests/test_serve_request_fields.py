@@ -109,3 +109,17 @@ def test_fields_that_change_the_answer_are_refused_unless_neutral(replica, field
     assert refused.status_code == 400 and refused.json()["error"]["param"] == field
     neutral = {"priority": 0, "watermarking": False, "thinking_token_budget": -1, "tool_choice": "none"}.get(field)
     assert httpx.post(url, json={**CHAT, "max_tokens": 2, field: neutral}, timeout=30).status_code == 200
+
+
+def test_chat_template_kwargs_reach_the_template_and_cannot_replace_its_inputs(replica):
+    from prefixcache.engine.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer(320, chat_template="{% if enable_thinking %}<think>{% endif %}{{ messages[0]['content'] }}")
+    plain = tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    thinking = tok.apply_chat_template([{"role": "user", "content": "hi"}], variables={"enable_thinking": True})
+    assert (bytes(plain), bytes(thinking)) == (b"hi", b"<think>hi")
+    url = replica.base_url + "/v1/chat/completions"
+    ok = httpx.post(url, json={**CHAT, "max_tokens": 2, "chat_template_kwargs": {"enable_thinking": False}}, timeout=30)
+    assert ok.status_code == 200
+    clash = httpx.post(url, json={**CHAT, "max_tokens": 2, "chat_template_kwargs": {"messages": []}}, timeout=30)
+    assert clash.status_code == 400 and clash.json()["error"]["param"] == "chat_template_kwargs"

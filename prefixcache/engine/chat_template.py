@@ -230,11 +230,18 @@ def _compile(template: str) -> Any:
 def render_chat(
     template: str, messages: Sequence[Message], *, add_generation_prompt: bool = True,
     timeout_s: float = DEFAULT_TIMEOUT_S, max_chars: int = DEFAULT_MAX_CHARS,
+    variables: Mapping[str, Any] | None = None,
 ) -> str:
     """`messages` ([{"role": ..., "content": ...}, ...]) through a Jinja chat template,
     within `timeout_s` SECONDS and `max_chars` characters of output (and of any string
     built on the way); `ChatTemplateError` (a ValueError) otherwise, or for a template that
-    does not compile or raises."""
+    does not compile or raises. `variables`: more names the template sees (vLLM's
+    `chat_template_kwargs`, e.g. `enable_thinking`); they cannot replace `messages` or
+    `add_generation_prompt`."""
+    extra = dict(variables or {})
+    clash = sorted(set(extra) & {"messages", "add_generation_prompt"})
+    if clash:
+        raise ChatTemplateError(f"chat_template_kwargs cannot set {clash[0]!r}")
     if not messages:
         raise ValueError("messages: a chat needs at least one message")
     for i, m in enumerate(messages):
@@ -245,7 +252,8 @@ def render_chat(
     token = _budget.set(budget)
     try:
         out, size = [], 0
-        chunks = compiled.generate(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt)
+        chunks = compiled.generate(**extra, messages=[dict(m) for m in messages],
+                                   add_generation_prompt=add_generation_prompt)
         for chunk in chunks:
             size += len(chunk)
             budget.allow(size, "a prompt")

@@ -118,6 +118,7 @@ class CompletionRequest(_Sampling):
     echo: bool | None = False
     best_of: int | None = None
     suffix: str | None = None
+    add_special_tokens: bool = True
 
 
 class ChatMessage(_Request):
@@ -133,6 +134,7 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = 0
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 # vLLM request fields that change what is generated, which this server does not do, with

@@ -175,7 +175,7 @@ class Preprocessor:
             limit, param = ((body.max_completion_tokens, "max_completion_tokens")
                             if body.max_completion_tokens is not None else (body.max_tokens, "max_tokens"))
         else:
-            prompts = self._completion_prompts(body.prompt)
+            prompts = self._completion_prompts(body.prompt, body.add_special_tokens)
             limit, param = body.max_tokens, "max_tokens"
             if body.echo and limit == 0:
                 limit = 1  # vLLM's echo_without_generation: one token drawn, none shown
@@ -221,9 +221,10 @@ class Preprocessor:
                            f"bound for {limit} input tokens). Please reduce the length of the input prompt.",
                            param=param)
 
-    def _completion_prompts(self, prompt: Any) -> list[list[int]]:
+    def _completion_prompts(self, prompt: Any, add_special_tokens: bool = True) -> list[list[int]]:
         """A completion's prompts (one, or a batch as vLLM takes them: a list of strings or
-        of token-id lists), each tokenized and checked."""
+        of token-id lists), each tokenized (with the tokenizer's BOS unless
+        `add_special_tokens` is False, vLLM's field) and checked."""
         batch = isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))
         prompts = prompt if batch else [prompt]
         if len(prompts) > MAX_CHOICES:
@@ -233,7 +234,7 @@ class Preprocessor:
             where = f"prompt[{i}]" if batch else "prompt"
             if isinstance(p, str):
                 self._check_text(p, "input_text")
-                ids = self.tokenizer.encode(p)
+                ids = self.tokenizer.encode(p, add_special_tokens=add_special_tokens)
             else:
                 ids = list(p)
             if not ids:
@@ -260,9 +261,10 @@ class Preprocessor:
             messages.append({"role": m.role, "content": content})
         try:
             ids = self.tokenizer.apply_chat_template(messages, timeout_s=self.chat_template_timeout_s,
-                                                     max_chars=self.max_chars)
+                                                     max_chars=self.max_chars, variables=body.chat_template_kwargs)
         except ChatTemplateError as err:
-            raise APIError(str(err), param="messages") from None
+            param = "chat_template_kwargs" if str(err).startswith("chat_template_kwargs") else "messages"
+            raise APIError(str(err), param=param) from None
         if not ids:
             raise APIError("The decoder prompt cannot be empty", param="messages")
         return ids
