@@ -5,6 +5,8 @@ engine and the server."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -144,8 +146,6 @@ def test_a_streamed_echo_is_the_whole_response_in_chunks(replica, max_tokens):
 
 
 def sse_events(response) -> list:
-    import json
-
     return [line[6:] if line[6:] == "[DONE]" else json.loads(line[6:])
             for line in response.text.splitlines() if line.startswith("data: ")]
 
@@ -174,7 +174,21 @@ def test_what_vllm_refuses_is_refused_with_its_message(replica, body, param, mes
     assert r.json()["error"]["message"].startswith(message)
 
 
-def test_a_chat_echo_is_refused_by_name(replica):
-    r = httpx.post(replica.base_url + "/v1/chat/completions", timeout=30,
-                   json={"messages": [{"role": "user", "content": "hi"}], "echo": True})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+def test_a_chat_echo_repeats_the_assistants_last_message_as_vllm_does(replica):
+    url = replica.base_url + "/v1/chat/completions"
+    ask = [{"role": "user", "content": "hi"}]
+    started = [*ask, {"role": "assistant", "content": "Sure, "}]
+    body = {"max_tokens": 3, "ignore_eos": True, "echo": True}
+    plain = httpx.post(url, json={**body, "messages": started, "echo": False}, timeout=30).json()
+    echoed = httpx.post(url, json={**body, "messages": started}, timeout=30).json()
+    assert echoed["choices"][0]["message"]["content"] == "Sure, " + plain["choices"][0]["message"]["content"]
+    # The last message is the user's: nothing to repeat.
+    alone = httpx.post(url, json={**body, "messages": ask}, timeout=30).json()
+    assert alone["choices"][0]["message"]["content"] == httpx.post(
+        url, json={**body, "messages": ask, "echo": False}, timeout=30).json()["choices"][0]["message"]["content"]
+    # Streamed: a chunk of its own after the role chunk, then the output.
+    lines = httpx.post(url, json={**body, "messages": started, "stream": True}, timeout=30).text.splitlines()
+    chunks = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+    assert chunks[1]["choices"][0]["delta"] == {"content": "Sure, "}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == \
+        echoed["choices"][0]["message"]["content"]

@@ -270,7 +270,8 @@ class _Serving:
             model, eos, ids = self.info.model_name, self.info.eos_token_id, bool(body.return_token_ids)
             if chat:
                 return JSONResponse(R.chat_body(shown, created, model, outputs, eos, lps, prepared.n,
-                                                prompt_logprobs=pls, token_ids=ids))
+                                                prompt_logprobs=pls, token_ids=ids,
+                                                echo=prepared.echo[0] if prepared.echo else ""))
             return JSONResponse(R.completion_body(shown, created, model, outputs, eos, lps, prepared.n,
                                                   echo=prepared.echo, echo_only=prepared.echo_only,
                                                   prompt_logprobs=pls, token_ids=ids))
@@ -356,7 +357,8 @@ class _Serving:
         `continuous_usage` (vLLM's `continuous_usage_stats`), its token ids with
         `return_token_ids` (the prompt's in a choice's first chunk, or a chat's role chunk);
         with a completion's `echo` a choice's first chunk starts with its prompt and, with
-        logprobs, the prompt's (nothing after it with `echo_only`: vLLM's `max_tokens: 0`).
+        logprobs, the prompt's (nothing after it with `echo_only`: vLLM's `max_tokens: 0`);
+        a chat's `echo` is a chunk of its own after the role chunk.
         Aborts the choices if the client goes away first, and all of them if one fails."""
         model, gen, body, n = self.info.model_name, prepared.generation, prepared.body, prepared.n
         num_logprobs, echo, as_ids = gen.logprobs, prepared.echo, bool(body.return_tokens_as_token_ids)
@@ -367,7 +369,7 @@ class _Serving:
         sent_chars = [0] * len(streams)  # text sent so far, CHARACTERS: where a chunk's text_offsets start
         sent_logprobs = [0] * len(streams)  # positions whose logprobs were sent
         drawn = [0] * len(streams)  # tokens each choice drew so far
-        echoed = [not echo] * len(streams)  # the choice's prompt was sent (or is not to be)
+        echoed = [not echo or chat] * len(streams)  # a completion's prompt was sent (or is not to be)
         first = [True] * len(streams)  # nothing of the choice was sent yet
 
         def sse(i: int, body: dict[str, Any]) -> str:
@@ -407,6 +409,9 @@ class _Serving:
                     if with_ids:
                         head["prompt_token_ids"] = list(prompts[i])
                     yield sse(i, head)
+                if echo and echo[0]:  # vLLM's chat echo: the last message's text, a chunk of its own
+                    for i in range(len(streams)):
+                        yield sse(i, R.chat_chunk(rid, created, model, {"content": echo[0]}, index=i))
             async with contextlib.aclosing(_merged(streams)) as items:
                 async for i, item in items:
                     if isinstance(item, Failed):  # the status line is sent: say it in the stream, as vLLM does

@@ -134,6 +134,7 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = 0
+    echo: bool | None = False
     chat_template_kwargs: dict[str, Any] | None = None
 
 
@@ -148,7 +149,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "guided_choice": (None,),
     "guided_grammar": (None,),
     "use_beam_search": (False,),
-    "echo": (None, False),  # a chat's (vLLM echoes the last message); a completion's is served
     "truncate_prompt_tokens": (None,),
     "continue_final_message": (False,),
     "add_generation_prompt": (True,),

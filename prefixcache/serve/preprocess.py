@@ -104,7 +104,8 @@ class Prepared:
     body: Body
     generations: tuple[GenerationRequest, ...]
     n: int = 1
-    #: A completion with `echo`: each prompt's text, which its choices' texts start with.
+    #: With `echo`: a completion's prompts' texts, which its choices' texts start with; a
+    #: chat's last message's text, when the assistant's (vLLM's).
     echo: tuple[str, ...] = ()
     #: `echo` with `max_tokens` 0 (vLLM's): the engine draws one token, the response shows the prompt alone.
     echo_only: bool = False
@@ -200,7 +201,9 @@ class Preprocessor:
             out.extend([gen] if body.n == 1 else
                        [replace(gen, request_id=f"{j}_{rid}", sampling=gen.sampling and child_params(gen.sampling, j))
                         for j in range(body.n)])  # fmt: skip
-        if isinstance(body, ChatCompletionRequest) or not body.echo:
+        if isinstance(body, ChatCompletionRequest):
+            return Prepared(body, tuple(out), body.n, (_chat_echo(body),) if body.echo else ())
+        if not body.echo:
             return Prepared(body, tuple(out), body.n)
         return Prepared(body, tuple(out), body.n, self._echo_texts(body, prompts), body.max_tokens == 0)
 
@@ -352,6 +355,17 @@ def _logprobs(body: Body, vocab_size: int) -> int | None:
         raise APIError(f"Requested sample logprobs of {wanted}, which is greater than max allowed: {MAX_LOGPROBS}",
                        param=param)
     return wanted
+
+
+def _chat_echo(body: ChatCompletionRequest) -> str:
+    """What a chat's `echo` repeats (vLLM's): the last message's text when it is the
+    assistant's (the role the response continues), else nothing."""
+    last = body.messages[-1]
+    if last.role != "assistant" or last.content is None:
+        return ""
+    if isinstance(last.content, str):
+        return last.content
+    return "".join(part.get("text", "") for part in last.content if part.get("type") == "text")
 
 
 def _structured_outputs(body: Body) -> StructuredOutputs | None:

@@ -228,10 +228,12 @@ def completion_chunk(
 
 def chat_body(rid: str, created: int, model: str, outputs: Sequence[RequestOutput], eos: int,
               logprobs: Sequence[dict[str, Any] | None], n: int = 1, *,
-              prompt_logprobs: Sequence[list[Any] | None] = (), token_ids: bool = False) -> dict[str, Any]:
+              prompt_logprobs: Sequence[list[Any] | None] = (), token_ids: bool = False,
+              echo: str = "") -> dict[str, Any]:
     """A whole chat completion; arguments as `completion_body`'s (vLLM puts a chat's
-    `prompt_logprobs` and `prompt_token_ids` beside its choices: the prompt's, one for all)."""
-    choices = [{"index": i, "message": {"role": "assistant", "content": o.text, "tool_calls": []},
+    `prompt_logprobs` and `prompt_token_ids` beside its choices: the prompt's, one for all;
+    `echo` starts each choice's content)."""
+    choices = [{"index": i, "message": {"role": "assistant", "content": echo + o.text, "tool_calls": []},
                 **_ending(o.finish_reason, stop_reason(o, eos), lp),
                 **({"token_ids": list(o.token_ids)} if token_ids else {})}
                for i, (o, lp) in enumerate(zip(outputs, logprobs, strict=True))]  # fmt: skip
