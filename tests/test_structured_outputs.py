@@ -5,9 +5,11 @@ server (the official client included)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sys
+import threading
 
 import pytest
 from hypothesis import given, settings
@@ -18,7 +20,7 @@ pytest.importorskip("llguidance")
 from prefixcache.engine.engine import Engine, GenerationRequest  # noqa: E402
 from prefixcache.engine.loader import load_model  # noqa: E402
 from prefixcache.engine.sampling import SamplingParams  # noqa: E402
-from prefixcache.engine.structured import StructuredOutputs  # noqa: E402
+from prefixcache.engine.structured import Grammars, StructuredOutputs  # noqa: E402
 from prefixcache.errors import ConfigError  # noqa: E402
 from serve_cases import running, serve_config  # noqa: E402
 
@@ -136,3 +138,31 @@ def test_a_streamed_choice_adds_up_to_the_one_sent_whole(replica):
 def test_bad_specs_get_a_400_naming_the_field(replica, extra, param):
     r = httpx.post(replica.base_url + "/v1/completions", json={"prompt": "x", "max_tokens": 3, **extra}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
+
+
+def test_a_grammar_compiles_beside_the_engine_thread_so_no_step_waits_for_it(replica, monkeypatch):
+    """While one request's grammar is still compiling, another request is served whole."""
+    compiling, release = threading.Event(), threading.Event()
+    compile_ = Grammars.compile
+
+    def slow(self, spec):
+        compiling.set()
+        assert release.wait(30), "the test never released the compile"
+        return compile_(self, spec)
+
+    monkeypatch.setattr(Grammars, "compile", slow)
+    url = replica.base_url + "/v1/completions"
+
+    async def both() -> tuple[dict, dict]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            held = asyncio.ensure_future(client.post(url, json={"prompt": "x", "max_tokens": 5,
+                                                                "structured_outputs": {"choice": ["yes", "no"]}}))
+            while not compiling.is_set():
+                await asyncio.sleep(0.01)
+            plain = (await client.post(url, json={"prompt": "hello", "max_tokens": 4})).json()
+            assert not held.done()  # still compiling, and the plain request was served meanwhile
+            release.set()
+            return plain, (await held).json()
+
+    plain, constrained = asyncio.run(both())
+    assert plain["usage"]["completion_tokens"] == 4 and constrained["choices"][0]["text"] in ("yes", "no")

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -57,7 +58,7 @@ from prefixcache.engine.model import LlamaModel
 from prefixcache.engine.nocache import NoPrefixCache
 from prefixcache.engine.sampling import SamplingError, SamplingParams, bad_word_tokens, processed_logits, sample
 from prefixcache.engine.scheduler import Scheduled, Scheduler, Sequence as Seq
-from prefixcache.engine.structured import Grammars, StructuredOutputs
+from prefixcache.engine.structured import Grammar, Grammars, StructuredOutputs
 from prefixcache.errors import ConfigError
 from prefixcache.events import KVEvent
 from prefixcache.protocol import PrefixCache, as_tokens, skips_reading
@@ -211,6 +212,7 @@ class Engine:
         self._stop_ids = self._config_stop_ids | {self.tokenizer.eos_token_id, *self.tokenizer.stop_token_ids}
         self._next_id = 0
         self._grammars: Grammars | None = None  # built at the first request with a grammar
+        self._grammars_lock = threading.Lock()  # compile_grammar may run in another thread
         self._finished: list[Seq] = []
         self.reset_stats()
 
@@ -220,10 +222,11 @@ class Engine:
         return cls(load_serving_config(path), model=model)
 
     # -- requests -----------------------------------------------------------------------
-    def add_request(self, request: GenerationRequest | str | Sequence[int]) -> str:
+    def add_request(self, request: GenerationRequest | str | Sequence[int], *, grammar: Grammar | None = None) -> str:
         """Queue a request; returns its id. ValueError naming the field for a request
         that can never run (empty, out-of-vocabulary ids, longer than the context or the
-        pool)."""
+        pool). `grammar`: its `structured_outputs` compiled already (`compile_grammar`, in
+        another thread); else they are compiled here."""
         if not isinstance(request, GenerationRequest):
             request = GenerationRequest(prompt=request)
         ec, cc = self.config.engine, self.config.cache
@@ -289,11 +292,8 @@ class Engine:
             raise ConfigError("allowed_token_ids", "every allowed token is a stop token, which min_tokens forbids "
                               "drawing: no token could be drawn")
         bad_words = bad_word_tokens(request.bad_words, lambda t: self.tokenizer.encode(t, add_special_tokens=False))
-        grammar = None
-        if request.structured_outputs is not None:
-            if self._grammars is None:
-                self._grammars = Grammars(self.tokenizer, vocab)
-            grammar = self._grammars.compile(request.structured_outputs)
+        if request.structured_outputs is not None and grammar is None:
+            grammar = self.compile_grammar(request.structured_outputs)
         rid = request.request_id if request.request_id is not None else f"req-{self._next_id}"
         if not isinstance(rid, str):
             raise TypeError(f"request_id must be a str, got {type(rid).__name__}")
@@ -323,6 +323,16 @@ class Engine:
         self._requests += 1
         self._prompt_tokens += len(prompt)
         return rid
+
+    def compile_grammar(self, spec: StructuredOutputs) -> Grammar:
+        """`spec` compiled for this engine's tokenizer (ConfigError naming the field if it
+        does not compile). Safe from any thread, unlike the rest of the engine: a server
+        compiles beside the engine's thread, so a large schema stalls no step."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = Grammars(self.tokenizer, self.model.config.vocab_size)
+            grammars = self._grammars
+        return grammars.compile(spec)
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
         if (request.prompt is None) == (request.messages is None):

@@ -22,6 +22,7 @@ matcher that errs allows no token, which fails that request alone).
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -96,7 +97,9 @@ class Grammar:
 class Grammars:
     """An engine's grammar compiler over `tokenizer` (its vocabulary `vocab_size` ids:
     the model's, which may exceed the tokenizer's). Compiled grammars are kept for the
-    last `cache_size` distinct specs, so the choices of one request compile once."""
+    last `cache_size` distinct specs, so the choices of one request compile once. Any
+    thread may compile (llguidance builds a matcher without the GIL: a 5,000-property
+    schema takes a third of a second), so a server compiles beside the engine's thread."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, cache_size: int = 64) -> None:
         try:
@@ -110,23 +113,26 @@ class Grammars:
                                                  n_vocab=vocab_size)  # fmt: skip
         self._compiled: OrderedDict[str, str] = OrderedDict()
         self._cache_size = cache_size
+        self._lock = threading.Lock()  # the cache's; the compiling runs outside it
 
     def compile(self, spec: StructuredOutputs) -> Grammar:
         """A fresh matcher for `spec`; ConfigError naming the field for a spec that does
         not compile (the message is llguidance's)."""
         key = spec.key()
-        grammar = self._compiled.get(key)
+        with self._lock:
+            grammar = self._compiled.get(key)
+            if grammar is not None:
+                self._compiled.move_to_end(key)
         if grammar is None:
             grammar = self._grammar(spec)
-            self._compiled[key] = grammar
-            if len(self._compiled) > self._cache_size:
-                self._compiled.popitem(last=False)
-        else:
-            self._compiled.move_to_end(key)
         matcher = self._ll.LLMatcher(self._tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            self._compiled.pop(key, None)
             raise ConfigError(f"{_FIELD}.{spec.kind()}", matcher.get_error().strip())
+        with self._lock:
+            self._compiled[key] = grammar
+            self._compiled.move_to_end(key)
+            if len(self._compiled) > self._cache_size:
+                self._compiled.popitem(last=False)
         return Grammar(matcher, self._vocab)
 
     def _grammar(self, spec: StructuredOutputs) -> str:

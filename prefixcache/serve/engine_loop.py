@@ -159,16 +159,19 @@ class EngineLoop:
         return await asyncio.wrap_future(self.call(fn))
 
     async def submit(self, request: GenerationRequest, *, request_id: str | None = None) -> RequestStream:
-        """Queue `request` (token ids or text; its `arrival_s` stamped now if unset).
-        Raises the engine's `ValueError` for a request it can never run, before anything
-        is streamed."""
+        """Queue `request` (token ids or text; its `arrival_s` stamped now if unset), its
+        grammar (`structured_outputs`) compiled first in a worker thread. Raises the
+        engine's `ValueError` for a request it can never run, before anything is streamed."""
         rid = request_id or request.request_id or uuid.uuid4().hex
         arrival = time.perf_counter() if request.arrival_s is None else request.arrival_s
         request = replace(request, request_id=rid, arrival_s=arrival)
         loop = asyncio.get_running_loop()
+        grammar = None
+        if request.structured_outputs is not None:  # compiled beside the engine's thread: it stalls no step
+            grammar = await loop.run_in_executor(None, self.engine.compile_grammar, request.structured_outputs)
 
         def add(engine: Engine) -> RequestStream:
-            engine.add_request(request)
+            engine.add_request(request, grammar=grammar)
             seq = engine.scheduler.waiting[-1]
             stream = RequestStream(rid, len(seq.prompt), loop)
             self._streams[rid] = stream
