@@ -64,6 +64,20 @@ def test_choices_schemas_and_the_raw_logprobs_under_the_mask(engine):
     engine.check_invariants()
 
 
+def test_requests_with_the_same_spec_get_matchers_of_their_own(engine):
+    """The second compile copies a fresh template: a request that advanced its matcher
+    changes neither the template nor another request's."""
+    spec = StructuredOutputs(regex="(ab|cd)e")
+    first = engine.compile_grammar(spec)
+    start = first.allowed().nonzero().flatten().tolist()
+    assert start == [ord("a"), ord("c")]
+    assert first.accept(ord("a")) and first.allowed().nonzero().flatten().tolist() == [ord("b")]
+    second = engine.compile_grammar(spec)
+    assert second.allowed().nonzero().flatten().tolist() == start
+    assert second.accept(ord("c")) and not second.accept(ord("a"))  # "ca" is not in the language
+    assert first.allowed().nonzero().flatten().tolist() == [ord("b")]
+
+
 @pytest.mark.parametrize("spec, field, message", [
     (StructuredOutputs(regex="(a"), "structured_outputs.regex", "invalid regex"),
     (StructuredOutputs(json="{not json"), "structured_outputs.json", "Expecting property name"),

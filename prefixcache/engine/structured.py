@@ -96,8 +96,9 @@ class Grammar:
 
 class Grammars:
     """An engine's grammar compiler over `tokenizer` (its vocabulary `vocab_size` ids:
-    the model's, which may exceed the tokenizer's). Compiled grammars are kept for the
-    last `cache_size` distinct specs, so the choices of one request compile once. Any
+    the model's, which may exceed the tokenizer's). A fresh matcher is kept for each of
+    the last `cache_size` distinct specs, and copied for the next request that asks for
+    the same one (the choices of one request, a client's repeated schema). Any
     thread may compile (llguidance builds a matcher without the GIL: a 5,000-property
     schema takes a third of a second), so a server compiles beside the engine's thread."""
 
@@ -111,7 +112,11 @@ class Grammars:
         self._vocab = vocab_size
         self._tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocabulary(tokenizer, vocab_size)),
                                                  n_vocab=vocab_size)  # fmt: skip
-        self._compiled: OrderedDict[str, str] = OrderedDict()
+        # llguidance builds its token tables at the first mask it computes (about 20 ms on a
+        # 49,152-token vocabulary): here, in the thread that compiles, not in an engine step.
+        warm = llguidance.LLMatcher(self._tokenizer, llguidance.LLMatcher.grammar_from_regex("a"), log_level=0)
+        warm.compute_logit_bias()
+        self._compiled: OrderedDict[str, Any] = OrderedDict()  # spec key -> a fresh LLMatcher
         self._cache_size = cache_size
         self._lock = threading.Lock()  # the cache's; the compiling runs outside it
 
@@ -120,16 +125,16 @@ class Grammars:
         not compile (the message is llguidance's)."""
         key = spec.key()
         with self._lock:
-            grammar = self._compiled.get(key)
-            if grammar is not None:
+            template = self._compiled.get(key)
+            if template is not None:
                 self._compiled.move_to_end(key)
-        if grammar is None:
-            grammar = self._grammar(spec)
-        matcher = self._ll.LLMatcher(self._tokenizer, grammar, log_level=0)
+        if template is not None:  # a copy of a fresh matcher: microseconds, where building one may take a second
+            return Grammar(template.deep_copy(), self._vocab)
+        matcher = self._ll.LLMatcher(self._tokenizer, self._grammar(spec), log_level=0)
         if matcher.is_error():
             raise ConfigError(f"{_FIELD}.{spec.kind()}", matcher.get_error().strip())
         with self._lock:
-            self._compiled[key] = grammar
+            self._compiled[key] = matcher.deep_copy()  # never advanced: the template of the next copies
             self._compiled.move_to_end(key)
             if len(self._compiled) > self._cache_size:
                 self._compiled.popitem(last=False)
