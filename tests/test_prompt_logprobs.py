@@ -182,6 +182,9 @@ def test_a_chat_echo_repeats_the_assistants_last_message_as_vllm_does(replica):
     plain = httpx.post(url, json={**body, "messages": started, "echo": False}, timeout=30).json()
     echoed = httpx.post(url, json={**body, "messages": started}, timeout=30).json()
     assert echoed["choices"][0]["message"]["content"] == "Sure, " + plain["choices"][0]["message"]["content"]
+    # With logprobs, a chat's shape: the drawn tokens' (a completion's echo would add the prompt's).
+    scored = httpx.post(url, json={**body, "messages": started, "logprobs": True}, timeout=30).json()["choices"][0]
+    assert len(scored["logprobs"]["content"]) == 3
     # The last message is the user's: nothing to repeat.
     alone = httpx.post(url, json={**body, "messages": ask}, timeout=30).json()
     assert alone["choices"][0]["message"]["content"] == httpx.post(

@@ -144,6 +144,7 @@ def test_a_streamed_choice_adds_up_to_the_one_sent_whole(replica):
 @pytest.mark.parametrize("extra, param", [
     ({"structured_outputs": {"regex": "(a"}}, "structured_outputs.regex"),
     ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+    ({"structured_outputs": {}}, "structured_outputs"),
     ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
     ({"response_format": {"type": "json_schema"}}, "response_format"),
     ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "structured_outputs"),
@@ -152,6 +153,8 @@ def test_a_streamed_choice_adds_up_to_the_one_sent_whole(replica):
 def test_bad_specs_get_a_400_naming_the_field(replica, extra, param):
     r = httpx.post(replica.base_url + "/v1/completions", json={"prompt": "x", "max_tokens": 3, **extra}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
+    if extra == {"structured_outputs": {}}:  # none set: said so, not vLLM's message for several
+        assert "exactly one of" in r.json()["error"]["message"]
 
 
 def test_a_grammar_compiles_beside_the_engine_thread_so_no_step_waits_for_it(replica, monkeypatch):

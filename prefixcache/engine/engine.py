@@ -421,8 +421,8 @@ class Engine:
             self._sleep_until(pace_until)
         self.scheduler.computed(work)
         self._run_transfers()  # what the commits wrote through, copied down now that it is computed
-        for w, rows in zip(work, prompt_logits):
-            self._add_prompt_logprobs(w, rows)
+        for w, (rows, row_logits) in zip(work, prompt_logits):
+            self._add_prompt_logprobs(w, rows, row_logits)
         sampling = [w for w in work if w.samples]
         firsts = [w.seq for w in sampling if w.seq.num_prompt_logprobs is not None and not w.seq.output]
         sampled, finished, logprobs = self._sample(sampling, logits)
@@ -444,9 +444,9 @@ class Engine:
 
     def _forward(
         self, work: list[Scheduled]
-    ) -> tuple[torch.Tensor, list[torch.Tensor], list[Scheduled], list[RequestOutput]]:
-        """The logits of `work`'s sampling chunks, each chunk's prompt-row logits
-        (`_prompt_rows`), the chunks that ran, and the requests that failed. A pass over
+    ) -> tuple[torch.Tensor, list[tuple[range, torch.Tensor]], list[Scheduled], list[RequestOutput]]:
+        """The logits of `work`'s sampling chunks, each chunk's prompt rows and their
+        logits (`_prompt_rows`), the chunks that ran, and the requests that failed. A pass over
         the whole batch that raises is run again chunk by chunk (each rewrites the same KV
         at the same slots), and only a chunk that fails on its own fails its request; its
         KV is never committed, so never cached."""
@@ -468,8 +468,8 @@ class Engine:
                 prompt_rows.extend(prompt)
         return (torch.cat(rows) if rows else self._no_logits()), prompt_rows, kept, failed
 
-    def _forward_chunks(self, work: list[Scheduled]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The logits of the sampling chunks, and per chunk those of its prompt rows."""
+    def _forward_chunks(self, work: list[Scheduled]) -> tuple[torch.Tensor, list[tuple[range, torch.Tensor]]]:
+        """The logits of the sampling chunks, and per chunk its prompt rows and theirs."""
         hybrid = isinstance(self.model, (HybridModel, Gemma3Model))  # a table per layout group
         wanted = [self._prompt_rows(w) for w in work]
         chunks = [
@@ -480,7 +480,7 @@ class Engine:
         logits = self.model.forward(self.model.plan(chunks))
         first = sum(w.samples for w in work)
         bounds = list(accumulate((len(r) for r in wanted), initial=first))
-        return logits[:first], [logits[a:b] for a, b in zip(bounds, bounds[1:])]
+        return logits[:first], [(rows, logits[a:b]) for rows, a, b in zip(wanted, bounds, bounds[1:])]
 
     @staticmethod
     def _prompt_rows(w: Scheduled) -> range:
@@ -494,9 +494,9 @@ class Engine:
         hi = min(w.start + w.num_tokens, len(seq.prompt) - 1)
         return range(lo - w.start, hi - w.start) if lo < hi else range(0)
 
-    def _add_prompt_logprobs(self, w: Scheduled, logits: torch.Tensor) -> None:
-        """Append the prompt logprobs `logits` (the rows `_prompt_rows(w)` chose) give."""
-        rows = self._prompt_rows(w)
+    @staticmethod
+    def _add_prompt_logprobs(w: Scheduled, rows: range, logits: torch.Tensor) -> None:
+        """Append the prompt logprobs that `logits`, those of `w`'s prompt `rows`, give."""
         if not rows:
             return
         seq = w.seq
@@ -545,11 +545,12 @@ class Engine:
         sampled, done = [], []
         max_position = self.model.config.max_position
         for row, (seq, tok) in enumerate(zip(seqs, tokens)):
-            if isinstance(tok, SamplingError) or (seq.grammar is not None and not seq.grammar.accept(tok)):
-                if not isinstance(tok, SamplingError):
-                    tok = SamplingError(f"the grammar refused token {tok}: {seq.grammar.error}")  # type: ignore[union-attr]
-                elif seq.grammar is not None and seq.grammar.error:
+            if seq.grammar is not None:
+                if not isinstance(tok, SamplingError) and not seq.grammar.accept(tok):
+                    tok = SamplingError(f"the grammar refused token {tok}: {seq.grammar.error}")
+                elif isinstance(tok, SamplingError) and seq.grammar.error:  # it says why nothing could be drawn
                     tok = SamplingError(f"the grammar allows no token: {seq.grammar.error}")
+            if isinstance(tok, SamplingError):
                 done.append(self._fail(seq, tok))
                 continue
             if seq.metrics.first_token_s is None:

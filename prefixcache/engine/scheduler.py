@@ -194,16 +194,16 @@ class Scheduler:
         w = passed = 0
         while w < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[w]
-            reads = seq.num_prompt_logprobs is None  # a request that needs every prompt position's logits reads nothing
-            if reads and self.in_batch_prefix_tokens and self._waits_for_leader(seq):
+            # A request that needs every prompt position's logits reads nothing (and so waits for no leader).
+            unread = {} if seq.num_prompt_logprobs is None else {"read_cache": False}
+            if not unread and self.in_batch_prefix_tokens and self._waits_for_leader(seq):
                 self.num_prefix_waits += 1
                 passed += 1
                 if passed >= self.max_num_seqs:
                     break
                 w += 1
                 continue
-            adm = (self._timed(self.cache.admit, seq.request_id, seq.tokens, namespace=seq.namespace) if reads else
-                   self._timed(self.cache.admit, seq.request_id, seq.tokens, namespace=seq.namespace, read_cache=False))
+            adm = self._timed(self.cache.admit, seq.request_id, seq.tokens, namespace=seq.namespace, **unread)
             if adm is None:
                 break
             del self.waiting[w]

@@ -99,8 +99,9 @@ class Grammars:
     the model's, which may exceed the tokenizer's). A fresh matcher is kept for each of
     the last `cache_size` distinct specs, and copied for the next request that asks for
     the same one (the choices of one request, a client's repeated schema). Any
-    thread may compile (llguidance builds a matcher without the GIL: a 5,000-property
-    schema takes a third of a second), so a server compiles beside the engine's thread."""
+    thread may compile (llguidance builds a matcher without the GIL, and a large schema
+    takes long: `benchmarks/bench_structured.py`), so a server compiles beside the
+    engine's thread."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, cache_size: int = 64) -> None:
         try:
@@ -112,8 +113,8 @@ class Grammars:
         self._vocab = vocab_size
         self._tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocabulary(tokenizer, vocab_size)),
                                                  n_vocab=vocab_size)  # fmt: skip
-        # llguidance builds its token tables at the first mask it computes (about 20 ms on a
-        # 49,152-token vocabulary): here, in the thread that compiles, not in an engine step.
+        # llguidance builds its token tables at the first mask it ever computes: here, in the
+        # thread that compiles, not in an engine step.
         warm = llguidance.LLMatcher(self._tokenizer, llguidance.LLMatcher.grammar_from_regex("a"), log_level=0)
         warm.compute_logit_bias()
         self._compiled: OrderedDict[str, Any] = OrderedDict()  # spec key -> a fresh LLMatcher
@@ -128,7 +129,7 @@ class Grammars:
             template = self._compiled.get(key)
             if template is not None:
                 self._compiled.move_to_end(key)
-        if template is not None:  # a copy of a fresh matcher: microseconds, where building one may take a second
+        if template is not None:  # copying a fresh matcher costs a small part of building one
             return Grammar(template.deep_copy(), self._vocab)
         matcher = self._ll.LLMatcher(self._tokenizer, self._grammar(spec), log_level=0)
         if matcher.is_error():

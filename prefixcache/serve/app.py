@@ -257,11 +257,9 @@ class _Serving:
             if outputs is None:  # the client went away; nobody reads this
                 return Response(status_code=499)
             k, tok, as_ids = gen.logprobs, self.tokenizer, bool(body.return_tokens_as_token_ids)
-            if prepared.echo and k is not None:  # the prompt's positions, then (unless echo_only) the output's
-                positions = [(o.prompt_logprobs or [], o.prompt_token_ids) if prepared.echo_only else
-                             ([*(o.prompt_logprobs or []), *(o.logprobs or [])], [*o.prompt_token_ids, *o.token_ids])
-                             for o in outputs]  # fmt: skip
-                lps = [R.logprobs(tok, pos, k, chat=False, token_ids=ids, as_ids=as_ids) for pos, ids in positions]
+            if prepared.echo and not chat and k is not None:
+                lps = [R.logprobs(tok, R.echoed(o.prompt_logprobs, o.logprobs or (), prepared.echo_only), k, chat=False,
+                                  token_ids=o.prompt_token_ids, as_ids=as_ids) for o in outputs]  # fmt: skip
             else:
                 lps = [R.logprobs(tok, o.logprobs, k, chat=chat, as_ids=as_ids) if k is not None and o.logprobs
                        else None for o in outputs]  # fmt: skip
@@ -386,7 +384,7 @@ class _Serving:
             if not echoed[i]:  # vLLM's echo: the prompt, then (unless echo_only) what this chunk drew
                 echoed[i] = True
                 delta = echo[i // n] + ("" if prepared.echo_only else delta)
-                shown = [*(prompt or ()), *(() if prepared.echo_only else positions)]
+                shown = R.echoed(prompt, positions, prepared.echo_only)
             if num_logprobs is not None and shown:
                 lp = R.logprobs(self.tokenizer, shown, num_logprobs, chat=chat, text_offset=sent_chars[i],
                                 token_ids=prompts[i], as_ids=as_ids)

@@ -11,9 +11,13 @@ honor: `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `allowed_token_ids`
 Logprobs as vLLM asks for them: a completion's `logprobs` is a count; a chat's `logprobs`
 a flag with `top_logprobs` (default 0) the count.
 
-What we do not serve is refused by `unsupported()` with the field named (a 400), never
-silently ignored: `echo`, `best_of`, `suffix`, non-text chat content, and vLLM's fields that
-change what is generated (bad words, structured output, tools, beam search, ...) set to anything but the value that asks for nothing.
+Also served: `echo`, `prompt_logprobs`, `bad_words`, `skip_special_tokens`,
+`response_format` / `structured_outputs`, `request_id`, `return_token_ids`,
+`return_tokens_as_token_ids`, a completion's `add_special_tokens`, a chat's
+`chat_template_kwargs`. What we do not serve is refused by `unsupported()` with the field
+named (a 400), never silently ignored: `best_of`, `suffix`, non-text chat content, and
+vLLM's fields that change what is generated or answered (tools, beam search, `priority`,
+transfer parameters, ...: `_NEUTRAL`) set to anything but the value that asks for nothing.
 
 Must never: run anything or decide status codes (`errors` does).
 """

@@ -172,7 +172,8 @@ class Preprocessor:
         if not 1 <= body.n <= MAX_N:  # before any prompt is tokenized
             raise APIError(f"n must be at least 1 and at most {MAX_N}, got {body.n}.", param="n")
         if isinstance(body, ChatCompletionRequest):
-            prompts = [self._chat_prompt(body)]
+            messages = _chat_messages(body)
+            prompts = [self._chat_prompt(body, messages)]
             limit, param = ((body.max_completion_tokens, "max_completion_tokens")
                             if body.max_completion_tokens is not None else (body.max_tokens, "max_tokens"))
         else:
@@ -202,7 +203,7 @@ class Preprocessor:
                        [replace(gen, request_id=f"{j}_{rid}", sampling=gen.sampling and child_params(gen.sampling, j))
                         for j in range(body.n)])  # fmt: skip
         if isinstance(body, ChatCompletionRequest):
-            return Prepared(body, tuple(out), body.n, (_chat_echo(body),) if body.echo else ())
+            return Prepared(body, tuple(out), body.n, (_chat_echo(messages),) if body.echo else ())
         if not body.echo:
             return Prepared(body, tuple(out), body.n)
         return Prepared(body, tuple(out), body.n, self._echo_texts(body, prompts), body.max_tokens == 0)
@@ -245,23 +246,8 @@ class Preprocessor:
             out.append(ids)
         return out
 
-    def _chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
-        if not body.messages:
-            raise APIError("messages must hold at least one message", param="messages")
-        messages = []
-        for i, m in enumerate(body.messages):
-            content = m.content
-            if content is None:
-                content = ""
-            elif isinstance(content, list):
-                parts = []
-                for j, part in enumerate(content):
-                    if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                        raise APIError(f"only text content parts are supported, got {part.get('type')!r}",
-                                       param=f"messages[{i}].content[{j}]")
-                    parts.append(part["text"])
-                content = "".join(parts)
-            messages.append({"role": m.role, "content": content})
+    def _chat_prompt(self, body: ChatCompletionRequest, messages: list[dict[str, str]]) -> list[int]:
+        """The token ids of `messages` (`_chat_messages(body)`) through the chat template."""
         try:
             ids = self.tokenizer.apply_chat_template(messages, timeout_s=self.chat_template_timeout_s,
                                                      max_chars=self.max_chars, variables=body.chat_template_kwargs)
@@ -357,15 +343,32 @@ def _logprobs(body: Body, vocab_size: int) -> int | None:
     return wanted
 
 
-def _chat_echo(body: ChatCompletionRequest) -> str:
+def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
+    """The chat's messages as the template takes them: each content a text (its text
+    parts joined; no content: empty). A 400 naming the part that is not text."""
+    if not body.messages:
+        raise APIError("messages must hold at least one message", param="messages")
+    messages = []
+    for i, m in enumerate(body.messages):
+        content = m.content
+        if content is None:
+            content = ""
+        elif isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise APIError(f"only text content parts are supported, got {part.get('type')!r}",
+                                   param=f"messages[{i}].content[{j}]")
+                parts.append(part["text"])
+            content = "".join(parts)
+        messages.append({"role": m.role, "content": content})
+    return messages
+
+
+def _chat_echo(messages: list[dict[str, str]]) -> str:
     """What a chat's `echo` repeats (vLLM's): the last message's text when it is the
     assistant's (the role the response continues), else nothing."""
-    last = body.messages[-1]
-    if last.role != "assistant" or last.content is None:
-        return ""
-    if isinstance(last.content, str):
-        return last.content
-    return "".join(part.get("text", "") for part in last.content if part.get("type") == "text")
+    return messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
 
 
 def _structured_outputs(body: Body) -> StructuredOutputs | None:
@@ -394,9 +397,10 @@ def _structured_outputs(body: Body) -> StructuredOutputs | None:
                              disable_any_whitespace=so.disable_any_whitespace)  # fmt: skip
     try:
         spec.kind()
-    except ConfigError as err:
+    except ConfigError as err:  # none set, or several: vLLM's message for several
+        several = sum(v not in (None, False) for v in (so.json_, so.regex, so.choice, so.grammar, so.json_object)) > 1
         raise APIError("You can only use one kind of constraints for structured outputs ('json', 'regex' or "
-                       "'choice').", param=err.path) from None
+                       "'choice')." if several else str(err), param=err.path) from None
     return spec
 
 

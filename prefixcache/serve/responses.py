@@ -179,6 +179,13 @@ def logprobs(
     }
 
 
+def echoed(prompt: Sequence[TokenLogprobs | None] | None, positions: Sequence[TokenLogprobs],
+           echo_only: bool) -> list[TokenLogprobs | None]:
+    """The positions a completion's `echo` shows logprobs for: its prompt's (the first
+    None), then what it drew unless `echo_only` (vLLM's `max_tokens: 0`)."""
+    return [*(prompt or ()), *(() if echo_only else positions)]
+
+
 def prompt_logprobs(tokenizer: Tokenizer, positions: Sequence[TokenLogprobs | None]) -> list[dict[str, Any] | None]:
     """vLLM's `prompt_logprobs` field: per prompt token (the first None), its `Logprob`s by
     token id, the prompt token first, then the top ones, each with its rank (the top's by
