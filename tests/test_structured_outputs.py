@@ -64,6 +64,42 @@ def test_choices_schemas_and_the_raw_logprobs_under_the_mask(engine):
     engine.check_invariants()
 
 
+WEATHER = {"triggers": ["<f="], "structures": [
+    {"begin": "<f=weather>", "end": "</f>", "schema": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
+                                                       "required": ["city"], "additionalProperties": False}}]}
+
+
+def _allowed(grammar) -> set[int]:
+    return set(grammar.allowed().nonzero().flatten().tolist())
+
+
+def _feed(grammar, text: str) -> bool:
+    return all(grammar.accept(b) for b in text.encode())
+
+
+def test_a_structural_tag_allows_prose_and_holds_each_tag_body_to_its_schema(engine):
+    """Any text, until it reaches a structure's begin; then only a body its schema allows,
+    then the end, then text again. vLLM 0.33's guidance backend lets any JSON through
+    here (it passes the schema already compiled, which llguidance reads as a schema of
+    unknown keywords); the mask below is what its xgrammar backend enforces."""
+    spec = StructuredOutputs(structural_tag=WEATHER, disable_any_whitespace=True)
+    g = engine.compile_grammar(spec)
+    assert _feed(g, "Let me check. <f=weather>")
+    assert _allowed(g) == {ord("{")}
+    assert _feed(g, '{"city":"')
+    assert _allowed(g) == {ord("P"), ord("R")}  # the enum, not any string
+    assert _feed(g, 'Rome"}</f> Sunny')
+    assert engine.tokenizer.eos_token_id in _allowed(g)  # prose may end anywhere outside a tag
+    wrong = engine.compile_grammar(spec)
+    assert _feed(wrong, "<f=weather>{") and not _feed(wrong, '"town"')
+    # The JSON text form (vLLM's `structured_outputs.structural_tag`) compiles to the same grammar.
+    same = engine.compile_grammar(StructuredOutputs(structural_tag=json.dumps(WEATHER), disable_any_whitespace=True))
+    assert _feed(same, "<f=weather>{\"city\":\"") and _allowed(same) == {ord("P"), ord("R")}
+    out = engine.generate([GenerationRequest(prompt=PROMPT, max_tokens=12, structured_outputs=spec)])[0]
+    assert out.finish_reason in ("stop", "length") and _feed(engine.compile_grammar(spec), out.text)
+    engine.check_invariants()
+
+
 def test_requests_with_the_same_spec_get_matchers_of_their_own(engine):
     """The second compile copies a fresh template: a request that advanced its matcher
     changes neither the template nor another request's."""
@@ -84,6 +120,18 @@ def test_requests_with_the_same_spec_get_matchers_of_their_own(engine):
     (StructuredOutputs(json="[1]"), "structured_outputs.json", "must be a JSON schema"),
     (StructuredOutputs(grammar="start: @@@"), "structured_outputs.grammar", "lexer error"),
     (StructuredOutputs(choice=()), "structured_outputs.choice", "must be a non-empty list of strings"),
+    (StructuredOutputs(structural_tag="{not json"), "structured_outputs.structural_tag", "Expecting property name"),
+    (StructuredOutputs(structural_tag=[1]), "structured_outputs.structural_tag", "must be an object"),
+    (StructuredOutputs(structural_tag={**WEATHER, "triggers": ["<g="]}),
+     "structured_outputs.structural_tag.structures[0].begin", "Trigger <f=weather> not found in triggers"),
+    (StructuredOutputs(structural_tag={**WEATHER, "triggers": []}), "structured_outputs.structural_tag.triggers",
+     "non-empty list"),
+    (StructuredOutputs(structural_tag={**WEATHER, "structures": []}), "structured_outputs.structural_tag.structures",
+     "No structural tags found"),
+    (StructuredOutputs(structural_tag={"triggers": ["<"], "structures": [{"begin": "<a>", "end": ">"}]}),
+     "structured_outputs.structural_tag.structures[0].schema", "must be a JSON schema"),
+    (StructuredOutputs(structural_tag={"type": "structural_tag", "format": {"type": "triggered_tags"}}),
+     "structured_outputs.structural_tag.format", "xgrammar"),
     (StructuredOutputs(regex="a", choice=("b",)), "structured_outputs", "exactly one of"),
     (StructuredOutputs(), "structured_outputs", "exactly one of"),
 ])
@@ -132,6 +180,17 @@ def test_the_official_client_gets_json_that_follows_its_schema(replica):
     assert json.loads(done.choices[0].text)["answer"] in ("yes", "no") and done.choices[0].finish_reason == "stop"
 
 
+def test_the_official_client_asks_for_a_structural_tag_in_both_forms(replica, engine):
+    c = openai.OpenAI(base_url=replica.base_url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    chat = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Weather?"}], max_tokens=8,
+                                     response_format={"type": "structural_tag", **WEATHER})
+    done = c.completions.create(model="tiny", prompt="Weather:", max_tokens=8,
+                                extra_body={"structured_outputs": {"structural_tag": json.dumps(WEATHER)}})
+    for choice, text in ((chat.choices[0], chat.choices[0].message.content), (done.choices[0], done.choices[0].text)):
+        assert choice.finish_reason in ("stop", "length")
+        assert _feed(engine.compile_grammar(StructuredOutputs(structural_tag=WEATHER)), text), text
+
+
 def test_a_streamed_choice_adds_up_to_the_one_sent_whole(replica):
     url = replica.base_url + "/v1/completions"
     body = {"prompt": "Pick:", "max_tokens": 10, "structured_outputs": {"choice": ["alpha", "beta", "gamma"]}}
@@ -145,7 +204,11 @@ def test_a_streamed_choice_adds_up_to_the_one_sent_whole(replica):
     ({"structured_outputs": {"regex": "(a"}}, "structured_outputs.regex"),
     ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
     ({"structured_outputs": {}}, "structured_outputs"),
-    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
+    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag.triggers"),
+    ({"response_format": {"type": "structural_tag", "format": {"type": "triggered_tags"}}}, "response_format.format"),
+    ({"response_format": {"type": "structural_tag", "triggers": ["<f="]}}, "response_format"),
+    ({"response_format": {**WEATHER, "type": "structural_tag", "triggers": ["<g="]}},
+     "structured_outputs.structural_tag.structures[0].begin"),
     ({"response_format": {"type": "json_schema"}}, "response_format"),
     ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "structured_outputs"),
     ({"response_format": {"type": "xml"}}, "response_format.type"),

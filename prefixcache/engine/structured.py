@@ -2,12 +2,21 @@
 0.33's `structured_outputs`, as its `guidance` backend serves them, on llguidance).
 
 Owns `StructuredOutputs` (what a request asks for: exactly one of `json` (a JSON schema),
-`regex`, `choice`, `grammar` (Lark or GBNF) and `json_object`, vLLM's names), `Grammars`
+`regex`, `choice`, `grammar` (Lark or GBNF), `json_object` and `structural_tag`, vLLM's
+names), `Grammars`
 (an engine's compiler: its tokenizer as llguidance's, built once, and each request's spec
 turned into a matcher, a `ConfigError` naming the field for one that does not compile)
 and `Grammar` (one request's matcher: which tokens it may draw next, and the tokens it
 drew). Once the grammar is complete only the end-of-sequence token may follow, so a
 request ends the way any request ends.
+
+A structural tag (vLLM's legacy form, the one its guidance backend serves: `triggers`, and
+`structures` of `begin`, `schema`, `end`) allows any text, and wherever the text reaches a
+structure's `begin`, a body that follows its JSON schema, then its `end` (llguidance's
+`StructTag`: tool calls a model writes among its prose). vLLM 0.33's guidance backend hands
+`StructTag` the schema already compiled into a grammar text, which llguidance's `%json`
+reads as a schema of unknown keywords: any JSON passes. Here the schema itself goes in, so
+a body that breaks it is masked out, as vLLM's xgrammar backend masks it.
 
 llguidance (Microsoft's guidance library, one of vLLM's backends) is a 3 MB wheel with no
 dependencies that computes a mask in Rust; xgrammar, vLLM's other backend, pulls triton.
@@ -36,28 +45,31 @@ from prefixcache.errors import ConfigError
 __all__ = ["StructuredOutputs", "Grammars", "Grammar"]
 
 _FIELD = "structured_outputs"
-_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 @dataclass(frozen=True)
 class StructuredOutputs:
     """One constraint (vLLM's `StructuredOutputsParams`): `json` a JSON schema (a dict or
     its text), `regex`, `choice` (strings), `grammar` (Lark or GBNF), or `json_object`
-    (any JSON object). `disable_any_whitespace`: JSON without free whitespace."""
+    (any JSON object), or `structural_tag` (vLLM's legacy form: a dict, or its JSON text,
+    of `triggers` and `structures`; module docstring). `disable_any_whitespace`: JSON
+    without free whitespace."""
 
     json: str | dict[str, Any] | None = None
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None
     json_object: bool = False
+    structural_tag: str | dict[str, Any] | None = None
     disable_any_whitespace: bool = False
 
     def kind(self) -> str:
         """The one constraint set; ConfigError when none or several are."""
         given = [f.name for f in fields(self) if f.name in _KINDS and getattr(self, f.name) not in (None, False)]
         if len(given) != 1:
-            raise ConfigError(_FIELD, "exactly one of 'json', 'regex', 'choice', 'grammar' or 'json_object' must be "
-                              f"set, got {given or 'none'}")  # fmt: skip
+            raise ConfigError(_FIELD, "exactly one of 'json', 'regex', 'choice', 'grammar', 'json_object' or "
+                              f"'structural_tag' must be set, got {given or 'none'}")  # fmt: skip
         return given[0]
 
     def key(self) -> str:
@@ -160,11 +172,44 @@ class Grammars:
                 if not choices or any(not isinstance(c, str) for c in choices):
                     raise ConfigError(where, f"must be a non-empty list of strings, got {choices!r}")
                 return ll.grammar_from("choice", list(choices))
+            if kind == "structural_tag":
+                return ll.StructTag.to_grammar(_struct_tags(ll, spec.structural_tag, options, where))
             return ll.grammar_from("grammar", _text(spec.grammar, where))
         except ConfigError:
             raise
         except (ValueError, TypeError) as err:  # a schema that is not JSON, a grammar that is not Lark/GBNF
             raise ConfigError(where, str(err).strip()) from None
+
+
+def _struct_tags(ll: Any, value: object, options: dict[str, bool], where: str) -> list[Any]:
+    """A legacy structural tag (a dict or its JSON text) as llguidance's StructTags, each
+    structure paired with the first trigger its `begin` starts with (vLLM's rule), its
+    schema given the request's whitespace option unless it sets its own."""
+    tag = json.loads(value) if isinstance(value, str) else value
+    if not isinstance(tag, dict):
+        raise ConfigError(where, f"must be an object with 'triggers' and 'structures', got {type(tag).__name__}")
+    if "structures" not in tag and "format" in tag:
+        raise ConfigError(f"{where}.format", "a structural tag's 'format' form is xgrammar's, which this server does "
+                          "not run; give 'triggers' and 'structures' (the form vLLM's guidance backend serves)")  # fmt: skip
+    triggers, structures = tag.get("triggers"), tag.get("structures")
+    if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
+        raise ConfigError(f"{where}.triggers", f"must be a non-empty list of non-empty strings, got {triggers!r}")
+    if not isinstance(structures, list) or not structures:
+        raise ConfigError(f"{where}.structures", "No structural tags found in the grammar spec.")
+    out = []
+    for i, s in enumerate(structures):
+        at = f"{where}.structures[{i}]"
+        if not isinstance(s, dict) or not isinstance(s.get("begin"), str) or not isinstance(s.get("end"), str):
+            raise ConfigError(at, f"must be an object with string 'begin' and 'end', got {s!r}")
+        schema = s.get("schema")
+        if not isinstance(schema, dict):
+            raise ConfigError(f"{at}.schema", f"must be a JSON schema (an object), got {type(schema).__name__}")
+        trigger = next((t for t in triggers if s["begin"].startswith(t)), None)
+        if trigger is None:
+            raise ConfigError(f"{at}.begin", f"Trigger {s['begin']} not found in triggers {triggers}")
+        out.append(ll.StructTag(trigger=trigger, begin=s["begin"], grammar={"x-guidance": options, **schema},
+                                end=s["end"]))  # fmt: skip
+    return out
 
 
 def _text(value: object, where: str) -> str:

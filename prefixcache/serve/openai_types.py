@@ -12,7 +12,7 @@ Logprobs as vLLM asks for them: a completion's `logprobs` is a count; a chat's `
 a flag with `top_logprobs` (default 0) the count.
 
 Also served: `echo`, `prompt_logprobs`, `bad_words`, `skip_special_tokens`,
-`response_format` / `structured_outputs`, `request_id`, `return_token_ids`,
+`response_format` / `structured_outputs` (a structural tag in vLLM's legacy form), `request_id`, `return_token_ids`,
 `return_tokens_as_token_ids`, a completion's `add_special_tokens`, a chat's
 `chat_template_kwargs`. What we do not serve is refused by `unsupported()` with the field
 named (a 400), never silently ignored: `best_of`, `suffix`, non-text chat content, and
@@ -55,13 +55,30 @@ class JsonSchemaFormat(_Request):
     strict: bool | None = None
 
 
+class StructuralTagStructure(_Request):
+    """One structure of a structural tag (vLLM's `LegacyStructuralTag`): text `begin`, a
+    body that follows the JSON schema `schema`, text `end`."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    begin: str
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    end: str
+
+
 class ResponseFormat(_Request):
-    type: Literal["text", "json_object", "json_schema"]
+    """OpenAI's `response_format`, and vLLM's `structural_tag` type: its legacy form
+    (`structures`, `triggers`); its `format` form is accepted here and refused by name."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    structures: list[StructuralTagStructure] | None = None
+    triggers: list[str] | None = None
+    format: Any = None
 
 
 class StructuredOutputsParams(_Request):
-    """vLLM's `structured_outputs` (one of json, regex, choice, grammar, json_object)."""
+    """vLLM's `structured_outputs` (one of json, regex, choice, grammar, json_object,
+    structural_tag: the JSON text of a legacy structural tag)."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     json_: dict[str, Any] | str | None = Field(None, alias="json")

@@ -373,7 +373,7 @@ def _chat_echo(messages: list[dict[str, str]]) -> str:
 
 def _structured_outputs(body: Body) -> StructuredOutputs | None:
     """The grammar the request's output follows (None: none), from `response_format`
-    (OpenAI's json_object / json_schema) or vLLM's `structured_outputs`, checked as vLLM
+    (OpenAI's json_object / json_schema, vLLM's structural_tag) or vLLM's `structured_outputs`, checked as vLLM
     checks them; the engine compiles it (a 400 naming the field if it does not compile)."""
     rf, so = body.response_format, body.structured_outputs
     if rf is not None and rf.type != "text":
@@ -382,6 +382,17 @@ def _structured_outputs(body: Body) -> StructuredOutputs | None:
                            "'choice').", param="structured_outputs")
         if rf.type == "json_object":
             return StructuredOutputs(json_object=True)
+        if rf.type == "structural_tag":
+            if rf.structures is None and rf.format is not None:
+                raise APIError("response_format.format: a structural tag's 'format' form is xgrammar's, which this "
+                               "server does not run; give 'triggers' and 'structures' (the form vLLM's guidance "
+                               "backend serves)", param="response_format.format")  # fmt: skip
+            if rf.structures is None or rf.triggers is None:
+                raise APIError("When response_format type is 'structural_tag', the 'structures' and 'triggers' fields "
+                               "must be provided.", param="response_format")  # fmt: skip
+            return StructuredOutputs(structural_tag={
+                "structures": [{"begin": s.begin, "schema": s.schema_, "end": s.end} for s in rf.structures],
+                "triggers": list(rf.triggers)})  # fmt: skip
         if rf.json_schema is None:
             raise APIError("When response_format type is 'json_schema', the 'json_schema' field must be provided.",
                            param="response_format")
@@ -389,16 +400,17 @@ def _structured_outputs(body: Body) -> StructuredOutputs | None:
     if so is None:
         return None
     for name, neutral in (("disable_fallback", False), ("disable_additional_properties", False),
-                          ("whitespace_pattern", None), ("structural_tag", None)):
+                          ("whitespace_pattern", None)):
         if getattr(so, name) != neutral:
             raise APIError(f"structured_outputs.{name} is not supported", param=f"structured_outputs.{name}")
     spec = StructuredOutputs(json=so.json_, regex=so.regex, choice=tuple(so.choice) if so.choice is not None else None,
-                             grammar=so.grammar, json_object=bool(so.json_object),
+                             grammar=so.grammar, json_object=bool(so.json_object), structural_tag=so.structural_tag,
                              disable_any_whitespace=so.disable_any_whitespace)  # fmt: skip
     try:
         spec.kind()
     except ConfigError as err:  # none set, or several: vLLM's message for several
-        several = sum(v not in (None, False) for v in (so.json_, so.regex, so.choice, so.grammar, so.json_object)) > 1
+        several = sum(v not in (None, False) for v in (so.json_, so.regex, so.choice, so.grammar, so.json_object,
+                                                        so.structural_tag)) > 1  # fmt: skip
         raise APIError("You can only use one kind of constraints for structured outputs ('json', 'regex' or "
                        "'choice')." if several else str(err), param=err.path) from None
     return spec
