@@ -51,7 +51,7 @@ from prefixcache.engine.kv_tiers import KVTiers
 from prefixcache.engine.gemma3 import Gemma3Model, Gemma3Weights
 from prefixcache.engine.hybrid_model import HybridModel, HybridWeights
 from prefixcache.engine.loader import LoadedModel, load_model
-from prefixcache.engine.logprobs import TokenLogprobs, token_logprobs
+from prefixcache.engine.logprobs import MAX_LOGPROB_TOKEN_IDS, TokenLogprobs, token_logprobs
 from prefixcache.engine.memory import check_engine_memory
 from prefixcache.engine.metrics import RequestMetrics, RunStats
 from prefixcache.engine.model import LlamaModel
@@ -93,7 +93,10 @@ class GenerationRequest:
     (vLLM's `SamplingParams.prompt_logprobs`; None: none). Such a request reads nothing
     from the cache (vLLM's `skip_reading_prefix_cache`): every prompt position is computed.
     `structured_outputs`: a grammar its output follows (`structured`: vLLM's, on llguidance).
-    `bad_words`: words its output never ends with (vLLM's, `sampling.bad_word_tokens`)."""
+    `bad_words`: words its output never ends with (vLLM's, `sampling.bad_word_tokens`).
+    `logprob_token_ids`: return each drawn token's logprob with these ids' logprobs (1 to
+    `MAX_LOGPROB_TOKEN_IDS` of them, in the vocabulary) in place of the most likely ones
+    (vLLM's; `logprobs` then None or their number)."""
 
     prompt: str | Sequence[int] | None = None
     messages: Sequence[Mapping[str, str]] | None = None
@@ -113,6 +116,7 @@ class GenerationRequest:
     prompt_logprobs: int | None = None
     structured_outputs: StructuredOutputs | None = None
     bad_words: tuple[str, ...] = ()
+    logprob_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -262,6 +266,17 @@ class Engine:
         if num_logprobs is not None and (isinstance(num_logprobs, bool) or not isinstance(num_logprobs, int)
                                          or not 0 <= num_logprobs <= vocab):
             raise ValueError(f"logprobs must be None or an integer in [0, {vocab}] (the vocabulary), got {num_logprobs!r}")
+        named = request.logprob_token_ids
+        if named is not None:
+            named = tuple(named)
+            if not 1 <= len(named) <= MAX_LOGPROB_TOKEN_IDS or any(
+                    isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in named):
+                raise ValueError(f"logprob_token_ids must be 1 to {MAX_LOGPROB_TOKEN_IDS} token ids in [0, {vocab}), "
+                                 f"got {list(named)!r}")  # fmt: skip
+            if num_logprobs is not None and num_logprobs != len(named):
+                raise ValueError(f"logprobs must be None or len(logprob_token_ids) = {len(named)} when both are "
+                                 f"set, got {num_logprobs}")  # fmt: skip
+            num_logprobs = len(named)
         num_prompt_logprobs = request.prompt_logprobs
         if num_prompt_logprobs is not None:
             if isinstance(num_prompt_logprobs, bool) or not isinstance(num_prompt_logprobs, int) \
@@ -312,6 +327,7 @@ class Engine:
                 keep_first_logits=request.keep_first_logits,
                 stop_strings=stop_strings,
                 num_logprobs=num_logprobs,
+                logprob_token_ids=named,
                 min_tokens=min_tokens,
                 skip_special_tokens=bool(request.skip_special_tokens),
                 num_prompt_logprobs=num_prompt_logprobs,
@@ -538,7 +554,8 @@ class Engine:
                                       [s.bad_words for s in seqs])
         tokens = sample(drawn_from, params, [s.generator for s in seqs])
         asked = [i for i, (s, t) in enumerate(zip(seqs, tokens)) if s.num_logprobs is not None and isinstance(t, int)]
-        computed = token_logprobs(logits, asked, [tokens[i] for i in asked], [seqs[i].num_logprobs for i in asked])
+        computed = token_logprobs(logits, asked, [tokens[i] for i in asked], [seqs[i].num_logprobs for i in asked],
+                                  [seqs[i].logprob_token_ids for i in asked])  # fmt: skip
         row_logprobs = dict(zip(asked, computed))
         logprobs = [(seqs[i].request_id, lp) for i, lp in row_logprobs.items()]
         now = time.perf_counter()

@@ -82,6 +82,7 @@ class Sequence:
     first_logits: torch.Tensor | None = None
     stop_strings: StopStrings | None = None  # the request's stop strings over its output text
     num_logprobs: int | None = None  # top logprobs per drawn token (None: no logprobs)
+    logprob_token_ids: tuple[int, ...] | None = None  # the ids whose logprobs it returns instead of a top
     skip_special_tokens: bool = True  # its output text leaves out the tokenizer's special tokens
     num_prompt_logprobs: int | None = None  # top logprobs per prompt token (None: none; else it reads no cache)
     prompt_logprobs: list = field(default_factory=list)  # per prompt position so far (TokenLogprobs | None)

@@ -257,12 +257,13 @@ class _Serving:
             if outputs is None:  # the client went away; nobody reads this
                 return Response(status_code=499)
             k, tok, as_ids = gen.logprobs, self.tokenizer, bool(body.return_tokens_as_token_ids)
+            every = gen.logprob_token_ids is not None
             if prepared.echo and not chat and k is not None:
                 lps = [R.logprobs(tok, R.echoed(o.prompt_logprobs, o.logprobs or (), prepared.echo_only), k, chat=False,
-                                  token_ids=o.prompt_token_ids, as_ids=as_ids) for o in outputs]  # fmt: skip
+                                  token_ids=o.prompt_token_ids, as_ids=as_ids, every=every) for o in outputs]  # fmt: skip
             else:
-                lps = [R.logprobs(tok, o.logprobs, k, chat=chat, as_ids=as_ids) if k is not None and o.logprobs
-                       else None for o in outputs]  # fmt: skip
+                lps = [R.logprobs(tok, o.logprobs, k, chat=chat, as_ids=as_ids, every=every)
+                       if k is not None and o.logprobs else None for o in outputs]  # fmt: skip
             pls = ([R.prompt_logprobs(tok, o.prompt_logprobs or []) for o in outputs]
                    if gen.prompt_logprobs is not None else [])
             model, eos, ids = self.info.model_name, self.info.eos_token_id, bool(body.return_token_ids)
@@ -387,7 +388,7 @@ class _Serving:
                 shown = R.echoed(prompt, positions, prepared.echo_only)
             if num_logprobs is not None and shown:
                 lp = R.logprobs(self.tokenizer, shown, num_logprobs, chat=chat, text_offset=sent_chars[i],
-                                token_ids=prompts[i], as_ids=as_ids)
+                                token_ids=prompts[i], as_ids=as_ids, every=gen.logprob_token_ids is not None)
             sent_chars[i] += len(delta)
             ids: dict[str, Any] = {}
             if with_ids:

@@ -11,7 +11,7 @@ honor: `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `allowed_token_ids`
 Logprobs as vLLM asks for them: a completion's `logprobs` is a count; a chat's `logprobs`
 a flag with `top_logprobs` (default 0) the count.
 
-Also served: `echo`, `prompt_logprobs`, `bad_words`, `skip_special_tokens`,
+Also served: `echo`, `prompt_logprobs`, `logprob_token_ids`, `bad_words`, `skip_special_tokens`,
 `response_format` / `structured_outputs` (a structural tag in vLLM's legacy form), `request_id`, `return_token_ids`,
 `return_tokens_as_token_ids`, a completion's `add_special_tokens`, a chat's
 `chat_template_kwargs`. What we do not serve is refused by `unsupported()` with the field
@@ -118,6 +118,7 @@ class _Sampling(_Request):
     allowed_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None
+    logprob_token_ids: list[TokenId] | None = None
     bad_words: list[str] | None = None
     request_id: str | None = None
     return_token_ids: bool | None = None
@@ -174,7 +175,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "continue_final_message": (False,),
     "add_generation_prompt": (True,),
     "tool_choice": (None, "none", "auto"),  # "required" or a named function asks for a tool call
-    "logprob_token_ids": (None,),
     "prompt_embeds": (None,),
     "watermarking": (None, False),
     "repetition_detection": (None,),

@@ -54,6 +54,7 @@ from pydantic import BaseModel, ValidationError
 
 from prefixcache.engine.chat_template import ChatTemplateError
 from prefixcache.engine.engine import GenerationRequest
+from prefixcache.engine.logprobs import MAX_LOGPROB_TOKEN_IDS
 from prefixcache.engine.sampling import SamplingParams, child_params
 from prefixcache.engine.structured import StructuredOutputs
 from prefixcache.engine.tokenizer import Tokenizer
@@ -185,11 +186,12 @@ class Preprocessor:
             raise APIError(f"{len(prompts)} prompts x n={body.n} choices is more than {MAX_CHOICES} choices",
                            param="prompt" if len(prompts) > 1 else "n")
         # What the body asks of every prompt alike, checked once.
+        named = _logprob_token_ids(body, self.model.vocab_size)
         shared = GenerationRequest(
             namespace=body.cache_salt, sampling=_sampling(body, self.model.default_sampling),
             stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, arrival_s=arrival_s,
             stop=_stop_strings(body), include_stop_str_in_output=body.include_stop_str_in_output,
-            logprobs=_logprobs(body, self.model.vocab_size), min_tokens=body.min_tokens,
+            logprobs=_logprobs(body, self.model.vocab_size, named), logprob_token_ids=named, min_tokens=body.min_tokens,
             skip_special_tokens=body.skip_special_tokens, prompt_logprobs=_prompt_logprobs(body, self.model.vocab_size),
             structured_outputs=_structured_outputs(body), bad_words=_bad_words(body),
         )
@@ -319,9 +321,36 @@ def _bad_words(body: Body) -> tuple[str, ...]:
     return words
 
 
-def _logprobs(body: Body, vocab_size: int) -> int | None:
+def _logprob_token_ids(body: Body, vocab_size: int) -> tuple[int, ...] | None:
+    """The ids whose logprobs each drawn token returns in place of the most likely ones
+    (None: none; vLLM's `logprob_token_ids`), checked as vLLM checks them."""
+    ids, param = body.logprob_token_ids, "logprob_token_ids"
+    if ids is None:
+        return None
+    if not ids:
+        raise APIError("`logprob_token_ids` must not be an empty list.", param=param)
+    if isinstance(body, ChatCompletionRequest):
+        if not body.logprobs:
+            raise APIError("when using `logprob_token_ids`, `logprobs` must be set to true.", param=param)
+    else:
+        if body.echo and body.max_tokens == 0:
+            raise APIError("`logprob_token_ids` is not supported when `echo=True` and `max_tokens=0` because no "
+                           "output tokens are generated.", param=param)  # fmt: skip
+        if body.logprobs is None:
+            raise APIError("when using `logprob_token_ids`, `logprobs` must be set.", param=param)
+    if len(ids) > MAX_LOGPROB_TOKEN_IDS:
+        raise APIError(f"Requested logprob_token_ids of length {len(ids)}, which is greater than max allowed: "
+                       f"{MAX_LOGPROB_TOKEN_IDS}", param=param)  # fmt: skip
+    if bad := [t for t in ids if t >= vocab_size]:
+        raise APIError(f"token_id(s) {bad} in logprob_token_ids contain out-of-vocab token ids. Vocabulary size: "
+                       f"{vocab_size}", param=param)  # fmt: skip
+    return tuple(ids)
+
+
+def _logprobs(body: Body, vocab_size: int, named: tuple[int, ...] | None = None) -> int | None:
     """How many top logprobs each drawn token returns (None: no logprobs), checked as
-    vLLM checks them: its request models' rules, then `max_logprobs`."""
+    vLLM checks them: its request models' rules, then `max_logprobs`. With `named` ids
+    (`logprob_token_ids`), their number: vLLM drops the count then, so no cap applies."""
     if isinstance(body, ChatCompletionRequest):
         k, param = body.top_logprobs, "top_logprobs"
         if k is not None and k < -1:
@@ -334,6 +363,8 @@ def _logprobs(body: Body, vocab_size: int) -> int | None:
         k, param = body.logprobs, "logprobs"
         if k is not None and k < 0:
             raise APIError("`logprobs` must be a positive value.", param=param)
+    if named:
+        return len(named)
     if k is None:
         return None
     wanted = vocab_size if k == -1 else k

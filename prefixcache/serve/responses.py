@@ -147,13 +147,16 @@ def _ranked(lp: TokenLogprobs) -> dict[int, float]:
 
 def logprobs(
     tokenizer: Tokenizer, positions: Sequence[TokenLogprobs | None], k: int, *, chat: bool, text_offset: int = 0,
-    token_ids: Sequence[int] = (), as_ids: bool = False,
+    token_ids: Sequence[int] = (), as_ids: bool = False, every: bool = False,
 ) -> dict[str, Any]:
     """The `logprobs` of a choice (or a chunk) whose tokens drew `positions`, `k` the
     request's count (see the module docstring). A completion's echoed prompt starts with
     a position that has none (None: its token is `token_ids[i]`, its logprob and top null,
     as vLLM writes it). `as_ids`: each token written "token_id:{id}" (vLLM's
-    `return_tokens_as_token_ids`)."""
+    `return_tokens_as_token_ids`). `every`: each position's every entry, the drawn token
+    then the ids the request named (vLLM's `logprob_token_ids`), whatever `k`."""
+    if every:
+        k = max((len(p.top) for p in positions if p is not None), default=0) + 1
     def text(token_id: int) -> str:
         return f"token_id:{token_id}" if as_ids else tokenizer.decode([token_id])
 
