@@ -123,3 +123,41 @@ def test_chat_template_kwargs_reach_the_template_and_cannot_replace_its_inputs(r
     assert ok.status_code == 200
     clash = httpx.post(url, json={**CHAT, "max_tokens": 2, "chat_template_kwargs": {"messages": []}}, timeout=30)
     assert clash.status_code == 400 and clash.json()["error"]["param"] == "chat_template_kwargs"
+
+
+CONTINUED = [{"role": "user", "content": "Tell me a story."}, {"role": "assistant", "content": "Once upon a "}]
+
+
+def test_continue_final_message_ends_the_prompt_inside_the_last_message():
+    """transformers' rule (vLLM's): cut after the last message's content, its end-of-turn
+    gone; its trailing spaces kept where the template kept them."""
+    from prefixcache.engine.chat_template import ChatTemplateError, render_chat
+    from prefixcache.engine.tokenizer import SMOLLM2_CHAT_TEMPLATE
+
+    text = render_chat(SMOLLM2_CHAT_TEMPLATE, CONTINUED, add_generation_prompt=False, continue_final_message=True)
+    assert text.endswith("<|im_start|>user\nTell me a story.<|im_end|>\n<|im_start|>assistant\nOnce upon a ")
+    trimmed = "{% for m in messages %}[{{ m['content'] | trim }}]{% endfor %}"
+    assert render_chat(trimmed, CONTINUED, add_generation_prompt=False, continue_final_message=True) == \
+        "[Tell me a story.][Once upon a"
+    with pytest.raises(ChatTemplateError, match="final message does not appear"):
+        render_chat("{% for m in messages %}{{ m['content'] | upper }}{% endfor %}", CONTINUED,
+                    add_generation_prompt=False, continue_final_message=True)
+    with pytest.raises(ValueError, match="Cannot set both"):
+        render_chat(SMOLLM2_CHAT_TEMPLATE, CONTINUED, continue_final_message=True)
+
+
+def test_a_chat_continues_its_last_message_or_answers_in_its_role(replica):
+    url = replica.base_url + "/v1/chat/completions"
+    tok = load_model("tiny").tokenizer
+    body = {"messages": CONTINUED, "max_tokens": 3, "add_generation_prompt": False, "continue_final_message": True,
+            "return_token_ids": True, "echo": True}
+    got = httpx.post(url, json=body, timeout=30).json()
+    want = tok.apply_chat_template(CONTINUED, add_generation_prompt=False, continue_final_message=True)
+    assert got["prompt_token_ids"] == want and bytes(want[-12:]) == b"Once upon a "
+    message = got["choices"][0]["message"]
+    assert message["role"] == "assistant" and message["content"].startswith("Once upon a ")  # echo: the same role
+    # Without the generation prompt the response takes the last message's role (vLLM's).
+    as_user = httpx.post(url, json={**CHAT, "max_tokens": 2, "add_generation_prompt": False, "stream": True}, timeout=30)
+    assert events(as_user)[0]["choices"][0]["delta"]["role"] == "user"
+    both = httpx.post(url, json={**CHAT, "max_tokens": 2, "continue_final_message": True}, timeout=30)
+    assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"

@@ -230,14 +230,38 @@ def _compile(template: str) -> Any:
 def render_chat(
     template: str, messages: Sequence[Message], *, add_generation_prompt: bool = True,
     timeout_s: float = DEFAULT_TIMEOUT_S, max_chars: int = DEFAULT_MAX_CHARS,
-    variables: Mapping[str, Any] | None = None,
+    variables: Mapping[str, Any] | None = None, continue_final_message: bool = False,
 ) -> str:
     """`messages` ([{"role": ..., "content": ...}, ...]) through a Jinja chat template,
     within `timeout_s` SECONDS and `max_chars` characters of output (and of any string
     built on the way); `ChatTemplateError` (a ValueError) otherwise, or for a template that
     does not compile or raises. `variables`: more names the template sees (vLLM's
     `chat_template_kwargs`, e.g. `enable_thinking`); they cannot replace `messages` or
-    `add_generation_prompt`."""
+    `add_generation_prompt`. `continue_final_message`: the text ends where the last
+    message's content does, its end-of-turn cut off, so the model continues that message
+    (transformers' `apply_chat_template` rule, which vLLM uses)."""
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    rendered = _render(template, messages, add_generation_prompt, timeout_s, max_chars, variables)
+    return _cut_after_final_message(rendered, messages[-1]["content"]) if continue_final_message else rendered
+
+
+def _cut_after_final_message(rendered: str, final: str) -> str:
+    """`rendered` up to the end of its last occurrence of the final message's content
+    (stripped of spaces; with its trailing spaces where the template kept them)."""
+    core = final.strip()
+    if core not in rendered:
+        raise ChatTemplateError("continue_final_message is set but the final message does not appear in the chat "
+                                "after applying the chat template")  # fmt: skip
+    at = rendered.rindex(core)
+    kept = final.lstrip()
+    return rendered[: at + (len(kept) if rendered[at : at + len(kept)] == kept else len(core))]
+
+
+def _render(
+    template: str, messages: Sequence[Message], add_generation_prompt: bool, timeout_s: float, max_chars: int,
+    variables: Mapping[str, Any] | None,
+) -> str:
     extra = dict(variables or {})
     clash = sorted(set(extra) & {"messages", "add_generation_prompt"})
     if clash:

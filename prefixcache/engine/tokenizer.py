@@ -83,13 +83,14 @@ class Tokenizer(ABC):
     def apply_chat_template(
         self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
         timeout_s: float = DEFAULT_TIMEOUT_S, max_chars: int = DEFAULT_MAX_CHARS,
-        variables: Mapping[str, Any] | None = None,
+        variables: Mapping[str, Any] | None = None, continue_final_message: bool = False,
     ) -> list[int]:
-        """Token ids of `messages` rendered with the chat template (and `variables`:
-        `render_chat`), within `timeout_s` SECONDS and `max_chars` characters
-        (`chat_template.ChatTemplateError` otherwise)."""
+        """Token ids of `messages` rendered with the chat template (and `variables`,
+        `continue_final_message`: `render_chat`), within `timeout_s` SECONDS and
+        `max_chars` characters (`chat_template.ChatTemplateError` otherwise)."""
         return self.encode(render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                                       timeout_s=timeout_s, max_chars=max_chars, variables=variables))
+                                       timeout_s=timeout_s, max_chars=max_chars, variables=variables,
+                                       continue_final_message=continue_final_message))  # fmt: skip
 
 
 class GGUFTokenizer(Tokenizer):

@@ -269,7 +269,7 @@ class _Serving:
             model, eos, ids = self.info.model_name, self.info.eos_token_id, bool(body.return_token_ids)
             if chat:
                 return JSONResponse(R.chat_body(shown, created, model, outputs, eos, lps, prepared.n,
-                                                prompt_logprobs=pls, token_ids=ids,
+                                                prompt_logprobs=pls, token_ids=ids, role=prepared.role,
                                                 echo=prepared.echo[0] if prepared.echo else ""))
             return JSONResponse(R.completion_body(shown, created, model, outputs, eos, lps, prepared.n,
                                                   echo=prepared.echo, echo_only=prepared.echo_only,
@@ -404,7 +404,7 @@ class _Serving:
         try:
             if chat:
                 for i in range(len(streams)):
-                    head = R.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, index=i)
+                    head = R.chat_chunk(rid, created, model, {"role": prepared.role, "content": ""}, index=i)
                     if with_ids:
                         head["prompt_token_ids"] = list(prompts[i])
                     yield sse(i, head)

@@ -14,7 +14,8 @@ a flag with `top_logprobs` (default 0) the count.
 Also served: `echo`, `prompt_logprobs`, `logprob_token_ids`, `bad_words`, `skip_special_tokens`,
 `response_format` / `structured_outputs` (a structural tag in vLLM's legacy form), `request_id`, `return_token_ids`,
 `return_tokens_as_token_ids`, a completion's `add_special_tokens`, a chat's
-`chat_template_kwargs`. What we do not serve is refused by `unsupported()` with the field
+`chat_template_kwargs`, `add_generation_prompt` and `continue_final_message`. What we do
+not serve is refused by `unsupported()` with the field
 named (a 400), never silently ignored: `best_of`, `suffix`, non-text chat content, and
 vLLM's fields that change what is generated or answered (tools, beam search, `priority`,
 transfer parameters, ...: `_NEUTRAL`) set to anything but the value that asks for nothing.
@@ -158,6 +159,8 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = 0
     echo: bool | None = False
     chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 # vLLM request fields that change what is generated, which this server does not do, with
@@ -172,8 +175,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "guided_grammar": (None,),
     "use_beam_search": (False,),
     "truncate_prompt_tokens": (None,),
-    "continue_final_message": (False,),
-    "add_generation_prompt": (True,),
     "tool_choice": (None, "none", "auto"),  # "required" or a named function asks for a tool call
     "prompt_embeds": (None,),
     "watermarking": (None, False),

@@ -110,6 +110,9 @@ class Prepared:
     echo: tuple[str, ...] = ()
     #: `echo` with `max_tokens` 0 (vLLM's): the engine draws one token, the response shows the prompt alone.
     echo_only: bool = False
+    #: A chat's response role: the assistant's, or without `add_generation_prompt` the last
+    #: message's (vLLM's `get_chat_request_role`: the response continues that message).
+    role: str = "assistant"
 
     @property
     def generation(self) -> GenerationRequest:
@@ -205,7 +208,8 @@ class Preprocessor:
                        [replace(gen, request_id=f"{j}_{rid}", sampling=gen.sampling and child_params(gen.sampling, j))
                         for j in range(body.n)])  # fmt: skip
         if isinstance(body, ChatCompletionRequest):
-            return Prepared(body, tuple(out), body.n, (_chat_echo(messages),) if body.echo else ())
+            role = "assistant" if body.add_generation_prompt else messages[-1]["role"]
+            return Prepared(body, tuple(out), body.n, (_chat_echo(messages, role),) if body.echo else (), role=role)
         if not body.echo:
             return Prepared(body, tuple(out), body.n)
         return Prepared(body, tuple(out), body.n, self._echo_texts(body, prompts), body.max_tokens == 0)
@@ -250,9 +254,14 @@ class Preprocessor:
 
     def _chat_prompt(self, body: ChatCompletionRequest, messages: list[dict[str, str]]) -> list[int]:
         """The token ids of `messages` (`_chat_messages(body)`) through the chat template."""
+        if body.continue_final_message and body.add_generation_prompt:
+            raise APIError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                           param="continue_final_message")  # fmt: skip
         try:
             ids = self.tokenizer.apply_chat_template(messages, timeout_s=self.chat_template_timeout_s,
-                                                     max_chars=self.max_chars, variables=body.chat_template_kwargs)
+                                                     max_chars=self.max_chars, variables=body.chat_template_kwargs,
+                                                     add_generation_prompt=body.add_generation_prompt,
+                                                     continue_final_message=body.continue_final_message)  # fmt: skip
         except ChatTemplateError as err:
             param = "chat_template_kwargs" if str(err).startswith("chat_template_kwargs") else "messages"
             raise APIError(str(err), param=param) from None
@@ -396,10 +405,10 @@ def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
     return messages
 
 
-def _chat_echo(messages: list[dict[str, str]]) -> str:
-    """What a chat's `echo` repeats (vLLM's): the last message's text when it is the
-    assistant's (the role the response continues), else nothing."""
-    return messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
+def _chat_echo(messages: list[dict[str, str]], role: str) -> str:
+    """What a chat's `echo` repeats (vLLM's): the last message's text when it has the
+    response's `role` (the message the response continues), else nothing."""
+    return messages[-1]["content"] if messages[-1]["role"] == role else ""
 
 
 def _structured_outputs(body: Body) -> StructuredOutputs | None:

@@ -8,7 +8,8 @@ reports it with `--enable-prompt-tokens-details`; this server always does), and
 `logprobs`, a choice's logprobs in its endpoint's shape.
 
 Streams follow vLLM: one chunk per engine step that sampled tokens for the request
-(chat starts with a chunk whose delta is `{"role": "assistant", "content": ""}`), the
+(chat starts with a chunk whose delta is `{"role": "assistant", "content": ""}`: the
+response role, the last message's without `add_generation_prompt`), the
 last one carrying `finish_reason`; then, if the request asked for
 `stream_options.include_usage`, a chunk with `"choices": []` and `usage`; then
 `data: [DONE]`. A request's choices (`n`, a completion's batch of prompts) are listed by
@@ -239,11 +240,11 @@ def completion_chunk(
 def chat_body(rid: str, created: int, model: str, outputs: Sequence[RequestOutput], eos: int,
               logprobs: Sequence[dict[str, Any] | None], n: int = 1, *,
               prompt_logprobs: Sequence[list[Any] | None] = (), token_ids: bool = False,
-              echo: str = "") -> dict[str, Any]:
+              echo: str = "", role: str = "assistant") -> dict[str, Any]:
     """A whole chat completion; arguments as `completion_body`'s (vLLM puts a chat's
     `prompt_logprobs` and `prompt_token_ids` beside its choices: the prompt's, one for all;
-    `echo` starts each choice's content)."""
-    choices = [{"index": i, "message": {"role": "assistant", "content": echo + o.text, "tool_calls": []},
+    `echo` starts each choice's content; `role` its messages')."""
+    choices = [{"index": i, "message": {"role": role, "content": echo + o.text, "tool_calls": []},
                 **_ending(o.finish_reason, stop_reason(o, eos), lp),
                 **({"token_ids": list(o.token_ids)} if token_ids else {})}
                for i, (o, lp) in enumerate(zip(outputs, logprobs, strict=True))]  # fmt: skip
