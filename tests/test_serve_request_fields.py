@@ -161,3 +161,36 @@ def test_a_chat_continues_its_last_message_or_answers_in_its_role(replica):
     assert events(as_user)[0]["choices"][0]["delta"]["role"] == "user"
     both = httpx.post(url, json={**CHAT, "max_tokens": 2, "continue_final_message": True}, timeout=30)
     assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens_unless_told_otherwise(replica):
+    url = replica.base_url + "/v1/completions"
+    tok = load_model("tiny").tokenizer
+    ids = tok.encode("abcdefghij")
+    body = {"prompt": "abcdefghij", "max_tokens": 2, "return_token_ids": True}
+    left = httpx.post(url, json={**body, "truncate_prompt_tokens": 4}, timeout=30).json()
+    assert left["choices"][0]["prompt_token_ids"] == ids[-4:] and left["usage"]["prompt_tokens"] == 4
+    right = httpx.post(url, json={**body, "truncate_prompt_tokens": 4, "truncation_side": "right"}, timeout=30).json()
+    assert right["choices"][0]["prompt_token_ids"] == ids[:4]
+    echoed = httpx.post(url, json={"prompt": "abcdefghij", "max_tokens": 1, "echo": True, "truncate_prompt_tokens": 3},
+                        timeout=30).json()
+    assert echoed["choices"][0]["text"].startswith("hij")  # the text the model was given
+    chat = httpx.post(replica.base_url + "/v1/chat/completions",
+                      json={**CHAT, "max_tokens": 2, "return_token_ids": True, "truncate_prompt_tokens": 5}, timeout=30)
+    assert chat.json()["prompt_token_ids"] == tok.apply_chat_template(CHAT["messages"])[-5:]
+
+
+def test_truncate_prompt_tokens_minus_one_fits_the_context_and_bad_sizes_get_vllms_400(replica):
+    url = replica.base_url + "/v1/completions"
+    info = httpx.get(replica.base_url + "/v1/models", timeout=30).json()["data"][0]
+    limit = info["max_model_len"]
+    long = [65] * limit  # fills the context: refused as it is
+    assert httpx.post(url, json={"prompt": long, "max_tokens": 4}, timeout=30).status_code == 400
+    fit = httpx.post(url, json={"prompt": long, "max_tokens": 4, "truncate_prompt_tokens": -1}, timeout=30).json()
+    assert fit["usage"]["prompt_tokens"] == limit - 4
+    for keep, message in ((limit, "cannot be greater than max_model_len - max_tokens"), (0, "cannot be empty")):
+        r = httpx.post(url, json={"prompt": "abc", "max_tokens": 4, "truncate_prompt_tokens": keep}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
+        assert message in r.json()["error"]["message"]
+    bad = httpx.post(url, json={"prompt": "abc", "truncate_prompt_tokens": -2}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "truncate_prompt_tokens"

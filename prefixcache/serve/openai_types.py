@@ -14,7 +14,8 @@ a flag with `top_logprobs` (default 0) the count.
 Also served: `echo`, `prompt_logprobs`, `logprob_token_ids`, `bad_words`, `skip_special_tokens`,
 `response_format` / `structured_outputs` (a structural tag in vLLM's legacy form), `request_id`, `return_token_ids`,
 `return_tokens_as_token_ids`, a completion's `add_special_tokens`, a chat's
-`chat_template_kwargs`, `add_generation_prompt` and `continue_final_message`. What we do
+`chat_template_kwargs`, `add_generation_prompt` and `continue_final_message`,
+`truncate_prompt_tokens` and `truncation_side`. What we do
 not serve is refused by `unsupported()` with the field
 named (a 400), never silently ignored: `best_of`, `suffix`, non-text chat content, and
 vLLM's fields that change what is generated or answered (tools, beam search, `priority`,
@@ -120,6 +121,8 @@ class _Sampling(_Request):
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None
     logprob_token_ids: list[TokenId] | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, le=_INT64[1])
+    truncation_side: Literal["left", "right"] | None = None
     bad_words: list[str] | None = None
     request_id: str | None = None
     return_token_ids: bool | None = None
@@ -174,7 +177,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "guided_choice": (None,),
     "guided_grammar": (None,),
     "use_beam_search": (False,),
-    "truncate_prompt_tokens": (None,),
     "tool_choice": (None, "none", "auto"),  # "required" or a named function asks for a tool call
     "prompt_embeds": (None,),
     "watermarking": (None, False),

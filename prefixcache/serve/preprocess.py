@@ -188,6 +188,7 @@ class Preprocessor:
         if len(prompts) * body.n > MAX_CHOICES:
             raise APIError(f"{len(prompts)} prompts x n={body.n} choices is more than {MAX_CHOICES} choices",
                            param="prompt" if len(prompts) > 1 else "n")
+        sent, prompts = prompts, [self._truncated(p, body, limit, param) for p in prompts]
         # What the body asks of every prompt alike, checked once.
         named = _logprob_token_ids(body, self.model.vocab_size)
         shared = GenerationRequest(
@@ -212,16 +213,38 @@ class Preprocessor:
             return Prepared(body, tuple(out), body.n, (_chat_echo(messages, role),) if body.echo else (), role=role)
         if not body.echo:
             return Prepared(body, tuple(out), body.n)
-        return Prepared(body, tuple(out), body.n, self._echo_texts(body, prompts), body.max_tokens == 0)
+        return Prepared(body, tuple(out), body.n, self._echo_texts(body, prompts, sent), body.max_tokens == 0)
 
-    def _echo_texts(self, body: CompletionRequest, prompts: list[list[int]]) -> tuple[str, ...]:
+    def _echo_texts(self, body: CompletionRequest, prompts: list[list[int]], sent: list[list[int]]) -> tuple[str, ...]:
         """What `echo` repeats of each prompt: its text as sent, or the text of its token ids
-        (none with `return_token_ids`, as vLLM: the ids say it)."""
+        (those `truncate_prompt_tokens` kept, when it cut the prompt: `sent` are the ids
+        before it); none with `return_token_ids`, as vLLM: the ids say it."""
         if body.return_token_ids:
             return ("",) * len(prompts)
         prompt = body.prompt
         texts = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt[0], str) else [None] * len(prompts)
-        return tuple(t if t is not None else self.tokenizer.decode(ids) for t, ids in zip(texts, prompts))
+        return tuple(t if t is not None and len(ids) == len(whole) else self.tokenizer.decode(ids)
+                     for t, ids, whole in zip(texts, prompts, sent))  # fmt: skip
+
+    def _truncated(self, prompt: list[int], body: Body, max_tokens: int | None, param: str) -> list[int]:
+        """`prompt` cut to `truncate_prompt_tokens` TOKENS (-1: what the context leaves
+        after `max_tokens`), its last ones kept (vLLM's left truncation; `truncation_side`
+        "right" keeps the first), checked as vLLM checks it."""
+        keep = body.truncate_prompt_tokens
+        if keep is None:
+            return prompt
+        limit = self.model.max_model_len
+        room = limit - (max_tokens or 0)
+        if keep == -1:
+            keep = room
+        elif keep > room:
+            raise APIError(f"truncate_prompt_tokens={keep} cannot be greater than max_model_len - {param} = {room}. "
+                           "Please request a smaller truncation size.", param="truncate_prompt_tokens")  # fmt: skip
+        if keep >= len(prompt):
+            return prompt
+        if keep <= 0:
+            raise APIError("The decoder prompt cannot be empty", param="truncate_prompt_tokens")
+        return prompt[:keep] if body.truncation_side == "right" else prompt[-keep:]
 
     def _check_text(self, text: str, param: str) -> None:
         if len(text) > self.max_chars:
