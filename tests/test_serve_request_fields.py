@@ -101,7 +101,7 @@ def test_return_tokens_as_token_ids_names_each_token_by_its_id(replica, chat):
     ("priority", 1), ("watermarking", True), ("prompt_embeds", "AAAA"),
     ("repetition_detection", {"max_pattern_size": 4}), ("thinking_token_budget", 10),
     ("kv_transfer_params", {"do_remote_decode": True}), ("ec_transfer_params", {}), ("tool_choice", "required"),
-    ("chat_template", "{{ messages }}"), ("documents", [{"text": "d"}]), ("mm_processor_kwargs", {"a": 1}),
+    ("chat_template", "{{ messages }}"), ("mm_processor_kwargs", {"a": 1}),
 ])
 def test_fields_that_change_the_answer_are_refused_unless_neutral(replica, field, value):
     url = replica.base_url + "/v1/chat/completions"
@@ -194,3 +194,20 @@ def test_truncate_prompt_tokens_minus_one_fits_the_context_and_bad_sizes_get_vll
         assert message in r.json()["error"]["message"]
     bad = httpx.post(url, json={"prompt": "abc", "truncate_prompt_tokens": -2}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+def test_documents_reach_a_rag_template_and_leave_others_as_they_were(replica):
+    from prefixcache.engine.tokenizer import ByteTokenizer
+    from prefixcache.serve.openai_types import ChatCompletionRequest
+    from prefixcache.serve.preprocess import _template_variables
+
+    rag = ByteTokenizer(320, chat_template="{% for d in documents %}[{{ d['text'] }}]{% endfor %}"
+                                           "{{ messages[0]['content'] }}")
+    body = ChatCompletionRequest(**CHAT, documents=[{"title": "t", "text": "sky is blue"}],
+                                 chat_template_kwargs={"documents": "replaced"})
+    assert bytes(rag.apply_chat_template(CHAT["messages"], variables=_template_variables(body))) == b"[sky is blue]hi"
+    url = replica.base_url + "/v1/chat/completions"
+    plain = httpx.post(url, json={**CHAT, "max_tokens": 2, "return_token_ids": True}, timeout=30).json()
+    with_docs = httpx.post(url, json={**CHAT, "max_tokens": 2, "return_token_ids": True,
+                                      "documents": [{"text": "d"}]}, timeout=30).json()
+    assert with_docs["prompt_token_ids"] == plain["prompt_token_ids"]  # ChatML reads no documents

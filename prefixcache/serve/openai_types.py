@@ -14,7 +14,7 @@ a flag with `top_logprobs` (default 0) the count.
 Also served: `echo`, `prompt_logprobs`, `logprob_token_ids`, `bad_words`, `skip_special_tokens`,
 `response_format` / `structured_outputs` (a structural tag in vLLM's legacy form), `request_id`, `return_token_ids`,
 `return_tokens_as_token_ids`, a completion's `add_special_tokens`, a chat's
-`chat_template_kwargs`, `add_generation_prompt` and `continue_final_message`,
+`chat_template_kwargs`, `documents`, `add_generation_prompt` and `continue_final_message`,
 `truncate_prompt_tokens` and `truncation_side`. What we do
 not serve is refused by `unsupported()` with the field
 named (a 400), never silently ignored: `best_of`, `suffix`, non-text chat content, and
@@ -164,6 +164,7 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    documents: list[dict[str, str]] | None = None
 
 
 # vLLM request fields that change what is generated, which this server does not do, with
@@ -185,7 +186,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "priority": (0,),  # vLLM refuses any other unless it schedules by priority, which this engine does not
     # vLLM refuses a request's own template unless started with --trust-request-chat-template.
     "chat_template": (None,),
-    "documents": (None,),
     "mm_processor_kwargs": (None,),
     # Disaggregated prefill/decode and encoder-cache transfer: a P/D proxy must not believe
     # this replica took part.

@@ -282,7 +282,7 @@ class Preprocessor:
                            param="continue_final_message")  # fmt: skip
         try:
             ids = self.tokenizer.apply_chat_template(messages, timeout_s=self.chat_template_timeout_s,
-                                                     max_chars=self.max_chars, variables=body.chat_template_kwargs,
+                                                     max_chars=self.max_chars, variables=_template_variables(body),
                                                      add_generation_prompt=body.add_generation_prompt,
                                                      continue_final_message=body.continue_final_message)  # fmt: skip
         except ChatTemplateError as err:
@@ -426,6 +426,16 @@ def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
             content = "".join(parts)
         messages.append({"role": m.role, "content": content})
     return messages
+
+
+def _template_variables(body: ChatCompletionRequest) -> dict[str, Any]:
+    """What a chat template sees besides its messages: `chat_template_kwargs`, and
+    `documents` (vLLM's: a RAG template reads them; any other ignores them), which a
+    kwarg of the same name does not replace (vLLM merges them over the kwargs)."""
+    variables = dict(body.chat_template_kwargs or {})
+    if body.documents is not None:
+        variables["documents"] = body.documents
+    return variables
 
 
 def _chat_echo(messages: list[dict[str, str]], role: str) -> str:
