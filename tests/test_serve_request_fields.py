@@ -99,7 +99,7 @@ def test_return_tokens_as_token_ids_names_each_token_by_its_id(replica, chat):
 
 @pytest.mark.parametrize("field, value", [
     ("priority", 1), ("watermarking", True), ("prompt_embeds", "AAAA"),
-    ("repetition_detection", {"max_pattern_size": 4}), ("thinking_token_budget", 10),
+    ("thinking_token_budget", 10),
     ("kv_transfer_params", {"do_remote_decode": True}), ("ec_transfer_params", {}), ("tool_choice", "required"),
     ("chat_template", "{{ messages }}"), ("mm_processor_kwargs", {"a": 1}),
 ])

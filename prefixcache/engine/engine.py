@@ -57,6 +57,7 @@ from prefixcache.engine.metrics import RequestMetrics, RunStats
 from prefixcache.engine.model import LlamaModel
 from prefixcache.engine.nocache import NoPrefixCache
 from prefixcache.engine.sampling import SamplingError, SamplingParams, bad_word_tokens, processed_logits, sample
+from prefixcache.engine.repetition import RepetitionDetection, ends_in_repetition
 from prefixcache.engine.scheduler import Scheduled, Scheduler, Sequence as Seq
 from prefixcache.engine.structured import Grammar, Grammars, StructuredOutputs
 from prefixcache.errors import ConfigError
@@ -96,7 +97,8 @@ class GenerationRequest:
     `bad_words`: words its output never ends with (vLLM's, `sampling.bad_word_tokens`).
     `logprob_token_ids`: return each drawn token's logprob with these ids' logprobs (1 to
     `MAX_LOGPROB_TOKEN_IDS` of them, in the vocabulary) in place of the most likely ones
-    (vLLM's; `logprobs` then None or their number)."""
+    (vLLM's; `logprobs` then None or their number). `repetition_detection`: end it, with
+    finish reason "repetition", once its output ends in a loop (`repetition`: vLLM's)."""
 
     prompt: str | Sequence[int] | None = None
     messages: Sequence[Mapping[str, str]] | None = None
@@ -117,6 +119,7 @@ class GenerationRequest:
     structured_outputs: StructuredOutputs | None = None
     bad_words: tuple[str, ...] = ()
     logprob_token_ids: tuple[int, ...] | None = None
+    repetition_detection: RepetitionDetection | None = None
 
 
 @dataclass
@@ -133,7 +136,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str
-    finish_reason: str  # "stop" | "length" | "error"
+    finish_reason: str  # "stop" | "length" | "repetition" | "error"
     metrics: RequestMetrics
     first_logits: torch.Tensor | None = field(default=None, repr=False)
     error: str | None = None
@@ -266,6 +269,10 @@ class Engine:
         if num_logprobs is not None and (isinstance(num_logprobs, bool) or not isinstance(num_logprobs, int)
                                          or not 0 <= num_logprobs <= vocab):
             raise ValueError(f"logprobs must be None or an integer in [0, {vocab}] (the vocabulary), got {num_logprobs!r}")
+        repetition = request.repetition_detection
+        if repetition is not None and not isinstance(repetition, RepetitionDetection):
+            raise ValueError(f"repetition_detection must be a RepetitionDetection or None, got {repetition!r}")
+        repetition = repetition if repetition is not None and repetition.enabled else None
         named = request.logprob_token_ids
         if named is not None:
             named = tuple(named)
@@ -328,6 +335,7 @@ class Engine:
                 stop_strings=stop_strings,
                 num_logprobs=num_logprobs,
                 logprob_token_ids=named,
+                repetition=repetition,
                 min_tokens=min_tokens,
                 skip_special_tokens=bool(request.skip_special_tokens),
                 num_prompt_logprobs=num_prompt_logprobs,
@@ -590,6 +598,9 @@ class Engine:
                 reason = "stop"  # before the length limit, as vLLM's output processor overrides it
             elif len(seq.output) >= seq.max_tokens or len(seq.tokens) >= max_position:
                 reason = "length"
+            elif (seq.repetition is not None and len(seq.output) >= seq.min_tokens
+                  and ends_in_repetition(seq.output, seq.repetition)):
+                reason = "repetition"  # after the length limit and before nothing else, as vLLM's check_stop
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 self._forget(seq.request_id)

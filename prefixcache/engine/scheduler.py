@@ -49,6 +49,7 @@ import torch
 from prefixcache.engine.detokenizer import StopStrings
 from prefixcache.engine.logprobs import TokenLogprobs
 from prefixcache.engine.metrics import RequestMetrics
+from prefixcache.engine.repetition import RepetitionDetection
 from prefixcache.engine.sampling import SamplingParams
 from prefixcache.engine.structured import Grammar
 from prefixcache.protocol import Namespace, PrefixCache
@@ -83,6 +84,7 @@ class Sequence:
     stop_strings: StopStrings | None = None  # the request's stop strings over its output text
     num_logprobs: int | None = None  # top logprobs per drawn token (None: no logprobs)
     logprob_token_ids: tuple[int, ...] | None = None  # the ids whose logprobs it returns instead of a top
+    repetition: RepetitionDetection | None = None  # a loop at its output's end ends it
     skip_special_tokens: bool = True  # its output text leaves out the tokenizer's special tokens
     num_prompt_logprobs: int | None = None  # top logprobs per prompt token (None: none; else it reads no cache)
     prompt_logprobs: list = field(default_factory=list)  # per prompt position so far (TokenLogprobs | None)

@@ -62,7 +62,7 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                    480.0, 960.0, 1920.0, 7680.0)
 # vLLM's FinishReason values we produce, each with a zero series from the start.
-FINISH_REASONS = ("stop", "length", "abort", "error")
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 # Why the server refused a request or a connection (`prefixcache:refusals`).
 REFUSALS = ("queue_full", "body_too_large", "body_timeout", "header_timeout", "connection_shed", "connection_refused")
 # Why the publisher could not deliver a batch (`prefixcache:kv_event_batches_dropped`).

@@ -15,7 +15,7 @@ Also served: `echo`, `prompt_logprobs`, `logprob_token_ids`, `bad_words`, `skip_
 `response_format` / `structured_outputs` (a structural tag in vLLM's legacy form), `request_id`, `return_token_ids`,
 `return_tokens_as_token_ids`, a completion's `add_special_tokens`, a chat's
 `chat_template_kwargs`, `documents`, `add_generation_prompt` and `continue_final_message`,
-`truncate_prompt_tokens` and `truncation_side`. What we do
+`truncate_prompt_tokens` and `truncation_side`, `repetition_detection`. What we do
 not serve is refused by `unsupported()` with the field
 named (a 400), never silently ignored: `best_of`, `suffix`, non-text chat content, and
 vLLM's fields that change what is generated or answered (tools, beam search, `priority`,
@@ -96,6 +96,14 @@ class StructuredOutputsParams(_Request):
     structural_tag: str | None = None
 
 
+class RepetitionDetectionParams(_Request):
+    """vLLM's `repetition_detection` (its checks are the engine's: `engine.repetition`)."""
+
+    max_pattern_size: int = 0
+    min_pattern_size: int = 0
+    min_count: int = 0
+
+
 class _Sampling(_Request):
     """Fields both endpoints share."""
 
@@ -123,6 +131,7 @@ class _Sampling(_Request):
     logprob_token_ids: list[TokenId] | None = None
     truncate_prompt_tokens: int | None = Field(None, ge=-1, le=_INT64[1])
     truncation_side: Literal["left", "right"] | None = None
+    repetition_detection: RepetitionDetectionParams | None = None
     bad_words: list[str] | None = None
     request_id: str | None = None
     return_token_ids: bool | None = None
@@ -181,7 +190,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "tool_choice": (None, "none", "auto"),  # "required" or a named function asks for a tool call
     "prompt_embeds": (None,),
     "watermarking": (None, False),
-    "repetition_detection": (None,),
     "thinking_token_budget": (None, -1),
     "priority": (0,),  # vLLM refuses any other unless it schedules by priority, which this engine does not
     # vLLM refuses a request's own template unless started with --trust-request-chat-template.

@@ -55,6 +55,7 @@ from pydantic import BaseModel, ValidationError
 from prefixcache.engine.chat_template import ChatTemplateError
 from prefixcache.engine.engine import GenerationRequest
 from prefixcache.engine.logprobs import MAX_LOGPROB_TOKEN_IDS
+from prefixcache.engine.repetition import RepetitionDetection
 from prefixcache.engine.sampling import SamplingParams, child_params
 from prefixcache.engine.structured import StructuredOutputs
 from prefixcache.engine.tokenizer import Tokenizer
@@ -198,6 +199,7 @@ class Preprocessor:
             logprobs=_logprobs(body, self.model.vocab_size, named), logprob_token_ids=named, min_tokens=body.min_tokens,
             skip_special_tokens=body.skip_special_tokens, prompt_logprobs=_prompt_logprobs(body, self.model.vocab_size),
             structured_outputs=_structured_outputs(body), bad_words=_bad_words(body),
+            repetition_detection=_repetition_detection(body),
         )
         out = []
         for i, prompt in enumerate(prompts):
@@ -426,6 +428,17 @@ def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
             content = "".join(parts)
         messages.append({"role": m.role, "content": content})
     return messages
+
+
+def _repetition_detection(body: Body) -> RepetitionDetection | None:
+    """vLLM's `repetition_detection`, checked as it checks it (None: off)."""
+    params = body.repetition_detection
+    if params is None:
+        return None
+    try:
+        return RepetitionDetection(params.max_pattern_size, params.min_pattern_size, params.min_count)
+    except ValueError as err:
+        raise APIError(str(err), param="repetition_detection") from None
 
 
 def _template_variables(body: ChatCompletionRequest) -> dict[str, Any]:

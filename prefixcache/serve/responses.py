@@ -95,10 +95,13 @@ class IncrementalText:
 
 
 def stop_reason(output: RequestOutput, eos_token_id: int) -> int | str | None:
-    """vLLM's `stop_reason`: the stop string or stop token id that ended the request, None
-    for the end-of-sequence token or a length limit."""
+    """vLLM's `stop_reason`: the stop string or stop token id that ended the request,
+    "repetition_detected" for a loop (`repetition_detection`), None for the
+    end-of-sequence token or a length limit."""
     if output.stop_str is not None:
         return output.stop_str
+    if output.finish_reason == "repetition":
+        return "repetition_detected"
     if output.finish_reason == "stop" and output.token_ids and output.token_ids[-1] != eos_token_id:
         return output.token_ids[-1]
     return None
