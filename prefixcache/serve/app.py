@@ -270,7 +270,7 @@ class _Serving:
             if chat:
                 return JSONResponse(R.chat_body(shown, created, model, outputs, eos, lps, prepared.n,
                                                 prompt_logprobs=pls, token_ids=ids, role=prepared.role,
-                                                echo=prepared.echo[0] if prepared.echo else ""))
+                                                echo=prepared.echo[0] if prepared.echo else "", tools=prepared.tools))
             return JSONResponse(R.completion_body(shown, created, model, outputs, eos, lps, prepared.n,
                                                   echo=prepared.echo, echo_only=prepared.echo_only,
                                                   prompt_logprobs=pls, token_ids=ids))
@@ -370,6 +370,7 @@ class _Serving:
         drawn = [0] * len(streams)  # tokens each choice drew so far
         echoed = [not echo or chat] * len(streams)  # a completion's prompt was sent (or is not to be)
         first = [True] * len(streams)  # nothing of the choice was sent yet
+        tool_deltas = [R.ToolDeltas(prepared.tools) for _ in streams] if chat and prepared.tools else []
 
         def sse(i: int, body: dict[str, Any]) -> str:
             if continuous_usage:
@@ -397,7 +398,10 @@ class _Serving:
                     ids["prompt_token_ids"] = list(prompts[i])
             first[i] = False
             if chat:
-                return sse(i, R.chat_chunk(rid, created, model, {"content": delta}, finish, stop, lp, index=i, **ids))
+                said: dict[str, Any] = {"content": delta}
+                if tool_deltas:  # a forced tool call: the output is the call's arguments
+                    said, finish = tool_deltas[i].delta(delta, finish)
+                return sse(i, R.chat_chunk(rid, created, model, said, finish, stop, lp, index=i, **ids))
             return sse(i, R.completion_chunk(rid, created, model, delta, finish, stop, lp, index=i, **ids))
 
         outputs: list[RequestOutput | None] = [None] * len(streams)

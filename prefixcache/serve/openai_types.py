@@ -15,7 +15,8 @@ Also served: `echo`, `prompt_logprobs`, `logprob_token_ids`, `bad_words`, `skip_
 `response_format` / `structured_outputs` (a structural tag in vLLM's legacy form), `request_id`, `return_token_ids`,
 `return_tokens_as_token_ids`, a completion's `add_special_tokens`, a chat's
 `chat_template_kwargs`, `documents`, `add_generation_prompt` and `continue_final_message`,
-`truncate_prompt_tokens` and `truncation_side`, `repetition_detection`. What we do
+`truncate_prompt_tokens` and `truncation_side`, `repetition_detection`, a chat's `tools` with
+`tool_choice` "required" or a named function (`serve.tools`). What we do
 not serve is refused by `unsupported()` with the field
 named (a 400), never silently ignored: `best_of`, `suffix`, non-text chat content, and
 vLLM's fields that change what is generated or answered (tools, beam search, `priority`,
@@ -161,6 +162,32 @@ class ChatMessage(_Request):
     content: str | list[dict[str, Any]] | None = None
 
 
+class FunctionDefinition(_Request):
+    """A tool's function: its `name` and the JSON schema of its `parameters`."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ChatTool(_Request):
+    """One of a chat's `tools` (OpenAI's; functions only, as vLLM's chat endpoint)."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    """`tool_choice` naming the function to call."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
 class ChatCompletionRequest(_Sampling):
     """`POST /v1/chat/completions`."""
 
@@ -174,20 +201,24 @@ class ChatCompletionRequest(_Sampling):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     documents: list[dict[str, str]] | None = None
+    tools: list[ChatTool] | None = None
+    # None: vLLM's default, "auto" with tools and "none" without (`serve.tools`).
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = True
 
 
 # vLLM request fields that change what is generated, which this server does not do, with
 # the values that ask for nothing: as extra fields they would be accepted and ignored, so
 # a request that sets one otherwise is refused rather than answered as if it had not.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "tools": (None, []),
+    "tools": (None,),  # a completion's (a chat's are served: `serve.tools`)
     "functions": (None, []),
     "guided_json": (None,),
     "guided_regex": (None,),
     "guided_choice": (None,),
     "guided_grammar": (None,),
     "use_beam_search": (False,),
-    "tool_choice": (None, "none", "auto"),  # "required" or a named function asks for a tool call
+    "tool_choice": (None, "none"),  # a completion's
     "prompt_embeds": (None,),
     "watermarking": (None, False),
     "thinking_token_budget": (None, -1),

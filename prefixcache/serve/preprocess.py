@@ -62,6 +62,7 @@ from prefixcache.engine.tokenizer import Tokenizer
 from prefixcache.errors import ConfigError
 from prefixcache.serve.errors import APIError
 from prefixcache.serve.openai_types import ChatCompletionRequest, CompletionRequest, unsupported
+from prefixcache.serve.tools import ToolChoice, tool_choice
 
 __all__ = ["Preprocessor", "Prepared", "ReplicaInfo", "parse_body"]
 
@@ -114,6 +115,8 @@ class Prepared:
     #: A chat's response role: the assistant's, or without `add_generation_prompt` the last
     #: message's (vLLM's `get_chat_request_role`: the response continues that message).
     role: str = "assistant"
+    #: A chat's forced tool call (`tool_choice` "required" or named): its output is the call.
+    tools: ToolChoice | None = None
 
     @property
     def generation(self) -> GenerationRequest:
@@ -176,7 +179,9 @@ class Preprocessor:
             raise APIError(refused[1], param=refused[0])
         if not 1 <= body.n <= MAX_N:  # before any prompt is tokenized
             raise APIError(f"n must be at least 1 and at most {MAX_N}, got {body.n}.", param="n")
+        forced = None
         if isinstance(body, ChatCompletionRequest):
+            forced = tool_choice(body)
             messages = _chat_messages(body)
             prompts = [self._chat_prompt(body, messages)]
             limit, param = ((body.max_completion_tokens, "max_completion_tokens")
@@ -198,7 +203,7 @@ class Preprocessor:
             stop=_stop_strings(body), include_stop_str_in_output=body.include_stop_str_in_output,
             logprobs=_logprobs(body, self.model.vocab_size, named), logprob_token_ids=named, min_tokens=body.min_tokens,
             skip_special_tokens=body.skip_special_tokens, prompt_logprobs=_prompt_logprobs(body, self.model.vocab_size),
-            structured_outputs=_structured_outputs(body), bad_words=_bad_words(body),
+            structured_outputs=_structured_outputs(body, forced), bad_words=_bad_words(body),
             repetition_detection=_repetition_detection(body),
         )
         out = []
@@ -212,7 +217,8 @@ class Preprocessor:
                         for j in range(body.n)])  # fmt: skip
         if isinstance(body, ChatCompletionRequest):
             role = "assistant" if body.add_generation_prompt else messages[-1]["role"]
-            return Prepared(body, tuple(out), body.n, (_chat_echo(messages, role),) if body.echo else (), role=role)
+            return Prepared(body, tuple(out), body.n, (_chat_echo(messages, role),) if body.echo else (), role=role,
+                            tools=forced)  # fmt: skip
         if not body.echo:
             return Prepared(body, tuple(out), body.n)
         return Prepared(body, tuple(out), body.n, self._echo_texts(body, prompts, sent), body.max_tokens == 0)
@@ -277,7 +283,7 @@ class Preprocessor:
             out.append(ids)
         return out
 
-    def _chat_prompt(self, body: ChatCompletionRequest, messages: list[dict[str, str]]) -> list[int]:
+    def _chat_prompt(self, body: ChatCompletionRequest, messages: list[dict[str, Any]]) -> list[int]:
         """The token ids of `messages` (`_chat_messages(body)`) through the chat template."""
         if body.continue_final_message and body.add_generation_prompt:
             raise APIError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
@@ -408,9 +414,13 @@ def _logprobs(body: Body, vocab_size: int, named: tuple[int, ...] | None = None)
     return wanted
 
 
-def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
+_MESSAGE_TOOL_KEYS = ("tool_calls", "tool_call_id", "name")
+
+
+def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
     """The chat's messages as the template takes them: each content a text (its text
-    parts joined; no content: empty). A 400 naming the part that is not text."""
+    parts joined; no content: empty), with an assistant's `tool_calls` and a tool
+    result's `tool_call_id` and `name` as sent. A 400 naming the part that is not text."""
     if not body.messages:
         raise APIError("messages must hold at least one message", param="messages")
     messages = []
@@ -426,7 +436,11 @@ def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
                                    param=f"messages[{i}].content[{j}]")
                 parts.append(part["text"])
             content = "".join(parts)
-        messages.append({"role": m.role, "content": content})
+        message = {"role": m.role, "content": content}
+        for key in _MESSAGE_TOOL_KEYS:  # an agent's earlier turns, for a tool-calling template
+            if key in (m.model_extra or {}):
+                message[key] = m.model_extra[key]
+        messages.append(message)
     return messages
 
 
@@ -442,26 +456,35 @@ def _repetition_detection(body: Body) -> RepetitionDetection | None:
 
 
 def _template_variables(body: ChatCompletionRequest) -> dict[str, Any]:
-    """What a chat template sees besides its messages: `chat_template_kwargs`, and
-    `documents` (vLLM's: a RAG template reads them; any other ignores them), which a
-    kwarg of the same name does not replace (vLLM merges them over the kwargs)."""
+    """What a chat template sees besides its messages: `chat_template_kwargs`, then
+    `documents` (vLLM's: a RAG template reads them; any other ignores them) and `tools`
+    (a tool-calling template lists them), which a kwarg of the same name does not replace
+    (vLLM merges them over the kwargs)."""
     variables = dict(body.chat_template_kwargs or {})
     if body.documents is not None:
         variables["documents"] = body.documents
+    if body.tools:  # vLLM's: a tool-calling template lists them
+        variables["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
     return variables
 
 
-def _chat_echo(messages: list[dict[str, str]], role: str) -> str:
+def _chat_echo(messages: list[dict[str, Any]], role: str) -> str:
     """What a chat's `echo` repeats (vLLM's): the last message's text when it has the
     response's `role` (the message the response continues), else nothing."""
     return messages[-1]["content"] if messages[-1]["role"] == role else ""
 
 
-def _structured_outputs(body: Body) -> StructuredOutputs | None:
-    """The grammar the request's output follows (None: none), from `response_format`
-    (OpenAI's json_object / json_schema, vLLM's structural_tag) or vLLM's `structured_outputs`, checked as vLLM
-    checks them; the engine compiles it (a 400 naming the field if it does not compile)."""
+def _structured_outputs(body: Body, forced: ToolChoice | None = None) -> StructuredOutputs | None:
+    """The grammar the request's output follows (None: none), from a chat's forced tool
+    call (`forced`: its schema), `response_format` (OpenAI's json_object / json_schema,
+    vLLM's structural_tag) or vLLM's `structured_outputs`, checked as vLLM checks them; the
+    engine compiles it (a 400 naming the field if it does not compile)."""
     rf, so = body.response_format, body.structured_outputs
+    if forced is not None:
+        if so is not None or (rf is not None and rf.type != "text"):
+            raise APIError("You can only either use constraints for structured outputs or tools, not both.",
+                           param="tool_choice")  # fmt: skip
+        return StructuredOutputs(json=forced.schema)
     if rf is not None and rf.type != "text":
         if so is not None:
             raise APIError("You can only use one kind of constraints for structured outputs ('json', 'regex' or "

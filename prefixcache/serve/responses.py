@@ -37,6 +37,7 @@ from prefixcache.engine.detokenizer import IncrementalDecoder
 from prefixcache.engine.engine import RequestOutput
 from prefixcache.engine.logprobs import TokenLogprobs
 from prefixcache.engine.tokenizer import Tokenizer
+from prefixcache.serve.tools import ToolChoice, tool_calls
 
 __all__ = [
     "IncrementalText",
@@ -45,6 +46,7 @@ __all__ = [
     "completion_chunk",
     "chat_body",
     "chat_chunk",
+    "ToolDeltas",
     "usage_chunk",
     "running_usage",
     "sse",
@@ -243,14 +245,21 @@ def completion_chunk(
 def chat_body(rid: str, created: int, model: str, outputs: Sequence[RequestOutput], eos: int,
               logprobs: Sequence[dict[str, Any] | None], n: int = 1, *,
               prompt_logprobs: Sequence[list[Any] | None] = (), token_ids: bool = False,
-              echo: str = "", role: str = "assistant") -> dict[str, Any]:
+              echo: str = "", role: str = "assistant", tools: ToolChoice | None = None) -> dict[str, Any]:
     """A whole chat completion; arguments as `completion_body`'s (vLLM puts a chat's
     `prompt_logprobs` and `prompt_token_ids` beside its choices: the prompt's, one for all;
-    `echo` starts each choice's content; `role` its messages')."""
-    choices = [{"index": i, "message": {"role": role, "content": echo + o.text, "tool_calls": []},
-                **_ending(o.finish_reason, stop_reason(o, eos), lp),
-                **({"token_ids": list(o.token_ids)} if token_ids else {})}
-               for i, (o, lp) in enumerate(zip(outputs, logprobs, strict=True))]  # fmt: skip
+    `echo` starts each choice's content; `role` its messages'; `tools` a forced tool call,
+    which each choice's output is: its message's `tool_calls`)."""
+    choices = []
+    for i, (o, lp) in enumerate(zip(outputs, logprobs, strict=True)):
+        message: dict[str, Any] = {"role": role, "content": echo + o.text, "tool_calls": []}
+        finish = o.finish_reason
+        calls = tool_calls(tools, o.text) if tools is not None else None
+        if calls is not None:
+            message = {"role": role, "content": "", "tool_calls": calls}
+            finish = _tool_finish(tools, finish)  # type: ignore[arg-type]
+        choices.append({"index": i, "message": message, **_ending(finish, stop_reason(o, eos), lp),
+                        **({"token_ids": list(o.token_ids)} if token_ids else {})})  # fmt: skip
     extra: dict[str, Any] = {"prompt_logprobs": prompt_logprobs[-1]} if prompt_logprobs else {}
     if token_ids:
         extra["prompt_token_ids"] = list(outputs[-1].prompt_token_ids)
@@ -264,6 +273,42 @@ def chat_chunk(
     """One chunk of a chat; `ids`: its `token_ids`."""
     choice = {"index": index, "delta": delta, **_ending(finish_reason, stop, logprobs), **ids}
     return _body(rid, "chat.completion.chunk", created, model, [choice])
+
+
+def _tool_finish(forced: ToolChoice, finish_reason: str) -> str:
+    """vLLM's: "required" calls that ended well finish with "tool_calls"; a named call
+    with the output's own reason."""
+    return "tool_calls" if forced.name is None and finish_reason == "stop" else finish_reason
+
+
+class ToolDeltas:
+    """A forced tool call's stream (vLLM's chunks): a named function's arguments as they
+    are drawn, the first delta with the call's id, type and name; "required" calls whole in
+    the chunk that ends the choice (vLLM parses the array as it grows; here the chunks before
+    carry an empty delta), or the text as content when it is not a whole array."""
+
+    def __init__(self, forced: ToolChoice) -> None:
+        self._forced = forced
+        self._started = False
+        self._held: list[str] = []
+
+    def delta(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """The delta of a chunk whose output text is `text`, and its finish reason."""
+        forced = self._forced
+        if forced.name is not None:
+            if self._started:
+                return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}, finish_reason
+            self._started = True
+            call = tool_calls(forced, text)[0]  # type: ignore[index]
+            return {"tool_calls": [{"index": 0, **call}]}, finish_reason
+        self._held.append(text)
+        if finish_reason is None:
+            return {}, None
+        whole = "".join(self._held)
+        calls = tool_calls(forced, whole)
+        if calls is None:
+            return {"content": whole}, finish_reason
+        return {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]}, _tool_finish(forced, finish_reason)
 
 
 def usage_chunk(rid: str, created: int, model: str, obj: str, outputs: Sequence[RequestOutput],
