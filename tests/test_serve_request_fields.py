@@ -101,7 +101,7 @@ def test_return_tokens_as_token_ids_names_each_token_by_its_id(replica, chat):
     ("priority", 1), ("watermarking", True), ("prompt_embeds", "AAAA"),
     ("thinking_token_budget", 10),
     ("kv_transfer_params", {"do_remote_decode": True}), ("ec_transfer_params", {}),
-    ("chat_template", "{{ messages }}"), ("mm_processor_kwargs", {"a": 1}),
+    ("mm_processor_kwargs", {"a": 1}),
 ])
 def test_fields_that_change_the_answer_are_refused_unless_neutral(replica, field, value):
     url = replica.base_url + "/v1/chat/completions"
@@ -211,3 +211,22 @@ def test_documents_reach_a_rag_template_and_leave_others_as_they_were(replica):
     with_docs = httpx.post(url, json={**CHAT, "max_tokens": 2, "return_token_ids": True,
                                       "documents": [{"text": "d"}]}, timeout=30).json()
     assert with_docs["prompt_token_ids"] == plain["prompt_token_ids"]  # ChatML reads no documents
+
+
+def test_a_requests_own_chat_template_needs_the_servers_trust(replica):
+    url = replica.base_url + "/v1/chat/completions"
+    for extra in ({"chat_template": "{{ messages[0]['content'] }}"},
+                  {"chat_template_kwargs": {"chat_template": "{{ messages[0]['content'] }}"}}):
+        r = httpx.post(url, json={**CHAT, "max_tokens": 2, **extra}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template"
+        assert "--trust-request-chat-template is not set" in r.json()["error"]["message"]
+    with running(load_model("tiny"), "hash", server={"trust_request_chat_template": True}) as trusting:
+        url = trusting.base_url + "/v1/chat/completions"
+        own = {**CHAT, "max_tokens": 2, "return_token_ids": True, "chat_template": "{{ messages[0]['content'] }}!"}
+        assert bytes(httpx.post(url, json=own, timeout=30).json()["prompt_token_ids"]) == b"hi!"
+        # The same sandbox and bounds as the model's own template.
+        for template in ("{% if %}", "{% for i in range(10**9) %}{{ i }}{% endfor %}"):
+            r = httpx.post(url, json={**own, "chat_template": template}, timeout=30)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template", r.json()
+        plain = httpx.post(url, json={**CHAT, "max_tokens": 2}, timeout=30)
+        assert plain.status_code == 200  # the model's template still serves the others

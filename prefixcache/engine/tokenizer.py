@@ -84,11 +84,14 @@ class Tokenizer(ABC):
         self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
         timeout_s: float = DEFAULT_TIMEOUT_S, max_chars: int = DEFAULT_MAX_CHARS,
         variables: Mapping[str, Any] | None = None, continue_final_message: bool = False,
+        template: str | None = None,
     ) -> list[int]:
-        """Token ids of `messages` rendered with the chat template (and `variables`,
-        `continue_final_message`: `render_chat`), within `timeout_s` SECONDS and
-        `max_chars` characters (`chat_template.ChatTemplateError` otherwise)."""
-        return self.encode(render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+        """Token ids of `messages` rendered with the chat template (`template`: another, a
+        request's own; and `variables`, `continue_final_message`: `render_chat`), within
+        `timeout_s` SECONDS and `max_chars` characters (`chat_template.ChatTemplateError`
+        otherwise)."""
+        template = self.chat_template if template is None else template
+        return self.encode(render_chat(template, messages, add_generation_prompt=add_generation_prompt,
                                        timeout_s=timeout_s, max_chars=max_chars, variables=variables,
                                        continue_final_message=continue_final_message))  # fmt: skip
 

@@ -126,6 +126,7 @@ def add_openai_routes(app: FastAPI, loop: RequestSubmitter, info: ReplicaInfo, t
     `gate` when given (none: unbounded, as behind Ray Serve, which bounds its own)."""
     server = server or ServerConfig()
     pre = Preprocessor(info, tokenizer, threads=server.preprocess_threads,
+                       trust_request_chat_template=server.trust_request_chat_template,
                        chat_template_timeout_s=server.chat_template_timeout_s)
     app.state.preprocessor = pre  # its threads stop with the replica (`Replica.stop`)
     serving = _Serving(loop, info, tokenizer, pre, gate)

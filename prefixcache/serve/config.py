@@ -128,6 +128,10 @@ class ServerConfig:
     chat_template_timeout_s: how long rendering one chat may take (a ChatTemplateError, 400)
     preprocess_threads:      threads that parse, check and tokenize requests, off the
                              event loop
+    trust_request_chat_template: a chat may bring its own `chat_template` (vLLM's
+                             `--trust-request-chat-template`; off: such a chat is vLLM's
+                             400). It renders in the same sandbox, within the same time
+                             and size bounds, as the model's own
     """
 
     max_queued_requests: int = 64
@@ -140,8 +144,12 @@ class ServerConfig:
     max_connections: int | None = None
     chat_template_timeout_s: float = 2.0
     preprocess_threads: int = 2
+    trust_request_chat_template: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.trust_request_chat_template, bool):
+            raise ConfigError("trust_request_chat_template",
+                              f"must be true or false, got {self.trust_request_chat_template!r}")
         _check_number("max_queued_requests", self.max_queued_requests, 0, integer=True)
         _check_number("retry_after_s", self.retry_after_s, 0, integer=True)
         _check_number("max_body_bytes", self.max_body_bytes, 1, integer=True)

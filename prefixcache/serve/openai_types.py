@@ -201,6 +201,7 @@ class ChatCompletionRequest(_Sampling):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     documents: list[dict[str, str]] | None = None
+    chat_template: str | None = None  # served with `server.trust_request_chat_template`
     tools: list[ChatTool] | None = None
     # None: vLLM's default, "auto" with tools and "none" without (`serve.tools`).
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -223,8 +224,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "watermarking": (None, False),
     "thinking_token_budget": (None, -1),
     "priority": (0,),  # vLLM refuses any other unless it schedules by priority, which this engine does not
-    # vLLM refuses a request's own template unless started with --trust-request-chat-template.
-    "chat_template": (None,),
     "mm_processor_kwargs": (None,),
     # Disaggregated prefill/decode and encoder-cache transfer: a P/D proxy must not believe
     # this replica took part.

@@ -127,10 +127,11 @@ class Preprocessor:
     """`threads` daemon threads that prepare requests (see the module docstring)."""
 
     def __init__(self, model: ReplicaInfo, tokenizer: Tokenizer, *, threads: int = 2,
-                 chat_template_timeout_s: float = 2.0) -> None:
+                 chat_template_timeout_s: float = 2.0, trust_request_chat_template: bool = False) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.chat_template_timeout_s = chat_template_timeout_s
+        self.trust_request_chat_template = trust_request_chat_template
         # Characters past which a text has more tokens than the context holds (vLLM's bound).
         self.max_chars = model.max_model_len * tokenizer.max_chars_per_token
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
@@ -288,13 +289,23 @@ class Preprocessor:
         if body.continue_final_message and body.add_generation_prompt:
             raise APIError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
                            param="continue_final_message")  # fmt: skip
+        own = body.chat_template if body.chat_template is not None else (body.chat_template_kwargs or {}).get(
+            "chat_template")
+        if own is not None and not self.trust_request_chat_template:
+            raise APIError("Chat template is passed with request, but --trust-request-chat-template is not set. "
+                           "Refused request with untrusted chat template.", param="chat_template")  # fmt: skip
+        if own is not None and not isinstance(own, str):
+            raise APIError(f"chat_template must be a string, got {type(own).__name__}", param="chat_template")
+        variables = {k: v for k, v in _template_variables(body).items() if k != "chat_template"}
         try:
             ids = self.tokenizer.apply_chat_template(messages, timeout_s=self.chat_template_timeout_s,
-                                                     max_chars=self.max_chars, variables=_template_variables(body),
+                                                     max_chars=self.max_chars, variables=variables,
                                                      add_generation_prompt=body.add_generation_prompt,
-                                                     continue_final_message=body.continue_final_message)  # fmt: skip
+                                                     continue_final_message=body.continue_final_message,
+                                                     template=own)  # fmt: skip
         except ChatTemplateError as err:
-            param = "chat_template_kwargs" if str(err).startswith("chat_template_kwargs") else "messages"
+            param = ("chat_template_kwargs" if str(err).startswith("chat_template_kwargs")
+                     else "chat_template" if own is not None else "messages")  # fmt: skip
             raise APIError(str(err), param=param) from None
         if not ids:
             raise APIError("The decoder prompt cannot be empty", param="messages")
