@@ -410,6 +410,9 @@ def test_the_openapi_schema_is_served_as_vllm_does_and_true_to_the_server(replic
     ids = [op["operationId"] for ops in schema["paths"].values() for op in ops.values()]
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)  # code generators need unique ids
     assert {"get", "post"} <= set(schema["paths"]["/flush_cache"]) and "get" in schema["paths"]["/metrics"]
+    tokenize = schema["paths"]["/tokenize"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert [r["$ref"].rsplit("/", 1)[1] for r in tokenize["anyOf"]] == ["TokenizeCompletionRequest",
+                                                                        "TokenizeChatRequest"]
 
 
 def test_penalties_change_what_greedy_draws(replicas):

@@ -80,6 +80,11 @@ class Tokenizer(ABC):
         its ids' bytes decoded as UTF-8 (invalid bytes replaced by U+FFFD), so text can
         be decoded incrementally, in time linear in the ids (`serve.responses`)."""
 
+    @abstractmethod
+    def token(self, token_id: int) -> str:
+        """The vocabulary entry of one id as the tokenizer's `tokenizer.json`
+        (`tokenizer_export`) names it: what `convert_ids_to_tokens` gives a client."""
+
     def apply_chat_template(
         self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
         timeout_s: float = DEFAULT_TIMEOUT_S, max_chars: int = DEFAULT_MAX_CHARS,
@@ -263,6 +268,10 @@ class SPMTokenizer(Tokenizer):
     def token_bytes(self, token_id: int) -> bytes:
         return self._bytes[token_id]
 
+    def token(self, token_id: int) -> str:
+        """The piece as the GGUF names it (e.g. '▁Paris', '<0x0A>')."""
+        return self._tokens[token_id]
+
 
 def _byte_level_alphabet() -> dict[str, int]:
     """GPT-2's byte-level alphabet, character -> byte: printable bytes stand for
@@ -270,6 +279,9 @@ def _byte_level_alphabet() -> dict[str, int]:
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     rest = [b for b in range(256) if b not in printable]
     return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(rest)}}
+
+
+_BYTE_CHARS = {b: c for c, b in _byte_level_alphabet().items()}
 
 
 class ByteTokenizer(Tokenizer):
@@ -307,3 +319,10 @@ class ByteTokenizer(Tokenizer):
             return bytes((token_id,))
         k = token_id - 256
         return (self.SPECIAL[k] if k < len(self.SPECIAL) else f"<|{token_id}|>").encode("utf-8")
+
+    def token(self, token_id: int) -> str:
+        """A byte as GPT-2's byte-level alphabet writes it ('Ġ' for a space), a special
+        token as its text."""
+        if token_id < 256:
+            return _BYTE_CHARS[token_id]
+        return self.token_bytes(token_id).decode("utf-8")

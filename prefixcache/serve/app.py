@@ -55,7 +55,13 @@ from prefixcache.serve.config import ServerConfig
 from prefixcache.serve.engine_loop import EngineLoop, Failed, Finished, StreamItem, Tokens
 from prefixcache.serve.errors import APIError, error_body, install_handlers
 from prefixcache.serve.metrics import CONTENT_TYPE_LATEST, ServingMetrics
-from prefixcache.serve.openai_types import ChatCompletionRequest, CompletionRequest
+from prefixcache.serve.openai_types import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
 from prefixcache.serve.preprocess import Prepared, Preprocessor, ReplicaInfo
 
 __all__ = ["ReplicaInfo", "RequestSubmitter", "SubmittedStream", "add_openai_routes", "build_app"]
@@ -152,6 +158,17 @@ def add_openai_routes(app: FastAPI, loop: RequestSubmitter, info: ReplicaInfo, t
         """OpenAI's chat completions, as vLLM 0.33 serves them."""
         return await serving.serve(request, chat=True)
 
+    @app.post("/tokenize", openapi_extra=_request_body(TokenizeCompletionRequest, TokenizeChatRequest),
+              responses=_ERRORS)  # fmt: skip
+    async def tokenize(request: Request) -> JSONResponse:
+        """vLLM's: a prompt's (or, with `messages`, a chat's) token ids, as generation sees them."""
+        return JSONResponse(await pre.run(pre.tokenize_now, await request.body()))
+
+    @app.post("/detokenize", openapi_extra=_request_body(DetokenizeRequest), responses=_ERRORS)
+    async def detokenize(request: Request) -> JSONResponse:
+        """vLLM's: the text of token ids."""
+        return JSONResponse(await pre.run(pre.detokenize_now, await request.body()))
+
 
 # -- the OpenAPI schema -----------------------------------------------------------------------
 
@@ -176,9 +193,16 @@ _ERROR_COMPONENT = {
 }
 
 
-def _request_body(model: type) -> dict[str, Any]:
-    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+def _request_body(*models: type) -> dict[str, Any]:
+    """A body of `models` (one of them, if several) in the OpenAPI schema (`_BODIES`
+    holds each one's component)."""
+    refs = [{"$ref": f"#/components/schemas/{m.__name__}"} for m in models]
+    schema = refs[0] if len(refs) == 1 else {"anyOf": refs}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+# The bodies the handlers parse themselves (`Preprocessor`), as OpenAPI components.
+_BODIES = (CompletionRequest, ChatCompletionRequest, TokenizeCompletionRequest, TokenizeChatRequest, DetokenizeRequest)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
@@ -187,7 +211,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in (CompletionRequest, ChatCompletionRequest):
+        for model in _BODIES:
             body = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components.update(body.pop("$defs", {}))
             components[model.__name__] = body

@@ -31,7 +31,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-__all__ = ["CompletionRequest", "ChatCompletionRequest", "ChatMessage", "StreamOptions", "unsupported"]
+__all__ = ["CompletionRequest", "ChatCompletionRequest", "ChatMessage", "StreamOptions", "unsupported",
+           "TokenizeCompletionRequest", "TokenizeChatRequest", "DetokenizeRequest"]
 
 TokenId = Annotated[StrictInt, Field(ge=0)]
 """A token id in a request: an int >= 0 (strict: `true` is not 1)."""
@@ -206,6 +207,28 @@ class ChatCompletionRequest(_Sampling):
     # None: vLLM's default, "auto" with tools and "none" without (`serve.tools`).
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = True
+
+
+class TokenizeCompletionRequest(_Request):
+    """`POST /tokenize` of a prompt (vLLM's)."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(ChatCompletionRequest):
+    """`POST /tokenize` of a chat (vLLM's): the chat's fields that shape its prompt."""
+
+    return_token_strs: bool | None = False
+
+
+class DetokenizeRequest(_Request):
+    """`POST /detokenize` (vLLM's)."""
+
+    model: str | None = None
+    tokens: list[TokenId]
 
 
 # vLLM request fields that change what is generated, which this server does not do, with

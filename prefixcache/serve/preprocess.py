@@ -61,7 +61,14 @@ from prefixcache.engine.structured import StructuredOutputs
 from prefixcache.engine.tokenizer import Tokenizer
 from prefixcache.errors import ConfigError
 from prefixcache.serve.errors import APIError
-from prefixcache.serve.openai_types import ChatCompletionRequest, CompletionRequest, unsupported
+from prefixcache.serve.openai_types import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    unsupported,
+)
 from prefixcache.serve.tools import ToolChoice, tool_choice
 
 __all__ = ["Preprocessor", "Prepared", "ReplicaInfo", "parse_body"]
@@ -172,9 +179,7 @@ class Preprocessor:
         """What `prepare` runs, in the calling thread."""
         body = parse_body(raw, ChatCompletionRequest if chat else CompletionRequest)
         model = self.model
-        if body.model and body.model != model.model_name:
-            raise APIError(f"The model `{body.model}` does not exist. Valid aliases: {model.model_name}.",
-                           param="model", status=404)
+        self._check_model(body.model)
         refused = unsupported(body)
         if refused is not None:
             raise APIError(refused[1], param=refused[0])
@@ -223,6 +228,34 @@ class Preprocessor:
         if not body.echo:
             return Prepared(body, tuple(out), body.n)
         return Prepared(body, tuple(out), body.n, self._echo_texts(body, prompts, sent), body.max_tokens == 0)
+
+    def _check_model(self, name: str | None) -> None:
+        if name and name != self.model.model_name:
+            raise APIError(f"The model `{name}` does not exist. Valid aliases: {self.model.model_name}.",
+                           param="model", status=404)
+
+    def tokenize_now(self, raw: bytes) -> dict[str, Any]:
+        """vLLM's `/tokenize`: a prompt's token ids, or a chat's through its template, as the
+        generation routes tokenize them (the same checks, bounds and errors)."""
+        body = parse_body(raw, lambda data: TokenizeChatRequest if isinstance(data, dict) and "messages" in data
+                          else TokenizeCompletionRequest)  # fmt: skip
+        self._check_model(body.model)
+        if isinstance(body, TokenizeChatRequest):
+            ids = self._chat_prompt(body, _chat_messages(body))
+        else:
+            self._check_text(body.prompt, "prompt")
+            ids = self.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        strs = [self.tokenizer.token(t) for t in ids] if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": self.model.max_model_len, "tokens": ids, "token_strs": strs}
+
+    def detokenize_now(self, raw: bytes) -> dict[str, Any]:
+        """vLLM's `/detokenize`: the text of token ids (ids past the vocabulary: a 400)."""
+        body = parse_body(raw, DetokenizeRequest)
+        self._check_model(body.model)
+        if bad := [t for t in body.tokens if t >= self.model.vocab_size]:
+            raise APIError(f"Token id(s) {bad[:8]} are out of vocabulary (vocab_size {self.model.vocab_size})",
+                           param="tokens")  # fmt: skip
+        return {"prompt": self.tokenizer.decode(body.tokens)}
 
     def _echo_texts(self, body: CompletionRequest, prompts: list[list[int]], sent: list[list[int]]) -> tuple[str, ...]:
         """What `echo` repeats of each prompt: its text as sent, or the text of its token ids
@@ -584,9 +617,10 @@ def _sampling(body: Body, default: SamplingParams) -> SamplingParams | None:
         raise APIError(str(err), param=getattr(err, "path", None)) from None
 
 
-def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
-    """`raw` as an instance of `model`, or the `RequestValidationError` FastAPI would raise
-    (locations under "body"); a lone surrogate anywhere is an error at its field."""
+def parse_body(raw: bytes, model: type[BaseModel] | Callable[[Any], type[BaseModel]]) -> Any:
+    """`raw` as an instance of `model` (or of the class `model(json)` picks for it), or the
+    `RequestValidationError` FastAPI would raise (locations under "body"); a lone surrogate
+    anywhere is an error at its field."""
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as err:
@@ -604,6 +638,8 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
             raise RequestValidationError([{"type": "string_unicode", "loc": ("body", *where),
                                            "msg": "holds a lone UTF-16 surrogate (e.g. \\ud800), which is not "
                                                   "Unicode text"}])
+    if not isinstance(model, type):
+        model = model(data)
     try:
         return model.model_validate(data)
     except ValidationError as err:
