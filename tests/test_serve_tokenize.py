@@ -51,3 +51,11 @@ def test_detokenize_is_the_text_of_the_ids_and_bad_input_is_a_400(replica):
                               ("/tokenize", {"messages": CHAT, "continue_final_message": True}, "continue_final_message")):
         r = httpx.post(url + path, json=body, timeout=30)
         assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, (path, body, r.json())
+
+
+def test_ping_and_version_answer_as_vllms(replica):
+    from importlib.metadata import version
+
+    assert httpx.get(replica.base_url + "/ping", timeout=30).status_code == 200
+    assert httpx.post(replica.base_url + "/ping", timeout=30).status_code == 200
+    assert httpx.get(replica.base_url + "/version", timeout=30).json() == {"version": version("prefixcache")}

@@ -142,6 +142,21 @@ def add_openai_routes(app: FastAPI, loop: RequestSubmitter, info: ReplicaInfo, t
     async def health() -> Response:
         return Response(status_code=200 if loop.alive else 503)
 
+    @app.get("/ping")
+    async def ping() -> Response:
+        """vLLM's (SageMaker's health check): as `/health`."""
+        return Response(status_code=200 if loop.alive else 503)
+
+    @app.post("/ping")
+    async def ping_post() -> Response:
+        """`/ping` by POST, as vLLM also answers it."""
+        return Response(status_code=200 if loop.alive else 503)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        """vLLM's route, this package's version."""
+        return {"version": _version()}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         card = {"id": info.model_name, "object": "model", "created": info.created, "owned_by": "prefixcache",
