@@ -7,6 +7,8 @@ slow request never holds the event loop that answers every other request, `/heal
 included. A request goes through `prepare`, which ends in a `Prepared` (the parsed body
 and its `GenerationRequest`) or raises what its handler turns into an error body:
 FastAPI's `RequestValidationError` (400 "Bad Request", the field's path) or an `APIError`.
+`/tokenize` and `/detokenize` go through `tokenize_now` and `detokenize_now`, on the same
+threads, with the same chat-template path and checks as a generation's prompt.
 
 The checks, in vLLM 0.33's terms (errors: 400 BadRequestError unless said):
 - the body: JSON (Python's parser; a nesting too deep for it is a 400 too), an object of
@@ -28,7 +30,9 @@ The checks, in vLLM 0.33's terms (errors: 400 BadRequestError unless said):
   vocabulary; the param is the field the count came from); `n` outside [1, `MAX_N`], a
   completion's batch of prompts with an empty one (`prompt[i]`) or more than
   `MAX_CHOICES` choices in all (prompts x n); `min_tokens` below 0 or above the request's
-  `max_tokens` (after the cut below). A request
+  `max_tokens` (after the cut below); the fields of `truncate_prompt_tokens`,
+  `logprob_token_ids`, `repetition_detection`, structured outputs and forced tool calls
+  (`serve.tools`) as vLLM checks each. A request
   whose prompt plus `max_tokens` passes the context gets `max_tokens` cut to what is
   left, as vLLM does.
 
