@@ -52,6 +52,7 @@ SECTIONS = ("cache", "engine")
 # The engine runs on the CPU in fp32 (the C++ kernel, or the torch reference to debug).
 AttentionImpl = Literal["auto", "cpu", "reference"]
 ATTENTION_IMPLS = ("auto", "cpu", "reference")
+SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's `--scheduling-policy` values
 
 
 def _check_int(name: str, value: Any, lo: int) -> None:
@@ -218,6 +219,10 @@ class EngineConfig:
                             (SGLang's in-batch prefix caching, its threshold 32; vLLM
                             shares them in the same step); requests behind it may go
                             first. 0: off (first come, first served, no overtaking)
+    scheduling_policy:      "fcfs" (vLLM's default: first come, first served) or
+                            "priority" (vLLM's: requests wait in order of their
+                            `priority`, lower first, then arrival; a full pool preempts
+                            the running request of the worst priority, latest arrival)
     max_tokens:             default output length in TOKENS
     stop_token_ids:         extra stop tokens, besides the tokenizer's end-of-sequence
     sampling:               default sampling (see SamplingConfig)
@@ -247,6 +252,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 16
     in_batch_prefix_tokens: int = 32
+    scheduling_policy: str = "fcfs"
     max_tokens: int = 64
     stop_token_ids: tuple[int, ...] = ()
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -262,6 +268,9 @@ class EngineConfig:
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("in_batch_prefix_tokens", self.in_batch_prefix_tokens, 0)
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigError("scheduling_policy", f"{self.scheduling_policy!r} is not allowed; allowed values: "
+                              f"{', '.join(SCHEDULING_POLICIES)}")  # fmt: skip
         _check_int("max_tokens", self.max_tokens, 1)
         for i, tok in enumerate(self.stop_token_ids):
             _check_int(f"stop_token_ids[{i}]", tok, 0)

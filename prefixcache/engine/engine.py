@@ -98,7 +98,9 @@ class GenerationRequest:
     `logprob_token_ids`: return each drawn token's logprob with these ids' logprobs (1 to
     `MAX_LOGPROB_TOKEN_IDS` of them, in the vocabulary) in place of the most likely ones
     (vLLM's; `logprobs` then None or their number). `repetition_detection`: end it, with
-    finish reason "repetition", once its output ends in a loop (`repetition`: vLLM's)."""
+    finish reason "repetition", once its output ends in a loop (`repetition`: vLLM's).
+    `priority`: its place under `engine.scheduling_policy: priority` (lower first, vLLM's;
+    any value but 0 under "fcfs" is refused, as vLLM refuses it)."""
 
     prompt: str | Sequence[int] | None = None
     messages: Sequence[Mapping[str, str]] | None = None
@@ -120,6 +122,7 @@ class GenerationRequest:
     bad_words: tuple[str, ...] = ()
     logprob_token_ids: tuple[int, ...] | None = None
     repetition_detection: RepetitionDetection | None = None
+    priority: int = 0
 
 
 @dataclass
@@ -212,7 +215,8 @@ class Engine:
             self.kv_tiers = KVTiers(cc, tiers, self.model.kv, ec.model)
         self.scheduler = Scheduler(
             self.cache, max_num_batched_tokens=ec.max_num_batched_tokens, max_num_seqs=ec.max_num_seqs,
-            in_batch_prefix_tokens=ec.in_batch_prefix_tokens if ec.prefix_caching else 0
+            in_batch_prefix_tokens=ec.in_batch_prefix_tokens if ec.prefix_caching else 0,
+            priority=ec.scheduling_policy == "priority",
         )
         self._pace = ec.pace
         self._config_stop_ids = frozenset(ec.stop_token_ids)
@@ -269,6 +273,12 @@ class Engine:
         if num_logprobs is not None and (isinstance(num_logprobs, bool) or not isinstance(num_logprobs, int)
                                          or not 0 <= num_logprobs <= vocab):
             raise ValueError(f"logprobs must be None or an integer in [0, {vocab}] (the vocabulary), got {num_logprobs!r}")
+        priority = request.priority
+        if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**63) <= priority < 2**63:
+            raise ConfigError("priority", f"must be an integer (int64), got {priority!r}")
+        if priority != 0 and not self.scheduler.priority:
+            raise ConfigError("priority", f"Got priority {priority} but Priority scheduling is not enabled "
+                              "(engine.scheduling_policy: fcfs)")  # fmt: skip
         repetition = request.repetition_detection
         if repetition is not None and not isinstance(repetition, RepetitionDetection):
             raise ValueError(f"repetition_detection must be a RepetitionDetection or None, got {repetition!r}")
@@ -336,6 +346,7 @@ class Engine:
                 num_logprobs=num_logprobs,
                 logprob_token_ids=named,
                 repetition=repetition,
+                priority=priority,
                 min_tokens=min_tokens,
                 skip_special_tokens=bool(request.skip_special_tokens),
                 num_prompt_logprobs=num_prompt_logprobs,

@@ -32,6 +32,13 @@ Nothing here raises when the pool is full: a request that fits the pool alone
 (`Engine.add_request` checks) always finishes, because the oldest running request is
 never preempted by a newer one.
 
+With `priority` scheduling (vLLM's policy of that name), "oldest" reads "first in
+(priority, arrival)" throughout: the waiting queue is kept in that order (a preempted
+request goes back at its place in it, not at the front), and a refused append preempts
+the running request that is last in it, which may be one this step already scheduled (its
+chunk is taken back). A request of the best priority still always finishes; one of a
+worse priority waits while better ones keep the pool full, as in vLLM.
+
 Must never: run the model, sample, or hold a block table across a commit (radix
 re-points tables on commit: the engine reads `block_table` after it).
 """
@@ -85,6 +92,7 @@ class Sequence:
     num_logprobs: int | None = None  # top logprobs per drawn token (None: no logprobs)
     logprob_token_ids: tuple[int, ...] | None = None  # the ids whose logprobs it returns instead of a top
     repetition: RepetitionDetection | None = None  # a loop at its output's end ends it
+    priority: int = 0  # with priority scheduling: lower goes first (vLLM's)
     skip_special_tokens: bool = True  # its output text leaves out the tokenizer's special tokens
     num_prompt_logprobs: int | None = None  # top logprobs per prompt token (None: none; else it reads no cache)
     prompt_logprobs: list = field(default_factory=list)  # per prompt position so far (TokenLogprobs | None)
@@ -121,12 +129,18 @@ class Scheduled:
         return self.start + self.num_tokens == len(self.seq.tokens)
 
 
+def _rank(seq: Sequence) -> tuple[int, float]:
+    """A request's place under priority scheduling: lower first (vLLM's)."""
+    return seq.priority, seq.metrics.arrival_s
+
+
 class Scheduler:
     """Waiting queue + running list over `cache` (see the module docstring)."""
 
     def __init__(self, cache: PrefixCache, *, max_num_batched_tokens: int, max_num_seqs: int,
-                 in_batch_prefix_tokens: int = 0) -> None:
+                 in_batch_prefix_tokens: int = 0, priority: bool = False) -> None:
         self.cache = cache
+        self.priority = priority  # vLLM's "priority" policy (else first come, first served)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.in_batch_prefix_tokens = in_batch_prefix_tokens  # 0: off
@@ -168,7 +182,19 @@ class Scheduler:
 
     # -- queue ------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        if self.priority:
+            self._queue(seq)
+        else:
+            self.waiting.append(seq)
+
+    def _queue(self, seq: Sequence) -> None:
+        """Put `seq` in the waiting queue at its place in (priority, arrival) order, after
+        those equal to it."""
+        key = _rank(seq)
+        at = len(self.waiting)
+        while at > 0 and _rank(self.waiting[at - 1]) > key:  # usually at or near the end
+            at -= 1
+        self.waiting.insert(at, seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -184,10 +210,13 @@ class Scheduler:
             if seq.num_in_cache < len(seq.tokens) or seq.at_checkpoint:
                 # Past a checkpoint the next chunk's blocks may still wait for room: append([]) asks.
                 seq.at_checkpoint = False
-                fits, victims = self._append_or_preempt(seq)
+                fits, victims, earlier = self._append_or_preempt(seq, out)
                 preempted = preempted or victims > 0
+                if earlier:  # requests before it left the running list, their chunks taken back (priority)
+                    i -= earlier
+                    budget = self.max_num_batched_tokens - sum(w.num_tokens for w in out)
                 if not fits:
-                    break  # it preempted itself: it was the newest, nothing follows it
+                    continue  # it preempted itself (the last in order): the next one is at i now
             n = self._chunk(seq, budget)
             out.append(Scheduled(seq, seq.num_computed, n, prefill=not seq.decoding, fresh=seq.fresh))
             seq.fresh = False
@@ -253,19 +282,25 @@ class Scheduler:
         copies, self.pending_copies = self.pending_copies, []
         return copies
 
-    def _append_or_preempt(self, seq: Sequence) -> tuple[bool, int]:
-        """Give the cache `seq`'s sampled tokens, preempting the newest running requests
-        until they fit. Returns (False if `seq` itself was preempted, requests preempted)."""
+    def _append_or_preempt(self, seq: Sequence, scheduled: list[Scheduled]) -> tuple[bool, int, int]:
+        """Give the cache `seq`'s sampled tokens, preempting the running request last in
+        order (the newest; with priority, the worst (priority, arrival)) until they fit; a
+        victim this step already `scheduled` has its chunk taken back out of it. Returns
+        (False if `seq` itself was preempted, requests preempted, of those how many stood
+        before `seq` in the running list)."""
         new = seq.tokens[seq.num_in_cache :]
-        victims = 0
+        victims = earlier = 0
         while self._timed(self.cache.append, seq.request_id, new) is None:
-            victim = self.running[-1]
+            victim = max(self.running, key=_rank) if self.priority else self.running[-1]
+            if self.running.index(victim) < self.running.index(seq):
+                earlier += 1
+                scheduled[:] = [w for w in scheduled if w.seq is not victim]
             self.preempt(victim)
             victims += 1
             if victim is seq:
-                return False, victims
+                return False, victims, earlier
         seq.num_in_cache = len(seq.tokens)
-        return True, victims
+        return True, victims, earlier
 
     def preempt(self, seq: Sequence) -> None:
         """Release `seq` and put it at the front of the waiting queue to be recomputed."""
@@ -279,7 +314,10 @@ class Scheduler:
         seq.at_checkpoint = False
         seq.metrics.preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        if self.priority:
+            self._queue(seq)
+        else:
+            self.waiting.appendleft(seq)
 
     # -- after the forward pass ---------------------------------------------------------
     def computed(self, work: list[Scheduled]) -> None:

@@ -16,11 +16,12 @@ Also served: `echo`, `prompt_logprobs`, `logprob_token_ids`, `bad_words`, `skip_
 `return_tokens_as_token_ids`, a completion's `add_special_tokens`, a chat's
 `chat_template_kwargs`, `documents`, `add_generation_prompt` and `continue_final_message`,
 `truncate_prompt_tokens` and `truncation_side`, `repetition_detection`, a chat's `tools` with
-`tool_choice` "required" or a named function (`serve.tools`). What we do
+`tool_choice` "required" or a named function (`serve.tools`), `priority` (with
+`engine.scheduling_policy: priority`). What we do
 not serve is refused by `unsupported()` with the field
 named (a 400), never silently ignored: `best_of`, `suffix`, non-text chat content, and
-vLLM's fields that change what is generated or answered (tools, beam search, `priority`,
-transfer parameters, ...: `_NEUTRAL`) set to anything but the value that asks for nothing.
+vLLM's fields that change what is generated or answered (beam search, transfer
+parameters, ...: `_NEUTRAL`) set to anything but the value that asks for nothing.
 
 Must never: run anything or decide status codes (`errors` does).
 """
@@ -134,6 +135,8 @@ class _Sampling(_Request):
     truncate_prompt_tokens: int | None = Field(None, ge=-1, le=_INT64[1])
     truncation_side: Literal["left", "right"] | None = None
     repetition_detection: RepetitionDetectionParams | None = None
+    # Lower goes first under `engine.scheduling_policy: priority`; anything but 0 otherwise is the engine's 400.
+    priority: int = Field(0, ge=_INT64[0], le=_INT64[1])
     bad_words: list[str] | None = None
     request_id: str | None = None
     return_token_ids: bool | None = None
@@ -246,7 +249,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "prompt_embeds": (None,),
     "watermarking": (None, False),
     "thinking_token_budget": (None, -1),
-    "priority": (0,),  # vLLM refuses any other unless it schedules by priority, which this engine does not
     "mm_processor_kwargs": (None,),
     # Disaggregated prefill/decode and encoder-cache transfer: a P/D proxy must not believe
     # this replica took part.

@@ -214,7 +214,7 @@ class Preprocessor:
             logprobs=_logprobs(body, self.model.vocab_size, named), logprob_token_ids=named, min_tokens=body.min_tokens,
             skip_special_tokens=body.skip_special_tokens, prompt_logprobs=_prompt_logprobs(body, self.model.vocab_size),
             structured_outputs=_structured_outputs(body, forced), bad_words=_bad_words(body),
-            repetition_detection=_repetition_detection(body),
+            repetition_detection=_repetition_detection(body), priority=body.priority,
         )
         out = []
         for i, prompt in enumerate(prompts):
