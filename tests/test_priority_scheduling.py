@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import random
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 import pytest
 from engine_cases import assert_same_outputs, engine_for, serving
 
@@ -93,3 +96,28 @@ def test_the_server_takes_priority_only_with_priority_scheduling(tiny):
         assert "Priority scheduling is not enabled" in r.json()["error"]["message"]
     with running(tiny, "hash", scheduling_policy="priority") as ranked:
         assert httpx.post(ranked.base_url + "/v1/completions", json=body, timeout=30).status_code == 200
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(-3, 3), st.integers(0, 4), st.integers(8, 40)), min_size=2, max_size=7),
+       st.integers(8, 12))
+def test_requests_arriving_mid_run_all_finish_as_they_would_alone(tiny, arrivals, num_blocks):
+    """Requests of random priorities arrive at random steps into a tight pool: each ends
+    with the tokens it draws with the pool to itself, and nothing stays pinned."""
+    reqs = [GenerationRequest(prompt=[(7 * i + j) % 250 for j in range(n)], max_tokens=20, priority=p,
+                              request_id=f"a{i}") for i, (p, _, n) in enumerate(arrivals)]  # fmt: skip
+    roomy = engine_for(tiny, serving("tiny", scheduling_policy="priority"))
+    alone = {r.request_id: roomy.generate([r])[0].token_ids for r in reqs}
+    engine = engine_for(tiny, serving("tiny", num_blocks=num_blocks, scheduling_policy="priority"))
+    pending = sorted(zip((a for _, a, _ in arrivals), range(len(reqs))))
+    done, step = [], 0
+    while pending or engine.has_unfinished():
+        while pending and pending[0][0] <= step:
+            engine.add_request(reqs[pending.pop(0)[1]])
+        if engine.has_unfinished():
+            done += engine.step()
+        step += 1
+    assert {o.request_id: o.token_ids for o in done} == alone
+    engine.check_invariants()
+    engine.cache.evict(num_blocks)  # every request released: evicting the cache frees the whole pool
+    assert engine.cache.pool.num_free == num_blocks
