@@ -19,6 +19,7 @@ void bind_call_guard(py::module_& m);
 void bind_decode_step(py::module_& m);
 void bind_tiers(py::module_& m);
 void bind_hybrid_hit(py::module_& m);
+void bind_hybrid_tree(py::module_& m);
 }  // namespace prefixcache
 
 PYBIND11_MODULE(_C, m) {
@@ -37,4 +38,5 @@ PYBIND11_MODULE(_C, m) {
   prefixcache::bind_decode_step(m);
   prefixcache::bind_tiers(m);
   prefixcache::bind_hybrid_hit(m);
+  prefixcache::bind_hybrid_tree(m);
 }
