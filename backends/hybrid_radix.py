@@ -2,7 +2,8 @@
 
 Owns `HybridRadixCache`, which `RadixCache` builds when `cache.layout` has a group that
 is not full attention: the request side of SGLang's unified radix cache over the tree
-of `backends.hybrid_radix_tree` (FULL / SWA / MAMBA components on one tree). What the
+of `backends.hybrid_radix_tree` (FULL / SWA / MAMBA components on one tree), run natively
+(`backends.hybrid_radix_native`: what it frees comes back after each call). What the
 protocol's calls do is what SGLang 0.5.23's scheduler does around the cache
 (`managers/schedule_batch.py`, `mem_cache/allocation.py`, `mem_cache/common.py`,
 `unified_radix_cache.py`), one request at a time:
@@ -77,12 +78,11 @@ from __future__ import annotations
 
 import math
 from array import array
-from itertools import chain
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefixcache._C import BlockPool, InvariantError
+from prefixcache._C import BlockPool, HybridInsert, HybridMatch, HybridNodeRef, HybridReceipt, InvariantError
 from prefixcache.config import CacheConfig
 from prefixcache.errors import ConfigError
 from prefixcache.events import (
@@ -102,7 +102,8 @@ from prefixcache.requests import Request, RequestTable, check_count, check_names
 from prefixcache.state_cap import replay_victims
 from prefixcache.stats import CacheStats, StatsCounter
 
-from .hybrid_radix_tree import Component, HybridTree, InsertOutcome, LockReceipt, MatchOutcome, TreeNode
+from .hybrid_radix_native import NativeHybridTree
+from .hybrid_radix_tree import Component
 
 __all__ = ["HybridRadixCache", "HYBRID_RADIX_CHOICES", "HYBRID_RADIX_OPTIONS", "MAMBA_FULL_MEMORY_RATIO", "MAMBA_OPTIONS", "SWA_EVICTION_INTERVAL"]
 
@@ -157,7 +158,7 @@ class HybridRadixRequest(Request):
     chunk_start: int = 0  # chunked-local tables are NULL_BLOCK below this page
     protected: int = 0
     inserted: int = 0  # SGLang's cache_inserted_len
-    receipt: LockReceipt | None = None
+    receipt: HybridReceipt | None = None
     prefilled: bool = False  # the checkpoint after the prefill has run
     swa_evicted: int = 0  # SWA pages below this TOKEN are freed (SGLang's evicted seqlen)
     swa_branching: int | None = None
@@ -239,7 +240,7 @@ class HybridRadixCache(PrefixCache):
         components = [FULL] + ([SWA] if self.window else []) + ([STATE] if self.has_mamba else [])
         self._events = event_log(config.enable_events)
         hooks = {"on_store": self._stored, "on_remove": self._removed} if self._events.enabled else {}
-        self.tree = HybridTree(bs, components, self._free, window=self.window - 1 if self.window else None,
+        self.tree = NativeHybridTree(bs, components, self._free, window=self.window - 1 if self.window else None,
                                state_grid=self.state_grid, no_tail_cliff=self.options["no_tail_cliff"], **hooks)  # fmt: skip
         self._trims = type(self).usable_hit is not PrefixCache.usable_hit
         self._requests: RequestTable[HybridRadixRequest] = RequestTable()
@@ -329,19 +330,21 @@ class HybridRadixCache(PrefixCache):
         requests = {c: n for c, n in requests.items() if n > 0}
         if not requests:
             return
-        targets = {c: self._available(c) + n for c, n in requests.items()}
         self._evicting += 1
         try:
-            self.tree.evict(requests, lambda c: self._available(c) >= targets[c], tuple(targets))
+            # A pool serves once its walk freed its shortfall: what each walk frees comes back
+            # to that pool alone, so "reached its target" is "freed what it asked".
+            self.tree.evict(requests, reach=requests)
         finally:
             self._evicting -= 1
 
     def _room_for(self, num_tokens: int, *, swa_freed: int = 0) -> bool:
         """Whether `num_tokens` of new pages fit the FULL and SWA pools once everything
         evictable is evicted (`swa_freed`: SWA TOKENS the caller frees first)."""
-        if num_tokens > self._available(FULL) + self.tree.evictable[FULL]:
+        tree = self.tree
+        if num_tokens > self._available(FULL) + tree.evictable_size(FULL):
             return False
-        return not self.window or num_tokens <= self._available(SWA) + self.tree.evictable[SWA] + swa_freed
+        return not self.window or num_tokens <= self._available(SWA) + tree.evictable_size(SWA) + swa_freed
 
     def _make_room(self, num_tokens: int) -> None:
         """The allocator's evict_to_free_tokens: each attention pool's shortfall of `num_tokens`."""
@@ -351,14 +354,14 @@ class HybridRadixCache(PrefixCache):
             self._evict_for({FULL: full, SWA: swa} if self.window else {FULL: full})
 
     # -- look-up --------------------------------------------------------------------------
-    def _probe(self, tokens: Sequence[int], namespace: Namespace, tree_key: object) -> MatchOutcome:
+    def _probe(self, tokens: Sequence[int], namespace: Namespace, tree_key: object) -> HybridMatch:
         """The match of `tokens` (changing nothing), trimmed by `usable_hit`: then the
         match of the tokens cut to the hit it keeps."""
-        out = self.tree.match(tokens, tree_key)
+        out = self.tree.probe(tokens, tree_key)
         if self._trims:
             keep = self.checked_usable_hit(tokens, out.num_tokens, namespace)
             if keep < out.num_tokens:
-                out = self.tree.match(tokens[:keep], tree_key)
+                out = self.tree.probe(tokens[:keep], tree_key)
         return out
 
     @guarded
@@ -366,18 +369,18 @@ class HybridRadixCache(PrefixCache):
         toks = check_tokens(tokens, allow_empty=True, itemsize=4)
         namespace = check_namespace(namespace)
         out = self._probe(toks, namespace, exact_key(namespace))
-        full = out.pages(FULL, self.block_size)
+        full = self.tree.hit_pages(out, FULL)
         states = [NULL_BLOCK] * len(full)
         if self.has_mamba and full:
-            states[-1] = out.node.mamba  # type: ignore[assignment]
+            states[-1] = self.tree.state(out.node)  # type: ignore[assignment]
         table = self._group_view(0, full, self._hit_swa(out), states, self._chunk_start(out.num_tokens))
         return Match(out.num_tokens, tuple(table))
 
-    def _hit_swa(self, out: MatchOutcome) -> list[int]:
+    def _hit_swa(self, out: HybridMatch) -> list[int]:
         """The SWA pages of a hit the first query reads (NULL_BLOCK before its window)."""
         if not self.window:
             return []
-        swa = out.pages(SWA, self.block_size)
+        swa = self.tree.hit_pages(out, SWA)
         first = max(0, out.num_tokens - self.window + 1) // self.block_size
         return [NULL_BLOCK] * first + swa[first:]
 
@@ -406,14 +409,16 @@ class HybridRadixCache(PrefixCache):
             self._stats.rejected += 1
             return None
         # Req.init_next_round_input: the match's splits and recency, copy-on-write of the state.
-        m = self.tree.settle(probe)
+        tree = self.tree
+        m = tree.settle(probe)
+        state = tree.state(m.node) if self.has_mamba else None
         req = HybridRadixRequest(
             request_id, toks, namespace, num_cached_tokens=hit, num_computed=hit, tree_key=tree_key, prompt_len=n,
             protected=hit, swa_branching=m.swa_branching, mamba_branching=m.mamba_branching,
         )  # fmt: skip
-        if self.has_mamba and m.node.mamba is not None:
+        if state is not None:
             req.running = self._state_slot(lock=m.node)
-        req.receipt = self.tree.lock(m.node)  # PrefillAdder
+        req.receipt = tree.lock(m.node)  # PrefillAdder
         # alloc_for_extend: the request's state slots, then the extend's pages.
         if self.has_mamba:
             needed = (0 if req.running is not None else 1) + _PING_PONG
@@ -423,13 +428,13 @@ class HybridRadixCache(PrefixCache):
                 req.running = self._take(STATE, 1)[0]
             req.ping_pong = self._take(STATE, _PING_PONG)
             req.next_track, req.last_track = 0, 1
-        req.block_table = self.tree.path_pages(m.node)
+        req.block_table = tree.path_pages(m.node)
         if self.window:
             req.swa = self._hit_swa(m)
         if self.has_mamba:
             req.states = [NULL_BLOCK] * (hit // bs)
             if hit:
-                req.states[-1] = m.node.mamba  # type: ignore[assignment]
+                req.states[-1] = state  # type: ignore[assignment]
         req.allocated_to, req.chunk_ends = hit, list(ends)
         self._extend(req)
         req.chunk_start = self._chunk_start(hit)
@@ -509,14 +514,14 @@ class HybridRadixCache(PrefixCache):
         chunks = [g.chunk for g in self.layout if g.kind == CHUNKED_LOCAL_ATTENTION]
         return hit // chunks[0] * chunks[0] // self.block_size if chunks else 0  # type: ignore[operator]
 
-    def _fits(self, probe: MatchOutcome, n: int, track: int | None) -> bool:
+    def _fits(self, probe: HybridMatch, n: int, track: int | None) -> bool:
         """Whether admitting a prompt of `n` TOKENS with this hit finds room after evicting
         everything it may: each pool's need against its free plus evictable size, less
         what locking the hit protects."""
         bs = self.block_size
         own = (_cdiv(n, bs) - probe.num_tokens // bs) * bs
         cost = self.tree.lock_cost(probe)
-        room = {c: self._available(c) + self.tree.evictable[c] - cost.get(c, 0) for c in self._budgets}
+        room = {c: self._available(c) + self.tree.evictable_size(c) - cost[c] for c in self._budgets}
         if own > room[FULL] or (self.window and own > room[SWA]):
             return False
         if self.has_mamba:
@@ -524,7 +529,7 @@ class HybridRadixCache(PrefixCache):
             return need <= room[STATE]
         return True
 
-    def _state_slot(self, *, lock: TreeNode | None = None) -> int | None:
+    def _state_slot(self, *, lock: HybridNodeRef | None = None) -> int | None:
         """One Mamba state slot, evicting a state if none is free (with `lock` locked
         meanwhile, as SGLang's copy-on-write does); None if eviction finds none."""
         if self._available(STATE) < 1:
@@ -639,7 +644,7 @@ class HybridRadixCache(PrefixCache):
             req.receipt = None
         self._requests.pop(request_id)
 
-    def _cap_states(self, node: TreeNode) -> None:
+    def _cap_states(self, node: HybridNodeRef) -> None:
         """`state_cap`: the states on the path to `node` but the cap's, least replay
         first, never the deepest; a state another request locks stays."""
         states, depth = [], 0
@@ -741,20 +746,16 @@ class HybridRadixCache(PrefixCache):
             return None
         return req.prev_track_len, 1 - req.last_track
 
-    def _repoint(self, req: HybridRadixRequest, outcome: InsertOutcome, aligned: int) -> None:
+    def _repoint(self, req: HybridRadixRequest, outcome: HybridInsert, aligned: int) -> None:
         """The request's tables after an insert: the tree's pages up to `aligned`, its
         lock on the node the insert ended on."""
         bs = self.block_size
-        nodes = self.tree.path_nodes(outcome.node)
         first, last = req.protected // bs, aligned // bs
-        pages: list[int] = list(chain.from_iterable(node.full for node in nodes))  # type: ignore[arg-type]
+        pages = self.tree.path_pages(outcome.node)
         assert len(pages) == last, "an insert's path covers its key"
         req.block_table[first:last] = pages[first:last]
         if self.window:
-            swa: list[int] = []
-            for node in nodes:
-                swa.extend(node.swa if node.swa is not None else [NULL_BLOCK] * len(node.full))  # type: ignore[arg-type]
-            req.swa[first:last] = swa[first:last]
+            req.swa[first:last] = self.tree.path_swa(outcome.node)[first:last]  # NULL_BLOCK in a tombstone
         if self.has_mamba and req.num_cached_tokens:
             req.states[req.num_cached_tokens // bs - 1] = NULL_BLOCK  # the hit's state: read, no longer locked
         assert req.receipt is not None
@@ -763,7 +764,7 @@ class HybridRadixCache(PrefixCache):
         req.inserted = max(req.inserted, aligned)
         req.protected = aligned
 
-    def _after_checkpoint(self, req: HybridRadixRequest, outcome: InsertOutcome | None, up_to: int,
+    def _after_checkpoint(self, req: HybridRadixRequest, outcome: HybridInsert | None, up_to: int,
                           finished: bool, state: int | None, keep: int | None) -> None:  # fmt: skip
         """The components' cleanup_after_caching_req (`up_to`: TOKENS the request has filled)."""
         if self.window and outcome is not None and outcome.swa_branch_inserted:
@@ -876,61 +877,36 @@ class HybridRadixCache(PrefixCache):
         kinds = {FULL: (FULL_ATTENTION, CHUNKED_LOCAL_ATTENTION), SWA: (SLIDING_WINDOW,), STATE: (MAMBA,)}[c]
         return [g for g, group in enumerate(self.layout) if group.kind in kinds]
 
-    def _page_hash_before(self, node: TreeNode, first: int) -> bytes | None:
-        if first:
-            return node.hashes[first - 1]  # type: ignore[index]
-        parent = node.parent
-        while parent is not None and parent is not self.tree.root and not parent.hashes:
-            parent = parent.parent
-        return parent.hashes[-1] if parent is not None and parent.hashes else None
-
-    def _stored(self, node: TreeNode, c: Component, first: int, end: int) -> None:
-        """BlockStored for component c's pages [first, end) of `node`, each group of c."""
-        if c == STATE:
-            first = end - 1
-        hashes = node.hashes[first:end]  # type: ignore[index]
-        bs = self.block_size
-        ns = self._namespace_of(node)
-        lora_id, lora_name = event_lora(ns)
-        parent = self._page_hash_before(node, first)
-        depth = self._depth_pages(node) + first
+    def _stored(self, event: tuple) -> None:
+        """BlockStored for the pages a native store event names, each group of its component."""
+        _, _, c, _, _, hashes, parent, depth, tokens, ns = event
+        namespace = self._namespaces.get(self.tree.ns_key(ns))
+        lora_id, lora_name = event_lora(namespace)
         extra = tuple(
-            event_extra_keys(namespace_extra_keys(ns, first_block=depth + i == 0)) for i in range(len(hashes))
+            event_extra_keys(namespace_extra_keys(namespace, first_block=depth + i == 0)) for i in range(len(hashes))
         )
-        tokens = tuple(node.key[first * bs : end * bs])
-        for g in self._groups_of(c):
+        bs = self.block_size
+        for g in self._groups_of(Component(c)):
             group = self.layout[g]
             self._events.record(BlockStored(
-                block_hashes=tuple(hashes), parent_block_hash=parent, token_ids=tokens, block_size=bs,
+                block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=bs,
                 lora_id=lora_id, lora_name=lora_name, extra_keys=extra, group_idx=g, kv_cache_spec_kind=group.kind,
                 kv_cache_spec_sliding_window=group.window if group.kind == SLIDING_WINDOW else None,
             ))  # fmt: skip
 
-    def _removed(self, node: TreeNode, c: Component, first: int, end: int) -> None:
-        if c == STATE:
-            first = end - 1
-        hashes = tuple(node.hashes[first:end])  # type: ignore[index]
-        for g in self._groups_of(c):
+    def _removed(self, event: tuple) -> None:
+        hashes = event[5]
+        for g in self._groups_of(Component(event[2])):
             self._events.record(BlockRemoved(block_hashes=hashes, group_idx=g))
-
-    def _depth_pages(self, node: TreeNode) -> int:
-        depth = 0
-        node = node.parent  # type: ignore[assignment]
-        while node is not None and node is not self.tree.root:
-            depth += len(node.key) // self.block_size
-            node = node.parent  # type: ignore[assignment]
-        return depth
 
     def _forget_namespaces(self) -> None:
         """Drop the tree keys no node and no live request has, so the table follows what
         the tree holds (a scan of the root's children, amortized: the limit doubles past
         what stays)."""
-        kept = {key[0] for key in self.tree.root.children} | {r.tree_key for r in self._requests}
+        kept = self.tree.namespaces() | {r.tree_key for r in self._requests}
+        self.tree.keep_namespaces(kept)
         self._namespaces = {k: ns for k, ns in self._namespaces.items() if k in kept}
         self._namespaces_limit = prune_at(len(self._namespaces))
-
-    def _namespace_of(self, node: TreeNode) -> Namespace:
-        return self._namespaces.get(node.ns)
 
     # -- invariants -----------------------------------------------------------------------
     @guarded

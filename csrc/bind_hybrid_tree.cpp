@@ -85,6 +85,22 @@ py::list freed_list(std::vector<HybridFreed> freed) {
   return out;
 }
 
+// Chained page hashes: a sequence of bytes.
+std::vector<std::string> page_hashes(py::handle obj) {
+  std::vector<std::string> out;
+  for (py::handle h : py::reinterpret_borrow<py::sequence>(obj)) out.emplace_back(bytes_view(h, "hashes[i]"));
+  return out;
+}
+
+py::tuple event_tuple(const HybridEvent& e) {
+  py::tuple hashes(e.hashes.size());
+  for (size_t i = 0; i < e.hashes.size(); ++i) hashes[i] = py::bytes(e.hashes[i]);
+  py::object parent = e.parent_hash ? py::object(py::bytes(*e.parent_hash)) : py::none();
+  py::tuple tokens(e.tokens.size());
+  for (size_t i = 0; i < e.tokens.size(); ++i) tokens[i] = py::int_(e.tokens[i]);
+  return py::make_tuple(e.stored, e.node_id, e.component, e.first, e.end, hashes, parent, e.depth, tokens, e.ns);
+}
+
 py::tuple path_entry(const std::pair<HybridNodeRef, int64_t>& e) { return py::make_tuple(e.first, e.second); }
 
 }  // namespace
@@ -138,7 +154,7 @@ void bind_hybrid_tree(py::module_& m) {
       .def("unlock", &T::unlock)
       .def("insert", [](T& t, py::handle tokens, py::handle ns, py::handle pages, py::handle swa_pages,
                         py::handle prev_prefix_len, py::handle swa_evicted, py::handle swa_branching,
-                        py::handle mamba_value) {
+                        py::handle mamba_value, py::handle hashes) {
              Int32Tokens toks(tokens);
              const std::vector<int64_t> full = block_ids(pages, "pages");
              std::vector<int64_t> swa;
@@ -155,18 +171,26 @@ void bind_hybrid_tree(py::module_& m) {
              a.swa_branching = optional_int(swa_branching, "swa_branching");
              a.mamba_value = optional_int(mamba_value, "mamba_value");
              if (a.mamba_value != kHybridNone && a.mamba_value < 0) throw std::invalid_argument("mamba_value: a state id >= 0");
+             if (!hashes.is_none()) a.hashes = page_hashes(hashes);
              return t.insert(a);
            },
            py::arg("tokens"), py::arg("ns"), py::arg("pages"), py::arg("swa_pages"), py::kw_only(),
            py::arg("prev_prefix_len"), py::arg("swa_evicted") = 0, py::arg("swa_branching") = py::none(),
-           py::arg("mamba_value") = py::none())
+           py::arg("mamba_value") = py::none(), py::arg("hashes") = py::none())
       .def("evict", [](T& t, py::handle want, py::handle reach) {
         return as_tuple(t.evict(triple(want, "want"), triple(reach, "reach")));
       }, py::arg("want"), py::arg("reach"))
       .def("drop_states", &T::drop_states)
-      .def("path_pages", &T::path_pages)
+      .def("path_pages", [](const T& t, HybridNodeRef n) {
+        const auto ids = t.path_pages(n);
+        return py::list(py::cast(ids));
+      })
+      .def("hit_pages", [](const T& t, const HybridMatch& h, int c) { return py::list(py::cast(t.hit_pages(h, c))); })
+      .def("state", [](const T& t, HybridNodeRef n) { return none_or(t.state(n)); })
+      .def("path_swa", [](const T& t, HybridNodeRef n) { return py::list(py::cast(t.path_swa(n))); })
       .def("path_nodes", &T::path_nodes)
       .def("nodes", &T::nodes)
+      .def("nodes_below", &T::children, "A node's children, in insertion order.")
       .def("parent", [](const T& t, HybridNodeRef n) -> py::object {
         const HybridNodeRef p = t.parent(n);
         return p.slot < 0 ? py::none() : py::cast(p);
@@ -182,9 +206,10 @@ void bind_hybrid_tree(py::module_& m) {
       .def("take_freed", [](T& t) { return freed_list(t.take_freed()); })
       .def("take_events", [](T& t) {
         py::list out;
-        for (const auto& e : t.take_events()) out.append(py::make_tuple(e.stored, e.node_id, e.component, e.first, e.end));
+        for (const auto& e : t.take_events()) out.append(event_tuple(e));
         return out;
-      })
+      }, "(stored, node id, component, first page, end page, hashes, parent hash, depth, tokens, ns) each.")
+      .def("set_walk_every_state", &T::set_walk_every_state)
       .def("evictable", &T::evictable)
       .def("protected_size", &T::protected_size)
       .def_property_readonly("num_nodes", &T::num_nodes);

@@ -296,7 +296,25 @@ void HybridTree::free_ids(int c, std::vector<int64_t> ids) {
 }
 
 void HybridTree::event(bool stored, int32_t s, int c) {
-  if (record_events_) events_.push_back({stored, nodes_[s].id, c, 0, len(nodes_[s].key) / page_});
+  if (!record_events_) return;
+  const Node& n = nodes_[s];
+  const int64_t end = len(n.key) / page_;
+  const int64_t first = c == kHybridMamba ? end - 1 : 0;  // a state is the one page it ends on
+  HybridEvent e{stored, n.id, c, first, end, {}, std::nullopt, 0, {}, n.ns};
+  if (n.has_hashes) e.hashes.assign(n.hashes.begin() + first, n.hashes.begin() + end);
+  if (stored) {
+    if (first > 0 && n.has_hashes) {
+      e.parent_hash = n.hashes[first - 1];
+    } else if (first == 0) {
+      int32_t p = n.parent;
+      while (p >= 0 && p != root_ && !(nodes_[p].has_hashes && !nodes_[p].hashes.empty())) p = nodes_[p].parent;
+      if (p >= 0 && nodes_[p].has_hashes && !nodes_[p].hashes.empty()) e.parent_hash = nodes_[p].hashes.back();
+    }
+    for (int32_t p = n.parent; p >= 0 && p != root_; p = nodes_[p].parent) e.depth += len(nodes_[p].key) / page_;
+    e.depth += first;
+    e.tokens.assign(n.key.begin() + first * page_, n.key.begin() + end * page_);
+  }
+  events_.push_back(std::move(e));
 }
 
 void HybridTree::set_swa(int32_t s, std::vector<int64_t> swa) {
@@ -426,6 +444,38 @@ std::vector<int64_t> HybridTree::path_pages(HybridNodeRef node) const {
   return out;
 }
 
+std::vector<int64_t> HybridTree::path_swa(HybridNodeRef node) const {
+  std::vector<int32_t> chain;
+  for (int32_t s = slot(node); s != root_; s = nodes_[s].parent) chain.push_back(s);
+  std::vector<int64_t> out;
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    const Node& n = nodes_[*it];
+    if (n.has_swa) {
+      out.insert(out.end(), n.swa.begin(), n.swa.end());
+    } else {
+      out.insert(out.end(), n.full.size(), -1);
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> HybridTree::hit_pages(const HybridMatch& hit, int c) const {
+  if (c != kHybridFull && c != kHybridSwa) throw std::invalid_argument("component: FULL or SWA hold pages");
+  std::vector<int64_t> out;
+  for (const auto& [r, covered] : hit.path) {
+    const Node& n = nodes_[slot(r)];
+    const size_t k = static_cast<size_t>(covered / page_);
+    if (c == kHybridFull) {
+      out.insert(out.end(), n.full.begin(), n.full.begin() + k);
+    } else if (n.has_swa) {
+      out.insert(out.end(), n.swa.begin(), n.swa.begin() + k);
+    } else {
+      out.insert(out.end(), k, -1);
+    }
+  }
+  return out;
+}
+
 std::vector<HybridNodeRef> HybridTree::path_nodes(HybridNodeRef node) const {
   std::vector<HybridNodeRef> out;
   for (int32_t s = slot(node); s != root_; s = nodes_[s].parent) out.push_back(ref(s));
@@ -462,6 +512,11 @@ int32_t HybridTree::split(int32_t child, int64_t split_len) {
     }
     h.swa_uuid = std::exchange(c.swa_uuid, kHybridNone);
   }
+  if (c.has_hashes) {
+    h.has_hashes = true;
+    h.hashes.assign(c.hashes.begin(), c.hashes.begin() + p);
+    c.hashes.erase(c.hashes.begin(), c.hashes.begin() + p);
+  }
   if (has_swa_ && h.has_swa) lru_insert_after(kHybridSwa, child, head);
   c.last_access = tick();
   ++num_nodes_;
@@ -470,10 +525,15 @@ int32_t HybridTree::split(int32_t child, int64_t split_len) {
   return head;
 }
 
-int32_t HybridTree::add_leaf(int32_t parent, std::span<const int32_t> key, std::vector<int64_t> pages, int64_t ns) {
+int32_t HybridTree::add_leaf(int32_t parent, std::span<const int32_t> key, std::vector<int64_t> pages, int64_t ns,
+                             const std::optional<std::vector<std::string>>& hashes, int64_t first_page) {
   const int32_t s = new_node();
   Node& n = nodes_[s];
   n.parent = parent;
+  if (hashes) {
+    n.has_hashes = true;
+    n.hashes.assign(hashes->begin() + first_page, hashes->begin() + first_page + static_cast<int64_t>(pages.size()));
+  }
   n.key.assign(key.begin(), key.end());
   n.full = std::move(pages);
   n.ns = ns;
@@ -618,6 +678,9 @@ HybridInsert HybridTree::insert(const HybridInsertArgs& a) {
                                 std::to_string(n) + " tokens");
   }
   if (has_swa_ && n > 0 && !a.swa_pages) throw std::invalid_argument("swa_pages: a tree with SWA inserts SWA pages");
+  if (a.hashes && static_cast<int64_t>(a.hashes->size()) < n / page) {
+    throw std::invalid_argument("hashes: " + std::to_string(a.hashes->size()) + " for " + std::to_string(n) + " tokens");
+  }
   if (has_mamba_ && n > 0 && a.mamba_value == kHybridNone) {
     throw std::invalid_argument("mamba_value: a tree with MAMBA inserts a state with every key");
   }
@@ -658,7 +721,7 @@ HybridInsert HybridTree::insert(const HybridInsertArgs& a) {
   bool new_leaf = false;
   if (total < n) {
     target = add_leaf(node, a.tokens.subspan(total, n - total),
-                      {a.pages.begin() + total / page, a.pages.begin() + n / page}, a.ns);
+                      {a.pages.begin() + total / page, a.pages.begin() + n / page}, a.ns, a.hashes, total / page);
     new_leaf = true;
   }
   out.node = ref(target);
@@ -820,11 +883,13 @@ std::array<int64_t, 3> HybridTree::evict(std::array<int64_t, 3> want, std::array
       evict_full(quota, tracker, reach);
     } else {
       if (no_tail_cliff_ && c == kHybridSwa) {
-        walk_aux(c, quota, tracker, reach, true);
+        walk_aux(c, quota, tracker, reach, Skip::kBranchTails);
+      } else if (no_tail_cliff_ && walk_every_state_) {
+        walk_aux(c, quota, tracker, reach, Skip::kDeepestStates);
       } else if (no_tail_cliff_ && !inner_states_.empty()) {
         walk_inner_states(quota, tracker, reach);
       }
-      walk_aux(c, quota, tracker, reach, false);
+      walk_aux(c, quota, tracker, reach, Skip::kNone);
     }
   }
   return tracker;
@@ -857,9 +922,9 @@ void HybridTree::evict_full(int64_t quota, Tracker& tracker, const std::array<in
 }
 
 void HybridTree::walk_aux(int c, int64_t quota, Tracker& tracker, const std::array<int64_t, 3>& reach,
-                          bool skip_tails) {
+                          Skip skip) {
   // Least recent unlocked first: a leaf goes whole, an inner node is tombstoned for c
-  // (and what ranks below c on it). `skip_tails`: no_tail_cliff's first SWA walk.
+  // (and what ranks below c on it). `skip`: what no_tail_cliff's first walk passes over.
   std::unordered_set<int64_t> passed;  // ids the skip kept, not asked again
   auto in_lru = [&](int32_t s) { return s >= 0 && nodes_[s].alive && nodes_[s].in_lru[c]; };
   int32_t cursor = lru_unlocked(c);
@@ -868,9 +933,9 @@ void HybridTree::walk_aux(int c, int64_t quota, Tracker& tracker, const std::arr
     if (tracker[c] >= quota || done(c, tracker, reach) || cursor < 0 || !in_lru(cursor)) return;
     const int32_t x = cursor;
     cursor = prev_unlocked(c, x);
-    if (skip_tails) {
+    if (skip != Skip::kNone) {
       const int64_t id = nodes_[x].id;
-      if (passed.count(id) || in_branch_tail(x)) {
+      if (passed.count(id) || (skip == Skip::kBranchTails ? in_branch_tail(x) : deepest_state(x))) {
         passed.insert(id);
         continue;
       }
@@ -975,6 +1040,12 @@ std::vector<HybridNodeRef> HybridTree::nodes() const {
     out.push_back(ref(s));
     stack.insert(stack.end(), nodes_[s].children.begin(), nodes_[s].children.end());
   }
+  return out;
+}
+
+std::vector<HybridNodeRef> HybridTree::children(HybridNodeRef node) const {
+  std::vector<HybridNodeRef> out;
+  for (int32_t ch : nodes_[slot(node)].children) out.push_back(ref(ch));
   return out;
 }
 

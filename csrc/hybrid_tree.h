@@ -74,11 +74,19 @@ struct HybridFreed {
   std::vector<int64_t> ids;
 };
 
+// A store or remove of a component's pages [first, end) on a node (a state: its last
+// page), with what an event names taken at that moment: the node may be split or gone
+// by the time the caller reads the log.
 struct HybridEvent {
   bool stored;  // false: removed
   int64_t node_id;
   int component;
   int64_t first, end;  // pages
+  std::vector<std::string> hashes;  // the pages' chained hashes (none given: empty)
+  std::optional<std::string> parent_hash;  // stores: the hash of the page before
+  int64_t depth = 0;  // stores: pages before `first` on the path
+  std::vector<int32_t> tokens;  // stores: the pages' tokens
+  int64_t ns = 0;
 };
 
 struct HybridInsertArgs {
@@ -90,6 +98,7 @@ struct HybridInsertArgs {
   int64_t swa_evicted = 0;
   int64_t swa_branching = kHybridNone;
   int64_t mamba_value = kHybridNone;
+  std::optional<std::vector<std::string>> hashes;  // every page's chained hash (events only)
 };
 
 // A node as the caller reads it (a copy: valid until the next call).
@@ -127,8 +136,13 @@ class HybridTree {
   void drop_states(const std::vector<HybridNodeRef>& nodes);
 
   std::vector<int64_t> path_pages(HybridNodeRef node) const;
+  std::vector<int64_t> path_swa(HybridNodeRef node) const;  // -1 (NULL_BLOCK) for a tombstone's pages
+  // A match's pages of FULL or SWA (-1 for a tombstone's), as far as its path covers.
+  std::vector<int64_t> hit_pages(const HybridMatch& hit, int component) const;
+  int64_t state(HybridNodeRef node) const { return nodes_[slot(node)].mamba; }  // kHybridNone: none
   std::vector<HybridNodeRef> path_nodes(HybridNodeRef node) const;
   std::vector<HybridNodeRef> nodes() const;  // the reference model's nodes() order
+  std::vector<HybridNodeRef> children(HybridNodeRef node) const;  // in insertion order
   HybridNodeView view(HybridNodeRef node) const;
   std::vector<int64_t> lru_order(int component) const;  // ids, most recent first
   HybridNodeRef root() const { return ref(root_); }
@@ -145,6 +159,9 @@ class HybridTree {
   int64_t page_size() const { return page_; }
   int64_t window() const { return window_; }
   bool no_tail_cliff() const { return no_tail_cliff_; }
+  // Tests only: MAMBA's first no_tail_cliff walk asks every state of the LRU, not just
+  // the inner ones (what walk_inner_states must evict the same as).
+  void set_walk_every_state(bool on) { walk_every_state_ = on; }
 
  private:
   struct Node {
@@ -164,6 +181,8 @@ class HybridTree {
     std::array<uint64_t, 3> stamps{0, 0, 0};
     std::array<bool, 3> in_lru{false, false, false};
     int64_t ns = 0;
+    bool has_hashes = false;
+    std::vector<std::string> hashes;
     int32_t leaf_pos = -1;   // index in leaves_, -1: not an evictable leaf
     int32_t inner_pos = -1;  // index in inner_states_
   };
@@ -215,7 +234,8 @@ class HybridTree {
   // -- structure ----------------------------------------------------------------------
   int64_t match_len(int32_t s, std::span<const int32_t> tokens, int64_t offset) const;
   int32_t split(int32_t child, int64_t split_len);
-  int32_t add_leaf(int32_t parent, std::span<const int32_t> key, std::vector<int64_t> pages, int64_t ns);
+  int32_t add_leaf(int32_t parent, std::span<const int32_t> key, std::vector<int64_t> pages, int64_t ns,
+                   const std::optional<std::vector<std::string>>& hashes, int64_t first_page);
   void touch_match(int32_t best);
   std::optional<std::pair<int32_t, int64_t>> swa_span(int32_t s, int64_t start, int64_t end, int64_t window_start);
   int64_t swa_overlap(int32_t s, int64_t total, int64_t m, const HybridInsertArgs& a);
@@ -229,7 +249,8 @@ class HybridTree {
     return reach[c] >= 0 && tracker[c] >= reach[c];
   }
   void evict_full(int64_t quota, Tracker& tracker, const std::array<int64_t, 3>& reach);
-  void walk_aux(int c, int64_t quota, Tracker& tracker, const std::array<int64_t, 3>& reach, bool skip_tails);
+  enum class Skip { kNone, kBranchTails, kDeepestStates };
+  void walk_aux(int c, int64_t quota, Tracker& tracker, const std::array<int64_t, 3>& reach, Skip skip);
   void walk_inner_states(int64_t quota, Tracker& tracker, const std::array<int64_t, 3>& reach);
   bool viable(int32_t s) const;
   int32_t prune_dead(int32_t s, Tracker& tracker);
@@ -241,6 +262,7 @@ class HybridTree {
   const bool has_swa_, has_mamba_;
   const int64_t window_, state_grid_;
   const bool no_tail_cliff_, record_events_;
+  bool walk_every_state_ = false;
 
   std::vector<Node> nodes_;  // slots 0..3: the SWA and MAMBA LRU sentinels
   std::vector<int32_t> free_slots_;

@@ -242,8 +242,6 @@ def test_radix_the_inner_state_walk_evicts_what_walking_every_state_would(data, 
     is always its branch's deepest): against a twin whose walk asks every state of the
     LRU, under random conversations and shared prefixes in a crowded state pool, every
     admission hits the same and the trees hold the same states after every request."""
-    from prefixcache.backends.hybrid_radix_tree import HybridTree
-
     def build():
         return prefixcache.build_cache(CacheConfig(
             backend="radix", block_size=4, num_blocks=400 + slots, enable_events=False,
@@ -253,11 +251,7 @@ def test_radix_the_inner_state_walk_evicts_what_walking_every_state_would(data, 
 
     fast, twin = build(), build()
 
-    def walk_every_state(self, c, quota, tracker, done):
-        self._walk_aux(c, quota, tracker, done, skip=self._in_branch_tail if c == 1 else self._deepest_state)
-        self._walk_aux(c, quota, tracker, done)
-
-    twin.tree._evict_aux = walk_every_state.__get__(twin.tree, HybridTree)
+    twin.tree.walk_every_state(True)  # the model's walk_aux with _deepest_state as its skip
     histories = [[1000 * (c + 1) + k for k in range(data.draw(st.integers(4, 12)))] for c in range(6)]
     for rid in range(data.draw(st.integers(6, 30))):
         c = data.draw(st.integers(0, len(histories) - 1))
