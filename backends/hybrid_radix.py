@@ -231,6 +231,7 @@ class HybridRadixCache(PrefixCache):
         layout = config.groups
         bs = self.block_size
         self.layout = layout
+        self._kinds = tuple(g.kind for g in layout)
         self.window = next((g.window for g in layout if g.kind == SLIDING_WINDOW), None)  # TOKENS a query reads
         self.has_mamba = layout.has_mamba
         chunk, interval = self.options["mamba_chunk"], self.options["mamba_track_interval"]
@@ -373,7 +374,7 @@ class HybridRadixCache(PrefixCache):
         states = [NULL_BLOCK] * len(full)
         if self.has_mamba and full:
             states[-1] = self.tree.state(out.node)  # type: ignore[assignment]
-        table = self._group_view(0, full, self._hit_swa(out), states, self._chunk_start(out.num_tokens))
+        table = self._group_view(self._kinds[0], full, self._hit_swa(out), states, self._chunk_start(out.num_tokens))
         return Match(out.num_tokens, tuple(table))
 
     def _hit_swa(self, out: HybridMatch) -> list[int]:
@@ -424,9 +425,10 @@ class HybridRadixCache(PrefixCache):
             needed = (0 if req.running is not None else 1) + _PING_PONG
             if self._available(STATE) < needed:
                 self._evict_for({STATE: needed - self._available(STATE)})
+            slots = self._take(STATE, needed)  # the pool hands them out in order: as one, then two
             if req.running is None:
-                req.running = self._take(STATE, 1)[0]
-            req.ping_pong = self._take(STATE, _PING_PONG)
+                req.running = slots.pop(0)
+            req.ping_pong = slots
             req.next_track, req.last_track = 0, 1
         req.block_table = tree.path_pages(m.node)
         if self.window:
@@ -520,13 +522,15 @@ class HybridRadixCache(PrefixCache):
         what locking the hit protects."""
         bs = self.block_size
         own = (_cdiv(n, bs) - probe.num_tokens // bs) * bs
-        cost = self.tree.lock_cost(probe)
-        room = {c: self._available(c) + self.tree.evictable_size(c) - cost[c] for c in self._budgets}
-        if own > room[FULL] or (self.window and own > room[SWA]):
+        tree = self.tree
+        cost = tree.lock_cost(probe)
+        if own > self._available(FULL) + tree.evictable_size(FULL) - cost[FULL]:
+            return False
+        if self.window and own > self._available(SWA) + tree.evictable_size(SWA) - cost[SWA]:
             return False
         if self.has_mamba:
             need = 1 + _PING_PONG + (1 if track is not None else 0)  # running, track slots, the donation
-            return need <= room[STATE]
+            return need <= self._available(STATE) + tree.evictable_size(STATE) - cost[STATE]
         return True
 
     def _state_slot(self, *, lock: HybridNodeRef | None = None) -> int | None:
@@ -669,18 +673,21 @@ class HybridRadixCache(PrefixCache):
         return tuple(BlockIds(t) for t in self._tables(self._requests.get(request_id)))
 
     def _tables(self, req: HybridRadixRequest) -> list[list[int]]:
-        return [self._group_view(g, req.block_table, req.swa, req.states, req.chunk_start) for g in range(len(self.layout))]
+        """Every group's table (the request's own lists: the caller copies them)."""
+        full, swa, states, start = req.block_table, req.swa, req.states, req.chunk_start
+        return [self._group_view(kind, full, swa, states, start) for kind in self._kinds]
 
-    def _group_view(self, g: int, full: list[int], swa: list[int], states: list[int], chunk_start: int) -> list[int]:
-        """Group g's table from the FULL, SWA and state tables (module docstring)."""
-        kind = self.layout[g].kind
+    @staticmethod
+    def _group_view(kind: str, full: list[int], swa: list[int], states: list[int], chunk_start: int) -> list[int]:
+        """A group's table from the FULL, SWA and state tables (module docstring): one of
+        them as it is, or a new list; the caller copies what it hands out."""
         if kind == FULL_ATTENTION:
-            return list(full)
+            return full
         if kind == SLIDING_WINDOW:
-            return list(swa)
+            return swa
         if kind == MAMBA:
-            return list(states)
-        return [NULL_BLOCK] * chunk_start + list(full[chunk_start:])
+            return states
+        return [NULL_BLOCK] * chunk_start + full[chunk_start:]
 
     # -- the checkpoint (SGLang's checkpoint_into_tree) --------------------------------------
     def _checkpoint(self, req: HybridRadixRequest, up_to: int, *, finished: bool) -> None:
