@@ -405,21 +405,27 @@ class HybridRadixCache(PrefixCache):
         hit = probe.num_tokens
         ends = self._chunk_ends(hit, n)
         tracks = [self._track_at(start, end, probe.mamba_branching) for start, end in zip([hit, *ends], ends)]
-        track = tracks[0]
-        if not self._fits(probe, n, track):
+        # One native call (csrc/hybrid_radix_admit.h): whether the prompt fits after evicting
+        # everything it may (each pool's need against its free plus evictable size, less
+        # what locking the hit protects; with Mamba the running slot, the track slots and
+        # the state the extend donates); then Req.init_next_round_input's splits and
+        # recency, the PrefillAdder's lock, and the pages the tables start from.
+        states_needed = 1 + _PING_PONG + (tracks[0] is not None) if self.has_mamba else 0
+        available = (self._available(FULL), self._available(SWA) if self.window else 0,
+                     self._available(STATE) if self.has_mamba else 0)  # fmt: skip
+        got = self.tree.native.admit_hit(probe, n, available, states_needed, self.window or 0)
+        if got is None:
             self._stats.rejected += 1
             return None
-        # Req.init_next_round_input: the match's splits and recency, copy-on-write of the state.
-        tree = self.tree
-        m = tree.settle(probe)
-        state = tree.state(m.node) if self.has_mamba else None
+        m, receipt, full, swa, state = got
         req = HybridRadixRequest(
             request_id, toks, namespace, num_cached_tokens=hit, num_computed=hit, tree_key=tree_key, prompt_len=n,
-            protected=hit, swa_branching=m.swa_branching, mamba_branching=m.mamba_branching,
+            protected=hit, swa_branching=m.swa_branching, mamba_branching=m.mamba_branching, receipt=receipt,
         )  # fmt: skip
         if state is not None:
-            req.running = self._state_slot(lock=m.node)
-        req.receipt = tree.lock(m.node)  # PrefillAdder
+            # Copy-on-write of the matched state (a slot, evicting for one with the hit
+            # locked: the request's lock is held already).
+            req.running = self._state_slot()
         # alloc_for_extend: the request's state slots, then the extend's pages.
         if self.has_mamba:
             needed = (0 if req.running is not None else 1) + _PING_PONG
@@ -430,9 +436,9 @@ class HybridRadixCache(PrefixCache):
                 req.running = slots.pop(0)
             req.ping_pong = slots
             req.next_track, req.last_track = 0, 1
-        req.block_table = tree.path_pages(m.node)
+        req.block_table = full
         if self.window:
-            req.swa = self._hit_swa(m)
+            req.swa = swa
         if self.has_mamba:
             req.states = [NULL_BLOCK] * (hit // bs)
             if hit:
@@ -516,33 +522,12 @@ class HybridRadixCache(PrefixCache):
         chunks = [g.chunk for g in self.layout if g.kind == CHUNKED_LOCAL_ATTENTION]
         return hit // chunks[0] * chunks[0] // self.block_size if chunks else 0  # type: ignore[operator]
 
-    def _fits(self, probe: HybridMatch, n: int, track: int | None) -> bool:
-        """Whether admitting a prompt of `n` TOKENS with this hit finds room after evicting
-        everything it may: each pool's need against its free plus evictable size, less
-        what locking the hit protects."""
-        bs = self.block_size
-        own = (_cdiv(n, bs) - probe.num_tokens // bs) * bs
-        tree = self.tree
-        cost = tree.lock_cost(probe)
-        if own > self._available(FULL) + tree.evictable_size(FULL) - cost[FULL]:
-            return False
-        if self.window and own > self._available(SWA) + tree.evictable_size(SWA) - cost[SWA]:
-            return False
-        if self.has_mamba:
-            need = 1 + _PING_PONG + (1 if track is not None else 0)  # running, track slots, the donation
-            return need <= self._available(STATE) + tree.evictable_size(STATE) - cost[STATE]
-        return True
-
-    def _state_slot(self, *, lock: HybridNodeRef | None = None) -> int | None:
-        """One Mamba state slot, evicting a state if none is free (with `lock` locked
-        meanwhile, as SGLang's copy-on-write does); None if eviction finds none."""
+    def _state_slot(self) -> int | None:
+        """One Mamba state slot, evicting a state if none is free; None if eviction finds
+        none. (SGLang's copy-on-write locks the matched node while it evicts: admit calls
+        this holding the request's lock on it.)"""
         if self._available(STATE) < 1:
-            receipt = self.tree.lock(lock) if lock is not None else None
-            try:
-                self._evict_for({STATE: 1})
-            finally:
-                if receipt is not None:
-                    self.tree.unlock(receipt)
+            self._evict_for({STATE: 1})
         return self._take(STATE, 1)[0] if self._available(STATE) >= 1 else None
 
     @guarded

@@ -11,7 +11,8 @@ one is held.
 
 The cache's hot path (admission) takes the native objects as they are: `probe`,
 `settle`, `lock_cost`, `lock`, `unlock` pass `HybridMatch` / `HybridReceipt` /
-`HybridNodeRef` through; `match` wraps a match for inspection (`NodeMatch`).
+`HybridNodeRef` through, and `native.admit_hit` (which frees nothing) is called
+directly; `match` wraps a match for inspection (`NodeMatch`).
 
 Must never: keep a node's values on the Python side (a view reads the tree when asked),
 or reorder what the native tree frees.
@@ -171,7 +172,7 @@ class NativeHybridTree:
         self.no_tail_cliff = no_tail_cliff
         self._free = free
         self._on_store, self._on_remove = on_store, on_remove
-        self._native = _Native(page_size, self.has_swa, self.has_mamba, window, state_grid, no_tail_cliff,
+        self.native = self._native = _Native(page_size, self.has_swa, self.has_mamba, window, state_grid, no_tail_cliff,
                                on_store is not None or on_remove is not None)  # fmt: skip
         self._ns_ids: dict[object, int] = {}
         self._ns_keys: dict[int, object] = {}

@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "hybrid_radix_admit.h"
 #include "hybrid_tree.h"
 #include "py_args.h"
 #include "token_ids.h"
@@ -149,6 +150,15 @@ void bind_hybrid_tree(py::module_& m) {
         return t.match(toks.span(), checked_int64(ns, "ns"));
       }, py::arg("tokens"), py::arg("ns"))
       .def("settle", &T::settle)
+      .def("admit_hit", [](T& t, const HybridMatch& probe, py::handle prompt_len, py::handle available,
+                           py::handle states_needed, py::handle window) -> py::object {
+        auto got = admit_hit(t, probe, checked_int64(prompt_len, "prompt_len"), triple(available, "available"),
+                             checked_int64(states_needed, "states_needed"), checked_int64(window, "window"));
+        if (!got) return py::none();
+        return py::make_tuple(std::move(got->hit), got->receipt, py::list(py::cast(got->full)),
+                              py::list(py::cast(got->swa)), none_or(got->state));
+      }, py::arg("probe"), py::arg("prompt_len"), py::arg("available"), py::arg("states_needed"), py::arg("window"),
+      "csrc/hybrid_radix_admit.h: None, or (settled hit, receipt, FULL pages, SWA pages, state).")
       .def("lock_cost", [](const T& t, const HybridMatch& h) { return as_tuple(t.lock_cost(h)); })
       .def("lock", &T::lock)
       .def("unlock", &T::unlock)
