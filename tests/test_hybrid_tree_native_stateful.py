@@ -39,8 +39,9 @@ class NativeAgainstModel(RuleBasedStateMachine):
         window=st.integers(1, 12),
         grid_pages=st.sampled_from([1, 2]),
         no_tail_cliff=st.booleans(),
+        every_state=st.booleans(),
     )
-    def build(self, layout, page, window, grid_pages, no_tail_cliff) -> None:
+    def build(self, layout, page, window, grid_pages, no_tail_cliff, every_state) -> None:
         self.page, self.layout, self.window = page, layout, window
         self.has_swa, self.has_mamba = SWA in layout, MAMBA in layout
         self.model_freed: list = []
@@ -66,6 +67,15 @@ class NativeAgainstModel(RuleBasedStateMachine):
                                 no_tail_cliff=no_tail_cliff)  # fmt: skip
         self.native = NativeTree(page, self.has_swa, self.has_mamba, window if self.has_swa else None, grid_pages * page,
                                  no_tail_cliff, True)  # fmt: skip
+        if every_state and no_tail_cliff:
+            # The tests-only switch against what it stands for: the model's first walk
+            # asking every state of the LRU, skipping each branch's deepest.
+            def walk_every_state(tree, c, quota, tracker, done):
+                tree._walk_aux(c, quota, tracker, done, skip=tree._in_branch_tail if c == SWA else tree._deepest_state)
+                tree._walk_aux(c, quota, tracker, done)
+
+            self.model._evict_aux = walk_every_state.__get__(self.model, HybridTree)
+            self.native.set_walk_every_state(True)
 
     # -- helpers -------------------------------------------------------------------------
     def fresh(self, n: int) -> list[int]:
