@@ -232,6 +232,7 @@ class HybridRadixCache(PrefixCache):
         bs = self.block_size
         self.layout = layout
         self._kinds = tuple(g.kind for g in layout)
+        self._local_chunk = next((g.chunk for g in layout if g.kind == CHUNKED_LOCAL_ATTENTION), None)
         self.window = next((g.window for g in layout if g.kind == SLIDING_WINDOW), None)  # TOKENS a query reads
         self.has_mamba = layout.has_mamba
         chunk, interval = self.options["mamba_chunk"], self.options["mamba_track_interval"]
@@ -315,6 +316,20 @@ class HybridRadixCache(PrefixCache):
             raise InvariantError(f"radix: the pool has no {n} free blocks for the {c.name} pool's budget")
         budget.used += n
         return blocks
+
+    def _take_pair(self, n: int) -> tuple[list[int], list[int]]:
+        """`_take(FULL, n)` then `_take(SWA, n)` in one pool allocation (the same ids)."""
+        if n <= 0:
+            return [], []
+        full, swa = self._budgets[FULL], self._budgets[SWA]
+        assert n <= full.free and n <= swa.free, f"{n} blocks each passed the room check but only " \
+                                                 f"{full.free} / {swa.free} are free"  # fmt: skip
+        blocks = self.pool.allocate(2 * n)
+        if blocks is None:
+            raise InvariantError(f"radix: the pool has no {2 * n} free blocks for the FULL and SWA pools' budgets")
+        full.used += n
+        swa.used += n
+        return blocks[:n], blocks[n:]
 
     def _free(self, c: Component, blocks: list[int]) -> None:
         """Blocks back to component c's pool (the tree's callback, and the request side's)."""
@@ -404,15 +419,22 @@ class HybridRadixCache(PrefixCache):
         probe = self._probe(toks[: n - 1 if read_cache else 0], namespace, tree_key)
         hit = probe.num_tokens
         ends = self._chunk_ends(hit, n)
-        tracks = [self._track_at(start, end, probe.mamba_branching) for start, end in zip([hit, *ends], ends)]
+        if len(ends) == 1:  # one extend (most prompts): its track, its checkpoint
+            track = self._track_at(hit, n, probe.mamba_branching)
+            tracks = [track]
+            checkpoints = (track,) if track is not None and track < n else ()
+        else:
+            tracks = [self._track_at(start, end, probe.mamba_branching) for start, end in zip([hit, *ends], ends)]
+            checkpoints = tuple(sorted({*ends[:-1], *(t for t in tracks if t is not None and t < n)}))
         # One native call (csrc/hybrid_radix_admit.h): whether the prompt fits after evicting
         # everything it may (each pool's need against its free plus evictable size, less
         # what locking the hit protects; with Mamba the running slot, the track slots and
         # the state the extend donates); then Req.init_next_round_input's splits and
         # recency, the PrefillAdder's lock, and the pages the tables start from.
         states_needed = 1 + _PING_PONG + (tracks[0] is not None) if self.has_mamba else 0
-        available = (self._available(FULL), self._available(SWA) if self.window else 0,
-                     self._available(STATE) if self.has_mamba else 0)  # fmt: skip
+        budgets = self._budgets
+        available = (budgets[FULL].free * bs, budgets[SWA].free * bs if self.window else 0,
+                     budgets[STATE].free if self.has_mamba else 0)  # fmt: skip
         got = self.tree.native.admit_hit(probe, n, available, states_needed, self.window or 0)
         if got is None:
             self._stats.rejected += 1
@@ -422,12 +444,13 @@ class HybridRadixCache(PrefixCache):
             request_id, toks, namespace, num_cached_tokens=hit, num_computed=hit, tree_key=tree_key, prompt_len=n,
             protected=hit, swa_branching=m.swa_branching, mamba_branching=m.mamba_branching, receipt=receipt,
         )  # fmt: skip
-        if state is not None:
-            # Copy-on-write of the matched state (a slot, evicting for one with the hit
-            # locked: the request's lock is held already).
-            req.running = self._state_slot()
         # alloc_for_extend: the request's state slots, then the extend's pages.
         if self.has_mamba:
+            if state is not None and budgets[STATE].free < 1 + _PING_PONG:
+                # Copy-on-write of the matched state: a slot, evicting for one (with the
+                # hit locked: the request's lock is held already). With every slot free
+                # it is the first of the three taken below, as the pool hands them out.
+                req.running = self._state_slot()
             needed = (0 if req.running is not None else 1) + _PING_PONG
             if self._available(STATE) < needed:
                 self._evict_for({STATE: needed - self._available(STATE)})
@@ -453,8 +476,7 @@ class HybridRadixCache(PrefixCache):
         if read_cache:
             self._stats.record_query(n, hit)
         tables = tuple(BlockIds(t) for t in self._tables(req))
-        checkpoints = sorted({*ends[:-1], *(t for t in tracks if t is not None and t < n)})
-        return Admission(tables[0], hit, checkpoints=tuple(checkpoints), group_tables=tables)
+        return Admission(tables[0], hit, checkpoints=checkpoints, group_tables=tables)
 
     def _chunk_ends(self, hit: int, n: int) -> list[int]:
         """Where the prefill's extends end (TOKENS, increasing, the last `n`): one extend,
@@ -477,9 +499,12 @@ class HybridRadixCache(PrefixCache):
         extend = end - start
         self._make_room(extend if bs == 1 else extend + bs)
         own = _cdiv(end, bs) - len(req.block_table)
-        req.block_table += self._take(FULL, own)
         if self.window:
-            req.swa += self._take(SWA, own)
+            full, swa = self._take_pair(own)
+            req.block_table += full
+            req.swa += swa
+        else:
+            req.block_table += self._take(FULL, own)
         if self.has_mamba:
             req.states += [NULL_BLOCK] * own
             track = self._track_at(start, end, req.mamba_branching)
@@ -519,8 +544,8 @@ class HybridRadixCache(PrefixCache):
 
     def _chunk_start(self, hit: int) -> int:
         """The page chunked-local tables start at: the chunk of the hit's first query."""
-        chunks = [g.chunk for g in self.layout if g.kind == CHUNKED_LOCAL_ATTENTION]
-        return hit // chunks[0] * chunks[0] // self.block_size if chunks else 0  # type: ignore[operator]
+        chunk = self._local_chunk
+        return hit // chunk * chunk // self.block_size if chunk is not None else 0
 
     def _state_slot(self) -> int | None:
         """One Mamba state slot, evicting a state if none is free; None if eviction finds
