@@ -82,7 +82,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefixcache._C import BlockPool, HybridInsert, HybridMatch, HybridNodeRef, HybridReceipt, InvariantError
+from prefixcache._C import BlockPool, HybridInsert, HybridMatch, HybridNodeRef, HybridReceipt, InvariantError, int32_arrays
 from prefixcache.config import CacheConfig
 from prefixcache.errors import ConfigError
 from prefixcache.events import (
@@ -475,7 +475,7 @@ class HybridRadixCache(PrefixCache):
         self._requests.add(req)
         if read_cache:
             self._stats.record_query(n, hit)
-        tables = tuple(BlockIds(t) for t in self._tables(req))
+        tables = int32_arrays(BlockIds, self._tables(req))
         return Admission(tables[0], hit, checkpoints=checkpoints, group_tables=tables)
 
     def _chunk_ends(self, hit: int, n: int) -> list[int]:
@@ -680,7 +680,7 @@ class HybridRadixCache(PrefixCache):
 
     @guarded
     def block_tables(self, request_id: Hashable) -> tuple[Sequence[int], ...]:
-        return tuple(BlockIds(t) for t in self._tables(self._requests.get(request_id)))
+        return int32_arrays(BlockIds, self._tables(self._requests.get(request_id)))
 
     def _tables(self, req: HybridRadixRequest) -> list[list[int]]:
         """Every group's table (the request's own lists: the caller copies them)."""

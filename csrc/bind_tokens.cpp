@@ -3,6 +3,9 @@
 // Converts and checks, nothing more.
 #include <pybind11/pybind11.h>
 
+#include <cstring>
+#include <string_view>
+
 #include "py_args.h"
 #include "token_ids.h"
 
@@ -163,6 +166,31 @@ included; bytes, bytearray and str are not token ids.
 )doc"};
 
 
+// Each of `tables` (lists of ids, or anything the token converter reads) as an int32
+// array of type `cls` (array.array or a subclass, e.g. BlockIds), made by array's own
+// constructor from the ids' bytes: the subclass's Python __new__ does not run.
+py::tuple int32_arrays(py::handle cls, py::handle tables) {
+  static PyObject* array_type = py::object(py::module_::import("array").attr("array")).release().ptr();  // kept for the process
+  if (!PyType_Check(cls.ptr()) || !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(cls.ptr()),
+                                                    reinterpret_cast<PyTypeObject*>(array_type))) {
+    throw py::type_error("cls must be array.array or a subclass of it");
+  }
+  py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(tables.ptr(), "tables must be a sequence"));
+  if (!seq) throw py::error_already_set();
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+  newfunc make = reinterpret_cast<PyTypeObject*>(array_type)->tp_new;
+  py::tuple out(n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    TokenIds<int32_t> ids = read_token_ids<int32_t>(PySequence_Fast_GET_ITEM(seq.ptr(), i), "ids");
+    py::bytes raw(reinterpret_cast<const char*>(ids.ids.data()), ids.ids.size() * sizeof(int32_t));
+    py::tuple args = py::make_tuple("i", raw);
+    PyObject* arr = make(reinterpret_cast<PyTypeObject*>(cls.ptr()), args.ptr(), nullptr);
+    if (arr == nullptr) throw py::error_already_set();
+    PyTuple_SET_ITEM(out.ptr(), i, arr);
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_tokens(py::module_& m) {
@@ -173,6 +201,8 @@ void bind_tokens(py::module_& m) {
   }
   m.def("expand_runs", &expand_runs, py::arg("runs"), py::arg("itemsize") = 8,
         "The ids of runs ((start, stop), ...) back to back, as array('q') (itemsize 8) or array('i') (4).");
+  m.def("int32_arrays", &int32_arrays, py::arg("cls"), py::arg("tables"),
+        "Each table (ids) as an int32 array of type cls (array.array or a subclass: BlockIds), in one call.");
 }
 
 }  // namespace prefixcache
