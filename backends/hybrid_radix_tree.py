@@ -1,5 +1,9 @@
 """The radix tree of the `radix` strategy over a hybrid layout: SGLang 0.5.23's UnifiedTreeCore.
 
+The definition, and the reference model of the native tree the cache runs
+(csrc/hybrid_tree.h through `backends.hybrid_radix_native`), which must agree with it
+operation for operation (tests/test_hybrid_tree_native_stateful.py).
+
 Owns `HybridTree`: one compressed prefix tree whose nodes carry up to three components
 (SGLang's `ComponentType`): FULL (the full-attention pages: every node has them), SWA
 (the sliding-window pages, or a tombstone: None) and MAMBA (one recurrent-state slot
