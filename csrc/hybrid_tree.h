@@ -1,7 +1,7 @@
 // HybridTree: the radix tree of the `radix` strategy over a hybrid layout (SGLang
 // 0.5.23's UnifiedTreeCore), native. The definition is the pure-Python reference
-// model, tests/reference/hybrid_radix_tree.py (its module docstring says what each
-// component does); this core must agree with it operation for operation, down to
+// model, backends/hybrid_radix_tree.py (its module docstring says what each component
+// does); this core must agree with it operation for operation, down to
 // node ids, clocks, LRU orders and the order ids are freed in
 // (tests/test_hybrid_tree_native_stateful.py).
 //
