@@ -364,8 +364,9 @@ class HybridRadixCache(PrefixCache):
 
     def _make_room(self, num_tokens: int) -> None:
         """The allocator's evict_to_free_tokens: each attention pool's shortfall of `num_tokens`."""
-        full = num_tokens - self._available(FULL)
-        swa = num_tokens - self._available(SWA) if self.window else 0
+        budgets, bs = self._budgets, self.block_size
+        full = num_tokens - budgets[FULL].free * bs
+        swa = num_tokens - budgets[SWA].free * bs if self.window else 0
         if full > 0 or swa > 0:  # most decode steps: both pools have the page already
             self._evict_for({FULL: full, SWA: swa} if self.window else {FULL: full})
 
@@ -467,7 +468,7 @@ class HybridRadixCache(PrefixCache):
             if hit:
                 req.states[-1] = state  # type: ignore[assignment]
         req.allocated_to, req.chunk_ends = hit, list(ends)
-        self._extend(req)
+        self._extend(req, tracks[0])
         req.chunk_start = self._chunk_start(hit)
         if tree_key not in self._namespaces and len(self._namespaces) >= self._namespaces_limit:
             self._forget_namespaces()
@@ -491,10 +492,11 @@ class HybridRadixCache(PrefixCache):
             ends.append(ends[-1] + size)
         return [*ends, n]
 
-    def _extend(self, req: HybridRadixRequest) -> None:
+    def _extend(self, req: HybridRadixRequest, track: int | None) -> None:
         """SGLang's alloc_for_extend of the request's next extend, [allocated_to,
         chunk_ends[0]): its pages after evicting the allocator's demand (the extend and a
-        page), then the Mamba state that extend tracks (the caller checked the room)."""
+        page), then the Mamba state that extend tracks at `track` (its `_track_at`; the
+        caller checked the room)."""
         bs, start, end = self.block_size, req.allocated_to, req.chunk_ends.pop(0)
         extend = end - start
         self._make_room(extend if bs == 1 else extend + bs)
@@ -507,7 +509,6 @@ class HybridRadixCache(PrefixCache):
             req.block_table += self._take(FULL, own)
         if self.has_mamba:
             req.states += [NULL_BLOCK] * own
-            track = self._track_at(start, end, req.mamba_branching)
             if track is not None:  # _mamba_radix_cache_v2_req_prepare_for_extend
                 req.last_track, req.next_track = req.next_track, 1 - req.next_track
                 req.last_track_len = track
@@ -521,7 +522,7 @@ class HybridRadixCache(PrefixCache):
         pages = _cdiv(req.chunk_ends[0], self.block_size) - len(req.block_table)
         req.waiting = not self._room_for(pages * self.block_size)
         if not req.waiting:
-            self._extend(req)
+            self._extend(req, self._track_at(req.allocated_to, req.chunk_ends[0], req.mamba_branching))
         return not req.waiting
 
     def _track_at(self, hit: int, n: int, branching: int | None) -> int | None:
