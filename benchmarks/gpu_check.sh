@@ -4,7 +4,8 @@
 #
 #   1. builds prefixcache._C in place with the CUDA kernels (PREFIXCACHE_CUDA=1),
 #   2. runs the attention tests (CPU + GPU comparisons against the torch reference, through
-#      both the nvcc-built path and the cupy/NVRTC path),
+#      both the nvcc-built path and the cupy/NVRTC path; the sliding-window and chunked-local
+#      masks too, Gemma 3's 512-token window among them),
 #   3. runs the GPU benchmark (decode 64 x 4k bf16: target <= 320 us, >= 80% of 4.3 TB/s),
 #   4. runs compute-sanitizer memcheck over a few GPU cases (non-fatal) with the time left.
 # Every step runs under one deadline (GPU_CHECK_BUDGET_S, default 480 s) so the whole
@@ -49,7 +50,7 @@ tail -3 "$OUT/build.log"
 python3 -c "import prefixcache._C as c; print('cuda_compiled', c.cuda_compiled, len(c.cuda_attention_kernels()), 'kernels')" \
   2>&1 | tee -a "$OUT/build.log" || status=1
 
-enough 180 tests && timeout "$(budget 180)" python3 -m pytest tests/test_attention_cuda.py tests/test_attention.py -q -rs -x \
+enough 180 tests && timeout "$(budget 180)" python3 -m pytest tests/test_attention_cuda.py tests/test_attention.py tests/test_attention_local.py -q -rs -x \
   -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 

@@ -3,7 +3,9 @@
 The C++ kernel against the torch reference (the same masks built with SDPA), with null
 blocks (-1) where no query reads; a query's result does not depend on the other queries
 of its call; bad arguments and a null block a query reads are ValueErrors naming them.
-(The CUDA kernels take the same arguments; test_attention_cuda.py compiles them.)
+The CUDA kernels take the same arguments (test_attention_cuda.py compiles them); on a
+machine with a GPU the same cases run through each GPU path against the reference
+(`benchmarks/gpu_check.sh` runs this file).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefixcache.attention import paged_attention
+from prefixcache.attention import available_gpu_impls, paged_attention
 
 
 def _case(seed: int, kv_len: int, n_q: int, bs: int = 16, heads: int = 4, kv_heads: int = 2):
@@ -34,6 +36,25 @@ def test_cpu_kernel_matches_the_reference(window_left, chunk_size, kv_len, n_q):
     full = paged_attention(*args, impl="cpu")
     if kv_len - n_q > (window_left if window_left >= 0 else 10**9) or chunk_size:
         assert not torch.allclose(full, got)  # the mask changed something
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("impl", available_gpu_impls() or ["cuda"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("window_left", "chunk_size"), [(47, 0), (511, 0), (-1, 64), (100, 64)])
+@pytest.mark.parametrize(("kv_len", "n_q"), [(200, 1), (1300, 1), (130, 130), (900, 300)])
+def test_gpu_kernels_mask_as_the_reference(window_left, chunk_size, kv_len, n_q, dtype, impl):
+    """Gemma 3's 512-token window (window_left 511) and the shapes above, decode and
+    prefill, on the GPU paths: the sliding-window model's attention on CUDA."""
+    if impl not in available_gpu_impls():
+        pytest.skip(f"{impl} path not available")
+    q, kv, table = _case(kv_len * 5 + n_q, kv_len, n_q)
+    q, kv = q.to("cuda", dtype), kv.to("cuda", dtype)
+    args = (q, kv, [0, n_q], [0, len(table)], table, [kv_len])
+    want = paged_attention(*args, impl="reference", window_left=window_left, chunk_size=chunk_size)
+    got = paged_attention(*args, impl=impl, window_left=window_left, chunk_size=chunk_size)
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    assert float((got.float() - want.float()).abs().max()) < tol
 
 
 def test_null_blocks_before_the_window_are_never_read():
