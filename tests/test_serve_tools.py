@@ -142,6 +142,11 @@ def test_tools_and_another_constraint_at_once_are_refused(replica):
     r = httpx.post(replica.base_url + "/v1/chat/completions", timeout=30, json={
         **CHAT, "tools": [WEATHER], "tool_choice": "required", "structured_outputs": {"regex": "a"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}
+    r = httpx.post(replica.base_url + "/v1/chat/completions", timeout=30,
+                   json={**CHAT, "tools": [bad], "tool_choice": "required"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.json()  # not the schema we built
+    assert "bogus" in r.json()["error"]["message"]
     none = httpx.post(replica.base_url + "/v1/chat/completions", timeout=30,
                       json={**CHAT, "tools": [WEATHER], "tool_choice": "none", "max_tokens": 2})
     assert none.status_code == 200 and none.json()["choices"][0]["message"]["tool_calls"] == []

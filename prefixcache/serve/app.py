@@ -275,7 +275,12 @@ class _Serving:
             if self.gate is not None and len(prepared.generations) > 1:
                 release = self._enter_choices(release, len(prepared.generations),
                                               "n" if len(prepared.generations) == prepared.n else "prompt")
-            streams = await self.submit(prepared.generations)
+            try:
+                streams = await self.submit(prepared.generations)
+            except APIError as err:  # a forced tool call's schema is the tools' own: name them
+                if prepared.tools is None or not (err.param or "").startswith("structured_outputs"):
+                    raise
+                raise APIError(err.message.replace(err.param or "", "tools", 1), param="tools") from None
             body, created, gen = prepared.body, int(time.time()), prepared.generation
             # vLLM's response id: the X-Request-Id header, else the body's request_id, else its own.
             named = request.headers.get("X-Request-Id") or body.request_id
