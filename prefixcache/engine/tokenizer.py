@@ -281,7 +281,9 @@ def _byte_level_alphabet() -> dict[str, int]:
     return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(rest)}}
 
 
-_BYTE_CHARS = {b: c for c, b in _byte_level_alphabet().items()}
+BYTE_CHARS = {b: c for c, b in _byte_level_alphabet().items()}
+"""GPT-2's byte -> character table: how a byte-level vocabulary (and the exported
+`tokenizer.json`, `tokenizer_export`) writes each byte."""
 
 
 class ByteTokenizer(Tokenizer):
@@ -324,5 +326,5 @@ class ByteTokenizer(Tokenizer):
         """A byte as GPT-2's byte-level alphabet writes it ('Ġ' for a space), a special
         token as its text."""
         if token_id < 256:
-            return _BYTE_CHARS[token_id]
+            return BYTE_CHARS[token_id]
         return self.token_bytes(token_id).decode("utf-8")

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from prefixcache.engine.loader import load_model_config, load_tokenizer
-from prefixcache.engine.tokenizer import ByteTokenizer, GGUFTokenizer, SPMTokenizer, Tokenizer
+from prefixcache.engine.tokenizer import BYTE_CHARS, ByteTokenizer, GGUFTokenizer, SPMTokenizer, Tokenizer
 
 __all__ = ["export_tokenizer", "tokenizer_json", "tokenizer_config", "FILES"]
 
@@ -46,7 +46,7 @@ def _byte_tokenizer_json(tokenizer: ByteTokenizer) -> str:
     from tokenizers import Tokenizer as HFTokenizer
 
     table = pre_tokenizers.ByteLevel.alphabet()  # the 256 characters GPT-2 maps bytes to
-    byte_char = _bytes_to_unicode()
+    byte_char = BYTE_CHARS
     assert sorted(table) == sorted(byte_char.values())
     vocab = {byte_char[b]: b for b in range(256)}
     hf = HFTokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
@@ -85,19 +85,6 @@ def _spm_tokenizer_json(tokenizer: SPMTokenizer) -> str:
         hf.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
                                                           special_tokens=[(bos, int(tokenizer.bos_token_id))])  # fmt: skip
     return hf.to_str()
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (what `ByteLevel` maps bytes through)."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    out, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
 
 
 def tokenizer_json(tokenizer: Tokenizer) -> str:
