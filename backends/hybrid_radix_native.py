@@ -46,7 +46,7 @@ class NodeView:
         self.ref = ref
 
     def _get(self, i: int):
-        return self._tree._native.view(self.ref)[i]
+        return self._tree.native.view(self.ref)[i]
 
     @property
     def id(self) -> int:
@@ -54,7 +54,7 @@ class NodeView:
 
     @property
     def parent(self) -> NodeView | None:
-        p = self._tree._native.parent(self.ref)
+        p = self._tree.native.parent(self.ref)
         return None if p is None else self._tree.view(p)
 
     @property
@@ -71,7 +71,7 @@ class NodeView:
 
     @property
     def mamba(self) -> int | None:
-        return self._tree._native.state(self.ref)
+        return self._tree.native.state(self.ref)
 
     @property
     def locks(self) -> list[int]:
@@ -90,7 +90,7 @@ class NodeView:
         """Keyed as the model keys them: (namespace, first page) at the root, else the first page."""
         tree = self._tree
         out = {}
-        for child in tree._native.nodes_below(self.ref):
+        for child in tree.native.nodes_below(self.ref):
             v = tree.view(child)
             page = tuple(v.key[: tree.page])
             out[(v.ns, page) if self.ref == tree.root.ref else page] = v
@@ -133,7 +133,7 @@ class NodeMatch:
         return None if got is None else (self._tree.view(got[0]), got[1])
 
     def pages(self, c: Component, page_size: int) -> list[int]:
-        return self._tree._native.hit_pages(self.raw, int(c))
+        return self._tree.native.hit_pages(self.raw, int(c))
 
 
 class _LRUView:
@@ -142,8 +142,8 @@ class _LRUView:
 
     def order(self) -> Iterator[NodeView]:
         """Most recent first."""
-        by_id = {r.id: r for r in self._tree._native.nodes()}
-        return iter([self._tree.view(by_id[i]) for i in self._tree._native.lru_order(int(self._c))])
+        by_id = {r.id: r for r in self._tree.native.nodes()}
+        return iter([self._tree.view(by_id[i]) for i in self._tree.native.lru_order(int(self._c))])
 
 
 class NativeHybridTree:
@@ -172,14 +172,14 @@ class NativeHybridTree:
         self.no_tail_cliff = no_tail_cliff
         self._free = free
         self._on_store, self._on_remove = on_store, on_remove
-        self.native = self._native = _Native(page_size, self.has_swa, self.has_mamba, window, state_grid, no_tail_cliff,
-                               on_store is not None or on_remove is not None)  # fmt: skip
+        self.native = _Native(page_size, self.has_swa, self.has_mamba, window, state_grid, no_tail_cliff,
+                              on_store is not None or on_remove is not None)  # fmt: skip
         self._ns_ids: dict[object, int] = {}
         self._ns_keys: dict[int, object] = {}
         self._next_ns = 0
         self._views: WeakValueDictionary[int, NodeView] = WeakValueDictionary()
         self.lru = {c: _LRUView(self, c) for c in self.components if c != FULL}
-        self.root = self.view(self._native.root)
+        self.root = self.view(self.native.root)
 
     # -- namespaces, views, logs ----------------------------------------------------------
     def ns_id(self, key: object) -> int:
@@ -196,7 +196,7 @@ class NativeHybridTree:
 
     def namespaces(self) -> set:
         """The tree keys the root's children hold."""
-        return {self._ns_keys[self._native.view(r)[10]] for r in self._native.nodes_below(self._native.root)}
+        return {self._ns_keys[self.native.view(r)[10]] for r in self.native.nodes_below(self.native.root)}
 
     def keep_namespaces(self, keys: set) -> None:
         """Forget the ints of tree keys outside `keys` (no node may hold one)."""
@@ -211,7 +211,7 @@ class NativeHybridTree:
         return got
 
     def _drain(self) -> None:
-        native = self._native
+        native = self.native
         for c, ids in native.take_freed():
             self._free(Component(c), ids)
         if self._on_store is not None or self._on_remove is not None:
@@ -227,64 +227,64 @@ class NativeHybridTree:
     # -- the cache's calls ----------------------------------------------------------------
     @property
     def num_nodes(self) -> int:
-        return self._native.num_nodes
+        return self.native.num_nodes
 
     @property
     def evictable(self) -> dict[Component, int]:
-        return {c: self._native.evictable(c) for c in self.components}
+        return {c: self.native.evictable(c) for c in self.components}
 
     @property
     def protected(self) -> dict[Component, int]:
-        return {c: self._native.protected_size(c) for c in self.components}
+        return {c: self.native.protected_size(c) for c in self.components}
 
     def evictable_size(self, c: Component) -> int:
-        return self._native.evictable(c)
+        return self.native.evictable(c)
 
     def probe(self, tokens: Sequence[int], ns: object) -> HybridMatch:
         """The match of `tokens` (an int32 buffer, read in place), changing nothing (a tree
         key the tree never held gets no int: it matches nothing)."""
-        return self._native.match(tokens, self._ns_ids.get(ns, -1))
+        return self.native.match(tokens, self._ns_ids.get(ns, -1))
 
     def match(self, tokens: Sequence[int], ns: object) -> NodeMatch:
         return NodeMatch(self, self.probe(tokens, ns))
 
     def settle(self, out: HybridMatch | NodeMatch) -> HybridMatch | NodeMatch:
         if isinstance(out, NodeMatch):
-            return NodeMatch(self, self._native.settle(out.raw))
-        return self._native.settle(out)
+            return NodeMatch(self, self.native.settle(out.raw))
+        return self.native.settle(out)
 
     def lock_cost(self, hit: HybridMatch) -> tuple[int, int, int]:
-        return self._native.lock_cost(hit)
+        return self.native.lock_cost(hit)
 
     def lock(self, node: NodeView | HybridNodeRef) -> HybridReceipt:
-        return self._native.lock(self._ref(node))
+        return self.native.lock(self._ref(node))
 
     def unlock(self, receipt: HybridReceipt) -> None:
-        self._native.unlock(receipt)
+        self.native.unlock(receipt)
 
     def state(self, node: HybridNodeRef) -> int | None:
-        return self._native.state(node)
+        return self.native.state(node)
 
     def hit_pages(self, hit: HybridMatch, c: Component) -> list[int]:
-        return self._native.hit_pages(hit, int(c))
+        return self.native.hit_pages(hit, int(c))
 
     def path_pages(self, node: NodeView | HybridNodeRef) -> list[int]:
-        return self._native.path_pages(self._ref(node))
+        return self.native.path_pages(self._ref(node))
 
     def path_swa(self, node: NodeView | HybridNodeRef) -> list[int]:
-        return self._native.path_swa(self._ref(node))
+        return self.native.path_swa(self._ref(node))
 
     def path_nodes(self, node: NodeView | HybridNodeRef) -> list[NodeView]:
-        return [self.view(r) for r in self._native.path_nodes(self._ref(node))]
+        return [self.view(r) for r in self.native.path_nodes(self._ref(node))]
 
     def nodes(self) -> Iterator[NodeView]:
-        return iter([self.view(r) for r in self._native.nodes()])
+        return iter([self.view(r) for r in self.native.nodes()])
 
     def insert(self, tokens, ns: object, pages: Sequence[int], swa_pages: Sequence[int] | None, *, prev_prefix_len: int,
                swa_evicted: int = 0, swa_branching: int | None = None, mamba_value: int | None = None,
                hashes: Sequence[bytes] | None = None):  # fmt: skip
         try:
-            return self._native.insert(tokens, self.ns_id(ns), pages, swa_pages, prev_prefix_len=prev_prefix_len,
+            return self.native.insert(tokens, self.ns_id(ns), pages, swa_pages, prev_prefix_len=prev_prefix_len,
                                        swa_evicted=swa_evicted, swa_branching=swa_branching, mamba_value=mamba_value,
                                        hashes=hashes)  # fmt: skip
         finally:
@@ -296,29 +296,29 @@ class NativeHybridTree:
         want = tuple(requests.get(c, 0) for c in Component)
         to = _NO_REACH if not reach else tuple(reach.get(c, -1) for c in Component)
         try:
-            got = self._native.evict(want, to)
+            got = self.native.evict(want, to)
         finally:
             self._drain()
         return {c: got[c] for c in self.components}
 
     def drop_states(self, nodes: Sequence[NodeView | HybridNodeRef]) -> None:
         try:
-            self._native.drop_states([self._ref(n) for n in nodes])
+            self.native.drop_states([self._ref(n) for n in nodes])
         finally:
             self._drain()
 
     def reset(self) -> None:
-        self._native.reset()
-        self._native.take_freed()
-        self._native.take_events()
+        self.native.reset()
+        self.native.take_freed()
+        self.native.take_events()
         self._ns_ids.clear()
         self._ns_keys.clear()
         self._views = WeakValueDictionary()
-        self.root = self.view(self._native.root)
+        self.root = self.view(self.native.root)
 
     def check_invariants(self, locks: Sequence[HybridReceipt]) -> None:
-        self._native.check_invariants(list(locks))
+        self.native.check_invariants(list(locks))
 
     def walk_every_state(self, on: bool) -> None:
         """Tests only: no_tail_cliff's first state walk asks every state (csrc/hybrid_tree.h)."""
-        self._native.set_walk_every_state(on)
+        self.native.set_walk_every_state(on)
