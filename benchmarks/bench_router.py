@@ -53,6 +53,7 @@ from prefixcache.cluster.routers import (  # noqa: E402
     RoundRobinRouter,
     WeightedScorersRouter,
 )
+from prefixcache.cluster.routers.estimated_ttft import EstimatedTTFTOptions  # noqa: E402
 from prefixcache.service_model import ServiceModel  # noqa: E402
 from prefixcache.events import BlockRemoved, BlockStored  # noqa: E402
 
@@ -212,6 +213,9 @@ def main() -> int:
             us = decision_us(router, candidates, requests)
             target = "  (target <= 10 us)" if replicas == 64 and cls in (KVEventsRouter, EstimatedTTFTRouter) else ""
             print(f"  {cls.name:<16} {us:7.2f} us per decision{note}{target}")
+        knobs = EstimatedTTFTRouter(context, EstimatedTTFTOptions(decode_cap_s=0.5, stick_s=1.0))
+        print(f"  {'estimated_ttft, decode_cap_s 0.5, stick_s 1':<16} {decision_us(knobs, candidates, requests):7.2f} "
+              f"us per decision{'  (target <= 10 us)' if replicas == 64 else ''}")
         del index
     print("\ningest, block hashes per second through KVIndex.apply (one core; target >= 1M/s):")
     for name, rate in ingest(rng).items():

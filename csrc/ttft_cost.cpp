@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -15,6 +16,7 @@ void check(const TtftModel& m) {
       throw std::invalid_argument("the service model's rates and the charges' weights must be finite and >= 0");
     }
   }
+  if (!(m.decode_cap_s >= 0)) throw std::invalid_argument("decode_cap_s must be >= 0 (inf: no cap)");
   if (m.budget < 1) throw std::invalid_argument("budget must be >= 1, got " + std::to_string(m.budget));
 }
 
@@ -58,8 +60,45 @@ std::vector<double> estimated_ttft_costs(std::span<const int64_t> prefill_tokens
     const double n = static_cast<double>(prompt_tokens - cached);
     const double own = model.token_s * n + model.pair_s * own_pairs(n, static_cast<double>(cached));
     const int64_t running = std::max<int64_t>(num_requests[i] - queued_requests[i], 0);
-    out[i] = estimated_ttft(prefill_tokens[i], running, cached, prompt_tokens, model) +
-             (model.load_weight + model.decode_weight * static_cast<double>(running)) * own;
+    out[i] = estimated_ttft(prefill_tokens[i], running, cached, prompt_tokens, model) + model.load_weight * own +
+             model.decode_weight * static_cast<double>(running) * std::min(own, model.decode_cap_s);
+  }
+  return out;
+}
+
+std::vector<int32_t> estimated_ttft_choice(std::span<const double> costs, std::span<const int32_t> overlap_blocks,
+                                           int64_t prompt_tokens, int64_t block_size, double stick_s) {
+  if (overlap_blocks.size() != costs.size()) {
+    throw std::invalid_argument("costs and overlaps must have one entry per candidate, got " +
+                                std::to_string(costs.size()) + " and " + std::to_string(overlap_blocks.size()));
+  }
+  if (!(stick_s >= 0)) throw std::invalid_argument("stick_s must be >= 0, got " + std::to_string(stick_s));
+  if (block_size < 1) throw std::invalid_argument("block_size must be >= 1, got " + std::to_string(block_size));
+  if (prompt_tokens < 1) {
+    throw std::invalid_argument("prompt_tokens must be >= 1, got " + std::to_string(prompt_tokens));
+  }
+  std::vector<int32_t> out;
+  if (costs.empty()) return out;
+  const double low = *std::min_element(costs.begin(), costs.end());
+  const int64_t usable = (prompt_tokens - 1) / block_size;  // blocks a hit can cover
+  auto hit = [&](size_t i) { return std::min<int64_t>(overlap_blocks[i], usable); };
+  int64_t most = 0;
+  for (size_t i = 0; i < costs.size(); ++i) most = std::max(most, hit(i));
+  if (most > 0 && stick_s > 0) {
+    // The holders of the longest run, at their lowest cost: kept if that is close enough.
+    double held = std::numeric_limits<double>::infinity();
+    for (size_t i = 0; i < costs.size(); ++i) {
+      if (hit(i) == most) held = std::min(held, costs[i]);
+    }
+    if (held <= low + stick_s) {
+      for (size_t i = 0; i < costs.size(); ++i) {
+        if (hit(i) == most && costs[i] == held) out.push_back(static_cast<int32_t>(i));
+      }
+      return out;
+    }
+  }
+  for (size_t i = 0; i < costs.size(); ++i) {
+    if (costs[i] == low) out.push_back(static_cast<int32_t>(i));
   }
   return out;
 }

@@ -12,7 +12,7 @@
 //   steps   = X / chunk
 //   ttft[i] = steps x overhead_s + max(token_s (X + b steps) + pair_s pairs(n, h), steps x weights_s)
 //   own[i]  = token_s n + pair_s pairs(n, h)             its own prefill, alone
-//   cost[i] = ttft[i] + load_weight x own[i] + decode_weight x b x own[i]
+//   cost[i] = ttft[i] + load_weight x own[i] + decode_weight x b x min(own[i], decode_cap_s)
 //
 // where pairs(n, h) = n h + n (n + 1) / 2 query-key pairs of its own prefill. token_s,
 // pair_s, weights_s, overhead_s and budget are the replicas' service model's
@@ -20,13 +20,20 @@
 // are the delay its own prefill adds for others there: everyone queued behind it
 // (load_weight), and each of the b requests decoding there, whose steps its chunks
 // lengthen (decode_weight): a cache miss costs the cluster more than its own TTFT, and a
-// long one most where many decode. Lower is better.
+// long one most where many decode, up to decode_cap_s of it (past that, a long prompt
+// would be sent to wait behind a queue it cannot afford). Lower is better.
+//
+// The choice (estimated_ttft_choice): the lowest cost, unless the candidate holding the
+// longest cached run of the prompt costs at most stick_s more: then that one (affinity,
+// SGLang's cache-aware router's rule in seconds: a move is a miss now and the prefix
+// cached twice in caches that churn).
 // prefixcache/cluster/routers/estimated_ttft.py owns the policy around it.
 //
 // Never does: look anything up (the caller passes the overlaps, from the KV index).
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -41,6 +48,7 @@ struct TtftModel {
   int64_t budget;     // tokens a step processes at most
   double load_weight;    // the charge for those queued behind it
   double decode_weight;  // the charge for each request decoding there
+  double decode_cap_s = std::numeric_limits<double>::infinity();  // own prefill the decode charge counts at most
 };
 
 // One cost per candidate. Throws std::invalid_argument if the columns differ in length,
@@ -50,6 +58,15 @@ std::vector<double> estimated_ttft_costs(std::span<const int64_t> prefill_tokens
                                          std::span<const int64_t> queued_requests,
                                          std::span<const int32_t> overlap_blocks, int64_t prompt_tokens,
                                          int64_t block_size, const TtftModel& model);
+
+// The positions chosen from `costs` (ascending; several when tied, for the caller to pick
+// at random): the lowest cost, unless the candidates that would hit the most of the
+// prompt (their overlap_blocks, up to the prompt's last whole block before its last token;
+// at least one) include one within stick_s SECONDS of it: then those of them at their
+// lowest cost. Throws std::invalid_argument if the spans differ in length, stick_s is
+// negative or NaN, or prompt_tokens or block_size < 1.
+std::vector<int32_t> estimated_ttft_choice(std::span<const double> costs, std::span<const int32_t> overlap_blocks,
+                                           int64_t prompt_tokens, int64_t block_size, double stick_s);
 
 // The SECONDS part of one candidate's cost (ttft[i] above), for a caller that reports it.
 double estimated_ttft(int64_t backlog_tokens, int64_t running, int64_t cached_tokens, int64_t prompt_tokens,

@@ -259,7 +259,8 @@ def test_kv_events_temperature_samples_by_softmax_of_costs():
 # ------------------------------------------------------------- estimated_ttft
 
 
-def ttft_twin(prefill_tokens, running, cached_tokens, prompt, service=SERVICE, load_weight=1.0, decode_weight=0.1):
+def ttft_twin(prefill_tokens, running, cached_tokens, prompt, service=SERVICE, load_weight=1.0, decode_weight=0.1,
+              decode_cap_s=float("inf")):
     """The estimated-TTFT cost, readable (csrc/ttft_cost.h)."""
     n = prompt - cached_tokens
     x = prefill_tokens + n
@@ -268,7 +269,18 @@ def ttft_twin(prefill_tokens, running, cached_tokens, prompt, service=SERVICE, l
     compute = service.token_s * (x + running * steps) + service.pair_s * pairs
     ttft = steps * service.step_overhead_s + max(compute, steps * service.weights_s)
     own = service.token_s * n + service.pair_s * pairs
-    return ttft + (load_weight + decode_weight * running) * own
+    return ttft + load_weight * own + decode_weight * running * min(own, decode_cap_s)
+
+
+def choice_twin(costs, overlaps, prompt, stick_s):
+    """The estimated-TTFT choice, readable (csrc/ttft_cost.h): the lowest cost, or the holders
+    of the longest usable cached run at their lowest where that is within stick_s of it."""
+    hit = [min(overlaps.get(i, 0), (prompt - 1) // BS) for i in range(len(costs))]
+    if stick_s > 0 and max(hit) > 0:
+        held = min(c for c, h in zip(costs, hit) if h == max(hit))
+        if held <= min(costs) + stick_s:
+            return [i for i, (c, h) in enumerate(zip(costs, hit)) if h == max(hit) and c == held]
+    return [i for i, c in enumerate(costs) if c == min(costs)]
 
 
 def test_estimated_ttft_is_the_prefill_queue_plus_its_own_uncached_tokens_in_seconds():
@@ -315,6 +327,41 @@ def test_a_long_miss_goes_where_fewer_requests_decode():
     assert choose(EstimatedTTFTRouter(context(index, service=SERVICE), EstimatedTTFTOptions(decode_weight=0.0)),
                   c, long) == 0  # greedy: replica 0's TTFT is the shorter
     assert router.costs(c, short) == pytest.approx([ttft_twin(0, 8, 0, 160), ttft_twin(300, 1, 0, 160)])
+
+
+def test_decode_cap_s_bounds_what_a_long_miss_is_charged_for_the_decodes():
+    index = indexed(2)
+    c = columns({"num_requests": 8}, {"num_requests": 1, "prefill_tokens": 300})
+    long = request(list(range(3000, 3640)))
+    capped = EstimatedTTFTRouter(context(index, service=SERVICE), EstimatedTTFTOptions(decode_cap_s=0.1))
+    # the decode charge counts 0.1 s of its 0.64 s prefill: 0.08 s on replica 0, whose TTFT is 0.23 s shorter
+    assert capped.costs(c, long) == pytest.approx([ttft_twin(0, 8, 0, 640, decode_cap_s=0.1),
+                                                   ttft_twin(300, 1, 0, 640, decode_cap_s=0.1)])
+    assert choose(capped, c, long) == 0
+    uncapped = EstimatedTTFTRouter(context(index, service=SERVICE), EstimatedTTFTOptions(decode_cap_s=None))
+    assert choose(uncapped, c, long) == 1  # the default: all of it (test_a_long_miss_goes_where_fewer_requests_decode)
+
+
+def test_stick_s_keeps_the_holder_of_the_longest_run_while_it_costs_at_most_that_much_more():
+    index = indexed(3, [(1, PROMPT[:64]), (2, PROMPT[:32])])  # 4 blocks on replica 1, 2 on replica 2
+    c = columns({}, {"prefill_tokens": 500}, {})
+    costs = EstimatedTTFTRouter(context(index, service=SERVICE)).costs(c, request(PROMPT))
+    assert costs[2] < costs[0] < costs[1]  # the holder's queue makes it the dearest
+    gap = costs[1] - costs[2]
+    for stick, expected in ((0.0, 2), (gap * 0.99, 2), (gap * 1.01, 1)):
+        router = EstimatedTTFTRouter(context(index, service=SERVICE), EstimatedTTFTOptions(stick_s=stick))
+        assert choose(router, c, request(PROMPT)) == expected, stick
+        assert router.costs(c, request(PROMPT)) == costs  # the option moves the choice, not the costs
+    # a prompt no replica holds: the lowest cost, whatever stick_s
+    router = EstimatedTTFTRouter(context(index, service=SERVICE), EstimatedTTFTOptions(stick_s=100.0))
+    assert choose(router, columns({"prefill_tokens": 100}, {}, {}), request(OTHER)) in (1, 2)
+    # a run the prompt cannot use (past its last whole block before the last token) is no longer
+    short = request(PROMPT[:33])  # 2 usable blocks: replicas 1 and 2 hold as much of it
+    assert choose(router, columns({}, {"prefill_tokens": 500}, {}), short) == 2
+    for bad, field in ((-1.0, "stick_s"), ("1", "stick_s"), (None, "stick_s"), (-0.5, "decode_cap_s"),
+                       (float("inf"), "decode_cap_s"), (True, "decode_cap_s")):
+        with pytest.raises(ConfigError, match=field):
+            EstimatedTTFTOptions(**{field: bad})
 
 
 def test_in_flight_counts_what_a_replica_is_prefilling_before_its_events_arrive():
@@ -384,7 +431,7 @@ def test_in_flight_a_request_routed_again_loses_its_old_credit():
 def test_the_native_ttft_cost_is_its_twin():
     from array import array
 
-    from prefixcache._C import estimated_ttft_costs, estimated_ttft_lowest
+    from prefixcache._C import estimated_ttft_choice, estimated_ttft_costs, estimated_ttft_lowest
 
     rng = random.Random(7)
     service = ServiceModel()  # an 8B model on an H100: attention, overhead and the weights' floor all count
@@ -396,17 +443,18 @@ def test_the_native_ttft_cost_is_its_twin():
         requests = [q + rng.randint(0, 2000) for q in queued]
         overlaps = {i: rng.randint(0, 300) for i in range(n) if rng.random() < 0.6}
         weight, decode = rng.choice([0.0, 0.5, 1.0, 3.0]), rng.choice([0.0, 0.1, 1.0])
-        costs = estimated_ttft_costs(array("q", prefill), requests, array("q", queued), overlaps, prompt, BS,
-                                     service.token_s, service.pair_s, service.weights_s, service.step_overhead_s,
-                                     service.max_num_batched_tokens, weight, decode)
+        cap, stick = rng.choice([float("inf"), 0.0, 0.05, 0.5]), rng.choice([0.0, 0.01, 0.1, 1.0])
+        args = (array("q", prefill), requests, array("q", queued), overlaps, prompt, BS, service.token_s,
+                service.pair_s, service.weights_s, service.step_overhead_s, service.max_num_batched_tokens, weight,
+                decode, cap)
+        costs = estimated_ttft_costs(*args)
         most = (prompt - 1) // BS * BS
         assert costs == pytest.approx([
             ttft_twin(prefill[i], requests[i] - queued[i], min(overlaps.get(i, 0) * BS, most), prompt, service, weight,
-                      decode)
+                      decode, cap)
             for i in range(n)], rel=1e-12)
-        args = (array("q", prefill), requests, array("q", queued), overlaps, prompt, BS, service.token_s,
-                service.pair_s, service.weights_s, service.step_overhead_s, service.max_num_batched_tokens, weight,
-                decode)
+        assert estimated_ttft_lowest(*args, stick) == choice_twin(costs, overlaps, prompt, stick)
+        assert estimated_ttft_choice(costs, overlaps, prompt, BS, stick) == choice_twin(costs, overlaps, prompt, stick)
         assert estimated_ttft_lowest(*args) == [i for i, c in enumerate(costs) if c == min(costs)]
     with pytest.raises(ValueError, match="one entry per candidate"):
         estimated_ttft_costs([0], [0, 0], [0], {}, 10, BS, 1.0, 0.0, 0.0, 0.0, 64, 1.0)
@@ -420,6 +468,12 @@ def test_the_native_ttft_cost_is_its_twin():
         estimated_ttft_costs([0], [0], [0], {}, 10, BS, 1.0, 0.0, 0.0, 0.0, 0, 1.0)
     with pytest.raises(IndexError, match="position 1"):
         estimated_ttft_costs([0], [0], [0], {1: 2}, 10, BS, 1.0, 0.0, 0.0, 0.0, 64, 1.0)
+    with pytest.raises(ValueError, match="decode_cap_s must be >= 0"):
+        estimated_ttft_costs([0], [0], [0], {}, 10, BS, 1.0, 0.0, 0.0, 0.0, 64, 1.0, 0.1, -1.0)
+    with pytest.raises(ValueError, match="stick_s must be >= 0"):
+        estimated_ttft_choice([0.0], {}, 10, BS, float("nan"))
+    with pytest.raises(IndexError, match="position 2"):
+        estimated_ttft_choice([0.0, 1.0], {2: 1}, 10, BS, 1.0)
 
 
 def test_estimated_ttft_breaks_ties_at_random_and_needs_the_index():

@@ -15,7 +15,7 @@ taking one token of every step. With the service model's rates (`ServiceModel.to
     ttft_w = steps x overhead + max(token_s (X + b_w steps) + pair_s (n_w h_w + n_w (n_w + 1) / 2),
                                     steps x weights_s)
     own_w  = token_s n_w + pair_s (n_w h_w + n_w (n_w + 1) / 2)
-    cost_w = ttft_w + load_weight x own_w + decode_weight x b_w x own_w
+    cost_w = ttft_w + load_weight x own_w + decode_weight x b_w x min(own_w, decode_cap_s)
 
 the lowest cost wins (ties at random). `ttft_w` is `ServiceModel.prefill_s` of the
 replica's prefill queue and this prompt; `own_w` is its own prefill, which delays
@@ -25,6 +25,13 @@ suffers itself) and lengthens the steps of each request decoding there by as muc
 would break). All are SECONDS, so the cost compares a cache hit with a queue in the units
 a user feels, where Dynamo's cost trades blocks of cache against blocks of load one for
 one. load_weight 0 and decode_weight 0: the greedy lowest-estimated-TTFT choice.
+`decode_cap_s` (none by default) bounds the seconds of its own prefill the decode charge
+counts, so the longest prompts go where their first token comes soonest. `stick_s` (0 by
+default) keeps a request with the replicas holding the longest run of its prompt its cache
+can use, the cheapest of them, while that costs at most `stick_s` SECONDS more than the
+cheapest replica (SGLang's cache-aware rule, the imbalance in seconds): a move is a miss
+now and a prefix cached twice, which one request's cost does not see. It moves the choice,
+not the costs.
 
 The defaults (1.0, 0.1) are measured, not derived: on the Mooncake conversation trace
 (docs/cluster.md) the decode charge buys goodput at the knee (fewer requests over the
@@ -69,7 +76,7 @@ from array import array
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from prefixcache._C import estimated_ttft_costs, estimated_ttft_lowest
+from prefixcache._C import estimated_ttft_choice, estimated_ttft_costs, estimated_ttft_lowest
 from prefixcache.cluster.registry import register_router
 from prefixcache.cluster.router import Candidates, Ranked, ReplicaId, Router, RouterContext, RoutingRequest
 from prefixcache.service_model import ServiceModel
@@ -91,6 +98,9 @@ class EstimatedTTFTOptions:
     """load_weight: the charge for the delay a request's prefill adds for those queued behind it
     decode_weight: the charge for the delay it adds for each request decoding there
     (both 0: the greedy lowest-estimated-TTFT choice)
+    decode_cap_s: the most of its own prefill SECONDS the decode charge counts (None: all)
+    stick_s: SECONDS of cost a request may give up to stay with the replica holding its
+    longest cached run (0: always the lowest cost)
     in_flight: also count as cached the prompt blocks of requests in flight on a replica,
     which its events have not reported yet (module docstring)
     tier_bandwidth_gbps / tier_latency_us: per event medium (CPU, STORAGE), what loading a
@@ -98,15 +108,20 @@ class EstimatedTTFTOptions:
 
     load_weight: float = 1.0
     decode_weight: float = 0.1
+    decode_cap_s: float | None = None
+    stick_s: float = 0.0
     in_flight: bool = True
     tier_bandwidth_gbps: dict[str, float] | None = None
     tier_latency_us: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("load_weight", "decode_weight"):
+        for name in ("load_weight", "decode_weight", "decode_cap_s", "stick_s"):
             value = getattr(self, name)
-            if not 0 <= value < float("inf"):
-                raise ConfigError(name, f"must be a finite number >= 0, got {value!r}")
+            if name == "decode_cap_s" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise ConfigError(name, f"must be a finite number >= 0{' or null' if name == 'decode_cap_s' else ''}, "
+                                        f"got {value!r}")  # fmt: skip
         if not isinstance(self.in_flight, bool):
             raise ConfigError("in_flight", f"must be true or false, got {self.in_flight!r}")
         for name, low in (("tier_bandwidth_gbps", 0.0), ("tier_latency_us", -1.0)):
@@ -129,9 +144,10 @@ class EstimatedTTFTRouter(Router):
         super().__init__(context, options)
         self.index = context.index
         service = self._service = context.service if context.service is not None else ServiceModel()
-        self._model = (service.token_s, service.pair_s, service.weights_s, service.overhead_s,
-                       service.max_num_batched_tokens, self.options.load_weight, self.options.decode_weight)
         o = self.options
+        cap = float("inf") if o.decode_cap_s is None else o.decode_cap_s
+        self._model = (service.token_s, service.pair_s, service.weights_s, service.overhead_s,
+                       service.max_num_batched_tokens, o.load_weight, o.decode_weight, cap)  # fmt: skip
         self._media = tuple(self.index.lower_media) if self.index is not None else ()
         self._media_gbps = [(o.tier_bandwidth_gbps or {}).get(m, _MEDIUM_DEFAULT[m][0]) for m in self._media]
         self._media_latency_s = [(o.tier_latency_us or {}).get(m, _MEDIUM_DEFAULT[m][1]) * 1e-6 for m in self._media]
@@ -145,7 +161,7 @@ class EstimatedTTFTRouter(Router):
 
     def costs(self, candidates: Candidates, request: RoutingRequest) -> list[float]:
         """Each candidate's cost in SECONDS, in candidate order (the module docstring)."""
-        return self._tiered_costs(self._arguments(candidates, request)[0], candidates, request)
+        return self._tiered(self._arguments(candidates, request)[0], candidates, request)[0]
 
     def choose_replicas(self, candidates: Candidates, request: RoutingRequest) -> Ranked:
         arguments, seen = self._arguments(candidates, request)
@@ -153,21 +169,22 @@ class EstimatedTTFTRouter(Router):
             if len(self._chosen) >= _MAX_CHOSEN:
                 self._chosen.pop(next(iter(self._chosen)))
             self._chosen[request.request_id] = seen
+        stick = self.options.stick_s
         if self._media and len(request.hashes):
-            costs = self._tiered_costs(arguments, candidates, request)
-            low = min(costs)
-            lowest = [i for i, c in enumerate(costs) if c == low]
+            costs, runs = self._tiered(arguments, candidates, request)
+            chosen = estimated_ttft_choice(costs, runs, request.num_prompt_tokens, self.context.block_size, stick)
         else:
-            lowest = estimated_ttft_lowest(*arguments)
-        return [[lowest[0] if len(lowest) == 1 else self.context.rng.choice(lowest)]]
+            chosen = estimated_ttft_lowest(*arguments, stick)
+        return [[chosen[0] if len(chosen) == 1 else self.context.rng.choice(chosen)]]
 
-    def _tiered_costs(self, arguments: tuple, candidates: Candidates, request: RoutingRequest) -> list[float]:
+    def _tiered(self, arguments: tuple, candidates: Candidates, request: RoutingRequest) -> tuple[list[float], dict]:
         """The costs of the native call's `arguments` (the device's hits), each lowered to
         the cost with the replica's run on every medium as its hit plus the loads, where
-        that is lower (module docstring)."""
+        that is lower (module docstring); and each candidate's BLOCKS of the prompt on its
+        device and lower tiers together."""
         costs = estimated_ttft_costs(*arguments)
         if not self._media or not len(request.hashes):
-            return costs
+            return costs, dict(arguments[3] or {})
         bs, device = self.context.block_size, arguments[3] or {}
         runs, loads = dict(device), {}
         for i, counts in candidates.by_position(self.index.tiered_prefix(request.hashes)).items():
@@ -178,13 +195,13 @@ class EstimatedTTFTRouter(Router):
             loads[i] = sum(self._service.load_s(n * bs, gbps, latency)
                            for n, gbps, latency in zip(counts[1:], self._media_gbps, self._media_latency_s) if n)  # fmt: skip
         if not loads:
-            return costs
+            return costs, runs
         with_loads = estimated_ttft_costs(*arguments[:3], runs, *arguments[4:])
         o = self.options
         for i, load in loads.items():
             running = candidates.num_requests[i] - candidates.queued_requests[i]
             costs[i] = min(costs[i], with_loads[i] + load * (1 + o.load_weight + o.decode_weight * running))
-        return costs
+        return costs, runs
 
     def on_request_routed(self, request: RoutingRequest, replica: ReplicaId) -> None:
         chosen = self._chosen.pop(request.request_id, None)
