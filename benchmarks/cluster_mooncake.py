@@ -162,6 +162,7 @@ def main() -> int:
                         help="with --kv-weights: an arm per weight and temperature")
     parser.add_argument("--set", dest="options", action="append", default=[], metavar="LABEL.OPTION=VALUE",
                         help="an arm's option (a YAML value), e.g. estimated_ttft.load_weight=2")
+    parser.add_argument("--seed", type=int, help="every router's random source (default: the config's)")
     parser.add_argument("--precise", default="estimated_ttft", help="the arm the targets are checked for")
     parser.add_argument("--target-replicas", type=int, default=8)
     parser.add_argument("--churn-capacity", type=int, nargs="+",
@@ -178,6 +179,8 @@ def main() -> int:
           f"  loadavg {' '.join(open('/proc/loadavg').read().split()[:3]) if os.path.exists('/proc/loadavg') else '?'}")
     print(f"# python benchmarks/cluster_mooncake.py {shlex.join(sys.argv[1:])}")
     config = load_cluster_config(args.config, trace=args.trace)
+    if args.seed is not None:
+        config = dataclasses.replace(config, seed=args.seed)
     if args.routers:
         unknown = sorted(set(args.routers) - set(config.routers))
         if unknown:

@@ -60,15 +60,18 @@ def test_a_sweep_over_rates_and_capacities_writes_its_files_and_checks_every_poi
     drawn = []
     monkeypatch.setattr(bench, "plot_sweep", lambda result, path: drawn.append(path.name))
     monkeypatch.setattr(bench, "plot_capacity", lambda result, path: drawn.append(path.name))
+    seeds, sweep = [], bench.sweep
+    monkeypatch.setattr(bench, "sweep", lambda config, *a, **kw: seeds.append(config.seed) or sweep(config, *a, **kw))
     monkeypatch.setattr(sys, "argv", ["cluster_mooncake.py", "--trace", str(trace), "--replicas", "2",
                                       "--target-replicas", "2", "--routers", "approx_tree", "estimated_ttft",
-                                      "--set", "estimated_ttft.load_weight=2", "--rates", "1", "4",
+                                      "--set", "estimated_ttft.load_weight=2", "--seed", "3", "--rates", "1", "4",
                                       "--capacity", "20000", "100000", "--churn-capacity", "20000",
                                       "--out", str(out)])
     assert bench.main() == 0
     text = capsys.readouterr().out
     data = json.loads((out / "sweep_trace.json").read_text())
     assert drawn == ["sweep_trace.png", "sweep_trace_capacity.png"]
+    assert seeds == [3]
     assert {(r["capacity_tokens"], r["arrival_speedup"]) for r in data["runs"]} == {
         (20000, 1.0), (20000, 4.0), (100000, 1.0), (100000, 4.0)}
     assert {r["series"] for r in data["runs"]} == {"round_robin", "approx_tree", "estimated_ttft", "shared"}
