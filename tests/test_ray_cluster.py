@@ -177,10 +177,15 @@ def test_the_openai_client_talks_to_the_ingress(cluster):
                                           logprobs=True, top_logprobs=2)
     assert chat.choices[0].message.role == "assistant"
     assert [len(e.top_logprobs) for e in chat.choices[0].logprobs.content] == [2] * chat.usage.completion_tokens
-    # n choices: each a request of its own through the router, answered as one.
-    two = client.completions.create(model=model, prompt=head(20), max_tokens=3, n=2, seed=3, temperature=1.0,
-                                    extra_body={"ignore_eos": True})
-    assert [c.index for c in two.choices] == [0, 1] and two.usage.completion_tokens == 6
+    # n choices: each a request of its own through the router, answered as one; in flight
+    # together, each is assigned a replica at once (none waits out the stall timeout and is
+    # sent again: Ray Serve tells calls apart by an id each call must have of its own).
+    sent_again = state(cluster)["ingress"]["resubmitted"]
+    for seed in range(3):
+        two = client.completions.create(model=model, prompt=head(20 + seed), max_tokens=3, n=2, seed=3,
+                                        temperature=1.0, extra_body={"ignore_eos": True})
+        assert [c.index for c in two.choices] == [0, 1] and two.usage.completion_tokens == 6
+    assert state(cluster)["ingress"]["resubmitted"] == sent_again
     # The serving layer's error bodies, through the ingress.
     with pytest.raises(openai.NotFoundError) as err:
         client.completions.create(model="nope", prompt=[1, 2], max_tokens=1)

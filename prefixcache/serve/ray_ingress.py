@@ -28,6 +28,7 @@ answer a request with a 500 for a replica's failure.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -35,6 +36,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import Response
 from ray.exceptions import RayActorError
+from ray.serve import context as serve_context
+from ray.serve._private.utils import generate_request_id
 from ray.serve.exceptions import ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
@@ -114,7 +117,18 @@ class RoutedEngine:
         self._streams.pop(request_id, None)
 
     def _call(self, call: EngineCall) -> DeploymentResponseGenerator:
-        return self._handle.generate.remote(call)
+        # Each call gets an internal request id of its own. Ray Serve 2.60 gives every handle
+        # call made while serving one HTTP request that request's id, and its request router
+        # finds a pending call by that id (`_pending_requests_by_id`, one entry per id): of
+        # two calls in flight at once (a request's n choices), the second is never assigned a
+        # replica, and waits until `stall_timeout_s` cancels it.
+        context = serve_context._get_serve_request_context()
+        token = serve_context._serve_request_context.set(
+            dataclasses.replace(context, _internal_request_id=generate_request_id()))
+        try:
+            return self._handle.generate.remote(call)
+        finally:
+            serve_context._serve_request_context.reset(token)
 
 
 class RoutedStream:
@@ -151,6 +165,9 @@ class RoutedStream:
             except ValueError as err:  # the engine's refusal, raised in the replica (RayTaskError(ValueError))
                 cause = getattr(err, "cause", err)  # the engine's own error: a ConfigError names its field
                 raise (cause if isinstance(cause, ValueError) else ValueError(str(cause))) from None
+            except BaseException:  # cancelled while waiting (its client left): the call goes with it
+                self._gen.cancel()
+                raise
             if not isinstance(first, Admitted):
                 raise RuntimeError(f"a replica answered {type(first).__name__} before admitting the request")
             return
