@@ -419,7 +419,8 @@ def test_penalties_agree_with_the_naive_model(data):
     for i in range(rows):
         want = naive_penalties(logits[i], prompts[i], outputs[i], params[i].presence_penalty,
                                params[i].frequency_penalty, params[i].repetition_penalty)
-        assert got[i].tolist() == pytest.approx(want, abs=1e-6)
+        # float32 logits against a float64 model: a few units in the last place (2e-6 at 16)
+        assert got[i].tolist() == pytest.approx(want, rel=1e-6, abs=1e-6)
     plain = torch.tensor(logits)
     assert processed_logits(plain, [SamplingParams()] * rows, prompts, outputs, [()] * rows) is plain  # no copy
 
