@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -52,6 +53,31 @@ def test_an_unknown_router_label_is_refused_with_the_config_arms(bench, tmp_path
     assert "--routers: nope not in" in capsys.readouterr().err
 
 
+def test_several_seeds_run_the_sweep_once_each_and_count_the_seeds_that_met_each_target(bench, tmp_path, monkeypatch,
+                                                                                        capsys):
+    trace = tmp_path / "trace.jsonl"
+    write_records(trace, synthetic_records(24, seed=7, max_gap_ms=1000))
+    out = tmp_path / "out"
+    monkeypatch.setattr(bench, "plot_cluster", lambda result, path: None)
+    seeds, sweep = [], bench.sweep
+    monkeypatch.setattr(bench, "sweep", lambda config, *a, **kw: seeds.append(config.seed) or sweep(config, *a, **kw))
+    monkeypatch.setattr(sys, "argv", ["cluster_mooncake.py", "--trace", str(trace), "--replicas", "2",
+                                      "--target-replicas", "2", "--routers", "power_of_two", "estimated_ttft",
+                                      "--seed", "3", "4", "--out", str(out)])
+    assert bench.main() == 0
+    text = capsys.readouterr().out
+    assert seeds == [3, 4] and text.count("targets:") == 2 and "# seed 4" in text
+    for seed in (3, 4):
+        assert json.loads((out / f"seed_{seed}" / "cluster_trace.json").read_text())["runs"]
+    summary = text[text.index("targets over seeds 3, 4"):]
+    counts = re.findall(r"^    (.+): (\d) of 2$", summary, re.M)
+    assert [name for name, _ in counts] == ["best goodput", "best TTFT p50", "best TTFT p99",
+                                            "TTFT p50 against the shared cache", "hit ratio against the shared cache"]
+    # each count is the seeds whose own target line passed
+    for name, met in counts:
+        assert int(met) == sum(f"  {name}:" in line and "[PASS" in line for line in text.splitlines())
+
+
 def test_a_sweep_over_rates_and_capacities_writes_its_files_and_checks_every_point(bench, tmp_path, monkeypatch,
                                                                                   capsys):
     trace = tmp_path / "trace.jsonl"
@@ -77,7 +103,7 @@ def test_a_sweep_over_rates_and_capacities_writes_its_files_and_checks_every_poi
     assert {r["series"] for r in data["runs"]} == {"round_robin", "approx_tree", "estimated_ttft", "shared"}
     assert "Cluster A/B on trace" in text and "4x the trace's rate" in text
     # the targets at every point; the approximate-router one only where caches churn
-    assert text.count("targets:") == 4 and text.count("vs approx_tree") == 2
+    assert text.count("targets:") == 4 and text.count("against approx_tree") == 2
     assert text.count("the shared cache's") == 4 * 2  # the p50 and the hit ratio
     # saved sweeps' runs together again, nothing run: here the sweep split by capacity
     parts = []
