@@ -5,6 +5,8 @@ loading it costs, and the precise router takes a lower-tier run as a hit plus it
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from prefixcache.cluster.kv_index import KVIndex
@@ -89,6 +91,27 @@ def test_the_precise_router_takes_a_lower_tier_run_as_a_hit_plus_its_load():
     assert slow[2] == slow[3] and slow[1] == costs[1]
     with pytest.raises(ConfigError, match=r"tier_bandwidth_gbps\.GPU: allowed values: CPU, STORAGE"):
         EstimatedTTFTOptions(tier_bandwidth_gbps={"GPU": 1.0})
+
+
+def test_stick_s_holds_to_a_run_on_a_lower_tier_as_to_one_on_the_device():
+    from prefixcache.cluster.routers.estimated_ttft import EstimatedTTFTOptions, EstimatedTTFTRouter
+    from prefixcache.service_model import ServiceModel
+
+    # the whole prompt in replica 1's host tier, behind a long prefill queue; 0 and 2 hold nothing
+    index, request = _held(4097, (), ("CPU",), ())
+    candidates = Candidates(range(3))
+    candidates.prefill_tokens[1] = 200_000
+
+    def router(stick_s):
+        context = RouterContext(block_size=4, capacity_tokens=1 << 20, index=index, service=ServiceModel(),
+                                rng=random.Random(0))
+        return EstimatedTTFTRouter(context, EstimatedTTFTOptions(stick_s=stick_s))
+
+    costs = router(0.0).costs(candidates, request)
+    assert costs[0] == costs[2] < costs[1]  # the queue costs more than the miss
+    assert router(0.0).choose_replicas(candidates, request) in ([[0]], [[2]])
+    assert router(costs[1] - costs[0] + 0.01).choose_replicas(candidates, request) == [[1]]
+    assert router(costs[1] - costs[0] - 0.01).choose_replicas(candidates, request) in ([[0]], [[2]])
 
 
 def test_llm_d_scorers_weigh_a_lower_tier_block_as_llm_d_does():

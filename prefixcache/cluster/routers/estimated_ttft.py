@@ -59,8 +59,9 @@ load those and compute the rest. The cost is then also taken with that run as th
 plus the load (`ServiceModel.load_s` of each medium's blocks, at the medium's bandwidth
 where it is slower than the host link, and its latency once), which delays this request,
 those queued behind it and every request decoding there as its prefill would
-(x (1 + load_weight + decode_weight x b_w)); each replica costs the lower of the two, as
-its cache loads only what pays. Bandwidth and latency per medium: the options, else the
+(x (1 + load_weight + decode_weight x b_w); `decode_cap_s` bounds the prefill's decode
+charge, not the load's); each replica costs the lower of the two, as its cache loads only
+what pays, and `stick_s` reads that run as what the replica holds. Bandwidth and latency per medium: the options, else the
 `cache.tiers` defaults (CPU 25 GB/s and 10 us, STORAGE 2 GB/s and 100 us).
 
 Computed natively over the load columns (csrc/ttft_cost.h), like `kv_events` (with lower
