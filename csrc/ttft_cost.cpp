@@ -40,7 +40,7 @@ std::vector<double> estimated_ttft_costs(std::span<const int64_t> prefill_tokens
                                          std::span<const int64_t> num_requests,
                                          std::span<const int64_t> queued_requests,
                                          std::span<const int32_t> overlap_blocks, int64_t prompt_tokens,
-                                         int64_t block_size, const TtftModel& model) {
+                                         int64_t block_size, const TtftModel& model, std::vector<double>* ttfts) {
   const size_t n = prefill_tokens.size();
   if (num_requests.size() != n || queued_requests.size() != n || overlap_blocks.size() != n) {
     throw std::invalid_argument(
@@ -55,24 +55,36 @@ std::vector<double> estimated_ttft_costs(std::span<const int64_t> prefill_tokens
   check(model);
   const int64_t most_cached = (prompt_tokens - 1) / block_size * block_size;
   std::vector<double> out(n);
+  if (ttfts != nullptr) ttfts->assign(n, 0.0);
   for (size_t i = 0; i < n; ++i) {
     const int64_t cached = std::min<int64_t>(static_cast<int64_t>(overlap_blocks[i]) * block_size, most_cached);
     const double n = static_cast<double>(prompt_tokens - cached);
     const double own = model.token_s * n + model.pair_s * own_pairs(n, static_cast<double>(cached));
     const int64_t running = std::max<int64_t>(num_requests[i] - queued_requests[i], 0);
-    out[i] = estimated_ttft(prefill_tokens[i], running, cached, prompt_tokens, model) + model.load_weight * own +
+    const double ttft = estimated_ttft(prefill_tokens[i], running, cached, prompt_tokens, model);
+    if (ttfts != nullptr) (*ttfts)[i] = ttft;
+    out[i] = ttft + model.load_weight * own +
              model.decode_weight * static_cast<double>(running) * std::min(own, model.decode_cap_s);
   }
   return out;
 }
 
 std::vector<int32_t> estimated_ttft_choice(std::span<const double> costs, std::span<const int32_t> overlap_blocks,
-                                           int64_t prompt_tokens, int64_t block_size, double stick_s) {
+                                           int64_t prompt_tokens, int64_t block_size, double stick_s,
+                                           std::span<const double> ttfts, double stick_ttft_s) {
   if (overlap_blocks.size() != costs.size()) {
     throw std::invalid_argument("costs and overlaps must have one entry per candidate, got " +
                                 std::to_string(costs.size()) + " and " + std::to_string(overlap_blocks.size()));
   }
   if (!(stick_s >= 0)) throw std::invalid_argument("stick_s must be >= 0, got " + std::to_string(stick_s));
+  if (!(stick_ttft_s >= 0)) {
+    throw std::invalid_argument("stick_ttft_s must be >= 0, got " + std::to_string(stick_ttft_s));
+  }
+  const bool bounded = stick_ttft_s < std::numeric_limits<double>::infinity();
+  if (bounded && ttfts.size() != costs.size()) {
+    throw std::invalid_argument("a finite stick_ttft_s needs one ttft per candidate, got " +
+                                std::to_string(ttfts.size()) + " for " + std::to_string(costs.size()));
+  }
   if (block_size < 1) throw std::invalid_argument("block_size must be >= 1, got " + std::to_string(block_size));
   if (prompt_tokens < 1) {
     throw std::invalid_argument("prompt_tokens must be >= 1, got " + std::to_string(prompt_tokens));
@@ -92,9 +104,11 @@ std::vector<int32_t> estimated_ttft_choice(std::span<const double> costs, std::s
     }
     if (held <= low + stick_s) {
       for (size_t i = 0; i < costs.size(); ++i) {
-        if (hit(i) == most && costs[i] == held) out.push_back(static_cast<int32_t>(i));
+        if (hit(i) == most && costs[i] == held && (!bounded || ttfts[i] <= stick_ttft_s)) {
+          out.push_back(static_cast<int32_t>(i));
+        }
       }
-      return out;
+      if (!out.empty()) return out;
     }
   }
   for (size_t i = 0; i < costs.size(); ++i) {

@@ -24,9 +24,10 @@
 // would be sent to wait behind a queue it cannot afford). Lower is better.
 //
 // The choice (estimated_ttft_choice): the lowest cost, unless the candidate holding the
-// longest cached run of the prompt costs at most stick_s more: then that one (affinity,
-// SGLang's cache-aware router's rule in seconds: a move is a miss now and the prefix
-// cached twice in caches that churn).
+// longest cached run of the prompt costs at most stick_s more and its ttft is at most
+// stick_ttft_s: then that one (affinity, SGLang's cache-aware router's rule in seconds: a
+// move is a miss now and the prefix cached twice in caches that churn; the bound keeps
+// affinity from making a request wait longer than its first token can afford).
 // prefixcache/cluster/routers/estimated_ttft.py owns the policy around it.
 //
 // Never does: look anything up (the caller passes the overlaps, from the KV index).
@@ -51,22 +52,28 @@ struct TtftModel {
   double decode_cap_s = std::numeric_limits<double>::infinity();  // own prefill the decode charge counts at most
 };
 
-// One cost per candidate. Throws std::invalid_argument if the columns differ in length,
-// block_size < 1, prompt_tokens < 1, or a model field is negative, not finite or (budget) < 1.
+// One cost per candidate; with `ttfts`, each candidate's ttft (the cost less its charges)
+// there too. Throws std::invalid_argument if the columns differ in length, block_size < 1,
+// prompt_tokens < 1, or a model field is negative, not finite or (budget) < 1.
 std::vector<double> estimated_ttft_costs(std::span<const int64_t> prefill_tokens,
                                          std::span<const int64_t> num_requests,
                                          std::span<const int64_t> queued_requests,
                                          std::span<const int32_t> overlap_blocks, int64_t prompt_tokens,
-                                         int64_t block_size, const TtftModel& model);
+                                         int64_t block_size, const TtftModel& model,
+                                         std::vector<double>* ttfts = nullptr);
 
 // The positions chosen from `costs` (ascending; several when tied, for the caller to pick
 // at random): the lowest cost, unless the candidates that would hit the most of the
 // prompt (their overlap_blocks, up to the prompt's last whole block before its last token;
 // at least one) include one within stick_s SECONDS of it: then those of them at their
-// lowest cost. Throws std::invalid_argument if the spans differ in length, stick_s is
-// negative or NaN, or prompt_tokens or block_size < 1.
+// lowest cost whose ttft (`ttfts`, one per candidate; needed only where stick_ttft_s is
+// finite) is at most stick_ttft_s SECONDS, if any is. Throws std::invalid_argument if the
+// spans differ in length, stick_s or stick_ttft_s is negative or NaN, or prompt_tokens or
+// block_size < 1.
 std::vector<int32_t> estimated_ttft_choice(std::span<const double> costs, std::span<const int32_t> overlap_blocks,
-                                           int64_t prompt_tokens, int64_t block_size, double stick_s);
+                                           int64_t prompt_tokens, int64_t block_size, double stick_s,
+                                           std::span<const double> ttfts = {},
+                                           double stick_ttft_s = std::numeric_limits<double>::infinity());
 
 // The SECONDS part of one candidate's cost (ttft[i] above), for a caller that reports it.
 double estimated_ttft(int64_t backlog_tokens, int64_t running, int64_t cached_tokens, int64_t prompt_tokens,

@@ -272,14 +272,18 @@ def ttft_twin(prefill_tokens, running, cached_tokens, prompt, service=SERVICE, l
     return ttft + load_weight * own + decode_weight * running * min(own, decode_cap_s)
 
 
-def choice_twin(costs, overlaps, prompt, stick_s):
+def choice_twin(costs, overlaps, prompt, stick_s, ttfts=None, stick_ttft_s=float("inf")):
     """The estimated-TTFT choice, readable (csrc/ttft_cost.h): the lowest cost, or the holders
-    of the longest usable cached run at their lowest where that is within stick_s of it."""
+    of the longest usable cached run at their lowest where that is within stick_s of it,
+    those of them whose estimated TTFT is at most stick_ttft_s."""
     hit = [min(overlaps.get(i, 0), (prompt - 1) // BS) for i in range(len(costs))]
     if stick_s > 0 and max(hit) > 0:
         held = min(c for c, h in zip(costs, hit) if h == max(hit))
         if held <= min(costs) + stick_s:
-            return [i for i, (c, h) in enumerate(zip(costs, hit)) if h == max(hit) and c == held]
+            kept = [i for i, (c, h) in enumerate(zip(costs, hit))
+                    if h == max(hit) and c == held and (ttfts is None or ttfts[i] <= stick_ttft_s)]
+            if kept:
+                return kept
     return [i for i, c in enumerate(costs) if c == min(costs)]
 
 
@@ -359,9 +363,27 @@ def test_stick_s_keeps_the_holder_of_the_longest_run_while_it_costs_at_most_that
     short = request(PROMPT[:33])  # 2 usable blocks: replicas 1 and 2 hold as much of it
     assert choose(router, columns({}, {"prefill_tokens": 500}, {}), short) == 2
     for bad, field in ((-1.0, "stick_s"), ("1", "stick_s"), (None, "stick_s"), (-0.5, "decode_cap_s"),
-                       (float("inf"), "decode_cap_s"), (True, "decode_cap_s")):
+                       (float("inf"), "decode_cap_s"), (True, "decode_cap_s"), (-1.0, "stick_ttft_s"),
+                       (float("nan"), "stick_ttft_s"), ("2", "stick_ttft_s")):
         with pytest.raises(ConfigError, match=field):
             EstimatedTTFTOptions(**{field: bad})
+
+
+def test_stick_ttft_s_keeps_a_request_with_the_holder_only_while_its_ttft_there_is_within_it():
+    index = indexed(3, [(1, PROMPT[:64]), (2, PROMPT[:32])])  # 4 blocks on replica 1, 2 on replica 2
+    c = columns({}, {"prefill_tokens": 500}, {})
+    plain = EstimatedTTFTRouter(context(index, service=SERVICE))
+    costs = plain.costs(c, request(PROMPT))
+    held_ttft = ttft_twin(500, 0, 64, 160, load_weight=0.0, decode_weight=0.0)  # replica 1's TTFT, charges aside
+    assert costs[2] < costs[1] and held_ttft < costs[1]
+    for bound, expected in ((None, 1), (held_ttft * 1.01, 1), (held_ttft * 0.99, 2), (0.0, 2)):
+        router = EstimatedTTFTRouter(context(index, service=SERVICE),
+                                     EstimatedTTFTOptions(stick_s=100.0, stick_ttft_s=bound))
+        assert choose(router, c, request(PROMPT)) == expected, bound
+        assert router.costs(c, request(PROMPT)) == costs  # it moves the choice, not the costs
+    # without stick_s nothing sticks, whatever the bound
+    router = EstimatedTTFTRouter(context(index, service=SERVICE), EstimatedTTFTOptions(stick_ttft_s=10.0))
+    assert choose(router, c, request(PROMPT)) == 2
 
 
 def test_in_flight_counts_what_a_replica_is_prefilling_before_its_events_arrive():
@@ -444,17 +466,25 @@ def test_the_native_ttft_cost_is_its_twin():
         overlaps = {i: rng.randint(0, 300) for i in range(n) if rng.random() < 0.6}
         weight, decode = rng.choice([0.0, 0.5, 1.0, 3.0]), rng.choice([0.0, 0.1, 1.0])
         cap, stick = rng.choice([float("inf"), 0.0, 0.05, 0.5]), rng.choice([0.0, 0.01, 0.1, 1.0])
+        within = rng.choice([float("inf"), 0.0, 0.1, 1.0, 10.0])
         args = (array("q", prefill), requests, array("q", queued), overlaps, prompt, BS, service.token_s,
                 service.pair_s, service.weights_s, service.step_overhead_s, service.max_num_batched_tokens, weight,
                 decode, cap)
         costs = estimated_ttft_costs(*args)
         most = (prompt - 1) // BS * BS
+        cached = [min(overlaps.get(i, 0) * BS, most) for i in range(n)]
         assert costs == pytest.approx([
-            ttft_twin(prefill[i], requests[i] - queued[i], min(overlaps.get(i, 0) * BS, most), prompt, service, weight,
-                      decode, cap)
+            ttft_twin(prefill[i], requests[i] - queued[i], cached[i], prompt, service, weight, decode, cap)
             for i in range(n)], rel=1e-12)
+        same, ttfts = estimated_ttft_costs(*args, with_ttft=True)
+        assert same == costs and ttfts == pytest.approx([
+            ttft_twin(prefill[i], requests[i] - queued[i], cached[i], prompt, service, 0.0, 0.0) for i in range(n)],
+            rel=1e-12)
         assert estimated_ttft_lowest(*args, stick) == choice_twin(costs, overlaps, prompt, stick)
         assert estimated_ttft_choice(costs, overlaps, prompt, BS, stick) == choice_twin(costs, overlaps, prompt, stick)
+        twin = choice_twin(costs, overlaps, prompt, stick, ttfts, within)
+        assert estimated_ttft_lowest(*args, stick, within) == twin
+        assert estimated_ttft_choice(costs, overlaps, prompt, BS, stick, ttfts, within) == twin
         assert estimated_ttft_lowest(*args) == [i for i, c in enumerate(costs) if c == min(costs)]
     with pytest.raises(ValueError, match="one entry per candidate"):
         estimated_ttft_costs([0], [0, 0], [0], {}, 10, BS, 1.0, 0.0, 0.0, 0.0, 64, 1.0)
@@ -474,6 +504,10 @@ def test_the_native_ttft_cost_is_its_twin():
         estimated_ttft_choice([0.0], {}, 10, BS, float("nan"))
     with pytest.raises(IndexError, match="position 2"):
         estimated_ttft_choice([0.0, 1.0], {2: 1}, 10, BS, 1.0)
+    with pytest.raises(ValueError, match="stick_ttft_s must be >= 0"):
+        estimated_ttft_choice([0.0], {}, 10, BS, 1.0, [0.0], -1.0)
+    with pytest.raises(ValueError, match="needs one ttft per candidate"):
+        estimated_ttft_choice([0.0, 1.0], {}, 10, BS, 1.0, [0.0], 1.0)
 
 
 def test_estimated_ttft_breaks_ties_at_random_and_needs_the_index():

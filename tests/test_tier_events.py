@@ -102,16 +102,25 @@ def test_stick_s_holds_to_a_run_on_a_lower_tier_as_to_one_on_the_device():
     candidates = Candidates(range(3))
     candidates.prefill_tokens[1] = 200_000
 
-    def router(stick_s):
+    def router(stick_s, stick_ttft_s=None):
         context = RouterContext(block_size=4, capacity_tokens=1 << 20, index=index, service=ServiceModel(),
                                 rng=random.Random(0))
-        return EstimatedTTFTRouter(context, EstimatedTTFTOptions(stick_s=stick_s))
+        return EstimatedTTFTRouter(context, EstimatedTTFTOptions(stick_s=stick_s, stick_ttft_s=stick_ttft_s))
 
     costs = router(0.0).costs(candidates, request)
     assert costs[0] == costs[2] < costs[1]  # the queue costs more than the miss
     assert router(0.0).choose_replicas(candidates, request) in ([[0]], [[2]])
     assert router(costs[1] - costs[0] + 0.01).choose_replicas(candidates, request) == [[1]]
     assert router(costs[1] - costs[0] - 0.01).choose_replicas(candidates, request) in ([[0]], [[2]])
+    # stick_ttft_s reads replica 1's TTFT with the load from its host tier: the queue's 200,000
+    # tokens and its own last one (attending to the 4,096 loaded), in steps, then the load
+    # (0.02 s of 6.5 s: the bound is drawn closer than that)
+    s = ServiceModel()
+    steps = 200_001 / s.max_num_batched_tokens
+    ttft = (steps * s.overhead_s + max(s.token_s * 200_001 + s.pair_s * 4097, steps * s.weights_s)
+            + s.load_s(4096, 25.0, 10e-6))
+    assert router(100.0, ttft * 1.0001).choose_replicas(candidates, request) == [[1]]
+    assert router(100.0, ttft * 0.9999).choose_replicas(candidates, request) in ([[0]], [[2]])
 
 
 def test_llm_d_scorers_weigh_a_lower_tier_block_as_llm_d_does():

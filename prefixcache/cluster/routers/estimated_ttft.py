@@ -30,8 +30,11 @@ counts, so the longest prompts go where their first token comes soonest. `stick_
 default) keeps a request with the replicas holding the longest run of its prompt its cache
 can use, the cheapest of them, while that costs at most `stick_s` SECONDS more than the
 cheapest replica (SGLang's cache-aware rule, the imbalance in seconds): a move is a miss
-now and a prefix cached twice, which one request's cost does not see. It moves the choice,
-not the costs.
+now and a prefix cached twice, which one request's cost does not see. `stick_ttft_s`
+(none by default) keeps it there only while its estimated TTFT there (`ttft_w`, or with a
+lower-tier run the TTFT with the load) is at most that many SECONDS: affinity that never
+makes a request wait past what its first token can afford, where a long prompt's wait
+would land it in the TTFT tail. Both move the choice, not the costs.
 
 The defaults (1.0, 0.1) are measured, not derived: on the Mooncake conversation trace
 (docs/cluster.md) the decode charge buys goodput at the knee (fewer requests over the
@@ -102,6 +105,8 @@ class EstimatedTTFTOptions:
     decode_cap_s: the most of its own prefill SECONDS the decode charge counts (None: all)
     stick_s: SECONDS of cost a request may give up to stay with the replica holding its
     longest cached run (0: always the lowest cost)
+    stick_ttft_s: the most estimated TTFT, SECONDS, a request staying there may have
+    (None: no bound)
     in_flight: also count as cached the prompt blocks of requests in flight on a replica,
     which its events have not reported yet (module docstring)
     tier_bandwidth_gbps / tier_latency_us: per event medium (CPU, STORAGE), what loading a
@@ -111,17 +116,19 @@ class EstimatedTTFTOptions:
     decode_weight: float = 0.1
     decode_cap_s: float | None = None
     stick_s: float = 0.0
+    stick_ttft_s: float | None = None
     in_flight: bool = True
     tier_bandwidth_gbps: dict[str, float] | None = None
     tier_latency_us: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("load_weight", "decode_weight", "decode_cap_s", "stick_s"):
+        nullable = ("decode_cap_s", "stick_ttft_s")
+        for name in ("load_weight", "decode_weight", *nullable, "stick_s"):
             value = getattr(self, name)
-            if name == "decode_cap_s" and value is None:
+            if name in nullable and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-                raise ConfigError(name, f"must be a finite number >= 0{' or null' if name == 'decode_cap_s' else ''}, "
+                raise ConfigError(name, f"must be a finite number >= 0{' or null' if name in nullable else ''}, "
                                         f"got {value!r}")  # fmt: skip
         if not isinstance(self.in_flight, bool):
             raise ConfigError("in_flight", f"must be true or false, got {self.in_flight!r}")
@@ -149,6 +156,7 @@ class EstimatedTTFTRouter(Router):
         cap = float("inf") if o.decode_cap_s is None else o.decode_cap_s
         self._model = (service.token_s, service.pair_s, service.weights_s, service.overhead_s,
                        service.max_num_batched_tokens, o.load_weight, o.decode_weight, cap)  # fmt: skip
+        self._stick_ttft_s = float("inf") if o.stick_ttft_s is None else o.stick_ttft_s
         self._media = tuple(self.index.lower_media) if self.index is not None else ()
         self._media_gbps = [(o.tier_bandwidth_gbps or {}).get(m, _MEDIUM_DEFAULT[m][0]) for m in self._media]
         self._media_latency_s = [(o.tier_latency_us or {}).get(m, _MEDIUM_DEFAULT[m][1]) * 1e-6 for m in self._media]
@@ -170,22 +178,24 @@ class EstimatedTTFTRouter(Router):
             if len(self._chosen) >= _MAX_CHOSEN:
                 self._chosen.pop(next(iter(self._chosen)))
             self._chosen[request.request_id] = seen
-        stick = self.options.stick_s
+        stick, within = self.options.stick_s, self._stick_ttft_s
         if self._media and len(request.hashes):
-            costs, runs = self._tiered(arguments, candidates, request)
-            chosen = estimated_ttft_choice(costs, runs, request.num_prompt_tokens, self.context.block_size, stick)
+            costs, runs, ttfts = self._tiered(arguments, candidates, request)
+            chosen = estimated_ttft_choice(costs, runs, request.num_prompt_tokens, self.context.block_size, stick,
+                                           ttfts, within)
         else:
-            chosen = estimated_ttft_lowest(*arguments, stick)
+            chosen = estimated_ttft_lowest(*arguments, stick, within)
         return [[chosen[0] if len(chosen) == 1 else self.context.rng.choice(chosen)]]
 
-    def _tiered(self, arguments: tuple, candidates: Candidates, request: RoutingRequest) -> tuple[list[float], dict]:
+    def _tiered(self, arguments: tuple, candidates: Candidates,
+                request: RoutingRequest) -> tuple[list[float], dict, list[float]]:
         """The costs of the native call's `arguments` (the device's hits), each lowered to
         the cost with the replica's run on every medium as its hit plus the loads, where
-        that is lower (module docstring); and each candidate's BLOCKS of the prompt on its
-        device and lower tiers together."""
-        costs = estimated_ttft_costs(*arguments)
+        that is lower (module docstring); each candidate's BLOCKS of the prompt on its
+        device and lower tiers together; and the estimated TTFT each cost stands for."""
+        costs, ttfts = estimated_ttft_costs(*arguments, with_ttft=True)
         if not self._media or not len(request.hashes):
-            return costs, dict(arguments[3] or {})
+            return costs, dict(arguments[3] or {}), ttfts
         bs, device = self.context.block_size, arguments[3] or {}
         runs, loads = dict(device), {}
         for i, counts in candidates.by_position(self.index.tiered_prefix(request.hashes)).items():
@@ -196,13 +206,15 @@ class EstimatedTTFTRouter(Router):
             loads[i] = sum(self._service.load_s(n * bs, gbps, latency)
                            for n, gbps, latency in zip(counts[1:], self._media_gbps, self._media_latency_s) if n)  # fmt: skip
         if not loads:
-            return costs, runs
-        with_loads = estimated_ttft_costs(*arguments[:3], runs, *arguments[4:])
+            return costs, runs, ttfts
+        with_loads, loaded_ttfts = estimated_ttft_costs(*arguments[:3], runs, *arguments[4:], with_ttft=True)
         o = self.options
         for i, load in loads.items():
             running = candidates.num_requests[i] - candidates.queued_requests[i]
-            costs[i] = min(costs[i], with_loads[i] + load * (1 + o.load_weight + o.decode_weight * running))
-        return costs, runs
+            loaded = with_loads[i] + load * (1 + o.load_weight + o.decode_weight * running)
+            if loaded < costs[i]:
+                costs[i], ttfts[i] = loaded, loaded_ttfts[i] + load
+        return costs, runs, ttfts
 
     def on_request_routed(self, request: RoutingRequest, replica: ReplicaId) -> None:
         chosen = self._chosen.pop(request.request_id, None)
