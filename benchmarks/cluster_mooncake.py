@@ -27,11 +27,13 @@ every point, each PASS or FAIL with its numbers:
     python benchmarks/cluster_mooncake.py --trace ... --routers power_of_two kv_events --kv-weights 1 16 \\
         --kv-temperatures 0 0.1                                                           # Dynamo's knobs
     python benchmarks/cluster_mooncake.py --trace ... --config configs/cluster_mooncake_affinity.yaml \\
-        --rates 1 2 --seed 0 1 2 --jobs 2 --out out/cm_affinity     # once a seed; how many seeds met each target
+        --rates 1 2 --seed 0 1 2 --jobs 2 --out out/cm_affinity  # once a seed; ranges, and how many met each target
 
 A p99 is one draw of a chaotic system: the routers' seed (ties, shuffles) moves a TTFT p99
-by up to 0.2 s of 6.3 s on the conversation trace, so a target at the 1% level is judged
-over seeds (`--seed` with several values: the files of each in `<out>/seed_N`).
+by up to 0.3 s of 6.3 s on the conversation trace, so a target at the 1% level is judged
+over seeds (`--seed` with several values: the files of each in `<out>/seed_N`; the run ends
+with each router's range over the seeds, a markdown table per point and rate, and how many
+seeds met each target).
 
 Never commit the traces themselves.
 """
@@ -61,6 +63,7 @@ from prefixcache.cluster.config import RouterSpec, load_cluster_config  # noqa: 
 from prefixcache.cluster.report import cluster_table, plot_capacity, plot_cluster, plot_sweep  # noqa: E402
 from prefixcache.cluster.results import SHARED, ClusterResult, RunResult, write_json, write_rows_csv  # noqa: E402
 from prefixcache.cluster.sweep import Job, SweepPoint, run_job, sweep  # noqa: E402
+from prefixcache.percentiles import percentile  # noqa: E402
 from prefixcache.tables import render  # noqa: E402
 from prefixcache.workloads import Workload  # noqa: E402
 
@@ -108,6 +111,29 @@ def check_targets(result: ClusterResult, n: int, precise: str, *, churn: bool, m
             lines.append(f"goodput against {approx.label}: {mine.goodput:.3f} vs {approx.goodput:.3f}, +{gap:.3f} "
                          f"[{verdict(gap >= margin)} >= {margin}]")
     return lines
+
+
+def spread(values: list[float]) -> str:
+    """The range of `values`, to 3 decimals ("a-b", or one value where both ends print alike)."""
+    low, high = f"{min(values):.3f}", f"{max(values):.3f}"
+    return low if low == high else f"{low}-{high}"
+
+
+def seed_table(results: list[ClusterResult]) -> list[str]:
+    """Markdown rows: per router, each figure's range over `results` (one per seed, same
+    arms), the TTFT p99's median beside its range."""
+    rows = ["| router | hit / shared | goodput | TTFT p50 s | TTFT p99 s (median) | queue p99 s |",
+            "|---|---|---|---|---|---|"]
+    summaries = [{r.label: r.summary() for r in at.runs} for at in results]
+    shared = [next(r.hit_ratio for r in at.runs if r.kind == SHARED) for at in results]
+    for label in (r.label for r in results[0].runs if r.kind == "router"):
+        rows_of = [by_label[label] for by_label in summaries]
+        share = [r["hit_ratio"] / s if s else float("nan") for r, s in zip(rows_of, shared)]
+        p99 = [r["ttft_p99_s"] for r in rows_of]
+        rows.append(f"| {label} | {spread(share)} | {spread([r['goodput'] for r in rows_of])} | "
+                    f"{spread([r['ttft_p50_s'] for r in rows_of])} | {spread(p99)} ({percentile(p99, 50):.3f}) | "
+                    f"{spread([r['queue_p99_s'] for r in rows_of])} |")
+    return rows
 
 
 def parallel(jobs_n: int, workload: Workload):
@@ -218,6 +244,7 @@ def main() -> int:
     run_all = parallel(args.jobs, workload) if args.jobs > 1 else None
     seeds = args.seed or [config.seed]
     verdicts: dict[tuple[str, str], list[bool]] = {}  # (the point and rate, the target) -> met, per seed
+    by_point: dict[str, list[ClusterResult]] = {}  # the point and rate -> its result, per seed
     for seed in seeds:
         if len(seeds) > 1:
             print(f"\n# seed {seed}", flush=True)
@@ -226,8 +253,13 @@ def main() -> int:
         result = sweep(seeded, workload, points, args.rates, run_all=run_all)
         for where, line in report(result, args):
             verdicts.setdefault((where, line.partition(":")[0]), []).append("[PASS" in line)
+        for point, speedup, rate, at in result.runs:
+            by_point.setdefault(describe(point, speedup, rate), []).append(at)
         stem = write(result, points, out, Path(args.trace).stem)
     if len(seeds) > 1:
+        for where, results in by_point.items():
+            print(f"\nover seeds {', '.join(map(str, seeds))}, {where}:")
+            print("\n".join(seed_table(results)))
         print(f"\ntargets over seeds {', '.join(map(str, seeds))} (met in how many):")
         for where in dict.fromkeys(w for w, _ in verdicts):
             print(f"  {where}")
@@ -239,13 +271,18 @@ def main() -> int:
     return 0
 
 
+def describe(point: SweepPoint, speedup: float, rate: float) -> str:
+    """A point and rate of the sweep, as its table's heading names it."""
+    return f"{point.describe()}; {speedup:g}x the trace's rate ({rate:.2f} requests/s)"
+
+
 def report(result, args) -> list[tuple[str, str]]:
     """Print a table per point and rate, and the targets where they are checked; returns
     (the point and rate, a target's line) for each target checked."""
     console = Console(width=230)
     checked = []
     for point, speedup, rate, at in result.runs:
-        where = f"{point.describe()}; {speedup:g}x the trace's rate ({rate:.2f} requests/s)"
+        where = describe(point, speedup, rate)
         print(f"\n## {where}")
         console.print(render(cluster_table(at), "table", 230))
         if point.replicas != args.target_replicas:

@@ -53,8 +53,8 @@ def test_an_unknown_router_label_is_refused_with_the_config_arms(bench, tmp_path
     assert "--routers: nope not in" in capsys.readouterr().err
 
 
-def test_several_seeds_run_the_sweep_once_each_and_count_the_seeds_that_met_each_target(bench, tmp_path, monkeypatch,
-                                                                                        capsys):
+def test_several_seeds_run_the_sweep_once_each_give_each_router_s_ranges_and_count_the_seeds_that_met_each_target(
+        bench, tmp_path, monkeypatch, capsys):
     trace = tmp_path / "trace.jsonl"
     write_records(trace, synthetic_records(24, seed=7, max_gap_ms=1000))
     out = tmp_path / "out"
@@ -76,6 +76,22 @@ def test_several_seeds_run_the_sweep_once_each_and_count_the_seeds_that_met_each
     # each count is the seeds whose own target line passed
     for name, met in counts:
         assert int(met) == sum(f"  {name}:" in line and "[PASS" in line for line in text.splitlines())
+    # each router's range over the seeds, from the seeds' own files
+    table = text[text.index("over seeds 3, 4, "):text.index("targets over seeds")].splitlines()
+    runs = {seed: {r["series"]: r for r in json.loads((out / f"seed_{seed}" / "cluster_trace.json").read_text())["runs"]}
+            for seed in (3, 4)}
+    rows = {line.split(" | ")[0][2:]: line.strip("| ").split(" | ")[1:] for line in table if line.startswith("| ")
+            and not line.startswith("| router") and not line.startswith("|---")}
+    assert set(rows) == {"round_robin", "power_of_two", "estimated_ttft"}  # round robin: the reference line
+    for label, (share, goodput, p50, p99, queue) in rows.items():
+        def spread(values):
+            low, high = f"{min(values):.3f}", f"{max(values):.3f}"
+            return low if low == high else f"{low}-{high}"
+        of = lambda key: [runs[seed][label][key] for seed in (3, 4)]  # noqa: E731
+        assert share == spread([runs[seed][label]["hit_ratio"] / runs[seed]["shared"]["hit_ratio"] for seed in (3, 4)])
+        assert goodput == spread(of("goodput")) and p50 == spread(of("ttft_p50_s"))
+        assert queue == spread(of("queue_p99_s"))
+        assert p99 == f"{spread(of('ttft_p99_s'))} ({sum(of('ttft_p99_s')) / 2:.3f})"  # the median of two: their mean
 
 
 def test_a_sweep_over_rates_and_capacities_writes_its_files_and_checks_every_point(bench, tmp_path, monkeypatch,
