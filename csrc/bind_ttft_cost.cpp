@@ -47,7 +47,7 @@ py::list float_list(const std::vector<double>& values) {
   return out;
 }
 
-// Infinite unless the caller bounds it: what the choice needs the ttfts for.
+// Whether stick_ttft_s bounds the choice (is finite): only then does it read the ttfts.
 bool bounded(double stick_ttft_s) { return stick_ttft_s < std::numeric_limits<double>::infinity(); }
 
 }  // namespace
