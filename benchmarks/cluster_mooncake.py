@@ -316,5 +316,6 @@ def write(result, points: list[SweepPoint], out: Path, trace: str) -> Path:
             plot_capacity(result, out / f"sweep_{trace}_capacity.png")
     return stem
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -62,12 +62,6 @@ std::pair<std::vector<int64_t>, size_t> token_ids(py::handle obj, int64_t begin,
   return {std::move(out), representable};
 }
 
-py::list to_list(const std::vector<int32_t>& ids) {
-  py::list out(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) PyList_SET_ITEM(out.ptr(), i, PyLong_FromLong(ids[i]));
-  return out;
-}
-
 }  // namespace
 
 void bind_block_contents(py::module_& m) {

@@ -17,12 +17,6 @@ std::optional<py::bytes> to_bytes(const std::optional<std::string>& key) {
 
 int64_t arg(py::handle obj, const char* what) { return saturated_int64(obj, what); }
 
-py::list to_list(const std::vector<int32_t>& ids) {
-  py::list out(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) PyList_SET_ITEM(out.ptr(), i, PyLong_FromLong(ids[i]));
-  return out;
-}
-
 std::string_view key_view(py::handle obj) { return bytes_view(obj, "keys"); }
 
 std::vector<std::string_view> key_views(py::handle obj) {

@@ -69,12 +69,6 @@ struct HitRows {
   std::vector<std::vector<int32_t>> rows;
 };
 
-py::list to_list(const std::vector<int32_t>& row) {
-  py::list out(row.size());
-  for (size_t i = 0; i < row.size(); ++i) PyList_SET_ITEM(out.ptr(), i, PyLong_FromLong(row[i]));
-  return out;
-}
-
 // Rows of block ids (-1: a block a group skips) from Python lists.
 std::vector<std::vector<int32_t>> from_rows(py::handle rows) {
   std::vector<std::vector<int32_t>> out;

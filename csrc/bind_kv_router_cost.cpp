@@ -26,18 +26,6 @@ std::vector<double> costs(py::handle prefill_tokens, py::handle active_blocks, p
                          weight);
 }
 
-py::list to_list(const std::vector<double>& values) {
-  py::list out(values.size());
-  for (size_t i = 0; i < values.size(); ++i) PyList_SET_ITEM(out.ptr(), i, PyFloat_FromDouble(values[i]));
-  return out;
-}
-
-py::list to_list(const std::vector<int32_t>& rows) {
-  py::list out(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) PyList_SET_ITEM(out.ptr(), i, PyLong_FromLong(rows[i]));
-  return out;
-}
-
 }  // namespace
 
 void bind_kv_router_cost(py::module_& m) {

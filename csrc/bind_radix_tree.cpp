@@ -112,12 +112,6 @@ Namespace to_namespace(py::handle obj) {
 
 py::object from_namespace(const Namespace& ns) { return ns ? py::object(py::str(*ns)) : py::object(py::none()); }
 
-py::list to_list(const std::vector<int32_t>& ids) {
-  py::list out(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) PyList_SET_ITEM(out.ptr(), i, PyLong_FromLong(ids[i]));
-  return out;
-}
-
 py::tuple to_tuple(const std::vector<int32_t>& ids) {
   py::tuple out(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) PyTuple_SET_ITEM(out.ptr(), i, PyLong_FromLong(ids[i]));

@@ -35,21 +35,6 @@ std::vector<double> costs(py::handle prefill_tokens, py::handle num_requests, py
   return out;
 }
 
-py::list int_list(const std::vector<int32_t>& rows) {
-  py::list out(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) PyList_SET_ITEM(out.ptr(), i, PyLong_FromLong(rows[i]));
-  return out;
-}
-
-py::list float_list(const std::vector<double>& values) {
-  py::list out(values.size());
-  for (size_t i = 0; i < values.size(); ++i) PyList_SET_ITEM(out.ptr(), i, PyFloat_FromDouble(values[i]));
-  return out;
-}
-
-// Whether stick_ttft_s bounds the choice (is finite): only then does it read the ttfts.
-bool bounded(double stick_ttft_s) { return stick_ttft_s < std::numeric_limits<double>::infinity(); }
-
 }  // namespace
 
 void bind_ttft_cost(py::module_& m) {
@@ -62,8 +47,8 @@ void bind_ttft_cost(py::module_& m) {
         const std::vector<double> values = costs(prefill, requests, queued, overlaps, prompt, bs, token_s, pair_s,
                                                  weights_s, overhead_s, budget, load_weight, decode_weight,
                                                  decode_cap_s, nullptr, with_ttft ? &ttfts : nullptr);
-        if (with_ttft) return py::make_tuple(float_list(values), float_list(ttfts));
-        return float_list(values);
+        if (with_ttft) return py::make_tuple(to_list(values), to_list(ttfts));
+        return to_list(values);
       },
       py::arg("prefill_tokens"), py::arg("num_requests"), py::arg("queued_requests"), py::arg("overlaps"),
       py::arg("prompt_tokens"), py::arg("block_size"), py::arg("token_s"), py::arg("pair_s"), py::arg("weights_s"),
@@ -89,9 +74,9 @@ takes); load_weight, decode_weight, decode_cap_s: the charges' weights and cap.)
         std::vector<double> ttfts;
         const std::vector<double> values = costs(prefill, requests, queued, overlaps, prompt, bs, token_s, pair_s,
                                                  weights_s, overhead_s, budget, load_weight, decode_weight,
-                                                 decode_cap_s, &overlap, bounded(stick_ttft_s) ? &ttfts : nullptr);
-        return int_list(estimated_ttft_choice(values, overlap, saturated_int64(prompt, "prompt_tokens"),
-                                              saturated_int64(bs, "block_size"), stick_s, ttfts, stick_ttft_s));
+                                                 decode_cap_s, &overlap, &ttfts);
+        return to_list(estimated_ttft_choice(values, overlap, saturated_int64(prompt, "prompt_tokens"),
+                                             saturated_int64(bs, "block_size"), stick_s, ttfts, stick_ttft_s));
       },
       py::arg("prefill_tokens"), py::arg("num_requests"), py::arg("queued_requests"), py::arg("overlaps"),
       py::arg("prompt_tokens"), py::arg("block_size"), py::arg("token_s"), py::arg("pair_s"), py::arg("weights_s"),
@@ -107,9 +92,9 @@ stick_ttft_s SECONDS (estimated_ttft_choice).)doc");
       "estimated_ttft_choice",
       [](const std::vector<double>& costs, py::handle overlaps, py::handle prompt, py::handle bs, double stick_s,
          const std::vector<double>& ttfts, double stick_ttft_s) {
-        return int_list(estimated_ttft_choice(costs, overlap_column(overlaps, costs.size()),
-                                              saturated_int64(prompt, "prompt_tokens"),
-                                              saturated_int64(bs, "block_size"), stick_s, ttfts, stick_ttft_s));
+        return to_list(estimated_ttft_choice(costs, overlap_column(overlaps, costs.size()),
+                                             saturated_int64(prompt, "prompt_tokens"),
+                                             saturated_int64(bs, "block_size"), stick_s, ttfts, stick_ttft_s));
       },
       py::arg("costs"), py::arg("overlaps"), py::arg("prompt_tokens"), py::arg("block_size"), py::arg("stick_s"),
       py::arg("ttfts") = std::vector<double>{}, py::arg("stick_ttft_s") = std::numeric_limits<double>::infinity(),

@@ -1,7 +1,8 @@
-// Argument conversions the bindings share: one rule each for ints, id lists and bytes.
+// Argument conversions the bindings share: one rule each for ints, id lists and bytes, and
+// the one way a vector of ids or floats goes back to Python as a list.
 //
-// Owns `saturated_int64`, `checked_int64`, `to_ids`, `bytes_view` and `ByteBuffer`. Token ids have a
-// converter of their own, token_ids.h.
+// Owns `saturated_int64`, `checked_int64`, `to_ids`, `bytes_view`, `ByteBuffer` and
+// `to_list`. Token ids have a converter of their own, token_ids.h.
 // A binding that declares an `int64_t` parameter makes pybind11
 // answer a Python int beyond int64 with a TypeError ("incompatible function
 // arguments"), and PyLong_AsLongLong with an OverflowError; neither is the
@@ -194,6 +195,21 @@ inline std::string_view bytes_view(pybind11::handle obj, const char* what) {
     throw pybind11::type_error(std::string(what) + " must be bytes, got " + Py_TYPE(obj.ptr())->tp_name);
   }
   return std::string_view(PyBytes_AS_STRING(obj.ptr()), PyBytes_GET_SIZE(obj.ptr()));
+}
+
+// A list of Python ints (ids, positions) or floats (SECONDS, costs), built in one pass.
+inline PyObject* to_py(int32_t v) { return PyLong_FromLong(v); }
+inline PyObject* to_py(double v) { return PyFloat_FromDouble(v); }
+
+template <typename T>
+pybind11::list to_list(const std::vector<T>& values) {
+  pybind11::list out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    PyObject* item = to_py(values[i]);
+    if (item == nullptr) throw pybind11::error_already_set();
+    PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), item);
+  }
+  return out;
 }
 
 }  // namespace prefixcache
