@@ -108,7 +108,7 @@ def main() -> int:
                 f"{v_step:.2f}",
                 "identical" if same else "DIFFER",
                 checked.stats().verify_failures,
-                checked._contents.num_nodes,
+                checked._verifier.num_nodes,
             ]
             print("| " + " | ".join(map(str, cells)) + " |")
     return 0 if ok else 1
