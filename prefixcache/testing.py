@@ -1137,8 +1137,10 @@ def rule_commit_and_append_is_both_calls(make: CacheFactory, bs: int) -> None:
     else:
         _violate("rule 2", f"{8 * bs} appended tokens into 6 blocks", "no append was refused")
     probe = [*tokens, 1]
+    # The twin's hit is the reference, not n // bs blocks: a backend may refuse a short
+    # hit (`usable_hit`, a matching policy), and commit() is what defines the answer.
     hits = fused.match(probe).num_tokens, split.match(probe).num_tokens
-    if hits[0] != hits[1] or hits[0] < n // bs * bs:
+    if hits[0] != hits[1]:
         _violate("commit_and_append", "match after a refused step", f"hits {hits}: the commit of {n} tokens "
                  "was not done as commit() does it")  # fmt: skip
     if fused.stats() != split.stats():

@@ -134,10 +134,22 @@ class SaysValueErrorForAFloatCount(HashCache):
         return super().evict(num_blocks)
 
 
+class LosesTheRefusedStepsCommit(HashCache):
+    """Broken on purpose: commit_and_append whose append is refused drops its commit."""
+
+    def commit_and_append(self, request_id, num_computed_tokens, tokens):
+        blocks = self.append(request_id, tokens)
+        if blocks is None:
+            return None
+        self.commit(request_id, num_computed_tokens)
+        return blocks
+
+
 @pytest.mark.parametrize(
     "broken",
     [
         IgnoresNamespace,
+        LosesTheRefusedStepsCommit,
         LeaksOnRefusal,
         LiesInMatch,
         CopiesWithoutPartialHits,
@@ -150,6 +162,13 @@ class SaysValueErrorForAFloatCount(HashCache):
 def test_kit_catches_broken_backends(broken):
     with pytest.raises(AssertionError):
         kit.check_backend(broken, block_sizes=(4,), max_examples=60)
+
+
+def test_commit_and_append_rule_catches_a_lost_commit_and_passes_a_policy_that_refuses_short_hits():
+    with pytest.raises(AssertionError, match="match after a refused step"):
+        kit.rule_commit_and_append_is_both_calls(kit._factory(LosesTheRefusedStepsCommit), 4)
+    # A matching policy may refuse hits shorter than it wants: the rule compares with commit().
+    kit.check_backend("min_match:MinMatchHash", options={"min_tokens": 64}, block_sizes=(4,), max_examples=20)
 
 
 def test_bad_token_rule_catches_the_offence_itself():
