@@ -33,6 +33,7 @@ psutil = pytest.importorskip("psutil")  # a dependency of ray
 import lossy_forwarder  # noqa: E402
 from lossy_forwarder import LossyForwarder  # noqa: E402
 from prefixcache.cluster.ray_router import METADATA_KEY  # noqa: E402
+from prefixcache.loadgen.runner import served_vocab_size  # noqa: E402
 from prefixcache.service_model import ServiceModel  # noqa: E402
 from prefixcache.config import from_mapping  # noqa: E402
 from prefixcache.serve.cluster_config import parse_cluster_serve_config  # noqa: E402
@@ -200,6 +201,19 @@ def test_the_openai_client_talks_to_the_ingress(cluster):
         client.completions.create(model=model, prompt=[1, 2], max_tokens=4, extra_body={
             "min_tokens": 2, "allowed_token_ids": [65], "stop_token_ids": [65]})
     assert err.value.body["param"] == "allowed_token_ids"
+
+
+def test_the_ingress_reports_the_replicas_model_as_a_replica_does(cluster):
+    """`GET /model_info` (SGLang's) at the ingress: what `prefixcache bench` reads to keep
+    its token ids in the vocabulary, so it runs against `cluster serve` without flags."""
+    body = httpx.get(f"{cluster.base_url}/model_info", timeout=DEADLINE_S).json()
+    assert body["served_model_name"] == "tiny" and body["vocab_size"] == 320
+    async def probe() -> int | None:
+        async with httpx.AsyncClient() as client:
+            return await served_vocab_size(client, cluster.base_url, DEADLINE_S)
+
+    assert asyncio.run(probe()) == 320
+    assert httpx.get(f"{cluster.base_url}/get_model_info", timeout=DEADLINE_S).json() == body
 
 
 def test_the_cluster_listens_on_loopback_but_for_ray_serves_own_replica_servers(cluster):

@@ -4,8 +4,10 @@ engine replicas.
 Owns `ClusterIngress`, the ingress deployment class: the serving layer's own request
 routes and error bodies (`app.add_openai_routes`, `errors.install_handlers`) over a
 `RoutedEngine`, plus `GET /cluster/state` (what the request router of the replicas'
-deployment sees: `PrefixCacheRequestRouter.state()`) and `GET /metrics` (`IngressMetrics`:
-what the cluster served, as clients saw it). And `RoutedEngine`: it submits like
+deployment sees: `PrefixCacheRequestRouter.state()`), `GET /metrics` (`IngressMetrics`:
+what the cluster served, as clients saw it) and `GET /model_info` (SGLang's, as a
+replica serves it: the model every replica runs, its `vocab_size` included, which
+`prefixcache bench` reads). And `RoutedEngine`: it submits like
 an `EngineLoop`, but each request is a streaming call to the `EngineReplica` deployment
 through a Ray Serve handle, so the deployment's request router picks its replica.
 
@@ -257,6 +259,7 @@ class ClusterIngress:
                        options: Mapping[str, Any] | None = None, router: str = "") -> None:
         self.tokenizer = load_tokenizer(model, chat_template=chat_template)
         self.info: ReplicaInfo = await replicas.info.remote()
+        self.model_info: dict[str, Any] = await replicas.model_info.remote()  # the same model on every replica
         self.metrics = IngressMetrics(model_name=self.info.model_name, router=router)
         self.engine = RoutedEngine(replicas, self.tokenizer, metrics=self.metrics, **dict(options or {}))
 
@@ -271,6 +274,13 @@ class ClusterIngress:
         @app.api_route("/metrics", methods=["GET", "HEAD"])
         async def prometheus() -> Response:
             return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+        model_info = self.model_info
+
+        @app.get("/model_info")
+        @app.get("/get_model_info")
+        async def get_model_info() -> dict[str, Any]:
+            return dict(model_info)
 
         @app.get("/cluster/state")
         async def cluster_state() -> dict[str, Any]:

@@ -15,6 +15,8 @@ where they are, and which hash chain its events carry, in its Ray Serve replica 
   it), then the engine loop's `Tokens` items and one `Finished` or `Failed`. A call
   cancelled by its caller (the client went away) is aborted, so its blocks are released;
 - `info()`: the `ReplicaInfo` the ingress checks requests with;
+- `model_info()`: the replica's `GET /model_info` body (`sglang_api`), which the ingress
+  serves as its own;
 - `check_health()`: Ray Serve's health check; fails once the engine loop has stopped.
 
 Must never: listen anywhere but 127.0.0.1, run the engine outside its loop thread, or
@@ -98,6 +100,9 @@ class EngineReplica:
 
     async def info(self) -> ReplicaInfo:
         return self._replica.info
+
+    async def model_info(self) -> dict[str, Any]:
+        return dict(self._replica.model_info)
 
     async def generate(self, call: EngineCall) -> AsyncIterator[Admitted | StreamItem]:
         loop = self._replica.loop

@@ -87,8 +87,8 @@ class Replica:
         drops = self.publisher.dropped_batches if self.publisher is not None else None
         self.app = build_app(self.loop, self.metrics, self.info, tokenizer, server=config.server,
                              max_num_seqs=ec.max_num_seqs, event_drops=drops)
-        self.server_info, model_info = self._describe()
-        add_sglang_routes(self.app, self.loop.run, self.server_info, model_info, self.metrics.reset_cache)
+        self.server_info, self.model_info = self._describe()
+        add_sglang_routes(self.app, self.loop.run, self.server_info, self.model_info, self.metrics.reset_cache)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.base_url: str | None = None
