@@ -142,6 +142,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 err.missing_paths() and set(err.missing_paths()) <= set(dropped))
             if consequence or len(errors) >= _MAX_ERRORS:
                 break  # a consequence of setting an earlier mistake aside
+            if any(_options_of(d, err.path) for d in dropped):
+                # The options are a backend's: with the backend set aside they would be
+                # checked against the default one, which the file never named.
+                if not _drop(trial, err.path):
+                    break
+                dropped.append(err.path)
+                continue
             errors.append(err)
             if not err.path or not _drop(trial, err.path):
                 break
@@ -155,6 +162,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 _MAX_ERRORS = 25
+
+
+def _options_of(backend_path: str, path: str) -> bool:
+    """Whether `path` is in the options beside the backend key `backend_path` (`cache.backend`
+    and `cache.options.x`; an arm's, or a bare `backend` and `options.x`)."""
+    if backend_path != "backend" and not backend_path.endswith(".backend"):
+        return False
+    options = backend_path[: -len("backend")] + "options"
+    return path == options or path.startswith(options + ".")
 
 
 def _drop(data: dict, path: str) -> bool:

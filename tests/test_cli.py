@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from prefixcache.cli import main
+from prefixcache.registry import NO_IMPORT_ENV
 
 from cli_cases import junk_engine
 
@@ -110,6 +111,23 @@ def test_validate_lists_every_mistake_with_a_did_you_mean_for_names(tmp_path, ca
     section.write_text("cache: [1, 2]\n")  # a section that is not a mapping: one error, none made up after it
     assert main(["validate", str(section)]) == 2
     assert len(capsys.readouterr().err.splitlines()) == 1
+
+
+def test_validate_does_not_check_a_refused_backends_options_against_the_default_one(tmp_path, monkeypatch, capsys):
+    """With imports off, a plugin backend is refused; its options are that backend's, not
+    the default `hash`'s, so no second error claims they are unknown for `hash`."""
+    monkeypatch.setenv(NO_IMPORT_ENV, "1")  # what --no-import sets, undone after the test
+    plugin = tmp_path / "plugin.yaml"
+    plugin.write_text("cache:\n  backend: 'min_match:MinMatchHash'\n  evicton: lru\n  options: {min_tokens: 64}\n")
+    assert main(["validate", str(plugin)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"error: {plugin}: cache.evicton: unknown key")
+    assert lines[1].startswith(f"error: {plugin}: cache.backend: backend 'min_match:MinMatchHash' is an import path")
+    bad_option = tmp_path / "bad_option.yaml"  # a named backend's options are still checked
+    bad_option.write_text("cache:\n  backend: hash\n  options: {min_tokens: 64}\n")
+    assert main(["validate", str(bad_option)]) == 2
+    assert "cache.options.min_tokens: unknown option for backend hash" in capsys.readouterr().err
 
 
 def test_readme_paths_work_from_any_directory(tmp_path, monkeypatch, capsys):
