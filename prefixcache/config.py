@@ -40,7 +40,7 @@ import os
 import stat
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, TypeVar, get_args, get_origin
@@ -48,7 +48,7 @@ from typing import Any, BinaryIO, Literal, TypeVar, get_args, get_origin
 import yaml
 
 from prefixcache import limits
-from prefixcache.errors import ConfigError, SecurityWarning, key_text, short_repr
+from prefixcache.errors import ConfigError, SecurityWarning, did_you_mean, key_text, short_repr
 from prefixcache.tier_config import CostModel, TierConfig
 from prefixcache.layout import LayerGroup, Layout, check_layout
 
@@ -447,12 +447,6 @@ def load_yaml(source: str | Path) -> Mapping[str, Any]:
     if not isinstance(data, Mapping):
         raise ConfigError("", f"top level must be a mapping, got {type(data).__name__}", str(path))
     return data
-
-
-def did_you_mean(word: Any, candidates: Iterable[Any]) -> str:
-    """"; did you mean 'x'?" for the candidate closest to a misspelled `word` (difflib), or ""."""
-    close = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def require_section(data: Mapping[str, Any], name: str, source: str | None = None) -> Any:

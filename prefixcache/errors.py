@@ -1,8 +1,9 @@
 """The error and warning types of configuration, and how a bad value is shown in one.
 
 Owns `ConfigError` (a wrong configuration value, one line naming its key path),
-`SecurityWarning` (a valid but unsafe configuration), and `short_repr` / `key_text`,
-which keep any value, however large or deep, short in a message.
+`SecurityWarning` (a valid but unsafe configuration), `short_repr` / `key_text`,
+which keep any value, however large or deep, short in a message, and `did_you_mean`,
+the one suggestion every unknown name gets (a key, a backend, a policy, an option).
 
 Must never: import anything of prefixcache. It is the leaf every layer raises from;
 `prefixcache.config` and the package re-export its names.
@@ -10,10 +11,18 @@ Must never: import anything of prefixcache. It is the leaf every layer raises fr
 
 from __future__ import annotations
 
+import difflib
 import reprlib
+from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["ConfigError", "SecurityWarning", "key_text", "short_repr"]
+__all__ = ["ConfigError", "SecurityWarning", "did_you_mean", "key_text", "short_repr"]
+
+
+def did_you_mean(word: Any, candidates: Iterable[Any]) -> str:
+    """"; did you mean 'x'?" for the candidate closest to a misspelled `word` (difflib), or ""."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 class _ShortRepr(reprlib.Repr):

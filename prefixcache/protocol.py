@@ -122,7 +122,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, TypeVar
 
 from prefixcache._C import CallGuard, token_array, token_list
 from prefixcache._C import guarded as _guarded
-from prefixcache.errors import ConfigError
+from prefixcache.errors import ConfigError, did_you_mean
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from prefixcache.isolation import Isolation, LoRA, Namespace
 from prefixcache.stats import CacheStats
@@ -362,7 +362,8 @@ class PrefixCache(ABC):
         for key, value in given.items():
             if key not in defaults:
                 allowed = ", ".join(sorted(defaults)) or "none"
-                raise ConfigError(f"options.{key}", f"unknown option for backend {label}; allowed: {allowed}")
+                raise ConfigError(f"options.{key}", f"unknown option for backend {label}; allowed: {allowed}"
+                                  + did_you_mean(key, defaults))
             if key in choices:
                 if not any(type(value) is type(c) and value == c for c in choices[key]):
                     raise ConfigError(

@@ -25,7 +25,6 @@ build anything. `build_cache` lives in `prefixcache/__init__.py`.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import os
@@ -34,7 +33,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import TypeVar
 
-from prefixcache.errors import ConfigError, short_repr
+from prefixcache.errors import ConfigError, did_you_mean, short_repr
 from prefixcache.eviction import BUILTIN_POLICIES, EvictionPolicy
 from prefixcache.protocol import PrefixCache
 
@@ -98,12 +97,6 @@ def register_backend(name: str) -> Callable[[C], C]:
 def register_eviction_policy(name: str) -> Callable[[C], C]:
     """Class decorator: make an `EvictionPolicy` subclass selectable as `eviction: name`."""
     return _registrar(_eviction_policies, name, "eviction policy", EvictionPolicy)
-
-
-def _did_you_mean(spec: str, known: list[str]) -> str:
-    """"; did you mean 'lfu'?" for the closest known name, as the config loader says of keys."""
-    close = difflib.get_close_matches(spec, known, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _entry_point_names(group: str) -> dict[str, str]:
@@ -181,7 +174,7 @@ def check_backend_name(spec: str) -> None:
         raise ConfigError(
             "backend",
             f"unknown backend {short_repr(spec)}; known: {', '.join(available_backends())}, "
-            f"or 'package.module:ClassName'{_did_you_mean(spec, available_backends())}",
+            f"or 'package.module:ClassName'{did_you_mean(spec, available_backends())}",
         )
 
 
@@ -238,7 +231,7 @@ def resolve_eviction_policy(spec: str) -> type[EvictionPolicy]:
             raise ConfigError(
                 "eviction",
                 f"unknown eviction policy {short_repr(spec)}; known: {', '.join(available_eviction_policies())}, "
-                f"or 'package.module:ClassName'{_did_you_mean(spec, available_eviction_policies())}",
+                f"or 'package.module:ClassName'{did_you_mean(spec, available_eviction_policies())}",
             )
         cls = _import_path(path, "eviction policy")
         cls = _eviction_policies.get(spec, cls)

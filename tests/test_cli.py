@@ -40,7 +40,7 @@ def run_validate(tmp_path, capsys, text: str, name: str = "f.yaml"):
     "text, message",
     [
         ("cache: {backend: hash, options: {verify_hit: never}}",
-         "cache.options.verify_hit: unknown option for backend hash; allowed: no_tail_cliff, retention, state_cap, state_granule, state_interval, verify_hits"),
+         "cache.options.verify_hit: unknown option for backend hash; allowed: no_tail_cliff, retention, state_cap, state_granule, state_interval, verify_hits; did you mean 'verify_hits'?"),
         ("cache: {backend: hash, options: {verify_hits: maybe}}",
          "cache.options.verify_hits: 'maybe' is not allowed for backend hash; allowed values: auto, always, never"),
         ("cach: {block_size: 4}",

@@ -159,7 +159,7 @@ def test_options_are_checked_for_programmatic_configs_and_replace():
     assert CacheConfig(options={"verify_hits": "always"}).options == {"verify_hits": "always"}
     assert check_cache_config(CacheConfig(options={"verify_hits": "always"})) == {"verify_hits": "always", "retention": "sparse", "state_interval": 0, "no_tail_cliff": False, "state_granule": 0, "state_cap": 0}
     for check in (check_cache_config, prefixcache.build_cache):
-        with pytest.raises(ConfigError, match="^options.verify_hit: unknown option for backend hash; allowed: no_tail_cliff, retention, state_cap, state_granule, state_interval, verify_hits$"):
+        with pytest.raises(ConfigError, match="^options.verify_hit: unknown option for backend hash; allowed: no_tail_cliff, retention, state_cap, state_granule, state_interval, verify_hits; did you mean 'verify_hits'\\?$"):
             check(CacheConfig(options={"verify_hit": "always"}))
         with pytest.raises(ConfigError, match="options.verify_hits: unknown option for backend radix; allowed: chunked_prefill_size, mamba_chunk, mamba_track_interval, no_tail_cliff, state_cap"):
             check(CacheConfig(options={"verify_hits": "always"}).replace(backend="radix"))

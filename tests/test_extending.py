@@ -81,7 +81,8 @@ def test_options_are_validated_by_the_class():
                                                    options=options))
 
     with pytest.raises(ConfigError, match=r"options.min_toks: unknown option for backend min_match:MinMatchHash; "
-                                          r"allowed: min_tokens, no_tail_cliff, retention, state_cap, state_granule, state_interval, verify_hits$"):
+                                          r"allowed: min_tokens, no_tail_cliff, retention, state_cap, state_granule, state_interval, verify_hits; "
+                                          r"did you mean 'min_tokens'\?$"):
         build({"min_toks": 3})
     with pytest.raises(ConfigError, match=r"options.min_tokens: must be int \(default 256\), got '3'"):
         build({"min_tokens": "3"})
