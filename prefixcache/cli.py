@@ -562,8 +562,8 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as err:
         raise ConfigError("MODEL", f"{args.model!r}: {err}") from None
     print(f"wrote {', '.join(str(p) for p in written)}")
-    print(f"# a client's tokenizer: --tokenizer {out} (aiperf, guidellm --processor, vllm bench serve, "
-          "sglang.bench_serving); docs/clients.md")
+    print(f"# a client's tokenizer: --tokenizer {out} (aiperf, vllm bench serve, sglang.bench_serving; guidellm 0.8: "
+          f"--tokenizer kind=hf_auto,model={out}); docs/clients.md")
     return 0
 
 
